@@ -1,0 +1,88 @@
+// Shared device helpers: dtype dispatch, float conversion, reductions, error checks.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "strata/kernels/ops.h"
+
+#define STRATA_CUDA_CHECK(expr)                                                          \
+  do {                                                                                   \
+    cudaError_t strata_err_ = (expr);                                                    \
+    if (strata_err_ != cudaSuccess) {                                                    \
+      std::fprintf(stderr, "%s:%d: CUDA error %s: %s\n", __FILE__, __LINE__, #expr,      \
+                   cudaGetErrorString(strata_err_));                                     \
+      std::abort();                                                                      \
+    }                                                                                    \
+  } while (0)
+
+// Runs BODY with `scalar_t` bound to the element type of KIND; aborts on an unknown kind.
+#define STRATA_DISPATCH_SCALAR(KIND, ...)                                        \
+  switch (KIND) {                                                                \
+    case ::strata::kernels::ScalarKind::kFloat32: {                              \
+      using scalar_t = float;                                                    \
+      __VA_ARGS__();                                                             \
+      break;                                                                     \
+    }                                                                            \
+    case ::strata::kernels::ScalarKind::kFloat16: {                              \
+      using scalar_t = __half;                                                   \
+      __VA_ARGS__();                                                             \
+      break;                                                                     \
+    }                                                                            \
+    case ::strata::kernels::ScalarKind::kBFloat16: {                             \
+      using scalar_t = __nv_bfloat16;                                            \
+      __VA_ARGS__();                                                             \
+      break;                                                                     \
+    }                                                                            \
+    default:                                                                     \
+      std::fprintf(stderr, "%s:%d: unsupported scalar kind\n", __FILE__, __LINE__); \
+      std::abort();                                                              \
+  }
+
+namespace strata::kernels {
+
+template <typename T>
+__device__ __forceinline__ float to_float(T v);
+template <>
+__device__ __forceinline__ float to_float(float v) { return v; }
+template <>
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+template <>
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T>
+__device__ __forceinline__ T from_float(float v);
+template <>
+__device__ __forceinline__ float from_float(float v) { return v; }
+template <>
+__device__ __forceinline__ __half from_float(float v) { return __float2half_rn(v); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float(float v) { return __float2bfloat16_rn(v); }
+
+// Rounds a float32 to T and back: emulates an intermediate stored in T.
+template <typename T>
+__device__ __forceinline__ float round_to(float v) { return to_float(from_float<T>(v)); }
+
+// Sum over all threads of a block (blockDim.x a multiple of 32, at most 1024).
+__device__ __forceinline__ float block_sum(float v) {
+  __shared__ float partial[32];
+  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  const int num_warps = blockDim.x / 32;
+  v = lane < num_warps ? partial[lane] : 0.0f;
+  if (warp == 0) {
+    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    if (lane == 0) partial[0] = v;
+  }
+  __syncthreads();
+  return partial[0];
+}
+
+}  // namespace strata::kernels

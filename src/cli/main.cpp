@@ -1,0 +1,34 @@
+// The `strata` binary: dispatches to a subcommand.
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+
+namespace {
+
+constexpr const char* kUsage = R"(usage: strata <command> [options]
+
+commands:
+  generate   run one prompt and stream the continuation (offline, no server)
+  chat       interactive multi-turn chat with a local model in the terminal
+
+Run `strata <command> --help` for the options of a command.
+)";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "help") == 0) {
+    std::fputs(kUsage, argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string command = argv[1];
+  const std::vector<std::string> args(argv + 2, argv + argc);
+  if (command == "generate") return strata::cli::run_generate(args);
+  if (command == "chat") return strata::cli::run_chat(args);
+  std::fprintf(stderr, "strata: unknown command '%s'\n\n%s", command.c_str(), kUsage);
+  return 2;
+}

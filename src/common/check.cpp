@@ -1,0 +1,18 @@
+#include "strata/common/check.h"
+
+#include <cstdio>
+#include <cstdlib>
+
+namespace strata::detail {
+
+CheckFailure::CheckFailure(const char* file, int line, const char* condition) {
+  stream_ << file << ":" << line << ": check failed: " << condition << " ";
+}
+
+CheckFailure::~CheckFailure() {
+  std::fprintf(stderr, "%s\n", stream_.str().c_str());
+  std::fflush(stderr);
+  std::abort();
+}
+
+}  // namespace strata::detail

@@ -1,0 +1,127 @@
+#include "safetensors_file.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "strata/model/dequantize.h"
+
+namespace strata::model {
+namespace {
+
+StatusOr<SafetensorsDtype> parse_dtype(const std::string& s) {
+  if (s == "F32") return SafetensorsDtype::kF32;
+  if (s == "F16") return SafetensorsDtype::kF16;
+  if (s == "BF16") return SafetensorsDtype::kBF16;
+  return unimplemented_error("dtype " + s + " is not supported (F32, F16, BF16)");
+}
+
+uint64_t dtype_bytes(SafetensorsDtype d) { return d == SafetensorsDtype::kF32 ? 4 : 2; }
+
+}  // namespace
+
+StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::open(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return not_found_error(path + ": cannot open: " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || st.st_size < 8) {
+    ::close(fd);
+    return data_loss_error(path + ": too short to be a safetensors file");
+  }
+  std::unique_ptr<SafetensorsFile> file(new SafetensorsFile());
+  file->path_ = path;
+  file->map_size_bytes_ = static_cast<uint64_t>(st.st_size);
+  void* addr = ::mmap(nullptr, file->map_size_bytes_, PROT_READ, MAP_PRIVATE, fd, 0);
+  const int err = errno;
+  ::close(fd);
+  if (addr == MAP_FAILED) return internal_error(path + ": mmap failed: " + std::strerror(err));
+  file->map_ = static_cast<const uint8_t*>(addr);
+  Status status = file->parse();
+  if (!status.ok()) return Status(status.code(), path + ": " + status.message());
+  return file;
+}
+
+SafetensorsFile::~SafetensorsFile() {
+  if (map_ != nullptr) ::munmap(const_cast<uint8_t*>(map_), map_size_bytes_);
+}
+
+Status SafetensorsFile::parse() {
+  uint64_t header_bytes = 0;
+  std::memcpy(&header_bytes, map_, 8);
+  if (header_bytes > map_size_bytes_ - 8) {
+    return data_loss_error("header length " + std::to_string(header_bytes) +
+                           " exceeds the file (truncated?)");
+  }
+  data_offset_bytes_ = 8 + header_bytes;
+  const uint64_t data_size = map_size_bytes_ - data_offset_bytes_;
+  nlohmann::json header = nlohmann::json::parse(map_ + 8, map_ + 8 + header_bytes, nullptr,
+                                                /*allow_exceptions=*/false);
+  if (header.is_discarded() || !header.is_object()) {
+    return invalid_argument_error("header is not a JSON object");
+  }
+  for (auto& [name, entry] : header.items()) {
+    if (name == "__metadata__") continue;
+    const std::string where = "tensor '" + name + "': ";
+    if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") ||
+        !entry.contains("data_offsets") || !entry["dtype"].is_string() ||
+        !entry["shape"].is_array() || !entry["data_offsets"].is_array() ||
+        entry["data_offsets"].size() != 2) {
+      return invalid_argument_error(where + "malformed header entry");
+    }
+    SafetensorsTensor t;
+    StatusOr<SafetensorsDtype> dtype = parse_dtype(entry["dtype"].get<std::string>());
+    if (!dtype.ok()) return Status(dtype.status().code(), where + dtype.status().message());
+    t.dtype = *dtype;
+    uint64_t num_elements = 1;
+    for (const auto& d : entry["shape"]) {
+      if (!d.is_number_unsigned()) return invalid_argument_error(where + "bad shape");
+      t.shape.push_back(d.get<int64_t>());
+      num_elements *= d.get<uint64_t>();
+    }
+    const auto& offsets = entry["data_offsets"];
+    if (!offsets[0].is_number_unsigned() || !offsets[1].is_number_unsigned()) {
+      return invalid_argument_error(where + "bad data_offsets");
+    }
+    t.begin_bytes = offsets[0].get<uint64_t>();
+    t.end_bytes = offsets[1].get<uint64_t>();
+    if (t.begin_bytes > t.end_bytes || t.end_bytes > data_size) {
+      return data_loss_error(where + "data lies beyond the end of the file (truncated?)");
+    }
+    if (t.end_bytes - t.begin_bytes != num_elements * dtype_bytes(t.dtype)) {
+      return invalid_argument_error(where + "byte size does not match shape and dtype");
+    }
+    tensors_.emplace(name, std::move(t));
+  }
+  return Status();
+}
+
+void SafetensorsFile::read_as_float(const SafetensorsTensor& t, std::span<float> dst) const {
+  const uint8_t* src = map_ + data_offset_bytes_ + t.begin_bytes;
+  const size_t n = dst.size();
+  switch (t.dtype) {
+    case SafetensorsDtype::kF32:
+      std::memcpy(dst.data(), src, n * sizeof(float));
+      break;
+    case SafetensorsDtype::kF16:
+      for (size_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, src + 2 * i, 2);
+        dst[i] = fp16_to_float(h);
+      }
+      break;
+    case SafetensorsDtype::kBF16:
+      for (size_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, src + 2 * i, 2);
+        dst[i] = bf16_to_float(h);
+      }
+      break;
+  }
+}
+
+}  // namespace strata::model

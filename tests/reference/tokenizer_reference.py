@@ -1,0 +1,398 @@
+#!/usr/bin/env python3
+"""Expected values for the tokenizer and chat-template tests (tests/unit/tokenizer).
+
+Builds an independent Hugging Face `tokenizers` byte-level BPE tokenizer from the vocabulary and
+merges stored in the GGUF model (read with the `gguf` package, not with our code) and records what
+it produces. Chat templates are rendered with transformers' own Jinja renderer.
+
+Writes into OUT_DIR/tokenizer/:
+  smollm/tokenizer.json, tokenizer_config.json   the SmolLM2 pipeline (Digits + ByteLevel regex)
+  llama3/tokenizer.json, model.gguf               same vocab, Llama-3 Split regex, ignore_merges, bos
+  qwen2/tokenizer.json,  model.gguf               same vocab, Qwen2 Split regex
+  errors/*.gguf                                   small metadata-only GGUFs that must be rejected
+  cases.json                                      strings + HF ids per variant + HF decodes
+  chat_cases.json                                 chat templates + messages + rendered prompts
+"""
+
+import argparse
+import json
+import lzma
+import os
+import random
+
+import gguf
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+from transformers.utils.chat_template_utils import render_jinja_template
+import jinja2
+
+LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
+                r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
+               r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+TOKEN_TYPE_CONTROL = 3
+TOKEN_TYPE_USER_DEFINED = 4
+
+
+# --------------------------------------------------------------------------------------------
+# Tokenizers
+# --------------------------------------------------------------------------------------------
+
+def read_gguf_vocab(path):
+    reader = gguf.GGUFReader(path)
+
+    def value(key, default=None):
+        field = reader.fields.get(key)
+        return default if field is None else field.contents()
+
+    vocab = {
+        "tokens": value("tokenizer.ggml.tokens"),
+        "token_types": value("tokenizer.ggml.token_type"),
+        "merges": value("tokenizer.ggml.merges"),
+        "bos": value("tokenizer.ggml.bos_token_id"),
+        "eos": value("tokenizer.ggml.eos_token_id"),
+        "unk": value("tokenizer.ggml.unknown_token_id"),
+        "pad": value("tokenizer.ggml.padding_token_id"),
+        "chat_template": value("tokenizer.chat_template", ""),
+    }
+    assert len(set(vocab["tokens"])) == len(vocab["tokens"]), "duplicate tokens in the GGUF vocab"
+    return vocab
+
+
+def build_hf_tokenizer(vocab, variant):
+    tokens = vocab["tokens"]
+    merges = [tuple(m.split(" ", 1)) for m in vocab["merges"]]
+    model = models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges,
+                       ignore_merges=(variant == "llama3"))
+    tok = Tokenizer(model)
+    if variant == "smollm":
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ])
+        tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    else:
+        regex = LLAMA3_REGEX if variant == "llama3" else QWEN2_REGEX
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(regex), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ])
+    if variant == "llama3":
+        bos = tokens[vocab["bos"]]
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, vocab["bos"])])
+    tok.decoder = decoders.ByteLevel()
+    added = []
+    for i, (text, ttype) in enumerate(zip(tokens, vocab["token_types"])):
+        if ttype in (TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED):
+            special = ttype == TOKEN_TYPE_CONTROL
+            added.append(AddedToken(text, special=special, normalized=not special))
+    tok.add_tokens(added)
+    for a in added:
+        assert tok.token_to_id(a.content) == tokens.index(a.content)
+    return tok
+
+
+def write_gguf(path, vocab, pre, add_bos, *, model="gpt2", with_merges=True):
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_tokenizer_model(model)
+    if pre is not None:
+        writer.add_tokenizer_pre(pre)
+    writer.add_token_list(vocab["tokens"])
+    writer.add_token_types(vocab["token_types"])
+    if with_merges:
+        writer.add_token_merges(vocab["merges"])
+    writer.add_bos_token_id(vocab["bos"])
+    writer.add_eos_token_id(vocab["eos"])
+    writer.add_add_bos_token(add_bos)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def tiny_vocab():
+    """256 byte tokens + a few merges: enough for the loaders' error paths."""
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tokens = ["<|endoftext|>"] + alphabet + ["he", "ll", "hell", "hello"]
+    return {"tokens": tokens, "token_types": [TOKEN_TYPE_CONTROL] + [1] * (len(tokens) - 1),
+            "merges": ["h e", "l l", "he ll", "hell o"], "bos": 0, "eos": 0}
+
+
+# --------------------------------------------------------------------------------------------
+# Strings
+# --------------------------------------------------------------------------------------------
+
+HANDWRITTEN = [
+    "", " ", "  ", "   ", "\t", "\n", "\r\n", "\n\n", "\n\n\n", " \n ", "\t\t\tx", "x\t\t",
+    "a", "A", "hello", " hello", "  hello", "hello ", "hello  ", "Hello, world!", "Hello world! 123",
+    "The capital of France is", "Hello, we can use", "  multiple   spaces  between   words  ",
+    "I'm", "don't", "they're", "we've", "she'll", "he'd", "it's", "IT'S", "DON'T", "'s", "'t",
+    "'re'll've'm'd", "rock 'n' roll", "O'Neil's", "x's'S'", "’s curly apostrophe’s",
+    "0", "7", "42", "123", "1234", "12345678901234567890", " 42", "3.14159", "1,000,000", "-273.15",
+    "v1.2.3", "0x1F600", "1e-9", "٣٤٥ arabic-indic", "²³ superscripts", "½ ¼", "Ⅻ roman", "①②③",
+    "你好，世界", "こんにちは世界", "안녕하세요", "مرحبا بالعالم", "שלום עולם", "नमस्ते दुनिया",
+    "สวัสดีชาวโลก", "Привет, мир!", "Γειά σου Κόσμε", "Ελληνικά ΑΒΓ", "Tiếng Việt có dấu",
+    "😀", "😀😀😀", "👨‍👩‍👧‍👦 family", "🇺🇸🇫🇷 flags", "👍🏽 skin tone", "I ❤️ NY", "🤖 robots 🤖",
+    "e\u0301 combining acute", "Z\u0324\u0354\u0367\u0311a\u0308\u0356l\u036e\u0312g\u0301o zalgo",
+    "a\u00a0b nbsp", "a\u2028b line sep", "a\u3000b ideographic space", "a\u0085b nel", "hi  \u0085",
+    "hi  \u180e mongolian", "a\u200bb zwsp", "\ufeffbom", "a\x0bb\x0cc", "hi  \x1c", "\x00nul\x00",
+    "\x7fdel", "\x01\x02\x03", "tab\there", "crlf\r\nline\r\n", "\r\r\n\n", " \t \n \r\n ",
+    "def f(x):\n    return x * 2\n", "int main() {\n\treturn 0;\n}\n",
+    "for (int i = 0; i < n; ++i) { sum += a[i]; }", "{\"key\": [1, 2, 3], \"nested\": {\"a\": null}}",
+    "<html><body><p class=\"x\">Hi &amp; bye</p></body></html>", "SELECT * FROM t WHERE id = 5;",
+    "https://example.com/path?query=1&other=two#frag", "user@example.com", "C:\\Windows\\System32",
+    "∑∫√∞≠≤≥ math", "x² + y² = z²", "→ ← ↑ ↓ arrows", "«quotes» „German“ ‘single’",
+    "<|im_start|>user\nhi<|im_end|>", "<|im_start|>system\nYou are helpful.<|im_end|>\n",
+    "<|endoftext|>", "text<|endoftext|>more text", "<|im_end|><|im_start|>", "<|im_start|",
+    "<<|im_start|>>", "<|im_start|><|im_start|>", "<filename>foo.py<file_sep>print(1)",
+    " <|im_start|> spaced ", "<|im_start|>assistant\n", "<jupyter_code>x = 1<jupyter_output>1",
+    "<|IM_START|> wrong case", "<repo_name><reponame>", "<|im_start|>user\n你好<|im_end|>\n",
+    "a" * 1000, " " * 500, "ab" * 300, "\n" * 100, "x " * 200, "9" * 200, "😀" * 100,
+    "Supercalifragilisticexpialidocious", "pneumonoultramicroscopicsilicovolcanoconiosis",
+    "Ｆｕｌｌｗｉｄｔｈ　ｔｅｘｔ", "ﬁ ligature", "Å Ω K ß ẞ ſ", "ΣΑΣ σας", "İstanbul ı",
+]
+
+POOLS = [
+    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ",
+    "0123456789",
+    " ",
+    "  \t\n\r",
+    "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~",
+    "àáâãäåæçèéêëìíîïñòóôõöøùúûüýÿßÀÉÎÕÜ",
+    "的一是不了人我在有他这中大来上国个到说们为子和你地出道也时年",
+    "あいうえおかきくけこアイウエオ",
+    "😀😂🥲😍🤔👍🔥🎉🚀💡",
+    "مرحباالعربية",
+    "\u0301\u0308\u0327\u0323\u20dd",
+    "\u00a0\u2028\u3000\u0085\u200b\u2009",
+    "٠١٢٣٤٥٦٧٨٩²½",
+]
+FRAGMENTS = ["'s", "'t", "'re", "'ve", "'m", "'ll", "'d", "<|im_start|>", "<|im_end|>",
+             "<|endoftext|>", "\r\n", "    ", "http://", "```", "...", " the", " and"]
+
+
+def random_string(rng):
+    out = []
+    for _ in range(rng.randint(1, 60)):
+        if rng.random() < 0.08:
+            out.append(rng.choice(FRAGMENTS))
+        else:
+            out.append(rng.choice(rng.choice(POOLS)))
+    return "".join(out)
+
+
+def wikitext_strings(path, rng, count):
+    with open(path, encoding="utf-8") as f:
+        lines = [line for line in f.read().split("\n")]
+    nonempty = [i for i, line in enumerate(lines) if line.strip()]
+    out = []
+    for _ in range(count):
+        i = rng.choice(nonempty)
+        span = rng.choice([1, 1, 1, 2, 3, 5])
+        out.append("\n".join(lines[i:i + span])[:6000])
+    return out
+
+
+def sharegpt_strings(path, rng, count):
+    with lzma.open(path, "rt", encoding="utf-8") as f:
+        convs = json.load(f)
+    values = [turn["value"] for conv in convs for turn in conv.get("conversations", [])
+              if isinstance(turn.get("value"), str) and turn["value"]]
+    out = [v[:4000] for v in rng.sample(values, count)]
+    # A few whole conversations in ChatML form (special tokens inside real text).
+    for conv in rng.sample(convs, 40):
+        parts = []
+        for turn in conv.get("conversations", [])[:4]:
+            role = {"human": "user", "gpt": "assistant"}.get(turn.get("from"), "system")
+            parts.append(f"<|im_start|>{role}\n{turn.get('value', '')[:1500]}<|im_end|>\n")
+        out.append("".join(parts))
+    return out
+
+
+def build_strings(rng):
+    strings = list(HANDWRITTEN)
+    strings += [random_string(rng) for _ in range(700)]
+    strings += wikitext_strings("/work/shared/data/ppl/wikitext-2-raw-v1_test.raw", rng, 650)
+    strings += sharegpt_strings("/work/shared/data/sharegpt/sharegpt_v3_sample1000.json.xz", rng,
+                                650)
+    # One long document (many pre-tokens) to exercise the encoder beyond short prompts.
+    with open("/work/shared/data/ppl/wikitext-2-raw-v1_test.raw", encoding="utf-8") as f:
+        strings.append(f.read()[:30000])
+    return strings
+
+
+# --------------------------------------------------------------------------------------------
+# Chat templates
+# --------------------------------------------------------------------------------------------
+
+LLAMA3_TEMPLATE = (
+    "{% set loop_messages = messages %}{% for message in loop_messages %}"
+    "{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'"
+    "+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}"
+    "{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}"
+    "{% endif %}")
+
+MISTRAL_TEMPLATE = """{%- if messages[0]['role'] == 'system' %}
+    {%- set system_message = messages[0]['content'] %}
+    {%- set loop_messages = messages[1:] %}
+{%- else %}
+    {%- set loop_messages = messages %}
+{%- endif %}
+
+{{- bos_token }}
+{%- for message in loop_messages %}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}
+        {{- raise_exception('After the optional system message, conversation roles must alternate user/assistant/user/assistant/...') }}
+    {%- endif %}
+    {%- if message['role'] == 'user' %}
+        {%- if loop.first and system_message is defined %}
+            {{- ' [INST] ' + system_message + '\\n\\n' + message['content'] + ' [/INST]' }}
+        {%- else %}
+            {{- ' [INST] ' + message['content'] + ' [/INST]' }}
+        {%- endif %}
+    {%- elif message['role'] == 'assistant' %}
+        {{- ' ' + message['content'] + eos_token}}
+    {%- else %}
+        {{- raise_exception('Only user and assistant roles are supported, with the exception of an initial optional system message!') }}
+    {%- endif %}
+{%- endfor %}
+"""
+
+# Plain ChatML without a default system prompt.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content']"
+    " + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+# Qwen2.5-style ChatML: the default system prompt sits in an else branch, with escaped newlines.
+QWEN_STYLE_TEMPLATE = (
+    "{%- if messages[0]['role'] == 'system' %}"
+    "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
+    "{%- else %}"
+    "{{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
+    "assistant.<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if not (message.role == 'system' and loop.first) %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+
+MESSAGE_LISTS = [
+    [{"role": "user", "content": "Hello!"}],
+    [{"role": "system", "content": "You are a pirate."}, {"role": "user", "content": "Hi there"}],
+    [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "4."},
+     {"role": "user", "content": "And 3+3?"}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a color."},
+     {"role": "assistant", "content": "Blue."}, {"role": "user", "content": "Another?"},
+     {"role": "assistant", "content": "Red."}],
+    [{"role": "user", "content": "  spaced out \n\n"}, {"role": "assistant", "content": "\tanswer  "},
+     {"role": "user", "content": "\u3000ideographic\u00a0"}],
+    [{"role": "user", "content": "Unicode: 你好 😀 é\nline two"}],
+    [{"role": "assistant", "content": "I start."}, {"role": "user", "content": "ok"}],
+    [{"role": "user", "content": "call it"}, {"role": "tool", "content": "{\"result\": 1}"}],
+    [{"role": "system", "content": "Only a system message."}],
+    [{"role": "user", "content": "Say <|im_end|> and [INST] literally."}],
+    [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}],
+    [{"role": "user", "content": ""}],
+    # Python's str.strip() (Jinja's trim) also strips \x1c-\x1f and \x85, but not U+200B.
+    [{"role": "user", "content": "\x1c\x1f\x85 trim edge \u2003\u200b"}],
+]
+# An empty conversation is rejected by our renderer (see chat_template.h), so it is not listed.
+
+
+def render(template, messages, add_generation_prompt, bos, eos):
+    try:
+        rendered, _ = render_jinja_template(conversations=[messages], chat_template=template,
+                                            add_generation_prompt=add_generation_prompt,
+                                            bos_token=bos, eos_token=eos)
+        return {"rendered": rendered[0]}
+    except jinja2.exceptions.TemplateError as e:
+        return {"error": str(e)}
+
+
+def build_chat_cases(gguf_template):
+    templates = [
+        {"name": "gguf", "source": gguf_template, "kind": "chatml",
+         "default_system": "You are a helpful AI assistant named SmolLM, trained by Hugging Face",
+         "bos": "<|im_start|>", "eos": "<|im_end|>"},
+        {"name": "chatml", "source": CHATML_TEMPLATE, "kind": "chatml", "default_system": None,
+         "bos": "<|im_start|>", "eos": "<|im_end|>"},
+        {"name": "qwen_style", "source": QWEN_STYLE_TEMPLATE, "kind": "chatml",
+         "default_system": "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.",
+         "bos": "<|endoftext|>", "eos": "<|im_end|>"},
+        {"name": "llama3", "source": LLAMA3_TEMPLATE, "kind": "llama3", "default_system": None,
+         "bos": "<|begin_of_text|>", "eos": "<|eot_id|>"},
+        {"name": "mistral", "source": MISTRAL_TEMPLATE, "kind": "mistral", "default_system": None,
+         "bos": "<s>", "eos": "</s>"},
+    ]
+    for t in templates:
+        t["cases"] = []
+        for messages in MESSAGE_LISTS:
+            for agp in (False, True):
+                case = {"messages": messages, "add_generation_prompt": agp}
+                case.update(render(t["source"], messages, agp, t["bos"], t["eos"]))
+                t["cases"].append(case)
+    return templates
+
+
+# --------------------------------------------------------------------------------------------
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out-dir", required=True)
+    parser.add_argument("--model", required=True)
+    args = parser.parse_args()
+
+    out = os.path.join(args.out_dir, "tokenizer")
+    os.makedirs(os.path.join(out, "errors"), exist_ok=True)
+    vocab = read_gguf_vocab(args.model)
+    rng = random.Random(20240607)
+    strings = build_strings(rng)
+    chat = build_chat_cases(vocab["chat_template"])
+    # Rendered SmolLM prompts are realistic encoder inputs too.
+    strings += [c["rendered"] for c in chat[0]["cases"] if "rendered" in c]
+
+    variants = {}
+    for name in ("smollm", "llama3", "qwen2"):
+        tok = build_hf_tokenizer(vocab, name)
+        os.makedirs(os.path.join(out, name), exist_ok=True)
+        tok.save(os.path.join(out, name, "tokenizer.json"))
+        encodings = tok.encode_batch(strings, add_special_tokens=False)
+        entry = {"ids": [e.ids for e in encodings]}
+        if name == "smollm":
+            entry["decoded"] = tok.decode_batch(entry["ids"], skip_special_tokens=False)
+            entry["decoded_skip_special"] = tok.decode_batch(entry["ids"], skip_special_tokens=True)
+        if name == "llama3":
+            entry["ids_with_bos"] = [e.ids for e in
+                                     tok.encode_batch(strings[:50], add_special_tokens=True)]
+        variants[name] = entry
+
+    with open(os.path.join(out, "smollm", "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump({"chat_template": vocab["chat_template"],
+                   "bos_token": vocab["tokens"][vocab["bos"]],
+                   "eos_token": {"content": vocab["tokens"][vocab["eos"]], "special": True},
+                   "add_bos_token": False}, f, ensure_ascii=False, indent=1)
+    write_gguf(os.path.join(out, "llama3", "model.gguf"), vocab, "llama-bpe", True)
+    write_gguf(os.path.join(out, "qwen2", "model.gguf"), vocab, "qwen2", False)
+
+    tiny = tiny_vocab()
+    write_gguf(os.path.join(out, "errors", "ok.gguf"), tiny, "gpt-2", False)
+    write_gguf(os.path.join(out, "errors", "unknown_pre.gguf"), tiny, "no-such-pre", False)
+    write_gguf(os.path.join(out, "errors", "llama_model.gguf"), tiny, "gpt-2", False, model="llama")
+    write_gguf(os.path.join(out, "errors", "missing_merges.gguf"), tiny, "gpt-2", False,
+               with_merges=False)
+    bad = dict(tiny, merges=tiny["merges"] + ["x zz"])
+    write_gguf(os.path.join(out, "errors", "bad_merge.gguf"), bad, "gpt-2", False)
+
+    with open(os.path.join(out, "cases.json"), "w", encoding="utf-8") as f:
+        json.dump({"strings": strings, "variants": variants}, f, ensure_ascii=False)
+    with open(os.path.join(out, "chat_cases.json"), "w", encoding="utf-8") as f:
+        json.dump({"templates": chat}, f, ensure_ascii=False, indent=1)
+    print(f"wrote {len(strings)} strings, {sum(len(t['cases']) for t in chat)} chat cases to {out}")
+
+
+if __name__ == "__main__":
+    main()
