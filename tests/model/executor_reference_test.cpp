@@ -1,0 +1,185 @@
+// Executor parity with HF transformers (tests/reference/model_reference.py), fp32 on CPU:
+// last-prompt-position logits within kLogitTolerance, and 32 greedy tokens identical. A greedy
+// token may differ only at a step where HF's own top-2 logits are closer than kTieTolerance (a
+// near-tie that fp32 rounding differences can flip); the test checks that this is the reason.
+//
+// Three models: the default SmolLM2 GGUF (llama, Q4_1/Q8_0, interleaved-RoPE GGUF rows), a
+// random-weight qwen2 GGUF (QKV bias, NeoX RoPE, F16/Q8_0), and a random-weight llama HF
+// directory (safetensors, Llama-3 RoPE scaling, untied head, 4:1 GQA).
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "strata/executor/executor.h"
+#include "strata/model/model_source.h"
+
+namespace strata::executor {
+namespace {
+
+constexpr double kLogitTolerance = 5e-4;  // max |ours - HF| over the vocabulary, fp32
+constexpr double kTieTolerance = 1e-3;    // HF top-2 gap below which a greedy flip is allowed
+constexpr int kNewTokens = 32;
+
+struct ReferenceCase {
+  std::string name;
+  std::vector<TokenId> prompt;
+  std::vector<TokenId> generated;
+  std::vector<double> top2_gaps;
+  std::vector<float> last_logits;
+};
+
+std::string data_path(const std::string& relative) {
+  return std::string(STRATA_TEST_DATA_DIR) + "/model/" + relative;
+}
+
+std::vector<ReferenceCase> load_cases(const std::string& set) {
+  std::ifstream in(data_path(set + "/index.json"));
+  EXPECT_TRUE(in.good()) << "missing reference " << set << "; run the reference fixture";
+  if (!in) return {};
+  const nlohmann::json index = nlohmann::json::parse(in);
+  std::vector<ReferenceCase> cases;
+  for (const auto& c : index["cases"]) {
+    ReferenceCase rc;
+    rc.name = c["name"];
+    rc.prompt = c["prompt_ids"].get<std::vector<TokenId>>();
+    rc.generated = c["generated_ids"].get<std::vector<TokenId>>();
+    rc.top2_gaps = c["top2_gaps"].get<std::vector<double>>();
+    std::ifstream logits(data_path(set + "/" + rc.name + ".f32"), std::ios::binary);
+    logits.seekg(0, std::ios::end);
+    rc.last_logits.resize(logits.tellg() / sizeof(float));
+    logits.seekg(0);
+    logits.read(reinterpret_cast<char*>(rc.last_logits.data()),
+                rc.last_logits.size() * sizeof(float));
+    cases.push_back(std::move(rc));
+  }
+  return cases;
+}
+
+TokenId argmax(const float* logits, int64_t n) {
+  return static_cast<TokenId>(std::max_element(logits, logits + n) - logits);
+}
+
+// Greedy-decodes all cases together in one batch of ragged sequences (prefill of every prompt in
+// one forward pass, then one decode step per forward pass) and checks them against HF.
+void check_against_reference(const std::string& model_path, const std::string& set) {
+  const std::vector<ReferenceCase> cases = load_cases(set);
+  ASSERT_FALSE(cases.empty());
+  StatusOr<std::unique_ptr<model::ModelSource>> source = model::open_model_source(model_path);
+  ASSERT_TRUE(source.ok()) << source.status().to_string();
+  StatusOr<std::unique_ptr<Executor>> executor = Executor::create(**source, ExecutorOptions{});
+  ASSERT_TRUE(executor.ok()) << executor.status().to_string();
+  const int64_t vocab = (*executor)->config().vocab_size;
+
+  ForwardBatch batch;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    batch.chunks.push_back({SeqId{i + 1}, cases[i].prompt, LogitsMode::kLast});
+  }
+  std::vector<std::vector<TokenId>> ours(cases.size());
+  std::vector<bool> diverged(cases.size(), false);
+  double worst_logit_diff = 0;
+  for (int step = 0; step < kNewTokens; ++step) {
+    StatusOr<ForwardResult> result = (*executor)->forward(batch);
+    ASSERT_TRUE(result.ok()) << result.status().to_string();
+    ASSERT_EQ(result->row_offsets.size(), cases.size() + 1);
+    for (size_t i = 0; i < cases.size(); ++i) {
+      const float* row = result->logits.data() + result->row_offsets[i] * vocab;
+      if (step == 0) {
+        ASSERT_EQ(static_cast<int64_t>(cases[i].last_logits.size()), vocab);
+        double max_diff = 0;
+        for (int64_t v = 0; v < vocab; ++v) {
+          max_diff = std::max(max_diff, std::abs(static_cast<double>(row[v]) -
+                                                 cases[i].last_logits[v]));
+        }
+        EXPECT_LE(max_diff, kLogitTolerance) << set << "/" << cases[i].name;
+        worst_logit_diff = std::max(worst_logit_diff, max_diff);
+      }
+      const TokenId next = argmax(row, vocab);
+      ours[i].push_back(next);
+      if (!diverged[i] && next != cases[i].generated[step]) {
+        diverged[i] = true;
+        EXPECT_LT(cases[i].top2_gaps[step], kTieTolerance)
+            << set << "/" << cases[i].name << ": greedy token " << step << " is " << next
+            << ", HF has " << cases[i].generated[step] << ", and HF's top-2 gap there ("
+            << cases[i].top2_gaps[step] << ") is no near-tie";
+      }
+      // Continue each sequence with HF's token so later steps stay comparable.
+      batch.chunks[i].tokens = {cases[i].generated[step]};
+    }
+  }
+  for (size_t i = 0; i < cases.size(); ++i) {
+    if (!diverged[i]) {
+      EXPECT_EQ(ours[i], cases[i].generated) << cases[i].name;
+    }
+  }
+  std::printf("%s: %zu cases, max |logit - HF| at the last prompt position = %.3g\n", set.c_str(),
+              cases.size(), worst_logit_diff);
+}
+
+TEST(ExecutorReferenceTest, SmolLM2GgufMatchesTransformers) {
+  check_against_reference(STRATA_TEST_MODEL, "smollm2");
+}
+
+TEST(ExecutorReferenceTest, Qwen2GgufMatchesTransformers) {
+  check_against_reference(data_path("tiny_qwen2.gguf"), "tiny_qwen2");
+}
+
+TEST(ExecutorReferenceTest, Llama3HfDirectoryMatchesTransformers) {
+  check_against_reference(data_path("tiny_llama3_hf"), "tiny_llama3_hf_ref");
+}
+
+TEST(ExecutorReferenceTest, BatchedEqualsSoloAndRejectsBadInput) {
+  StatusOr<std::unique_ptr<model::ModelSource>> source =
+      model::open_model_source(data_path("tiny_qwen2.gguf"));
+  ASSERT_TRUE(source.ok()) << source.status().to_string();
+  StatusOr<std::unique_ptr<Executor>> executor = Executor::create(**source, ExecutorOptions{});
+  ASSERT_TRUE(executor.ok());
+  Executor& ex = **executor;
+  const int64_t vocab = ex.config().vocab_size;
+
+  // Solo: prompt of 5 then chunked continuation of 3 (prefill over a cached prefix).
+  ForwardBatch solo{{{SeqId{1}, {1, 2, 3, 4, 5}, LogitsMode::kNone}}};
+  ASSERT_TRUE(ex.forward(solo).ok());
+  solo.chunks[0].tokens = {6, 7, 8};
+  solo.chunks[0].logits = LogitsMode::kAll;
+  StatusOr<ForwardResult> solo_out = ex.forward(solo);
+  ASSERT_TRUE(solo_out.ok());
+  ASSERT_EQ(solo_out->logits.size(), static_cast<size_t>(3 * vocab));
+
+  // Same tokens in one chunk, batched beside another sequence.
+  ForwardBatch batched{{{SeqId{2}, {9, 10}, LogitsMode::kLast},
+                        {SeqId{3}, {1, 2, 3, 4, 5, 6, 7, 8}, LogitsMode::kAll}}};
+  StatusOr<ForwardResult> batched_out = ex.forward(batched);
+  ASSERT_TRUE(batched_out.ok());
+  ASSERT_EQ(batched_out->row_offsets, (std::vector<int64_t>{0, 1, 9}));
+  for (int64_t r = 0; r < 3; ++r) {
+    for (int64_t v = 0; v < vocab; ++v) {
+      ASSERT_NEAR(solo_out->logits[r * vocab + v], batched_out->logits[(6 + r) * vocab + v], 1e-4);
+    }
+  }
+
+  // Bad input is rejected and changes nothing.
+  const int64_t cached = ex.num_cached_tokens(SeqId{2});
+  ForwardBatch bad{{{SeqId{2}, {11}}, {SeqId{4}, {static_cast<TokenId>(vocab)}}}};
+  StatusOr<ForwardResult> rejected = ex.forward(bad);
+  ASSERT_FALSE(rejected.ok());
+  EXPECT_EQ(rejected.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(rejected.status().message().find("outside the vocabulary"), std::string::npos);
+  EXPECT_EQ(ex.num_cached_tokens(SeqId{2}), cached);
+  EXPECT_EQ(ex.num_cached_tokens(SeqId{4}), 0);
+
+  ForwardBatch too_long{{{SeqId{5}, std::vector<TokenId>(ex.config().max_context_tokens + 1, 1)}}};
+  StatusOr<ForwardResult> overflow = ex.forward(too_long);
+  ASSERT_FALSE(overflow.ok());
+  EXPECT_NE(overflow.status().message().find("context window"), std::string::npos);
+
+  ex.release(SeqId{2});
+  EXPECT_EQ(ex.num_cached_tokens(SeqId{2}), 0);
+}
+
+}  // namespace
+}  // namespace strata::executor
