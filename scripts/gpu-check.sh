@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The whole GPU check in one run on the GPU machine (see docs/gpu.md):
+#   unpack the Debian packages fetched by scripts/fetch_gpu_deps.sh, build Strata against the
+#   machine's own python3/torch for its GPU's architecture, run the `gpu` and `model` ctest labels,
+#   and run the GPU benchmarks. Logs and results go to $OUT (or ./gpu-results).
+#
+# Device tool call (after scripts/fetch_gpu_deps.sh and fetching the default model here):
+#   run(command="scripts/gpu-check.sh", carry=[".deps", ".cache/models"])
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${OUT:-$PWD/gpu-results}"
+mkdir -p "$out"
+exec > >(tee "$out/gpu-check.log") 2>&1
+
+root="$PWD/.deps/root"
+if [[ -d .deps/debs ]]; then
+  mkdir -p "$root"
+  for f in .deps/debs/*.deb; do dpkg -x "$f" "$root"; done
+fi
+multiarch="$root/usr/lib/x86_64-linux-gnu"
+export PATH="$root/usr/bin:${PATH}"
+export LD_LIBRARY_PATH="$multiarch:${LD_LIBRARY_PATH:-}"
+export PKG_CONFIG_PATH="$multiarch/pkgconfig:$root/usr/share/pkgconfig"
+python=$(command -v python3)
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/device.txt"
+arch=$("$python" -c 'import torch; p = torch.cuda.get_device_capability(); print(f"{p[0]}{p[1]}")')
+"$python" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
+
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DSTRATA_PYTHON="$python" -DCMAKE_CUDA_ARCHITECTURES="$arch" \
+  -DCMAKE_PREFIX_PATH="$root/usr;$multiarch/cmake" || exit 1
+cmake --build build-gpu -j"$(nproc)" || exit 1
+
+status=0
+(cd build-gpu && ctest --output-on-failure -L 'gpu|model|reference' -j4 \
+  --output-junit "$out/ctest-gpu.xml") || status=1
+for bench in build-gpu/bench/*_bench; do
+  [[ -x "$bench" ]] || continue
+  name=$(basename "$bench")
+  "$bench" --json "$out/$name.json" || status=1
+done
+exit $status
