@@ -1,0 +1,118 @@
+// GPU micro-benchmark of Strata's element-wise kernels (RMSNorm, rotary embedding), reported as
+// ratios: effective bandwidth against the device-to-device copy bandwidth measured in the same
+// run (the physical limit for a memory-bound op), and time against the unfused libtorch
+// expression they replace (the peer).
+//
+// usage: kernels_bench [--json PATH]   (exits 0 with a note when no CUDA device is present)
+
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "strata/kernels/torch_ops.h"
+
+namespace {
+
+// Median-free simple timing: warm up, then average `iters` launches with CUDA events.
+double time_ms(const std::function<void()>& fn, int iters = 50) {
+  for (int i = 0; i < 5; ++i) fn();
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+  cudaEventRecord(start, stream);
+  for (int i = 0; i < iters; ++i) fn();
+  cudaEventRecord(stop, stream);
+  cudaEventSynchronize(stop);
+  float ms = 0;
+  cudaEventElapsedTime(&ms, start, stop);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return ms / iters;
+}
+
+// Device-to-device copy bandwidth (read + write bytes per second) for a buffer of `bytes`.
+double copy_bandwidth_gbps(int64_t bytes) {
+  at::Tensor src = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).device(at::kCUDA));
+  at::Tensor dst = at::empty_like(src);
+  const double ms = time_ms([&] { dst.copy_(src); });
+  return 2.0 * bytes / (ms * 1e6);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string json_path;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) json_path = argv[++i];
+  }
+  if (c10::cuda::device_count() == 0) {
+    std::printf("kernels_bench: no CUDA device; nothing measured\n");
+    return 0;
+  }
+  cudaDeviceProp prop{};
+  cudaGetDeviceProperties(&prop, 0);
+  const double copy_gbps = copy_bandwidth_gbps(int64_t{1} << 30);
+  std::printf("device %s, D2D copy %.0f GB/s\n", prop.name, copy_gbps);
+  std::printf("%-8s %-9s %7s %6s %10s %10s %9s %9s\n", "op", "dtype", "tokens", "dim", "ours_us",
+              "torch_us", "vs_torch", "vs_copy");
+
+  nlohmann::json results = {{"device", prop.name}, {"copy_gbps", copy_gbps}, {"rows", {}}};
+  const auto opts = at::TensorOptions().device(at::kCUDA);
+  for (at::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
+    const int64_t elem = at::elementSize(dtype);
+    for (int64_t tokens : {1, 64, 1024, 8192}) {
+      // RMSNorm over a Llama-3-8B sized hidden state.
+      {
+        const int64_t hidden = 4096;
+        at::Tensor x = at::randn({tokens, hidden}, opts.dtype(dtype));
+        at::Tensor w = at::randn({hidden}, opts.dtype(dtype));
+        const double ours = time_ms([&] { strata::kernels::rms_norm(x, w, 1e-5); });
+        const double torch = time_ms([&] {
+          at::Tensor xf = x.to(at::kFloat);
+          (void)(w * (xf * at::rsqrt(xf.pow(2).mean(-1, true) + 1e-5)).to(dtype));
+        });
+        const double bytes = 2.0 * tokens * hidden * elem + hidden * elem;
+        const double frac = bytes / (ours * 1e6) / copy_gbps;
+        std::printf("%-8s %-9s %7ld %6ld %10.1f %10.1f %8.2fx %8.0f%%\n", "rmsnorm",
+                    c10::toString(dtype), tokens, hidden, ours * 1e3, torch * 1e3, torch / ours,
+                    100 * frac);
+        results["rows"].push_back({{"op", "rms_norm"}, {"dtype", c10::toString(dtype)},
+                                   {"tokens", tokens}, {"dim", hidden}, {"ours_ms", ours},
+                                   {"torch_ms", torch}, {"fraction_of_copy_bw", frac}});
+      }
+      // Rotary on Q of Llama-3-8B: 32 heads x 128.
+      {
+        const int64_t heads = 32, head_dim = 128;
+        at::Tensor x = at::randn({tokens, heads, head_dim}, opts.dtype(dtype));
+        at::Tensor cos = at::randn({tokens, head_dim}, opts.dtype(dtype));
+        at::Tensor sin = at::randn({tokens, head_dim}, opts.dtype(dtype));
+        const double ours = time_ms([&] { strata::kernels::apply_rotary(x, cos, sin); });
+        const double torch = time_ms([&] {
+          const int64_t half = head_dim / 2;
+          at::Tensor rotated = at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+          (void)(x * cos.unsqueeze(1) + rotated * sin.unsqueeze(1));
+        });
+        const double bytes = (2.0 * tokens * heads * head_dim + 2.0 * tokens * head_dim) * elem;
+        const double frac = bytes / (ours * 1e6) / copy_gbps;
+        std::printf("%-8s %-9s %7ld %6ld %10.1f %10.1f %8.2fx %8.0f%%\n", "rotary",
+                    c10::toString(dtype), tokens, heads * head_dim, ours * 1e3, torch * 1e3,
+                    torch / ours, 100 * frac);
+        results["rows"].push_back({{"op", "rotary"}, {"dtype", c10::toString(dtype)},
+                                   {"tokens", tokens}, {"dim", heads * head_dim},
+                                   {"ours_ms", ours}, {"torch_ms", torch},
+                                   {"fraction_of_copy_bw", frac}});
+      }
+    }
+  }
+  if (!json_path.empty()) std::ofstream(json_path) << results.dump(2) << "\n";
+  return 0;
+}
