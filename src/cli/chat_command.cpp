@@ -66,11 +66,12 @@ Status chat(const std::vector<std::string>& args) {
     }
     if (line.empty()) continue;
     messages.push_back({"user", line});
-    const std::string text = m.chat_template->render(messages, /*add_generation_prompt=*/true);
-    const bool add_bos = m.tokenizer->add_bos_by_default() && !m.chat_template->renders_bos();
+    StatusOr<std::string> text = m.chat_template->render(messages, /*add_generation_prompt=*/true);
+    if (!text.ok()) return text.status();
     std::string answer;
     StatusOr<GenerationResult> result =
-        loop.run(m.tokenizer->encode(text, add_bos), max_tokens, /*ignore_stop_tokens=*/false,
+        loop.run(m.tokenizer->encode(*text, m.chat_template->encode_add_bos()), max_tokens,
+                 /*ignore_stop_tokens=*/false,
                  [&](const std::string& piece) {
                    answer += piece;
                    std::fwrite(piece.data(), 1, piece.size(), stdout);

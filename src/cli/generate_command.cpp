@@ -89,8 +89,8 @@ Status generate(const std::vector<std::string>& args) {
       std::vector<tokenizer::ChatMessage> messages;
       if (flags.has("system")) messages.push_back({"system", flags.get("system", "")});
       messages.push_back({"user", text});
-      text = m.chat_template->render(messages, /*add_generation_prompt=*/true);
-      add_bos = add_bos && !m.chat_template->renders_bos();
+      STRATA_ASSIGN_OR_RETURN(text, m.chat_template->render(messages, /*add_generation_prompt=*/true));
+      add_bos = m.chat_template->encode_add_bos();
     }
     prompt = m.tokenizer->encode(text, add_bos);
   }

@@ -229,6 +229,7 @@ Status GgufFile::parse() {
   if (c.failed()) return data_loss_error("not a GGUF file: shorter than its header");
   if (magic != kGgufMagic) return invalid_argument_error("not a GGUF file: bad magic");
   version_ = c.read<uint32_t>();
+  if (c.failed()) return c.status();
   if (version_ != 2 && version_ != 3) {
     return unimplemented_error("unsupported GGUF version " + std::to_string(version_) +
                                " (supported: 2, 3)");
@@ -276,6 +277,7 @@ Status GgufFile::parse() {
     info.num_elements = 1;
     for (uint32_t d = 0; d < num_dims; ++d) {
       const int64_t dim = c.read<int64_t>();
+      if (c.failed()) return c.status();
       if (dim <= 0 || dim > (int64_t{1} << 40) / info.num_elements) {
         return invalid_argument_error("tensor '" + info.name + "': invalid dimension " +
                                       std::to_string(dim));

@@ -1,6 +1,7 @@
 #include "gguf_source.h"
 
 #include <algorithm>
+#include <cstring>
 #include <thread>
 
 #include "strata/model/dequantize.h"
@@ -139,9 +140,11 @@ StatusOr<ModelConfig> read_config(const GgufFile& f) {
     if (freqs->type != GgmlType::kF32 || freqs->dims.size() != 1) {
       return invalid_argument_error(f.path() + ": tensor 'rope_freqs.weight' must be 1-D F32");
     }
-    const float* data = reinterpret_cast<const float*>(f.tensor_data(*freqs));
+    // memcpy: with a general.alignment below 4 the data need not be float-aligned.
     c.rope.scaling = RopeScalingType::kFreqFactors;
-    c.rope.freq_factors.assign(data, data + freqs->num_elements);
+    c.rope.freq_factors.resize(freqs->num_elements);
+    std::memcpy(c.rope.freq_factors.data(), f.tensor_data(*freqs),
+                c.rope.freq_factors.size() * sizeof(float));
   } else if (f.has_key(a + ".rope.scaling.type")) {
     STRATA_ASSIGN_OR_RETURN(std::string type, f.get_string(a + ".rope.scaling.type"));
     if (type == "linear") {

@@ -213,9 +213,11 @@ StatusOr<std::unique_ptr<ModelSource>> open_hf_source(const std::string& directo
   STRATA_ASSIGN_OR_RETURN(ModelConfig config,
                           read_config((fs::path(directory) / "config.json").string()));
   std::vector<fs::path> paths;
-  for (const auto& entry : fs::directory_iterator(directory)) {
-    if (entry.path().extension() == ".safetensors") paths.push_back(entry.path());
+  std::error_code ec;
+  for (fs::directory_iterator it(directory, ec), end; !ec && it != end; it.increment(ec)) {
+    if (it->path().extension() == ".safetensors") paths.push_back(it->path());
   }
+  if (ec) return not_found_error(directory + ": cannot list: " + ec.message());
   if (paths.empty()) return not_found_error(directory + ": no *.safetensors files");
   std::sort(paths.begin(), paths.end());
   std::vector<std::unique_ptr<SafetensorsFile>> files;

@@ -77,11 +77,18 @@ Status SafetensorsFile::parse() {
     StatusOr<SafetensorsDtype> dtype = parse_dtype(entry["dtype"].get<std::string>());
     if (!dtype.ok()) return Status(dtype.status().code(), where + dtype.status().message());
     t.dtype = *dtype;
+    // Caps every dimension and the element count at 2^40 so that neither the int64_t shape nor
+    // the byte-size product below can overflow.
+    constexpr uint64_t kMaxElements = uint64_t{1} << 40;
     uint64_t num_elements = 1;
     for (const auto& d : entry["shape"]) {
       if (!d.is_number_unsigned()) return invalid_argument_error(where + "bad shape");
-      t.shape.push_back(d.get<int64_t>());
-      num_elements *= d.get<uint64_t>();
+      const uint64_t dim = d.get<uint64_t>();
+      if (dim > kMaxElements || (dim != 0 && num_elements > kMaxElements / dim)) {
+        return invalid_argument_error(where + "shape has more than 2^40 elements");
+      }
+      t.shape.push_back(static_cast<int64_t>(dim));
+      num_elements *= dim;
     }
     const auto& offsets = entry["data_offsets"];
     if (!offsets[0].is_number_unsigned() || !offsets[1].is_number_unsigned()) {

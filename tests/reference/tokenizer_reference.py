@@ -8,6 +8,7 @@ it produces. Chat templates are rendered with transformers' own Jinja renderer.
 Writes into OUT_DIR/tokenizer/:
   smollm/tokenizer.json, tokenizer_config.json   the SmolLM2 pipeline (Digits + ByteLevel regex)
   llama3/tokenizer.json, model.gguf               same vocab, Llama-3 Split regex, ignore_merges, bos
+  added/tokenizer.json                            smollm plus added tokens with lstrip/rstrip etc.
   qwen2/tokenizer.json,  model.gguf               same vocab, Qwen2 Split regex
   errors/*.gguf                                   small metadata-only GGUFs that must be rejected
   cases.json                                      strings + HF ids per variant + HF decodes
@@ -93,6 +94,17 @@ def build_hf_tokenizer(vocab, variant):
     return tok
 
 
+def add_extra_tokens(tok):
+    """Added tokens exercising lstrip/rstrip, the normalized pass, and HF's decode of added tokens
+    whose text is not byte-level ("café" decodes to "caf\ufffd" in HF)."""
+    tok.add_special_tokens([AddedToken("<mask>", lstrip=True, rstrip=True, special=True,
+                                       normalized=False)])
+    tok.add_tokens([AddedToken(" world", normalized=True, special=False),
+                    AddedToken("café", normalized=False, special=False),
+                    AddedToken("<|im", normalized=True, special=False)])
+    return tok
+
+
 def write_gguf(path, vocab, pre, add_bos, *, model="gpt2", with_merges=True):
     writer = gguf.GGUFWriter(path, "llama")
     writer.add_tokenizer_model(model)
@@ -148,9 +160,15 @@ HANDWRITTEN = [
     "<<|im_start|>>", "<|im_start|><|im_start|>", "<filename>foo.py<file_sep>print(1)",
     " <|im_start|> spaced ", "<|im_start|>assistant\n", "<jupyter_code>x = 1<jupyter_output>1",
     "<|IM_START|> wrong case", "<repo_name><reponame>", "<|im_start|>user\n你好<|im_end|>\n",
+    "x <mask> y", "  <mask>  ", "a\u3000<mask>\u3000b", "hello world", "world world  world",
+    "café au lait", "un café, deux cafés", "<|im <|im_start|> <|im_end", "<|im<|im<|im_start|>",
     "a" * 1000, " " * 500, "ab" * 300, "\n" * 100, "x " * 200, "9" * 200, "😀" * 100,
     "Supercalifragilisticexpialidocious", "pneumonoultramicroscopicsilicovolcanoconiosis",
     "Ｆｕｌｌｗｉｄｔｈ　ｔｅｘｔ", "ﬁ ligature", "Å Ω K ß ẞ ſ", "ΣΑΣ σας", "İstanbul ı",
+    # Case-insensitive contractions under Unicode case folding (long s, Kelvin sign).
+    "it'ſ x'K y'Ｓ z'Ş", "IT'S WE'RE THEY'LL I'M YOU'VE HE'D",
+    # Recently assigned code points (Unicode 15: CJK Ext. H, Kawi; Unicode 14: Vithkuqi).
+    "\U00031350\U00031351 ext-h", "\U00011F04\U00011F05 kawi", "\U00010570\U00010597 vithkuqi",
 ]
 
 POOLS = [
@@ -266,6 +284,9 @@ CHATML_TEMPLATE = (
     " + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}"
     "{{ '<|im_start|>assistant\\n' }}{% endif %}")
 
+# ChatML that writes bos_token first (Hermes-2-Pro-Llama-3 style).
+CHATML_BOS_TEMPLATE = "{{bos_token}}" + CHATML_TEMPLATE
+
 # Qwen2.5-style ChatML: the default system prompt sits in an else branch, with escaped newlines.
 QWEN_STYLE_TEMPLATE = (
     "{%- if messages[0]['role'] == 'system' %}"
@@ -320,6 +341,8 @@ def build_chat_cases(gguf_template):
          "bos": "<|im_start|>", "eos": "<|im_end|>"},
         {"name": "chatml", "source": CHATML_TEMPLATE, "kind": "chatml", "default_system": None,
          "bos": "<|im_start|>", "eos": "<|im_end|>"},
+        {"name": "chatml_bos", "source": CHATML_BOS_TEMPLATE, "kind": "chatml",
+         "default_system": None, "bos": "<|begin_of_text|>", "eos": "<|im_end|>"},
         {"name": "qwen_style", "source": QWEN_STYLE_TEMPLATE, "kind": "chatml",
          "default_system": "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.",
          "bos": "<|endoftext|>", "eos": "<|im_end|>"},
@@ -356,13 +379,15 @@ def main():
     strings += [c["rendered"] for c in chat[0]["cases"] if "rendered" in c]
 
     variants = {}
-    for name in ("smollm", "llama3", "qwen2"):
-        tok = build_hf_tokenizer(vocab, name)
+    for name in ("smollm", "llama3", "qwen2", "added"):
+        tok = build_hf_tokenizer(vocab, "smollm" if name == "added" else name)
+        if name == "added":
+            add_extra_tokens(tok)
         os.makedirs(os.path.join(out, name), exist_ok=True)
         tok.save(os.path.join(out, name, "tokenizer.json"))
         encodings = tok.encode_batch(strings, add_special_tokens=False)
         entry = {"ids": [e.ids for e in encodings]}
-        if name == "smollm":
+        if name in ("smollm", "added"):
             entry["decoded"] = tok.decode_batch(entry["ids"], skip_special_tokens=False)
             entry["decoded_skip_special"] = tok.decode_batch(entry["ids"], skip_special_tokens=True)
         if name == "llama3":

@@ -5,7 +5,8 @@
 //
 //   kChatML   "<|im_start|>{role}\n{content}<|im_end|>\n" per message; generation prompt
 //             "<|im_start|>assistant\n". A default system prompt written as a literal in the source
-//             (SmolLM2, Qwen2.5) is inserted when the first message is not a system message.
+//             (SmolLM2, Qwen2.5) is inserted when the first message is not a system message. A
+//             source that mentions bos_token is taken to write it first (see encode_add_bos()).
 //   kLlama3   "<|begin_of_text|>" then "<|start_header_id|>{role}<|end_header_id|>\n\n
 //             {content|trim}<|eot_id|>" per message; generation prompt
 //             "<|start_header_id|>assistant<|end_header_id|>\n\n". (Meta-Llama-3-Instruct; the
@@ -16,8 +17,9 @@
 //             Mixtral-8x7B-Instruct, tokenizer v1; add_generation_prompt has no effect).
 //
 // BOS: the Llama 3 and Mistral renderings begin with the BOS token's text, which encode() turns
-// into the BOS id. Encode rendered prompts with add_bos = false, as apply_chat_template(tokenize=
-// True) does, whatever Tokenizer::add_bos_by_default() says; otherwise the prompt starts with two.
+// into the BOS id, as apply_chat_template(tokenize=True) does. Encode render() output with
+// encode(text, chat_template.encode_add_bos()), not with Tokenizer::add_bos_by_default(): the
+// template, not the tokenizer's default, decides whether a chat prompt starts with BOS.
 #pragma once
 
 #include <optional>
@@ -47,7 +49,7 @@ class ChatTemplate {
   // (or an empty one) uses `fallback`; without a fallback it is INVALID_ARGUMENT.
   static StatusOr<ChatTemplate> from_source(std::string_view jinja_source,
                                             std::optional<ChatTemplateKind> fallback);
-  // A template of `kind` with no default system prompt.
+  // A template of `kind` with no default system prompt and no BOS for ChatML.
   explicit ChatTemplate(ChatTemplateKind kind) : kind_(kind) {}
 
   // The prompt for `messages`, ending with the assistant header when `add_generation_prompt`
@@ -58,12 +60,18 @@ class ChatTemplate {
                                bool add_generation_prompt) const;
 
   ChatTemplateKind kind() const { return kind_; }
+  // The add_bos argument for Tokenizer::encode() of render() output: false when the rendering
+  // already starts with the BOS text (kLlama3, kMistral) or the template writes no BOS (plain
+  // ChatML); true for ChatML templates that write bos_token (Hermes-2-Pro-Llama-3 style), whose
+  // BOS text render() leaves out because it depends on the tokenizer.
+  bool encode_add_bos() const { return encode_add_bos_; }
   // kChatML only: the system prompt inserted when the conversation does not start with one.
   const std::optional<std::string>& default_system_prompt() const { return default_system_; }
 
  private:
   ChatTemplateKind kind_;
   std::optional<std::string> default_system_;
+  bool encode_add_bos_ = false;
 };
 
 }  // namespace strata::tokenizer

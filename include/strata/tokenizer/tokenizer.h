@@ -80,8 +80,7 @@ class Tokenizer {
   std::optional<TokenId> bos_id() const { return bos_id_; }
   std::optional<TokenId> eos_id() const { return eos_id_; }
   // Whether plain (non-chat) prompts should be encoded with add_bos = true for this model.
-  // Rendered chat prompts carry their own BOS text where the family needs one: encode them with
-  // add_bos = false (see chat_template.h).
+  // Rendered chat prompts use ChatTemplate::encode_add_bos() instead (see chat_template.h).
   bool add_bos_by_default() const { return add_bos_by_default_; }
   // True for special (control) tokens; false for ordinary tokens, non-special added tokens and
   // ids out of range.

@@ -1,0 +1,801 @@
+// Tests for open_model_source() over GGUF files and HF directories, and for
+// RopeConfig::inverse_frequencies().
+//
+// The real-model tests read STRATA_TEST_MODEL (SmolLM2-135M-Instruct Q4_1) and skip without it.
+// Everything else runs on tiny models written by the test: GGUF files through gguf_test_writer.h,
+// HF directories as config.json plus hand-built .safetensors files.
+#include "strata/model/model_source.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gguf_test_writer.h"
+#include "strata/model/dequantize.h"
+#include "strata/model/gguf_file.h"
+#include "strata/model/model_config.h"
+
+namespace strata::model {
+namespace {
+
+using nlohmann::json;
+using test_util::GgufWriter;
+using test_util::status_is;
+using test_util::TempDir;
+
+int64_t product(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// Deterministic, exactly representable values that differ between tensors and elements.
+float synthetic_value(const std::string& name, int64_t index) {
+  const float tensor_part = static_cast<float>(std::hash<std::string>{}(name) % 97);
+  return tensor_part + static_cast<float>(index) * 0.25f;
+}
+
+std::vector<float> synthetic_tensor(const std::string& name, const std::vector<int64_t>& shape) {
+  std::vector<float> v(product(shape));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = synthetic_value(name, static_cast<int64_t>(i));
+  return v;
+}
+
+// GGUF row h*D + 2j + t holds HF row h*D + t*D/2 + j (the `llama` converter's Q/K interleave).
+// Returns `gguf_rows` ([num_heads * head_dim, row_len], GGUF order) in HF order.
+std::vector<float> to_hf_row_order(const std::vector<float>& gguf_rows, int64_t num_heads,
+                                   int64_t head_dim, int64_t row_len) {
+  std::vector<float> hf(gguf_rows.size());
+  for (int64_t h = 0; h < num_heads; ++h) {
+    for (int64_t j = 0; j < head_dim / 2; ++j) {
+      for (int64_t t = 0; t < 2; ++t) {
+        const int64_t gguf_row = h * head_dim + 2 * j + t;
+        const int64_t hf_row = h * head_dim + t * head_dim / 2 + j;
+        for (int64_t c = 0; c < row_len; ++c) {
+          hf[hf_row * row_len + c] = gguf_rows[gguf_row * row_len + c];
+        }
+      }
+    }
+  }
+  return hf;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tiny synthetic GGUF models
+
+struct TinyModel {
+  std::string arch = "llama";
+  int64_t num_layers = 2;
+  int64_t hidden = 64;
+  int64_t ffn = 96;
+  int64_t heads = 4;
+  int64_t kv_heads = 2;
+  int64_t head_dim = 16;
+  int64_t vocab = 40;
+  int64_t context = 128;
+  bool with_output = false;                  // untied LM head
+  std::set<std::string> omit_keys;           // metadata keys to leave out
+  std::set<std::string> omit_tensors;        // tensors to leave out
+  std::map<std::string, std::vector<int64_t>> shapes;  // shape overrides, outermost first
+  std::function<void(GgufWriter&)> extra;    // more metadata
+
+  // Tensors in torch order (outermost first), as the model needs them.
+  std::vector<std::pair<std::string, std::vector<int64_t>>> tensors() const {
+    const int64_t q = heads * head_dim, kv = kv_heads * head_dim;
+    std::vector<std::pair<std::string, std::vector<int64_t>>> t = {
+        {"token_embd.weight", {vocab, hidden}}, {"output_norm.weight", {hidden}}};
+    if (with_output) t.push_back({"output.weight", {vocab, hidden}});
+    for (int64_t i = 0; i < num_layers; ++i) {
+      const std::string p = "blk." + std::to_string(i) + ".";
+      t.push_back({p + "attn_norm.weight", {hidden}});
+      t.push_back({p + "attn_q.weight", {q, hidden}});
+      t.push_back({p + "attn_k.weight", {kv, hidden}});
+      t.push_back({p + "attn_v.weight", {kv, hidden}});
+      t.push_back({p + "attn_output.weight", {hidden, q}});
+      t.push_back({p + "ffn_norm.weight", {hidden}});
+      t.push_back({p + "ffn_gate.weight", {ffn, hidden}});
+      t.push_back({p + "ffn_up.weight", {ffn, hidden}});
+      t.push_back({p + "ffn_down.weight", {hidden, ffn}});
+      if (arch == "qwen2") {
+        t.push_back({p + "attn_q.bias", {q}});
+        t.push_back({p + "attn_k.bias", {kv}});
+        t.push_back({p + "attn_v.bias", {kv}});
+      }
+    }
+    for (auto& [name, shape] : t) {
+      if (auto it = shapes.find(name); it != shapes.end()) shape = it->second;
+    }
+    return t;
+  }
+
+  std::vector<uint8_t> gguf_bytes() const {
+    GgufWriter w;
+    const std::string a = arch;
+    auto key = [&](const std::string& k) { return !omit_keys.contains(k); };
+    if (key("general.architecture")) w.add_string("general.architecture", a);
+    w.add_string("general.name", "tiny");
+    if (key(a + ".block_count")) w.add_u32(a + ".block_count", num_layers);
+    if (key(a + ".embedding_length")) w.add_u32(a + ".embedding_length", hidden);
+    if (key(a + ".feed_forward_length")) w.add_u32(a + ".feed_forward_length", ffn);
+    if (key(a + ".attention.head_count")) w.add_u32(a + ".attention.head_count", heads);
+    if (key(a + ".attention.head_count_kv")) w.add_u32(a + ".attention.head_count_kv", kv_heads);
+    if (key(a + ".attention.key_length")) w.add_u32(a + ".attention.key_length", head_dim);
+    if (key(a + ".context_length")) w.add_u64(a + ".context_length", context);
+    if (key(a + ".attention.layer_norm_rms_epsilon")) {
+      w.add_f32(a + ".attention.layer_norm_rms_epsilon", 1e-6f);
+    }
+    if (key(a + ".rope.freq_base")) w.add_f32(a + ".rope.freq_base", 50000.0f);
+    if (extra) extra(w);
+    for (const auto& [name, shape] : tensors()) {
+      if (omit_tensors.contains(name)) continue;
+      const std::vector<uint64_t> dims(shape.rbegin(), shape.rend());  // innermost first
+      w.add_tensor(name, dims, test_util::kTypeF32,
+                   test_util::f32_bytes(synthetic_tensor(name, shape)));
+    }
+    return w.bytes();
+  }
+};
+
+class ModelSourceTest : public ::testing::Test {
+ protected:
+  StatusOr<std::unique_ptr<ModelSource>> open_tiny(const TinyModel& model) {
+    path_ = dir_.file("tiny.gguf");
+    test_util::write_file(path_, model.gguf_bytes());
+    return open_model_source(path_);
+  }
+
+  TempDir dir_;
+  std::string path_;
+};
+
+TEST_F(ModelSourceTest, TinyGgufConfigAndShapes) {
+  TinyModel m;
+  auto source = open_tiny(m);
+  ASSERT_TRUE(source.ok()) << source.status().to_string();
+  const ModelConfig& c = (*source)->config();
+  EXPECT_EQ(c.arch, Architecture::kLlama);
+  EXPECT_EQ(c.name, "tiny");
+  EXPECT_EQ(c.num_layers, 2);
+  EXPECT_EQ(c.hidden_size, 64);
+  EXPECT_EQ(c.intermediate_size, 96);
+  EXPECT_EQ(c.num_heads, 4);
+  EXPECT_EQ(c.num_kv_heads, 2);
+  EXPECT_EQ(c.head_dim, 16);
+  EXPECT_EQ(c.vocab_size, 40);  // from token_embd.weight: no llama.vocab_size key
+  EXPECT_EQ(c.max_context_tokens, 128);
+  EXPECT_FLOAT_EQ(static_cast<float>(c.rms_norm_eps), 1e-6f);
+  EXPECT_EQ(c.rope.theta, 50000.0);
+  EXPECT_EQ(c.rope.rotary_dim, 16);
+  EXPECT_EQ(c.rope.scaling, RopeScalingType::kNone);
+  EXPECT_TRUE(c.tied_embeddings);
+  EXPECT_FALSE(c.qkv_bias);
+  EXPECT_EQ((*source)->path(), path_);
+  EXPECT_NE((*source)->gguf(), nullptr);
+  EXPECT_TRUE((*source)->tokenizer_json_path().empty());
+
+  EXPECT_EQ((*source)->weight_shape("blk.1.attn_k.weight").value(),
+            (std::vector<int64_t>{32, 64}));
+  EXPECT_EQ((*source)->weight_shape("blk.0.ffn_down.weight").value(),
+            (std::vector<int64_t>{64, 96}));
+  EXPECT_EQ((*source)->weight_shape("token_embd.weight").value(),
+            (std::vector<int64_t>{40, 64}));
+  EXPECT_FALSE((*source)->has_weight("output.weight"));
+  EXPECT_TRUE(status_is((*source)->weight_shape("output.weight").status(), StatusCode::kNotFound,
+                        {"'output.weight'", path_}));
+}
+
+TEST_F(ModelSourceTest, UntiedOutputWeightIsDetected) {
+  TinyModel m;
+  m.with_output = true;
+  auto source = open_tiny(m);
+  ASSERT_TRUE(source.ok()) << source.status().to_string();
+  EXPECT_FALSE((*source)->config().tied_embeddings);
+  EXPECT_TRUE((*source)->has_weight("output.weight"));
+}
+
+TEST_F(ModelSourceTest, LlamaQAndKRowsAreUnpermutedOtherWeightsAreNot) {
+  TinyModel m;
+  auto source = open_tiny(m);
+  ASSERT_TRUE(source.ok()) << source.status().to_string();
+  struct Case {
+    std::string name;
+    std::vector<int64_t> shape;
+    int64_t num_heads;  // 0: not permuted
+  };
+  for (const Case& c : {Case{"blk.1.attn_q.weight", {64, 64}, 4},
+                        Case{"blk.1.attn_k.weight", {32, 64}, 2},
+                        Case{"blk.1.attn_v.weight", {32, 64}, 0},
+                        Case{"blk.0.attn_output.weight", {64, 64}, 0},
+                        Case{"blk.0.ffn_gate.weight", {96, 64}, 0}}) {
+    SCOPED_TRACE(c.name);
+    const std::vector<float> stored = synthetic_tensor(c.name, c.shape);
+    const std::vector<float> expected =
+        c.num_heads > 0 ? to_hf_row_order(stored, c.num_heads, 16, c.shape[1]) : stored;
+    if (c.num_heads > 0) {
+      ASSERT_NE(expected, stored);  // the permutation is not the identity
+    }
+    std::vector<float> actual(stored.size());
+    ASSERT_TRUE((*source)->read_weight(c.name, actual).ok());
+    EXPECT_EQ(actual, expected);
+  }
+  // Spot-check one row by hand: HF row 1 of head 0 (first half, j = 1) is GGUF row 2.
+  std::vector<float> q(64 * 64);
+  ASSERT_TRUE((*source)->read_weight("blk.1.attn_q.weight", q).ok());
+  EXPECT_EQ(q[1 * 64 + 5], synthetic_value("blk.1.attn_q.weight", 2 * 64 + 5));
+  // HF row 8 of head 0 (second half, j = 0) is GGUF row 1.
+  EXPECT_EQ(q[8 * 64 + 5], synthetic_value("blk.1.attn_q.weight", 1 * 64 + 5));
+}
+
+TEST_F(ModelSourceTest, Qwen2RowsAreNotPermutedAndBiasesAreRequired) {
+  TinyModel m;
+  m.arch = "qwen2";
+  auto source = open_tiny(m);
+  ASSERT_TRUE(source.ok()) << source.status().to_string();
+  EXPECT_EQ((*source)->config().arch, Architecture::kQwen2);
+  EXPECT_TRUE((*source)->config().qkv_bias);
+  const std::vector<float> stored = synthetic_tensor("blk.0.attn_q.weight", {64, 64});
+  std::vector<float> actual(stored.size());
+  ASSERT_TRUE((*source)->read_weight("blk.0.attn_q.weight", actual).ok());
+  EXPECT_EQ(actual, stored);
+
+  m.omit_tensors = {"blk.1.attn_v.bias"};
+  auto missing = open_tiny(m);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_TRUE(status_is(missing.status(), StatusCode::kNotFound, {"'blk.1.attn_v.bias'", path_}));
+}
+
+TEST_F(ModelSourceTest, ReadWeightErrors) {
+  TinyModel m;
+  auto source = open_tiny(m);
+  ASSERT_TRUE(source.ok()) << source.status().to_string();
+  std::vector<float> too_small(10);
+  EXPECT_TRUE(status_is((*source)->read_weight("blk.0.attn_q.weight", too_small),
+                        StatusCode::kInvalidArgument, {"'blk.0.attn_q.weight'", path_}));
+  EXPECT_TRUE(status_is((*source)->read_weight("blk.9.attn_q.weight", too_small),
+                        StatusCode::kNotFound, {"'blk.9.attn_q.weight'", path_}));
+}
+
+TEST_F(ModelSourceTest, UnsupportedArchitectureIsUnimplementedNamingIt) {
+  TinyModel m;
+  m.arch = "gpt2";
+  auto source = open_tiny(m);
+  ASSERT_FALSE(source.ok());
+  EXPECT_TRUE(status_is(source.status(), StatusCode::kUnimplemented, {"'gpt2'", path_}));
+}
+
+TEST_F(ModelSourceTest, MissingTensorIsNotFoundNamingTensorAndFile) {
+  TinyModel m;
+  m.omit_tensors = {"blk.1.ffn_up.weight"};
+  auto source = open_tiny(m);
+  ASSERT_FALSE(source.ok());
+  EXPECT_TRUE(status_is(source.status(), StatusCode::kNotFound, {"'blk.1.ffn_up.weight'", path_}));
+
+  m.omit_tensors = {"token_embd.weight"};
+  source = open_tiny(m);
+  ASSERT_FALSE(source.ok());
+  EXPECT_TRUE(status_is(source.status(), StatusCode::kNotFound, {"'token_embd.weight'", path_}));
+}
+
+TEST_F(ModelSourceTest, WrongShapeIsInvalidArgumentNamingTensorAndBothShapes) {
+  TinyModel m;
+  m.shapes = {{"blk.0.attn_k.weight", {24, 64}}};
+  auto source = open_tiny(m);
+  ASSERT_FALSE(source.ok());
+  EXPECT_TRUE(status_is(source.status(), StatusCode::kInvalidArgument,
+                        {"'blk.0.attn_k.weight'", "[24, 64]", "[32, 64]", path_}));
+
+  m.shapes = {{"blk.1.ffn_norm.weight", {63}}};
+  source = open_tiny(m);
+  ASSERT_FALSE(source.ok());
+  EXPECT_TRUE(status_is(source.status(), StatusCode::kInvalidArgument,
+                        {"'blk.1.ffn_norm.weight'", "[63]", "[64]"}));
+}
+
+TEST_F(ModelSourceTest, MissingRequiredMetadataKeyIsNamed) {
+  for (const std::string key :
+       {"general.architecture", "llama.block_count", "llama.embedding_length",
+        "llama.feed_forward_length", "llama.attention.head_count", "llama.context_length",
+        "llama.attention.layer_norm_rms_epsilon"}) {
+    SCOPED_TRACE(key);
+    TinyModel m;
+    m.omit_keys = {key};
+    auto source = open_tiny(m);
+    ASSERT_FALSE(source.ok());
+    EXPECT_TRUE(status_is(source.status(), StatusCode::kNotFound, {"'" + key + "'", path_}));
+  }
+}
+
+TEST_F(ModelSourceTest, OptionalMetadataKeysHaveDefaults) {
+  TinyModel m;
+  m.omit_keys = {"llama.attention.head_count_kv", "llama.attention.key_length",
+                 "llama.rope.freq_base"};
+  m.kv_heads = 4;  // head_count_kv defaults to head_count
+  auto source = open_tiny(m);
+  ASSERT_TRUE(source.ok()) << source.status().to_string();
+  EXPECT_EQ((*source)->config().num_kv_heads, 4);
+  EXPECT_EQ((*source)->config().head_dim, 16);  // hidden / heads
+  EXPECT_EQ((*source)->config().rope.theta, 10000.0);
+}
+
+TEST_F(ModelSourceTest, WrongMetadataTypeIsInvalidArgumentNamingTheKey) {
+  TinyModel m;
+  m.omit_keys = {"llama.block_count"};
+  m.extra = [](GgufWriter& w) { w.add_string("llama.block_count", "two"); };
+  auto source = open_tiny(m);
+  ASSERT_FALSE(source.ok());
+  EXPECT_TRUE(
+      status_is(source.status(), StatusCode::kInvalidArgument, {"'llama.block_count'", path_}));
+}
+
+TEST_F(ModelSourceTest, HeadsNotAMultipleOfKvHeadsIsInvalidArgument) {
+  TinyModel m;
+  m.heads = 6;
+  m.kv_heads = 4;
+  m.head_dim = 16;  // explicit key_length: 6 * 16 != hidden is allowed
+  auto source = open_tiny(m);
+  ASSERT_FALSE(source.ok());
+  EXPECT_TRUE(status_is(source.status(), StatusCode::kInvalidArgument,
+                        {"num_heads (6)", "num_kv_heads (4)", path_}));
+}
+
+TEST_F(ModelSourceTest, GgufRopeScalingMetadata) {
+  TinyModel m;
+  m.extra = [](GgufWriter& w) {
+    w.add_string("llama.rope.scaling.type", "linear");
+    w.add_f32("llama.rope.scaling.factor", 4.0f);
+  };
+  auto source = open_tiny(m);
+  ASSERT_TRUE(source.ok()) << source.status().to_string();
+  EXPECT_EQ((*source)->config().rope.scaling, RopeScalingType::kLinear);
+  EXPECT_EQ((*source)->config().rope.factor, 4.0);
+
+  m.extra = [](GgufWriter& w) { w.add_string("llama.rope.scaling.type", "yarn"); };
+  source = open_tiny(m);
+  ASSERT_FALSE(source.ok());
+  EXPECT_TRUE(status_is(source.status(), StatusCode::kUnimplemented, {"'yarn'", path_}));
+}
+
+TEST_F(ModelSourceTest, RopeFreqsTensorGivesPerFrequencyFactorsAtAnyAlignment) {
+  // head_dim / 2 = 8 factors.
+  const std::vector<float> factors = {1.0f, 1.0f, 2.0f, 2.5f, 4.0f, 8.0f, 8.0f, 16.0f};
+  // general.alignment 1 and a padding key of 0..3 bytes put the data at every offset mod 4.
+  for (size_t pad = 0; pad < 4; ++pad) {
+    SCOPED_TRACE(pad);
+    TinyModel m;
+    m.extra = [&](GgufWriter& w) {
+      w.set_alignment(1);
+      w.add_u32("general.alignment", 1);
+      w.add_string("pad", std::string(pad, 'p'));
+      w.add_tensor("rope_freqs.weight", {8}, test_util::kTypeF32, test_util::f32_bytes(factors));
+    };
+    auto source = open_tiny(m);
+    ASSERT_TRUE(source.ok()) << source.status().to_string();
+    const RopeConfig& rope = (*source)->config().rope;
+    EXPECT_EQ(rope.scaling, RopeScalingType::kFreqFactors);
+    EXPECT_EQ(rope.freq_factors, factors);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The real default model
+
+class RealModelTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!std::filesystem::exists(STRATA_TEST_MODEL)) {
+      GTEST_SKIP() << "model file " << STRATA_TEST_MODEL << " is absent";
+    }
+    auto source = open_model_source(STRATA_TEST_MODEL);
+    ASSERT_TRUE(source.ok()) << source.status().to_string();
+    source_ = std::move(source).value();
+  }
+
+  // The tensor dequantized straight from the file, rows in GGUF order.
+  std::vector<float> dequantized_from_file(const std::string& name) {
+    const GgufFile* file = source_->gguf();
+    EXPECT_NE(file, nullptr);
+    const GgufTensorInfo* info = file->find_tensor(name);
+    EXPECT_NE(info, nullptr) << name;
+    if (file == nullptr || info == nullptr) return {};
+    std::vector<float> out(info->num_elements);
+    Status status = dequantize_row(info->type, file->tensor_data(*info), info->num_elements,
+                                   out.data());
+    EXPECT_TRUE(status.ok()) << status.to_string();
+    return out;
+  }
+
+  std::unique_ptr<ModelSource> source_;
+};
+
+TEST_F(RealModelTest, ConfigMatchesSmolLM2) {
+  const ModelConfig& c = source_->config();
+  EXPECT_EQ(c.arch, Architecture::kLlama);
+  EXPECT_STREQ(architecture_name(c.arch), "llama");
+  EXPECT_EQ(c.num_layers, 30);
+  EXPECT_EQ(c.hidden_size, 576);
+  EXPECT_EQ(c.num_heads, 9);
+  EXPECT_EQ(c.num_kv_heads, 3);
+  EXPECT_EQ(c.head_dim, 64);
+  EXPECT_EQ(c.intermediate_size, 1536);
+  EXPECT_EQ(c.vocab_size, 49152);
+  EXPECT_EQ(c.max_context_tokens, 8192);
+  EXPECT_EQ(c.rope.theta, 100000.0);
+  EXPECT_EQ(c.rope.rotary_dim, 64);
+  EXPECT_EQ(c.rope.scaling, RopeScalingType::kNone);
+  EXPECT_FLOAT_EQ(static_cast<float>(c.rms_norm_eps), 1e-5f);
+  EXPECT_TRUE(c.tied_embeddings);
+  EXPECT_FALSE(c.qkv_bias);
+  EXPECT_FALSE(source_->has_weight("output.weight"));
+  EXPECT_EQ(source_->weight_shape("token_embd.weight").value(),
+            (std::vector<int64_t>{49152, 576}));
+  EXPECT_EQ(source_->weight_shape("blk.29.attn_k.weight").value(),
+            (std::vector<int64_t>{192, 576}));
+  EXPECT_EQ(source_->weight_shape("blk.0.ffn_down.weight").value(),
+            (std::vector<int64_t>{576, 1536}));
+}
+
+TEST_F(RealModelTest, AttnQAndKAreTheUnpermutedDequantizedRows) {
+  struct Case {
+    std::string name;
+    int64_t num_heads;
+  };
+  for (const Case& c : {Case{"blk.0.attn_q.weight", 9}, Case{"blk.0.attn_k.weight", 3}}) {
+    SCOPED_TRACE(c.name);
+    const std::vector<float> raw = dequantized_from_file(c.name);
+    ASSERT_EQ(raw.size(), static_cast<size_t>(c.num_heads * 64 * 576));
+    const std::vector<float> expected = to_hf_row_order(raw, c.num_heads, 64, 576);
+    ASSERT_NE(expected, raw);
+    std::vector<float> actual(raw.size());
+    ASSERT_TRUE(source_->read_weight(c.name, actual).ok());
+    // Same dequantization on both sides: bit-identical.
+    EXPECT_EQ(std::memcmp(actual.data(), expected.data(), actual.size() * sizeof(float)), 0);
+  }
+}
+
+TEST_F(RealModelTest, OtherWeightsAreTheDequantizedRowsUnchanged) {
+  for (const std::string name : {"blk.0.attn_v.weight", "blk.3.ffn_up.weight",
+                                 "blk.0.attn_norm.weight", "token_embd.weight"}) {
+    SCOPED_TRACE(name);
+    const std::vector<float> raw = dequantized_from_file(name);
+    std::vector<float> actual(raw.size());
+    ASSERT_TRUE(source_->read_weight(name, actual).ok());
+    EXPECT_EQ(std::memcmp(actual.data(), raw.data(), actual.size() * sizeof(float)), 0);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// HF directories
+
+// A tensor for a hand-built .safetensors file.
+struct StTensor {
+  std::string name;
+  std::string dtype;
+  json shape;  // array of dims; json so that out-of-range dims can be written
+  std::vector<uint8_t> data;
+  std::optional<std::pair<uint64_t, uint64_t>> offsets = std::nullopt;  // default: actual range
+};
+
+// u64 header length, JSON header, data (see src/model/safetensors_file.h).
+std::vector<uint8_t> safetensors_bytes(const std::vector<StTensor>& tensors) {
+  json header = json::object();
+  header["__metadata__"] = {{"format", "pt"}};
+  std::vector<uint8_t> data;
+  for (const StTensor& t : tensors) {
+    const uint64_t begin = data.size();
+    data.insert(data.end(), t.data.begin(), t.data.end());
+    const auto offsets = t.offsets.value_or(std::make_pair(begin, uint64_t{data.size()}));
+    header[t.name] = {{"dtype", t.dtype},
+                      {"shape", t.shape},
+                      {"data_offsets", {offsets.first, offsets.second}}};
+  }
+  const std::string text = header.dump();
+  test_util::ByteWriter out;
+  out.put<uint64_t>(text.size());
+  out.append(text.data(), text.size());
+  out.append(data.data(), data.size());
+  return out.bytes();
+}
+
+StTensor f32_tensor(const std::string& name, const std::vector<int64_t>& shape) {
+  return {name, "F32", json(shape), test_util::f32_bytes(synthetic_tensor(name, shape))};
+}
+
+json tiny_hf_config(const std::string& model_type = "llama") {
+  return {{"model_type", model_type},
+          {"num_hidden_layers", 1},
+          {"hidden_size", 64},
+          {"intermediate_size", 96},
+          {"num_attention_heads", 4},
+          {"num_key_value_heads", 2},
+          {"vocab_size", 40},
+          {"max_position_embeddings", 128},
+          {"rms_norm_eps", 1e-5},
+          {"rope_theta", 20000.0},
+          {"tie_word_embeddings", true}};
+}
+
+// Every weight of tiny_hf_config(), F32, with HF names.
+std::vector<StTensor> tiny_hf_tensors() {
+  return {f32_tensor("model.embed_tokens.weight", {40, 64}),
+          f32_tensor("model.norm.weight", {64}),
+          f32_tensor("model.layers.0.input_layernorm.weight", {64}),
+          f32_tensor("model.layers.0.self_attn.q_proj.weight", {64, 64}),
+          f32_tensor("model.layers.0.self_attn.k_proj.weight", {32, 64}),
+          f32_tensor("model.layers.0.self_attn.v_proj.weight", {32, 64}),
+          f32_tensor("model.layers.0.self_attn.o_proj.weight", {64, 64}),
+          f32_tensor("model.layers.0.post_attention_layernorm.weight", {64}),
+          f32_tensor("model.layers.0.mlp.gate_proj.weight", {96, 64}),
+          f32_tensor("model.layers.0.mlp.up_proj.weight", {96, 64}),
+          f32_tensor("model.layers.0.mlp.down_proj.weight", {64, 96})};
+}
+
+class HfSourceTest : public ::testing::Test {
+ protected:
+  void write_config(const json& config) {
+    test_util::write_text(dir_.path() / "config.json", config.dump());
+  }
+  void write_safetensors(const std::vector<StTensor>& tensors,
+                         const std::string& name = "model.safetensors") {
+    test_util::write_file(dir_.path() / name, safetensors_bytes(tensors));
+  }
+  std::string st_path(const std::string& name = "model.safetensors") const {
+    return dir_.file(name);
+  }
+  StatusOr<std::unique_ptr<ModelSource>> open() { return open_model_source(dir_.path()); }
+
+  TempDir dir_;
+};
+
+TEST_F(HfSourceTest, TinyDirectoryLoadsWithoutPermutingAndConvertsDtypes) {
+  write_config(tiny_hf_config());
+  std::vector<StTensor> tensors = tiny_hf_tensors();
+  // The final norm in BF16 and the attention norm in F16: 1.5 and -2 are exact in both.
+  tensors[1] = {"model.norm.weight", "BF16", json::array({64}), {}};
+  tensors[2] = {"model.layers.0.input_layernorm.weight", "F16", json::array({64}), {}};
+  for (int i = 0; i < 64; ++i) {
+    const uint16_t bf16 = i % 2 == 0 ? 0x3FC0 : 0xC000;  // 1.5, -2
+    const uint16_t f16 = i % 2 == 0 ? 0x3E00 : 0xC000;   // 1.5, -2
+    tensors[1].data.push_back(bf16 & 0xFF);
+    tensors[1].data.push_back(bf16 >> 8);
+    tensors[2].data.push_back(f16 & 0xFF);
+    tensors[2].data.push_back(f16 >> 8);
+  }
+  // Split across two files to exercise the directory scan.
+  write_safetensors(std::vector<StTensor>(tensors.begin(), tensors.begin() + 4),
+                    "model-00001-of-00002.safetensors");
+  write_safetensors(std::vector<StTensor>(tensors.begin() + 4, tensors.end()),
+                    "model-00002-of-00002.safetensors");
+
+  auto source = open();
+  ASSERT_TRUE(source.ok()) << source.status().to_string();
+  const ModelConfig& c = (*source)->config();
+  EXPECT_EQ(c.arch, Architecture::kLlama);
+  EXPECT_EQ(c.num_layers, 1);
+  EXPECT_EQ(c.num_kv_heads, 2);
+  EXPECT_EQ(c.head_dim, 16);
+  EXPECT_EQ(c.rope.theta, 20000.0);
+  EXPECT_TRUE(c.tied_embeddings);
+  EXPECT_EQ((*source)->gguf(), nullptr);
+  EXPECT_EQ((*source)->tokenizer_json_path(), (dir_.path() / "tokenizer.json").string());
+  EXPECT_EQ((*source)->weight_shape("blk.0.attn_k.weight").value(),
+            (std::vector<int64_t>{32, 64}));
+
+  // HF checkpoints are already in HF row order: Q is returned as stored.
+  const std::vector<float> q_stored =
+      synthetic_tensor("model.layers.0.self_attn.q_proj.weight", {64, 64});
+  std::vector<float> q(q_stored.size());
+  ASSERT_TRUE((*source)->read_weight("blk.0.attn_q.weight", q).ok());
+  EXPECT_EQ(q, q_stored);
+
+  std::vector<float> norm(64), attn_norm(64);
+  ASSERT_TRUE((*source)->read_weight("output_norm.weight", norm).ok());
+  ASSERT_TRUE((*source)->read_weight("blk.0.attn_norm.weight", attn_norm).ok());
+  for (int i = 0; i < 64; ++i) {
+    EXPECT_EQ(norm[i], i % 2 == 0 ? 1.5f : -2.0f) << i;
+    EXPECT_EQ(attn_norm[i], i % 2 == 0 ? 1.5f : -2.0f) << i;
+  }
+}
+
+TEST_F(HfSourceTest, UnknownModelTypeIsUnimplemented) {
+  write_config(tiny_hf_config("gpt_neox"));
+  write_safetensors(tiny_hf_tensors());
+  auto source = open();
+  ASSERT_FALSE(source.ok());
+  EXPECT_TRUE(status_is(source.status(), StatusCode::kUnimplemented,
+                        {"'gpt_neox'", (dir_.path() / "config.json").string()}));
+}
+
+TEST_F(HfSourceTest, MissingConfigJsonIsNotFound) {
+  write_safetensors(tiny_hf_tensors());
+  auto source = open();
+  ASSERT_FALSE(source.ok());
+  EXPECT_TRUE(status_is(source.status(), StatusCode::kNotFound,
+                        {(dir_.path() / "config.json").string()}));
+}
+
+TEST_F(HfSourceTest, MissingConfigFieldIsNamed) {
+  json config = tiny_hf_config();
+  config.erase("hidden_size");
+  write_config(config);
+  write_safetensors(tiny_hf_tensors());
+  auto source = open();
+  ASSERT_FALSE(source.ok());
+  EXPECT_TRUE(status_is(source.status(), StatusCode::kInvalidArgument, {"'hidden_size'"}));
+}
+
+TEST_F(HfSourceTest, HeaderLengthBeyondTheFileIsDataLoss) {
+  write_config(tiny_hf_config());
+  const std::vector<uint8_t> full = safetensors_bytes(tiny_hf_tensors());
+  // Keep the length field and 20 bytes of header: the declared header no longer fits.
+  test_util::write_file(st_path(), std::vector<uint8_t>(full.begin(), full.begin() + 28));
+  auto source = open();
+  ASSERT_FALSE(source.ok());
+  EXPECT_TRUE(status_is(source.status(), StatusCode::kDataLoss, {st_path(), "header length"}));
+
+  // Shorter than the length field itself.
+  test_util::write_file(st_path(), {1, 2, 3});
+  source = open();
+  ASSERT_FALSE(source.ok());
+  EXPECT_TRUE(status_is(source.status(), StatusCode::kDataLoss, {st_path()}));
+}
+
+TEST_F(HfSourceTest, I64DtypeIsUnimplementedNamingTheTensor) {
+  write_config(tiny_hf_config());
+  std::vector<StTensor> tensors = tiny_hf_tensors();
+  tensors.push_back(
+      {"model.layers.0.positions", "I64", json::array({4}), std::vector<uint8_t>(32, 0)});
+  write_safetensors(tensors);
+  auto source = open();
+  ASSERT_FALSE(source.ok());
+  EXPECT_TRUE(status_is(source.status(), StatusCode::kUnimplemented,
+                        {"'model.layers.0.positions'", "I64", st_path()}));
+}
+
+TEST_F(HfSourceTest, DataOffsetsBeyondTheFileAreDataLoss) {
+  write_config(tiny_hf_config());
+  std::vector<StTensor> tensors = tiny_hf_tensors();
+  const uint64_t begin = 1 << 20;
+  tensors[1].offsets = std::make_pair(begin, begin + 64 * 4);  // model.norm.weight
+  write_safetensors(tensors);
+  auto source = open();
+  ASSERT_FALSE(source.ok());
+  EXPECT_TRUE(status_is(source.status(), StatusCode::kDataLoss,
+                        {"'model.norm.weight'", st_path()}));
+}
+
+TEST_F(HfSourceTest, ShapeWhoseElementCountOverflowsIsRejected) {
+  // 2^63 * 2 elements wraps to 0 in 64 bits, which would "match" an empty data range.
+  write_config(tiny_hf_config());
+  std::vector<StTensor> tensors = tiny_hf_tensors();
+  tensors.push_back({"extra.huge", "F32", json::array({uint64_t{1} << 63, 2}), {}});
+  write_safetensors(tensors);
+  auto source = open();
+  ASSERT_FALSE(source.ok());
+  EXPECT_TRUE(
+      status_is(source.status(), StatusCode::kInvalidArgument, {"'extra.huge'", st_path()}));
+}
+
+TEST_F(HfSourceTest, MissingWeightIsNotFoundNamingTheCanonicalTensor) {
+  write_config(tiny_hf_config());
+  std::vector<StTensor> tensors = tiny_hf_tensors();
+  tensors.erase(tensors.begin() + 9);  // mlp.up_proj
+  write_safetensors(tensors);
+  auto source = open();
+  ASSERT_FALSE(source.ok());
+  EXPECT_TRUE(status_is(source.status(), StatusCode::kNotFound,
+                        {"'blk.0.ffn_up.weight'", dir_.path().string()}));
+}
+
+// ---------------------------------------------------------------------------------------------
+// RoPE inverse frequencies
+
+// Relative comparison at float32 precision.
+::testing::AssertionResult near_rel(double actual, double expected, double rel = 2e-6) {
+  if (std::fabs(actual - expected) <= rel * std::fabs(expected)) {
+    return ::testing::AssertionSuccess();
+  }
+  return ::testing::AssertionFailure() << actual << " vs expected " << expected;
+}
+
+TEST(RopeConfigTest, NoScalingIsInverseThetaPower) {
+  RopeConfig rope;
+  rope.theta = 100000.0;
+  rope.rotary_dim = 64;
+  const std::vector<float> inv = rope.inverse_frequencies();
+  ASSERT_EQ(inv.size(), 32u);
+  for (int i = 0; i < 32; ++i) {
+    EXPECT_TRUE(near_rel(inv[i], 1.0 / std::pow(100000.0, 2.0 * i / 64))) << i;
+  }
+  // Values of HF transformers' default RoPE (float32) for the same settings.
+  EXPECT_EQ(inv[0], 1.0f);
+  EXPECT_TRUE(near_rel(inv[1], 0.6978305578231812));
+  EXPECT_TRUE(near_rel(inv[5], 0.16548170149326324));
+  EXPECT_TRUE(near_rel(inv[16], 0.003162277862429619));  // 100000^-0.5
+  EXPECT_TRUE(near_rel(inv[31], 1.4330126759887207e-05));
+}
+
+TEST(RopeConfigTest, LinearScalingDividesEveryFrequency) {
+  RopeConfig rope;
+  rope.theta = 100000.0;
+  rope.rotary_dim = 64;
+  rope.scaling = RopeScalingType::kLinear;
+  rope.factor = 4.0;
+  const std::vector<float> inv = rope.inverse_frequencies();
+  ASSERT_EQ(inv.size(), 32u);
+  EXPECT_EQ(inv[0], 0.25f);
+  EXPECT_TRUE(near_rel(inv[1], 0.1744576394557953));
+  EXPECT_TRUE(near_rel(inv[5], 0.04137042537331581));
+  EXPECT_TRUE(near_rel(inv[31], 3.582531689971802e-06));
+}
+
+TEST(RopeConfigTest, FreqFactorsDivideEachFrequency) {
+  RopeConfig rope;
+  rope.theta = 10000.0;
+  rope.rotary_dim = 8;
+  rope.scaling = RopeScalingType::kFreqFactors;
+  rope.freq_factors = {1.0f, 2.0f, 4.0f, 8.0f};
+  const std::vector<float> inv = rope.inverse_frequencies();
+  ASSERT_EQ(inv.size(), 4u);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_TRUE(near_rel(inv[i], 1.0 / std::pow(10000.0, 2.0 * i / 8) / (1 << i))) << i;
+  }
+}
+
+// Llama 3.1 settings (theta 500000, head_dim 128, factor 8, low 1, high 4, original context
+// 8192), following transformers' `_compute_llama3_parameters`:
+//   wavelen = 2*pi / f; high_freq_wavelen = 8192 / 4 = 2048; low_freq_wavelen = 8192 / 1 = 8192
+//   wavelen < 2048:  f unchanged            (i <= 28)
+//   wavelen > 8192:  f / 8                  (i >= 35)
+//   otherwise:       s = (8192 / wavelen - 1) / (4 - 1);  (1 - s) * f / 8 + s * f
+// e.g. i = 30: f = 500000^(-60/128) = 0.00213112, wavelen = 2948.28, s = 0.592849,
+// f' = f * (0.407151 / 8 + 0.592849) = f * 0.643743 = 0.00137189.
+// The expected values below are transformers' float32 results for these settings.
+TEST(RopeConfigTest, Llama3ScalingMatchesTransformers) {
+  RopeConfig rope;
+  rope.theta = 500000.0;
+  rope.rotary_dim = 128;
+  rope.scaling = RopeScalingType::kLlama3;
+  rope.factor = 8.0;
+  rope.low_freq_factor = 1.0;
+  rope.high_freq_factor = 4.0;
+  rope.original_max_positions = 8192;
+  const std::vector<float> inv = rope.inverse_frequencies();
+  ASSERT_EQ(inv.size(), 64u);
+  const std::pair<int, double> expected[] = {
+      {0, 1.0},                       // high frequency: unchanged
+      {10, 0.12868738174438477},      // unchanged
+      {28, 0.0032114461064338684},    // unchanged, wavelen just below 2048
+      {29, 0.0021665706299245358},    // smoothed
+      {30, 0.0013718936825171113},    // smoothed
+      {32, 0.0005248460220173001},    // smoothed
+      {34, 0.0001785077911335975},    // smoothed
+      {35, 9.556212171446532e-05},    // low frequency: divided by 8
+      {63, 3.068925877869333e-07},    // divided by 8
+  };
+  for (const auto& [i, value] : expected) {
+    EXPECT_TRUE(near_rel(inv[i], value)) << "i = " << i;
+  }
+  // The smoothing factor moves monotonically from 1 (unchanged) to 1/8 across the band.
+  RopeConfig plain = rope;
+  plain.scaling = RopeScalingType::kNone;
+  const std::vector<float> base = plain.inverse_frequencies();
+  for (int i = 29; i < 35; ++i) {
+    const double ratio = inv[i] / base[i], next = inv[i + 1] / base[i + 1];
+    EXPECT_LT(ratio, 1.0) << i;
+    EXPECT_GT(ratio, next) << i;
+  }
+}
+
+}  // namespace
+}  // namespace strata::model
