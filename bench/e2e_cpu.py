@@ -16,6 +16,7 @@ import os
 import platform
 import statistics
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -115,9 +116,7 @@ def main():
                 f"{r['hf_prefill_tok_s']:.0f} | {r['prefill_ratio']:.2f} | "
                 f"{r['strata_decode_tok_s']:.1f} | {r['hf_decode_tok_s']:.1f} | "
                 f"{r['decode_ratio']:.2f} |")
-        lines += ["", "Reproduce:", "```",
-                  ".venv/bin/python bench/e2e_cpu.py --model .cache/models/" + env["model"] +
-                  f" --threads {args.threads} --out {args.out}", "```", ""]
+        lines += ["", "Reproduce:", "```", ".venv/bin/python " + " ".join(sys.argv), "```", ""]
         args.out.write_text("\n".join(lines))
 
 
