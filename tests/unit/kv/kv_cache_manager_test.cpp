@@ -1,0 +1,166 @@
+#include "strata/kv/kv_cache_manager.h"
+
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+namespace strata::kv {
+namespace {
+
+constexpr int32_t kLayers = 2;
+constexpr int32_t kBlock = 4;
+
+KvGeometry geometry(int32_t num_blocks) {
+  return {.num_layers = kLayers, .num_kv_heads = 1, .head_dim = 8, .block_size_tokens = kBlock,
+          .num_blocks = num_blocks};
+}
+
+std::vector<TokenId> iota_tokens(int n, TokenId first = 1) {
+  std::vector<TokenId> t(n);
+  std::iota(t.begin(), t.end(), first);
+  return t;
+}
+
+// Runs one step for `seq`: prepare + commit + mark_computed of n tokens.
+void step(KvCacheManager& m, SeqId seq, int64_t n) {
+  StatusOr<KvPlan> plan = m.prepare({{seq, n}});
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  m.commit(std::move(plan).value());
+  m.mark_computed(seq, n);
+}
+
+TEST(KvCacheManagerTest, AllocatesPerLayerBlocksAndPublishesFullBlocks) {
+  KvCacheManager m(geometry(32), {}, {});
+  ASSERT_TRUE(m.add_sequence(SeqId{1}, iota_tokens(10), "").ok());
+  StatusOr<KvPlan> plan = m.prepare({{SeqId{1}, 10}});
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->num_blocks_needed(), 3 * kLayers);
+  EXPECT_EQ(m.num_available_blocks(), 32) << "prepare changes nothing";
+  EXPECT_TRUE(m.commit(std::move(plan).value()).empty());
+  m.mark_computed(SeqId{1}, 10);
+  const auto& tables = m.tables(SeqId{1});
+  ASSERT_EQ(tables.size(), 2u);
+  EXPECT_EQ(tables[0].size(), 3u);
+  EXPECT_NE(tables[0][0], tables[1][0]) << "each layer has its own blocks";
+  EXPECT_EQ(m.num_cached_groups(), 2) << "two full blocks published, the partial one not";
+  EXPECT_EQ(m.num_available_blocks(), 32 - 6);
+  m.free(SeqId{1});
+  EXPECT_EQ(m.num_available_blocks(), 32) << "cached blocks are evictable, nothing leaks";
+  EXPECT_EQ(m.num_cached_groups(), 2);
+}
+
+TEST(KvCacheManagerTest, PrefixHitSharesBlocksAndCounts) {
+  KvCacheManager m(geometry(64), {}, {});
+  ASSERT_TRUE(m.add_sequence(SeqId{1}, iota_tokens(10), "").ok());
+  step(m, SeqId{1}, 10);
+
+  std::vector<TokenId> prompt = iota_tokens(9);  // shares 2 full blocks, then differs
+  prompt.push_back(99);
+  prompt.push_back(98);
+  ASSERT_TRUE(m.add_sequence(SeqId{2}, prompt, "").ok());
+  EXPECT_EQ(m.lookup_prefix(SeqId{2}), 8);
+  StatusOr<KvPlan> plan = m.prepare({{SeqId{2}, 3}});
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->num_blocks_needed(), 1 * kLayers) << "blocks in use are not counted again";
+  m.commit(std::move(plan).value());
+  EXPECT_EQ(m.num_prefix_hit_tokens(SeqId{2}), 8);
+  EXPECT_EQ(m.num_computed_tokens(SeqId{2}), 8);
+  for (int l = 0; l < kLayers; ++l) {
+    EXPECT_EQ(m.tables(SeqId{2})[l][0], m.tables(SeqId{1})[l][0]);
+    EXPECT_EQ(m.tables(SeqId{2})[l][1], m.tables(SeqId{1})[l][1]);
+    EXPECT_NE(m.tables(SeqId{2})[l][2], m.tables(SeqId{1})[l][2]);
+    EXPECT_EQ(m.refcount(m.tables(SeqId{1})[l][0]), 3) << "two tables and the cache";
+  }
+  EXPECT_EQ(m.prefix_stats().hit_tokens, 8);
+  EXPECT_EQ(m.prefix_stats().lookup_tokens, 10 + 11);
+  m.mark_computed(SeqId{2}, 3);
+  m.free(SeqId{1});
+  m.free(SeqId{2});
+  EXPECT_EQ(m.num_available_blocks(), 64);
+}
+
+// Table-driven prefix matching: how many tokens a second prompt gets from the cache.
+TEST(KvCacheManagerTest, PrefixMatchTable) {
+  struct Case {
+    const char* name;
+    std::vector<TokenId> second;
+    std::string salt;
+    int64_t expected_hit;
+  };
+  const std::vector<Case> cases = {
+      {"identical 12 tokens: last block recomputed", iota_tokens(12), "", 8},
+      {"identical 9 tokens", iota_tokens(9), "", 8},
+      {"identical 8 tokens: leave one to compute", iota_tokens(8), "", 4},
+      {"first token differs", iota_tokens(12, 2), "", 0},
+      {"differs inside block 2", [] { auto t = iota_tokens(12); t[5] = 0; return t; }(), "", 4},
+      {"other tenant", iota_tokens(12), "tenant-b", 0},
+      {"shorter than a block", iota_tokens(3), "", 0},
+  };
+  for (const Case& c : cases) {
+    KvCacheManager m(geometry(64), {}, {});
+    ASSERT_TRUE(m.add_sequence(SeqId{1}, iota_tokens(12), "").ok());
+    step(m, SeqId{1}, 12);
+    ASSERT_TRUE(m.add_sequence(SeqId{2}, c.second, c.salt).ok());
+    EXPECT_EQ(m.lookup_prefix(SeqId{2}), c.expected_hit) << c.name;
+  }
+}
+
+TEST(KvCacheManagerTest, ExhaustedPoolRejectsPlanAndChangesNothing) {
+  KvCacheManager m(geometry(6), {}, {});
+  ASSERT_TRUE(m.add_sequence(SeqId{1}, iota_tokens(8), "").ok());
+  ASSERT_TRUE(m.add_sequence(SeqId{2}, iota_tokens(8, 100), "").ok());
+  step(m, SeqId{1}, 8);  // 4 blocks
+  StatusOr<KvPlan> plan = m.prepare({{SeqId{2}, 8}});
+  ASSERT_FALSE(plan.ok());
+  EXPECT_EQ(plan.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_TRUE(m.tables(SeqId{2}).empty());
+  EXPECT_EQ(m.num_available_blocks(), 2);
+
+  // A prepared plan that is dropped leaves everything as it was.
+  { StatusOr<KvPlan> dropped = m.prepare({{SeqId{2}, 4}}); ASSERT_TRUE(dropped.ok()); }
+  EXPECT_EQ(m.num_available_blocks(), 2);
+  EXPECT_TRUE(m.tables(SeqId{2}).empty());
+
+  // Once sequence 1 finishes, its cached blocks are evicted on demand.
+  m.free(SeqId{1});
+  step(m, SeqId{2}, 8);
+  // 2 blocks were free; the least recently used of sequence 1's groups made room for the rest.
+  EXPECT_EQ(m.num_cached_groups(), 3);
+  EXPECT_EQ(m.lookup_prefix(SeqId{2}), 0) << "sequence 2 has blocks";
+}
+
+TEST(KvCacheManagerTest, ForkSharesBlocksAndCopiesOnWrite) {
+  KvCacheManager m(geometry(32), {}, {});
+  ASSERT_TRUE(m.add_sequence(SeqId{1}, iota_tokens(6), "").ok());
+  step(m, SeqId{1}, 6);  // one full block + a partial one
+  ASSERT_TRUE(m.fork(SeqId{1}, SeqId{2}).ok());
+  EXPECT_EQ(m.tables(SeqId{2}), m.tables(SeqId{1}));
+  const BlockId shared_partial = m.tables(SeqId{1})[0][1];
+  EXPECT_EQ(m.refcount(shared_partial), 2);
+
+  m.append_tokens(SeqId{1}, std::vector<TokenId>{50});
+  m.append_tokens(SeqId{2}, std::vector<TokenId>{60});
+  StatusOr<KvPlan> plan = m.prepare({{SeqId{1}, 1}, {SeqId{2}, 1}});
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->num_blocks_needed(), 2 * kLayers) << "both see a shared partial block";
+  std::vector<BlockCopy> copies = m.commit(std::move(plan).value());
+  ASSERT_EQ(copies.size(), static_cast<size_t>(kLayers)) << "only the first writer copies";
+  EXPECT_EQ(copies[0].source, shared_partial);
+  EXPECT_NE(m.tables(SeqId{1})[0][1], m.tables(SeqId{2})[0][1]);
+  EXPECT_EQ(m.tables(SeqId{1})[0][0], m.tables(SeqId{2})[0][0]) << "full blocks stay shared";
+  m.free(SeqId{1});
+  m.free(SeqId{2});
+  EXPECT_EQ(m.num_available_blocks(), 32);
+}
+
+TEST(KvCacheManagerDeathTest, StalePlanIsRejected) {
+  KvCacheManager m(geometry(16), {}, {});
+  ASSERT_TRUE(m.add_sequence(SeqId{1}, iota_tokens(4), "").ok());
+  StatusOr<KvPlan> plan = m.prepare({{SeqId{1}, 4}});
+  ASSERT_TRUE(plan.ok());
+  ASSERT_TRUE(m.add_sequence(SeqId{2}, iota_tokens(4), "").ok());
+  EXPECT_DEATH(m.commit(std::move(plan).value()), "stale KV plan");
+}
+
+}  // namespace
+}  // namespace strata::kv
