@@ -134,31 +134,35 @@ std::vector<BlockCopy> KvCacheManager::commit(KvPlan&& plan) {
   for (const KvPlan::Attach& a : plan.attaches_) attaches.emplace(a.seq, &a.hashes);
   std::vector<BlockCopy> copies;
 
+  // Attach cached prefixes first: acquiring takes those groups off the eviction list, so the
+  // allocations below cannot evict a group this plan is about to use.
   for (const KvRequest& r : plan.requests_) {
     Sequence& s = get(r.seq);
-    if (s.tables.empty()) {
-      // First commit of the sequence: attach its cached prefix, if any.
-      s.tables.assign(layers, {});
-      if (auto it = attaches.find(r.seq); it != attaches.end()) {
-        for (const ChunkHash& h : *it->second) {
-          pool_.acquire_cached(h);
-          const std::vector<BlockId>& group = *pool_.find_cached(h);
-          for (int64_t l = 0; l < layers; ++l) {
-            pool_.retain(group[l]);
-            s.tables[l].push_back(group[l]);
-          }
-          s.groups.push_back(h);
+    if (!s.tables.empty()) continue;
+    s.tables.assign(layers, {});
+    if (auto it = attaches.find(r.seq); it != attaches.end()) {
+      for (const ChunkHash& h : *it->second) {
+        pool_.acquire_cached(h);
+        const std::vector<BlockId>& group = *pool_.find_cached(h);
+        for (int64_t l = 0; l < layers; ++l) {
+          pool_.retain(group[l]);
+          s.tables[l].push_back(group[l]);
         }
-        s.num_hashed_blocks = static_cast<int64_t>(it->second->size());
-        s.last_hash = it->second->back();
-        s.num_computed = s.num_hashed_blocks * block;
-        s.num_prefix_hit = s.num_computed;
+        s.groups.push_back(h);
       }
-      if (prefix_.enabled) {
-        stats_.lookup_tokens += static_cast<int64_t>(s.tokens.size());
-        stats_.hit_tokens += s.num_prefix_hit;
-      }
+      s.num_hashed_blocks = static_cast<int64_t>(it->second->size());
+      s.last_hash = it->second->back();
+      s.num_computed = s.num_hashed_blocks * block;
+      s.num_prefix_hit = s.num_computed;
     }
+    if (prefix_.enabled) {
+      stats_.lookup_tokens += static_cast<int64_t>(s.tokens.size());
+      stats_.hit_tokens += s.num_prefix_hit;
+    }
+  }
+
+  for (const KvRequest& r : plan.requests_) {
+    Sequence& s = get(r.seq);
     const int64_t have = num_token_blocks(s);
     if (s.num_computed % block != 0 && have > 0) {
       for (int64_t l = 0; l < layers; ++l) {

@@ -1,0 +1,95 @@
+// Continuous-batching scheduler: decides, every step, which sequences run and how many of their
+// tokens, under a per-step token budget (chunked prefill) and the KV cache's capacity.
+//
+// Policy, in order, each step:
+//   1. Running sequences, highest priority first (lower `priority` value, then earlier arrival),
+//      each get their remaining tokens (1 when decoding; a prefill chunk otherwise) while the
+//      token budget lasts. When the KV pool cannot hold a step, the lowest-priority running
+//      sequence is preempted (its KV freed; it goes back to waiting and later recomputes its
+//      tokens, helped by the prefix cache) until the step fits.
+//   2. Waiting sequences, in the same order, are admitted while budget, max_num_seqs and KV space
+//      allow; the first that does not fit stops admission (no overtaking), unless it outranks the
+//      lowest-priority running sequence, which is then preempted to make room.
+//   3. The step's KV plan is committed.
+// A sequence is "prefilling" while it has more known tokens than computed ones beyond the next;
+// the engine samples only for chunks that reach the end of a sequence's known tokens.
+//
+// Not thread-safe: the engine's step thread owns it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "strata/common/ids.h"
+#include "strata/common/status.h"
+#include "strata/kv/kv_cache_manager.h"
+
+namespace strata::scheduler {
+
+struct SchedulerConfig {
+  int32_t max_num_seqs = 64;             // sequences in one step
+  int64_t max_num_batched_tokens = 512;  // tokens in one step (prefill chunks + decodes)
+
+  // INVALID_ARGUMENT naming the field.
+  Status validate() const;
+};
+
+struct ScheduledChunk {
+  SeqId seq;
+  int64_t start_position = 0;  // tokens already in the KV cache
+  int64_t num_tokens = 0;      // tokens computed this step
+  bool samples = false;        // reaches the end of the known tokens: sample the next one
+};
+
+struct ScheduledBatch {
+  std::vector<ScheduledChunk> chunks;
+  std::vector<kv::BlockCopy> block_copies;  // perform before the forward pass
+  std::vector<SeqId> preempted;             // went back to waiting this step
+  // Removed because they cannot fit in the KV pool even alone; the engine fails them.
+  std::vector<SeqId> aborted;
+  bool empty() const { return chunks.empty(); }
+};
+
+class Scheduler {
+ public:
+  Scheduler(const SchedulerConfig& config, kv::KvCacheManager& kv);
+
+  // Queues a new sequence. INVALID_ARGUMENT if the id is in use or the prompt is empty, or if the
+  // prompt alone could never fit in the KV pool.
+  Status add(SeqId seq, std::vector<TokenId> prompt, int32_t priority, std::string tenant_salt);
+  // Drops a sequence wherever it is and frees its KV at once (finish or cancel). Unknown: no-op.
+  void remove(SeqId seq);
+
+  ScheduledBatch schedule();
+  // The executor ran `batch`: record the computed tokens (publishing full blocks).
+  void on_batch_done(const ScheduledBatch& batch);
+
+  size_t num_waiting() const { return waiting_.size(); }
+  size_t num_running() const { return running_.size(); }
+  bool has_work() const { return !waiting_.empty() || !running_.empty(); }
+  int64_t num_preemptions() const { return num_preemptions_; }
+
+ private:
+  struct Entry {
+    int32_t priority = 0;
+    uint64_t arrival = 0;  // order of add(); FCFS tie-break
+    std::string tenant_salt;
+  };
+  bool runs_before(SeqId a, SeqId b) const;
+  void insert_sorted(std::vector<SeqId>& queue, SeqId seq) const;
+  // Frees the KV of a running sequence and queues it to recompute its tokens.
+  void preempt(SeqId seq);
+  int64_t remaining_tokens(SeqId seq) const;
+
+  SchedulerConfig config_;
+  kv::KvCacheManager& kv_;
+  std::unordered_map<SeqId, Entry> entries_;
+  std::vector<SeqId> waiting_;  // sorted by runs_before
+  std::vector<SeqId> running_;  // sorted by runs_before
+  uint64_t next_arrival_ = 0;
+  int64_t num_preemptions_ = 0;
+};
+
+}  // namespace strata::scheduler

@@ -1,0 +1,164 @@
+#include "strata/scheduler/scheduler.h"
+
+#include <algorithm>
+
+#include "strata/common/check.h"
+
+namespace strata::scheduler {
+
+Status SchedulerConfig::validate() const {
+  if (max_num_seqs < 1) {
+    return invalid_argument_error("scheduler.max_num_seqs must be at least 1, got " +
+                                  std::to_string(max_num_seqs));
+  }
+  if (max_num_batched_tokens < 1) {
+    return invalid_argument_error("scheduler.max_num_batched_tokens must be at least 1, got " +
+                                  std::to_string(max_num_batched_tokens));
+  }
+  return Status();
+}
+
+Scheduler::Scheduler(const SchedulerConfig& config, kv::KvCacheManager& kv)
+    : config_(config), kv_(kv) {
+  STRATA_CHECK(config.validate().ok()) << config.validate().to_string();
+}
+
+bool Scheduler::runs_before(SeqId a, SeqId b) const {
+  const Entry& ea = entries_.at(a);
+  const Entry& eb = entries_.at(b);
+  if (ea.priority != eb.priority) return ea.priority < eb.priority;
+  return ea.arrival < eb.arrival;
+}
+
+void Scheduler::insert_sorted(std::vector<SeqId>& queue, SeqId seq) const {
+  auto pos = std::upper_bound(queue.begin(), queue.end(), seq,
+                              [&](SeqId a, SeqId b) { return runs_before(a, b); });
+  queue.insert(pos, seq);
+}
+
+Status Scheduler::add(SeqId seq, std::vector<TokenId> prompt, int32_t priority,
+                      std::string tenant_salt) {
+  if (entries_.contains(seq)) {
+    return invalid_argument_error("sequence " + std::to_string(seq.value) + " already queued");
+  }
+  const kv::KvGeometry& g = kv_.geometry();
+  const int64_t blocks_needed =
+      (static_cast<int64_t>(prompt.size()) + g.block_size_tokens - 1) / g.block_size_tokens *
+      g.num_layers;
+  if (blocks_needed > g.num_blocks) {
+    return invalid_argument_error("prompt of " + std::to_string(prompt.size()) +
+                                  " tokens needs " + std::to_string(blocks_needed) +
+                                  " KV blocks; the pool has " + std::to_string(g.num_blocks));
+  }
+  STRATA_RETURN_IF_ERROR(kv_.add_sequence(seq, std::move(prompt), tenant_salt));
+  entries_.emplace(seq, Entry{priority, next_arrival_++, std::move(tenant_salt)});
+  insert_sorted(waiting_, seq);
+  return Status();
+}
+
+void Scheduler::remove(SeqId seq) {
+  if (!entries_.erase(seq)) return;
+  std::erase(waiting_, seq);
+  std::erase(running_, seq);
+  kv_.free(seq);
+}
+
+int64_t Scheduler::remaining_tokens(SeqId seq) const {
+  return static_cast<int64_t>(kv_.tokens(seq).size()) - kv_.num_computed_tokens(seq);
+}
+
+void Scheduler::preempt(SeqId seq) {
+  std::erase(running_, seq);
+  std::vector<TokenId> tokens = kv_.tokens(seq);
+  kv_.free(seq);
+  const Status status = kv_.add_sequence(seq, std::move(tokens), entries_.at(seq).tenant_salt);
+  STRATA_CHECK(status.ok()) << status.to_string();
+  insert_sorted(waiting_, seq);
+  ++num_preemptions_;
+}
+
+ScheduledBatch Scheduler::schedule() {
+  ScheduledBatch batch;
+  std::vector<kv::KvRequest> requests;
+  int64_t budget = config_.max_num_batched_tokens;
+  auto fits = [&](const kv::KvRequest& extra) {
+    std::vector<kv::KvRequest> trial = requests;
+    trial.push_back(extra);
+    return kv_.prepare(std::move(trial)).ok();
+  };
+
+  // 1. Running sequences, in priority order; preempt from the back when the pool is full.
+  for (size_t i = 0; i < running_.size() && budget > 0;) {
+    const SeqId seq = running_[i];
+    if (remaining_tokens(seq) == 0) {  // finished, waiting to be removed by the engine
+      ++i;
+      continue;
+    }
+    const kv::KvRequest request{seq, std::min(remaining_tokens(seq), budget)};
+    if (fits(request)) {
+      requests.push_back(request);
+      budget -= request.num_new_tokens;
+      ++i;
+      continue;
+    }
+    const SeqId victim = running_.back();
+    if (victim == seq && i == 0) {
+      // Alone and still too big: it can never run.
+      running_.erase(running_.begin());
+      entries_.erase(seq);
+      kv_.free(seq);
+      batch.aborted.push_back(seq);
+      continue;
+    }
+    preempt(victim);
+    batch.preempted.push_back(victim);
+  }
+
+  // 2. Waiting sequences, unless step 1 had to preempt for space.
+  const bool under_pressure = !batch.preempted.empty();
+  while (!under_pressure && !waiting_.empty() && budget > 0) {
+    const SeqId seq = waiting_.front();
+    const int64_t cached = kv_.lookup_prefix(seq);
+    const kv::KvRequest request{seq, std::min(remaining_tokens(seq) - cached, budget)};
+    const bool has_seat = running_.size() < static_cast<size_t>(config_.max_num_seqs);
+    if (has_seat && fits(request)) {
+      requests.push_back(request);
+      budget -= request.num_new_tokens;
+      waiting_.erase(waiting_.begin());
+      insert_sorted(running_, seq);
+      continue;
+    }
+    // Make room by preempting a running sequence it outranks; otherwise wait (no overtaking).
+    if (running_.empty() || !runs_before(seq, running_.back())) break;
+    const SeqId victim = running_.back();
+    auto it = std::find_if(requests.begin(), requests.end(),
+                           [&](const kv::KvRequest& r) { return r.seq == victim; });
+    if (it != requests.end()) {
+      budget += it->num_new_tokens;
+      requests.erase(it);
+    }
+    preempt(victim);
+    batch.preempted.push_back(victim);
+  }
+
+  if (requests.empty()) return batch;
+  StatusOr<kv::KvPlan> plan = kv_.prepare(requests);
+  STRATA_CHECK(plan.ok()) << "a plan built from fitting requests failed: "
+                          << plan.status().to_string();
+  batch.block_copies = kv_.commit(std::move(plan).value());
+  for (const kv::KvRequest& r : requests) {
+    const int64_t start = kv_.num_computed_tokens(r.seq);
+    const bool samples =
+        start + r.num_new_tokens == static_cast<int64_t>(kv_.tokens(r.seq).size());
+    batch.chunks.push_back({r.seq, start, r.num_new_tokens, samples});
+  }
+  return batch;
+}
+
+void Scheduler::on_batch_done(const ScheduledBatch& batch) {
+  for (const ScheduledChunk& chunk : batch.chunks) {
+    if (entries_.contains(chunk.seq)) kv_.mark_computed(chunk.seq, chunk.num_tokens);
+  }
+}
+
+}  // namespace strata::scheduler
