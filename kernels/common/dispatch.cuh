@@ -86,3 +86,42 @@ __device__ __forceinline__ float block_sum(float v) {
 }
 
 }  // namespace strata::kernels
+
+// Runs BODY with `scalar_t` bound to the 16-bit element type of KIND (fp16 or bf16); aborts on
+// any other kind. For kernels that exist only for the CUDA serving dtypes (paged attention).
+#define STRATA_DISPATCH_HALF_SCALAR(KIND, ...)                                              \
+  switch (KIND) {                                                                           \
+    case ::strata::kernels::ScalarKind::kFloat16: {                                         \
+      using scalar_t = __half;                                                              \
+      __VA_ARGS__();                                                                        \
+      break;                                                                                \
+    }                                                                                       \
+    case ::strata::kernels::ScalarKind::kBFloat16: {                                        \
+      using scalar_t = __nv_bfloat16;                                                       \
+      __VA_ARGS__();                                                                        \
+      break;                                                                                \
+    }                                                                                       \
+    default:                                                                                \
+      std::fprintf(stderr, "%s:%d: scalar kind not supported here (fp16/bf16 only)\n",      \
+                   __FILE__, __LINE__);                                                     \
+      std::abort();                                                                         \
+  }
+
+// Runs BODY with `constexpr int HEAD_DIM` bound to VALUE (64 or 128); aborts on any other size.
+#define STRATA_DISPATCH_HEAD_DIM(VALUE, ...)                                                \
+  switch (VALUE) {                                                                          \
+    case 64: {                                                                              \
+      constexpr int HEAD_DIM = 64;                                                          \
+      __VA_ARGS__();                                                                        \
+      break;                                                                                \
+    }                                                                                       \
+    case 128: {                                                                             \
+      constexpr int HEAD_DIM = 128;                                                         \
+      __VA_ARGS__();                                                                        \
+      break;                                                                                \
+    }                                                                                       \
+    default:                                                                                \
+      std::fprintf(stderr, "%s:%d: unsupported head_dim %lld (64 or 128)\n", __FILE__,      \
+                   __LINE__, static_cast<long long>(VALUE));                                \
+      std::abort();                                                                         \
+  }

@@ -1,9 +1,14 @@
 #include "strata/kernels/torch_ops.h"
 
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
+#include <ATen/ops/scaled_dot_product_attention.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+
+#include <optional>
 
 #include "strata/kernels/ops.h"
 
@@ -59,6 +64,284 @@ at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Te
                 x.size(1), x.size(2), scalar_kind(x),
                 c10::cuda::getCurrentCUDAStream(x.get_device()).stream());
   return out;
+}
+
+
+// ---- Paged attention and the KV-cache write ---------------------------------------------------
+namespace {
+
+bool is_power_of_two(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
+
+void check_index_tensor(const at::Tensor& t, const char* name, const at::Tensor& q) {
+  TORCH_CHECK(t.scalar_type() == at::kInt, name, " must be int32, got ", t.scalar_type());
+  TORCH_CHECK(t.device() == q.device(), name, " is on ", t.device(), ", expected q's device ",
+              q.device());
+  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
+}
+
+// Strides (in elements) and the base pointer must allow 16-byte vector access.
+void check_vector_aligned(const at::Tensor& t, const char* name, int64_t dims_to_check) {
+  const int64_t elems_per_16b = 16 / static_cast<int64_t>(t.element_size());
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, name,
+              " must be 16-byte aligned");
+  for (int64_t d = 0; d < dims_to_check; ++d) {
+    TORCH_CHECK(t.stride(d) % elems_per_16b == 0, name, " stride ", d, " (", t.stride(d),
+                ") must be a multiple of ", elems_per_16b, " elements");
+  }
+}
+
+// Shape, dtype and device checks shared by the CPU and CUDA paths of paged_attention.
+void check_paged_attention_args(const at::Tensor& q, const at::Tensor& kv_cache,
+                                const at::Tensor& block_tables, const at::Tensor& seq_lens,
+                                const at::Tensor& cu_q_lens, int64_t max_q_len) {
+  TORCH_CHECK(q.dim() == 3, "q must be [num_tokens, num_heads, head_dim], got ", q.sizes());
+  TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(1) == 2,
+              "kv_cache must be [num_blocks, 2, num_kv_heads, block_size, head_dim], got ",
+              kv_cache.sizes());
+  TORCH_CHECK(kv_cache.size(4) == q.size(2), "kv_cache head_dim ", kv_cache.size(4),
+              " does not match q head_dim ", q.size(2));
+  TORCH_CHECK(kv_cache.size(2) > 0 && q.size(1) % kv_cache.size(2) == 0, "num_heads ",
+              q.size(1), " must be a multiple of num_kv_heads ", kv_cache.size(2));
+  TORCH_CHECK(is_power_of_two(kv_cache.size(3)), "block_size (kv_cache dim 3) must be a power "
+              "of two, got ", kv_cache.size(3));
+  TORCH_CHECK(kv_cache.scalar_type() == q.scalar_type(), "kv_cache has dtype ",
+              kv_cache.scalar_type(), ", expected q's dtype ", q.scalar_type());
+  TORCH_CHECK(kv_cache.device() == q.device(), "kv_cache is on ", kv_cache.device(),
+              ", expected q's device ", q.device());
+  check_index_tensor(block_tables, "block_tables", q);
+  check_index_tensor(seq_lens, "seq_lens", q);
+  check_index_tensor(cu_q_lens, "cu_q_lens", q);
+  TORCH_CHECK(seq_lens.dim() == 1, "seq_lens must be [num_seqs], got ", seq_lens.sizes());
+  const int64_t num_seqs = seq_lens.size(0);
+  TORCH_CHECK(block_tables.dim() == 2 && block_tables.size(0) == num_seqs,
+              "block_tables must be [num_seqs = ", num_seqs, ", max_blocks_per_seq], got ",
+              block_tables.sizes());
+  TORCH_CHECK(cu_q_lens.dim() == 1 && cu_q_lens.size(0) == num_seqs + 1,
+              "cu_q_lens must be [num_seqs + 1 = ", num_seqs + 1, "], got ", cu_q_lens.sizes());
+  TORCH_CHECK(max_q_len >= 1 || q.size(0) == 0, "max_q_len must be >= 1, got ", max_q_len);
+}
+
+// Value checks of the CPU path (the CUDA path cannot read device values without a sync).
+void check_paged_attention_values(const at::Tensor& q, const at::Tensor& kv_cache,
+                                  const at::Tensor& block_tables, const at::Tensor& seq_lens,
+                                  const at::Tensor& cu_q_lens, int64_t max_q_len) {
+  const int64_t num_seqs = seq_lens.size(0);
+  const int64_t block_size = kv_cache.size(3);
+  const int64_t num_blocks = kv_cache.size(0);
+  const auto cu = cu_q_lens.accessor<int32_t, 1>();
+  const auto lens = seq_lens.accessor<int32_t, 1>();
+  const auto table = block_tables.accessor<int32_t, 2>();
+  TORCH_CHECK(cu[0] == 0 && cu[num_seqs] == q.size(0), "cu_q_lens must run from 0 to num_tokens ",
+              q.size(0), ", got ", cu[0], " .. ", cu[num_seqs]);
+  for (int64_t s = 0; s < num_seqs; ++s) {
+    const int64_t q_len = cu[s + 1] - cu[s];
+    TORCH_CHECK(q_len >= 0, "cu_q_lens must be non-decreasing (sequence ", s, ")");
+    TORCH_CHECK(q_len <= max_q_len, "sequence ", s, " has q_len ", q_len, " > max_q_len ",
+                max_q_len);
+    TORCH_CHECK(lens[s] >= q_len, "sequence ", s, " has seq_len ", lens[s], " < q_len ", q_len,
+                " (seq_lens include the new tokens)");
+    const int64_t blocks_needed = (lens[s] + block_size - 1) / block_size;
+    TORCH_CHECK(blocks_needed <= block_tables.size(1), "sequence ", s, " needs ", blocks_needed,
+                " blocks but block_tables has ", block_tables.size(1), " columns");
+    for (int64_t j = 0; j < blocks_needed; ++j) {
+      TORCH_CHECK(table[s][j] >= 0 && table[s][j] < num_blocks, "block_tables[", s, "][", j,
+                  "] = ", table[s][j], " is not a block of the pool (", num_blocks, " blocks)");
+    }
+  }
+}
+
+// CPU path: gather each sequence's K/V from its blocks, then SDPA per sequence.
+void paged_attention_cpu(at::Tensor& out, const at::Tensor& q, const at::Tensor& kv_cache,
+                         const at::Tensor& block_tables, const at::Tensor& seq_lens,
+                         const at::Tensor& cu_q_lens, double scale) {
+  const int64_t num_kv_heads = kv_cache.size(2);
+  const int64_t block_size = kv_cache.size(3);
+  const int64_t head_dim = kv_cache.size(4);
+  const bool gqa = q.size(1) != num_kv_heads;
+  const auto cu = cu_q_lens.accessor<int32_t, 1>();
+  const auto lens = seq_lens.accessor<int32_t, 1>();
+  for (int64_t s = 0; s < seq_lens.size(0); ++s) {
+    const int64_t q_begin = cu[s];
+    const int64_t q_len = cu[s + 1] - q_begin;
+    const int64_t ctx = lens[s];
+    if (q_len == 0) continue;
+    const int64_t num_blocks = (ctx + block_size - 1) / block_size;
+    // [num_blocks, 2, Hkv, bs, D] -> K, V: [1, Hkv, ctx, D]
+    const at::Tensor blocks =
+        kv_cache.index_select(0, block_tables.select(0, s).narrow(0, 0, num_blocks));
+    auto gather = [&](int64_t which) {
+      return blocks.select(1, which)
+          .permute({1, 0, 2, 3})
+          .reshape({num_kv_heads, num_blocks * block_size, head_dim})
+          .narrow(1, 0, ctx)
+          .unsqueeze(0);
+    };
+    const at::Tensor k = gather(0);
+    const at::Tensor v = gather(1);
+    const at::Tensor qs = q.narrow(0, q_begin, q_len).transpose(0, 1).unsqueeze(0);  // [1,H,L,D]
+    at::Tensor o;
+    if (q_len == 1) {  // the newest position sees every key
+      o = at::scaled_dot_product_attention(qs, k, v, {}, 0.0, false, scale, gqa);
+    } else if (q_len == ctx) {
+      o = at::scaled_dot_product_attention(qs, k, v, {}, 0.0, /*is_causal=*/true, scale, gqa);
+    } else {  // query i (position ctx - q_len + i) sees keys 0 .. ctx - q_len + i
+      const auto opts = at::TensorOptions().dtype(at::kLong);
+      const at::Tensor query_pos = at::arange(ctx - q_len, ctx, opts).unsqueeze(1);
+      const at::Tensor key_pos = at::arange(0, ctx, opts).unsqueeze(0);
+      const at::Tensor mask = key_pos.le(query_pos);  // [q_len, ctx], true = attend
+      o = at::scaled_dot_product_attention(qs, k, v, mask, 0.0, false, scale, gqa);
+    }
+    out.narrow(0, q_begin, q_len).copy_(o.squeeze(0).transpose(0, 1));
+  }
+}
+
+void paged_attention_cuda(at::Tensor& out, const at::Tensor& q, const at::Tensor& kv_cache,
+                          const at::Tensor& block_tables, const at::Tensor& seq_lens,
+                          const at::Tensor& cu_q_lens, int64_t max_q_len, double scale) {
+  TORCH_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16,
+              "paged_attention on CUDA supports float16 and bfloat16, got ", q.scalar_type());
+  TORCH_CHECK(q.size(2) == 64 || q.size(2) == 128,
+              "paged_attention on CUDA supports head_dim 64 and 128, got ", q.size(2));
+  TORCH_CHECK(q.stride(2) == 1, "q's last dimension must be contiguous");
+  TORCH_CHECK(kv_cache.stride(4) == 1, "kv_cache's last dimension must be contiguous");
+  check_vector_aligned(q, "q", 2);
+  check_vector_aligned(kv_cache, "kv_cache", 4);
+  TORCH_CHECK(kv_cache.size(2) <= 65535, "num_kv_heads must be <= 65535");
+  const c10::cuda::CUDAGuard guard(q.device());
+  PagedAttentionParams params;
+  params.out = out.data_ptr();
+  params.q = q.data_ptr();
+  params.kv_cache = kv_cache.data_ptr();
+  params.block_tables = block_tables.data_ptr<int32_t>();
+  params.seq_lens = seq_lens.data_ptr<int32_t>();
+  params.cu_q_lens = cu_q_lens.data_ptr<int32_t>();
+  params.q_stride_token = q.stride(0);
+  params.q_stride_head = q.stride(1);
+  params.kv_stride_block = kv_cache.stride(0);
+  params.kv_stride_kv = kv_cache.stride(1);
+  params.kv_stride_head = kv_cache.stride(2);
+  params.kv_stride_token = kv_cache.stride(3);
+  params.num_tokens = q.size(0);
+  params.num_seqs = seq_lens.size(0);
+  params.num_heads = q.size(1);
+  params.num_kv_heads = kv_cache.size(2);
+  params.head_dim = q.size(2);
+  params.block_size = kv_cache.size(3);
+  params.max_blocks_per_seq = block_tables.size(1);
+  params.max_q_len = max_q_len;
+  params.scale = static_cast<float>(scale);
+  params.kind = scalar_kind(q);
+  at::Tensor workspace;
+  const size_t workspace_bytes = paged_attention_workspace_bytes(params);
+  if (workspace_bytes > 0) {
+    workspace = at::empty({static_cast<int64_t>(workspace_bytes)},
+                          q.options().dtype(at::kByte));
+    params.workspace = workspace.data_ptr();
+    params.workspace_bytes = workspace_bytes;
+  }
+  // The workspace goes back to the caching allocator when this returns; the allocator orders
+  // its reuse after the kernels on this stream.
+  launch_paged_attention(params, c10::cuda::getCurrentCUDAStream(q.get_device()).stream());
+}
+
+}  // namespace
+
+at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& kv_cache,
+                           const at::Tensor& block_tables, const at::Tensor& seq_lens,
+                           const at::Tensor& cu_q_lens, int64_t max_q_len, double scale) {
+  check_paged_attention_args(q, kv_cache, block_tables, seq_lens, cu_q_lens, max_q_len);
+  at::Tensor out = at::empty(q.sizes(), q.options().memory_format(at::MemoryFormat::Contiguous));
+  if (q.size(0) == 0) return out;
+  if (q.is_cuda()) {
+    paged_attention_cuda(out, q, kv_cache, block_tables, seq_lens, cu_q_lens, max_q_len, scale);
+  } else {
+    TORCH_CHECK(q.is_cpu(), "paged_attention supports CPU and CUDA tensors, got ", q.device());
+    TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kHalf ||
+                    q.scalar_type() == at::kBFloat16,
+                "paged_attention on CPU supports float32, float16 and bfloat16, got ",
+                q.scalar_type());
+    check_paged_attention_values(q, kv_cache, block_tables, seq_lens, cu_q_lens, max_q_len);
+    paged_attention_cpu(out, q, kv_cache, block_tables, seq_lens, cu_q_lens, scale);
+  }
+  return out;
+}
+
+void reshape_and_cache(at::Tensor& kv_cache, const at::Tensor& key, const at::Tensor& value,
+                       const at::Tensor& slot_mapping) {
+  TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(1) == 2,
+              "kv_cache must be [num_blocks, 2, num_kv_heads, block_size, head_dim], got ",
+              kv_cache.sizes());
+  const int64_t num_kv_heads = kv_cache.size(2);
+  const int64_t block_size = kv_cache.size(3);
+  const int64_t head_dim = kv_cache.size(4);
+  TORCH_CHECK(key.dim() == 3 && key.size(1) == num_kv_heads && key.size(2) == head_dim,
+              "key must be [num_tokens, num_kv_heads = ", num_kv_heads, ", head_dim = ", head_dim,
+              "], got ", key.sizes());
+  TORCH_CHECK(value.sizes() == key.sizes(), "value must match key ", key.sizes(), ", got ",
+              value.sizes());
+  TORCH_CHECK(slot_mapping.dim() == 1 && slot_mapping.size(0) == key.size(0),
+              "slot_mapping must be [num_tokens = ", key.size(0), "], got ",
+              slot_mapping.sizes());
+  TORCH_CHECK(slot_mapping.scalar_type() == at::kLong, "slot_mapping must be int64, got ",
+              slot_mapping.scalar_type());
+  for (const auto& [t, name] : {std::pair{&key, "key"}, std::pair{&value, "value"},
+                                std::pair{&slot_mapping, "slot_mapping"}}) {
+    TORCH_CHECK(t->device() == kv_cache.device(), name, " is on ", t->device(),
+                ", expected kv_cache's device ", kv_cache.device());
+  }
+  TORCH_CHECK(key.scalar_type() == kv_cache.scalar_type() &&
+                  value.scalar_type() == kv_cache.scalar_type(),
+              "key/value have dtype ", key.scalar_type(), "/", value.scalar_type(),
+              ", expected kv_cache's dtype ", kv_cache.scalar_type());
+  if (key.size(0) == 0) return;
+  if (kv_cache.is_cuda()) {
+    TORCH_CHECK(kv_cache.scalar_type() == at::kFloat || kv_cache.scalar_type() == at::kHalf ||
+                    kv_cache.scalar_type() == at::kBFloat16,
+                "reshape_and_cache supports float32, float16 and bfloat16, got ",
+                kv_cache.scalar_type());
+    TORCH_CHECK(kv_cache.stride(4) == 1 && key.stride(2) == 1 && value.stride(2) == 1,
+                "the last dimension of kv_cache, key and value must be contiguous");
+    TORCH_CHECK(slot_mapping.is_contiguous(), "slot_mapping must be contiguous");
+    const c10::cuda::CUDAGuard guard(kv_cache.device());
+    ReshapeAndCacheParams params;
+    params.kv_cache = kv_cache.data_ptr();
+    params.key = key.data_ptr();
+    params.value = value.data_ptr();
+    params.slot_mapping = slot_mapping.data_ptr<int64_t>();
+    params.key_stride_token = key.stride(0);
+    params.key_stride_head = key.stride(1);
+    params.value_stride_token = value.stride(0);
+    params.value_stride_head = value.stride(1);
+    params.kv_stride_block = kv_cache.stride(0);
+    params.kv_stride_kv = kv_cache.stride(1);
+    params.kv_stride_head = kv_cache.stride(2);
+    params.kv_stride_token = kv_cache.stride(3);
+    params.num_tokens = key.size(0);
+    params.num_kv_heads = num_kv_heads;
+    params.head_dim = head_dim;
+    params.block_size = block_size;
+    params.elem_size_bytes = static_cast<int64_t>(kv_cache.element_size());
+    launch_reshape_and_cache(params,
+                             c10::cuda::getCurrentCUDAStream(kv_cache.get_device()).stream());
+    return;
+  }
+  TORCH_CHECK(kv_cache.is_cpu(), "reshape_and_cache supports CPU and CUDA tensors, got ",
+              kv_cache.device());
+  const at::Tensor valid = slot_mapping.ge(0).nonzero().squeeze(1);  // token indices
+  if (valid.size(0) == 0) return;
+  const at::Tensor slots = slot_mapping.index_select(0, valid);
+  const int64_t max_slot = slots.max().item<int64_t>();
+  TORCH_CHECK(max_slot < kv_cache.size(0) * block_size, "slot ", max_slot,
+              " is outside the pool of ", kv_cache.size(0), " blocks x ", block_size, " slots");
+  const at::Tensor blocks = slots.div(block_size, "floor");
+  const at::Tensor offsets = slots.remainder(block_size);
+  for (int64_t which = 0; which < 2; ++which) {
+    // [num_blocks, block_size, Hkv, D] view of K or V; rows (block, offset) get [Hkv, D].
+    at::Tensor dst = kv_cache.select(1, which).permute({0, 2, 1, 3});
+    const at::Tensor& src = which == 0 ? key : value;
+    dst.index_put_(c10::List<std::optional<at::Tensor>>({blocks, offsets}),
+                   src.index_select(0, valid));
+  }
 }
 
 }  // namespace strata::kernels

@@ -1,36 +1,41 @@
 // `strata generate`: one prompt in, streamed text out (or one JSON object with --json).
 
+#include <chrono>
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "commands.h"
-#include "generation_loop.h"
 #include "loaded_model.h"
+#include "strata/tokenizer/tokenizer.h"
 
 namespace strata::cli {
 namespace {
 
 constexpr const char* kUsage = R"(usage: strata generate --model PATH (--prompt TEXT | --prompt-ids IDS) [options]
 
-Runs one prompt through the model and streams the continuation to stdout.
+Runs one prompt through the engine and streams the continuation to stdout.
 
-  --model PATH           GGUF file or HF model directory (config.json, *.safetensors, tokenizer.json)
-  --prompt TEXT          prompt text (special tokens such as <|im_start|> are recognised)
-  --prompt-ids IDS       comma-separated token ids instead of --prompt
-  --chat                 wrap the prompt as a user message in the model's chat template
-  --system TEXT          system message (with --chat)
-  --max-tokens N         tokens to generate (default 128)
-  --temperature T        0 = greedy (default 0)
-  --top-p P, --top-k K   nucleus / top-k sampling (defaults 1.0, off)
-  --seed N               sampling seed (default 0)
-  --ignore-eos           keep generating past stop tokens (benchmarks)
-  --json                 print one JSON object: prompt and generated token ids, text, timings
-  --device D             cpu, cuda, cuda:N or auto (default auto)
-  --dtype T              float32, bfloat16, float16 (default float32 on CPU, bfloat16 on GPU)
-  --threads N            CPU threads (default: libtorch's choice)
-  --chat-template K      fallback template when the model's is unknown: chatml, llama3, mistral
+  --model PATH            GGUF file or HF model directory (config.json, *.safetensors, tokenizer.json)
+  --prompt TEXT           prompt text (special tokens such as <|im_start|> are recognised)
+  --prompt-ids IDS        comma-separated token ids instead of --prompt
+  --chat                  wrap the prompt as a user message in the model's chat template
+  --system TEXT           system message (with --chat)
+  --max-tokens N          tokens to generate (default 128)
+  --temperature T         0 = greedy (default 0)
+  --top-p P, --top-k K, --min-p P        truncation (defaults off)
+  --repetition-penalty R, --presence-penalty P, --frequency-penalty F   (defaults off)
+  --seed N                sampling seed (default: random)
+  --stop TEXT             stop string
+  --ignore-eos            keep generating past end-of-sequence tokens (benchmarks)
+  --json                  print one JSON object: prompt and generated token ids, text, timings
+  --device D              cpu, cuda, cuda:N or auto (default auto)
+  --dtype T               float32, bfloat16, float16 (default float32 on CPU, bfloat16 on GPU)
+  --threads N             CPU threads (default: libtorch's choice)
+  --kv-cache-mib N        KV pool size (default: 90% of free GPU memory; 4 full contexts on CPU)
+  --block-size N          tokens per KV block (default 16)
+  --chat-template K       fallback when the model's template is unknown: chatml, llama3, mistral
 )";
 
 StatusOr<std::vector<TokenId>> parse_ids(const std::string& s) {
@@ -52,9 +57,9 @@ StatusOr<std::vector<TokenId>> parse_ids(const std::string& s) {
 }
 
 Status generate(const std::vector<std::string>& args) {
-  std::set<std::string> value_flags = {"prompt", "prompt-ids", "system", "max-tokens",
-                                       "temperature", "top-p", "top-k", "seed"};
-  value_flags.insert(model_flag_names().begin(), model_flag_names().end());
+  std::set<std::string> value_flags = {"prompt", "prompt-ids", "system"};
+  value_flags.insert(engine_flag_names().begin(), engine_flag_names().end());
+  value_flags.insert(sampling_flag_names().begin(), sampling_flag_names().end());
   STRATA_ASSIGN_OR_RETURN(Flags flags,
                           Flags::parse(args, value_flags, {"chat", "json", "ignore-eos", "help"}));
   if (flags.has("help")) {
@@ -64,69 +69,77 @@ Status generate(const std::vector<std::string>& args) {
   if (flags.has("prompt") == flags.has("prompt-ids")) {
     return invalid_argument_error("give exactly one of --prompt and --prompt-ids");
   }
-  SamplingOptions sampling;
-  STRATA_ASSIGN_OR_RETURN(sampling.temperature, flags.get_double("temperature", 0.0));
-  STRATA_ASSIGN_OR_RETURN(sampling.top_p, flags.get_double("top-p", 1.0));
-  STRATA_ASSIGN_OR_RETURN(sampling.top_k, flags.get_int("top-k", 0));
-  STRATA_ASSIGN_OR_RETURN(int64_t seed, flags.get_int("seed", 0));
-  sampling.seed = static_cast<uint64_t>(seed);
-  STRATA_ASSIGN_OR_RETURN(int64_t max_tokens, flags.get_int("max-tokens", 128));
-  if (max_tokens < 1) return invalid_argument_error("--max-tokens must be at least 1");
-  if (sampling.temperature < 0) return invalid_argument_error("--temperature must be >= 0");
-  if (!(sampling.top_p > 0 && sampling.top_p <= 1)) {
-    return invalid_argument_error("--top-p must be in (0, 1]");
-  }
+  STRATA_ASSIGN_OR_RETURN(sampling::SamplingParams params, parse_sampling(flags, 0.0, 128));
+  STRATA_ASSIGN_OR_RETURN(LoadedEngine loaded, load_engine(flags));
+  engine::Engine& engine = *loaded.engine;
+  const tokenizer::Tokenizer& tok = engine.tokenizer();
 
-  STRATA_ASSIGN_OR_RETURN(LoadedModel m, load_model(flags));
-  std::vector<TokenId> prompt;
+  engine::GenerateRequest request;
   if (flags.has("prompt-ids")) {
-    STRATA_ASSIGN_OR_RETURN(prompt, parse_ids(flags.get("prompt-ids", "")));
+    STRATA_ASSIGN_OR_RETURN(request.prompt_token_ids, parse_ids(flags.get("prompt-ids", "")));
   } else {
     std::string text = flags.get("prompt", "");
-    bool add_bos = m.tokenizer->add_bos_by_default();
+    bool add_bos = tok.add_bos_by_default();
     if (flags.has("chat")) {
-      if (!m.chat_template) return m.chat_template_error;
+      if (!loaded.chat_template) return loaded.chat_template_error;
       std::vector<tokenizer::ChatMessage> messages;
       if (flags.has("system")) messages.push_back({"system", flags.get("system", "")});
       messages.push_back({"user", text});
-      STRATA_ASSIGN_OR_RETURN(text, m.chat_template->render(messages, /*add_generation_prompt=*/true));
-      add_bos = m.chat_template->encode_add_bos();
+      STRATA_ASSIGN_OR_RETURN(text, loaded.chat_template->render(messages, true));
+      add_bos = loaded.chat_template->encode_add_bos();
     }
-    prompt = m.tokenizer->encode(text, add_bos);
+    request.prompt_token_ids = tok.encode(text, add_bos);
   }
-  if (prompt.empty()) return invalid_argument_error("the prompt encodes to no tokens");
+  request.sampling = params;
+  const std::vector<TokenId> prompt = request.prompt_token_ids;
 
+  const auto start = std::chrono::steady_clock::now();
+  STRATA_ASSIGN_OR_RETURN(std::shared_ptr<engine::RequestStream> stream,
+                          engine.submit(std::move(request)));
   const bool json_output = flags.has("json");
-  GenerationLoop loop(*m.executor, *m.tokenizer, sampling);
-  STRATA_ASSIGN_OR_RETURN(
-      GenerationResult result,
-      loop.run(prompt, max_tokens, flags.has("ignore-eos"), [&](const std::string& text) {
-        if (json_output || text.empty()) return;
-        std::fwrite(text.data(), 1, text.size(), stdout);
-        std::fflush(stdout);
-      }));
+  std::vector<TokenId> generated;
+  std::string text;
+  engine::RequestOutput last;
+  while (std::optional<engine::RequestOutput> out = stream->next()) {
+    for (const engine::TokenOutput& t : out->tokens) generated.push_back(t.token);
+    text += out->text;
+    if (!json_output && !out->text.empty()) {
+      std::fwrite(out->text.data(), 1, out->text.size(), stdout);
+      std::fflush(stdout);
+    }
+    last = std::move(*out);
+  }
+  const double total_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  if (last.finish_reason == engine::FinishReason::kError) {
+    return internal_error("generation failed: " + last.error);
+  }
   if (!json_output) {
     std::fputc('\n', stdout);
     return Status();
   }
-  std::vector<TokenId> shown = result.generated;
-  if (result.finish_reason == FinishReason::kStop) shown.pop_back();
-  const int64_t num_decoded = static_cast<int64_t>(result.generated.size()) - 1;
+  const engine::Usage& usage = last.usage;
+  const double ttft_ms = usage.time_to_first_token_ms;
+  const double decode_ms = total_ms - ttft_ms;
+  const int64_t num_decoded = usage.completion_tokens - 1;
   nlohmann::json out = {
       {"prompt_token_ids", prompt},
-      {"generated_token_ids", result.generated},
-      {"text", m.tokenizer->decode(shown, /*skip_special=*/true)},
-      {"finish_reason", finish_reason_name(result.finish_reason)},
+      {"generated_token_ids", generated},
+      {"text", text},
+      {"finish_reason", engine::finish_reason_name(*last.finish_reason)},
+      {"usage",
+       {{"prompt_tokens", usage.prompt_tokens},
+        {"cached_prompt_tokens", usage.cached_prompt_tokens},
+        {"completion_tokens", usage.completion_tokens}}},
       {"timing",
-       {{"prefill_ms", result.prefill_ms},
-        {"decode_ms", result.decode_ms},
-        {"prefill_tokens_per_s", prompt.size() / (result.prefill_ms / 1e3)},
-        {"decode_tokens_per_s",
-         num_decoded > 0 ? num_decoded / (result.decode_ms / 1e3) : 0.0}}},
+       {{"prefill_ms", ttft_ms},
+        {"decode_ms", decode_ms},
+        {"prefill_tokens_per_s", usage.prompt_tokens / (ttft_ms / 1e3)},
+        {"decode_tokens_per_s", num_decoded > 0 ? num_decoded / (decode_ms / 1e3) : 0.0}}},
       {"model",
-       {{"path", m.source->path()},
-        {"device", executor::device_name(m.executor->options().device)},
-        {"dtype", executor::dtype_name(m.executor->options().dtype)}}},
+       {{"path", flags.get("model", "")},
+        {"device", executor::device_name(engine.executor().options().device)},
+        {"dtype", executor::dtype_name(engine.executor().options().dtype)}}},
   };
   std::cout << out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << std::endl;
   return Status();

@@ -1,4 +1,4 @@
-// Model, tokenizer, chat template and executor loaded together from the common CLI flags.
+// An engine plus chat template built from the common CLI flags.
 #pragma once
 
 #include <memory>
@@ -7,25 +7,28 @@
 #include <string>
 
 #include "flags.h"
-#include "strata/executor/executor.h"
-#include "strata/model/model_source.h"
+#include "strata/engine/engine.h"
 #include "strata/tokenizer/chat_template.h"
-#include "strata/tokenizer/tokenizer.h"
 
 namespace strata::cli {
 
-// Flags understood by load_model(): --model --device --dtype --threads --chat-template.
-const std::set<std::string>& model_flag_names();
+// Flags understood by load_engine(): model, device and engine sizing.
+const std::set<std::string>& engine_flag_names();
 
-struct LoadedModel {
-  std::unique_ptr<model::ModelSource> source;
-  std::unique_ptr<tokenizer::Tokenizer> tokenizer;
-  std::unique_ptr<executor::Executor> executor;
+struct LoadedEngine {
+  std::unique_ptr<engine::Engine> engine;
   // nullopt when the model has no usable template and no --chat-template fallback was given.
   std::optional<tokenizer::ChatTemplate> chat_template;
   Status chat_template_error;  // why chat_template is empty
 };
 
-StatusOr<LoadedModel> load_model(const Flags& flags);
+StatusOr<LoadedEngine> load_engine(const Flags& flags);
+
+// Sampling flags shared by generate and chat: --temperature --top-p --top-k --min-p
+// --repetition-penalty --presence-penalty --frequency-penalty --seed --max-tokens --stop
+// --ignore-eos (a switch).
+const std::set<std::string>& sampling_flag_names();
+StatusOr<sampling::SamplingParams> parse_sampling(const Flags& flags, double default_temperature,
+                                                  int64_t default_max_tokens);
 
 }  // namespace strata::cli

@@ -24,9 +24,4 @@ RotaryTables make_rotary_tables(const at::Tensor& positions, const at::Tensor& i
 // x * cos + rotate_half(x) * sin for x: [num_tokens, num_heads, head_dim].
 at::Tensor apply_rotary(const at::Tensor& x, const RotaryTables& tables);
 
-// Causal attention of n new queries at positions [start, start + n) over keys [0, start + n).
-// q: [1, H, n, D]; k, v: [1, Hkv, start + n, D] with H % Hkv == 0 (GQA). Returns [1, H, n, D].
-at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            int64_t start);
-
 }  // namespace strata::executor

@@ -1,19 +1,22 @@
 // libtorch implementation of Executor: a Llama/Qwen2 decoder over variable-length batches.
 //
 // Tokens of all chunks are packed into one [num_tokens, hidden] activation so every projection
-// and MLP runs as one matmul; attention runs per sequence against that sequence's KV cache.
+// and MLP runs as one matmul; attention reads and writes the paged KV pool through each layer's
+// page tables (kernels/attention on CUDA, the same contract in ATen on CPU).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cmath>
-#include <unordered_map>
 #include <unordered_set>
 
 #include "layers.h"
+#include "strata/kernels/torch_ops.h"
 #include "strata/executor/executor.h"
 #include "strata/model/model_source.h"
 
@@ -39,15 +42,6 @@ struct LayerWeights {
   at::Tensor w_down;     // [hidden, intermediate]
 };
 
-// KV cache of one sequence: per layer K and V of [kv_heads, capacity, head_dim]; positions
-// [0, num_tokens) are valid. Keys are stored after RoPE.
-struct SequenceCache {
-  int64_t num_tokens = 0;
-  int64_t capacity = 0;
-  std::vector<at::Tensor> keys;
-  std::vector<at::Tensor> values;
-};
-
 class TorchExecutor final : public Executor {
  public:
   TorchExecutor(model::ModelConfig config, ExecutorOptions options)
@@ -57,22 +51,15 @@ class TorchExecutor final : public Executor {
 
   const model::ModelConfig& config() const override { return config_; }
   const ExecutorOptions& options() const override { return options_; }
+  const kv::KvGeometry& kv_geometry() const override { return kv_geometry_; }
+  kv::BlockFormat kv_format() const override { return kv_format_; }
   StatusOr<ForwardResult> forward(const ForwardBatch& batch) override;
-  void release(SeqId seq) override { caches_.erase(seq); }
-  int64_t num_cached_tokens(SeqId seq) const override {
-    auto it = caches_.find(seq);
-    return it == caches_.end() ? 0 : it->second.num_tokens;
-  }
 
  private:
   StatusOr<at::Tensor> load_weight(const model::ModelSource& source, const std::string& name);
+  Status allocate_kv_pool();
   Status validate(const ForwardBatch& batch) const;
   ForwardResult run(const ForwardBatch& batch);
-  void reserve(SequenceCache& cache, int64_t num_tokens);
-
-  at::TensorOptions float_options() const {
-    return at::TensorOptions().dtype(at::kFloat).device(device_);
-  }
 
   model::ModelConfig config_;
   ExecutorOptions options_;
@@ -83,7 +70,10 @@ class TorchExecutor final : public Executor {
   at::Tensor lm_head_;      // [vocab, hidden]; aliases embedding_ when tied
   at::Tensor inv_freq_;     // [head_dim / 2], float32
   std::vector<LayerWeights> layers_;
-  std::unordered_map<SeqId, SequenceCache> caches_;
+  kv::KvGeometry kv_geometry_;
+  kv::BlockFormat kv_format_;
+  // [num_blocks, 2, num_kv_heads, block_size, head_dim] in dtype_; keys stored after RoPE.
+  at::Tensor kv_cache_;
 };
 
 StatusOr<at::Tensor> TorchExecutor::load_weight(const model::ModelSource& source,
@@ -141,11 +131,61 @@ Status TorchExecutor::load(const model::ModelSource& source) {
   } catch (const std::exception& e) {
     return internal_error(source.path() + ": loading weights failed: " + e.what());
   }
+  return allocate_kv_pool();
+}
+
+Status TorchExecutor::allocate_kv_pool() {
+  if (options_.kv_block_size_tokens < 1) {
+    return invalid_argument_error("kv_block_size_tokens must be positive, got " +
+                                  std::to_string(options_.kv_block_size_tokens));
+  }
+  const kv::KvFormat format = dtype_ == at::kFloat      ? kv::KvFormat::kFloat32
+                              : dtype_ == at::kBFloat16 ? kv::KvFormat::kBFloat16
+                                                        : kv::KvFormat::kFloat16;
+  kv_format_ = {format, format};
+  kv_geometry_.num_layers = static_cast<int32_t>(config_.num_layers);
+  kv_geometry_.num_kv_heads = static_cast<int32_t>(config_.num_kv_heads);
+  kv_geometry_.head_dim = static_cast<int32_t>(config_.head_dim);
+  kv_geometry_.block_size_tokens = options_.kv_block_size_tokens;
+  const int64_t block_bytes = int64_t{2} * config_.num_kv_heads * options_.kv_block_size_tokens *
+                              config_.head_dim * static_cast<int64_t>(at::elementSize(dtype_));
+  const int64_t blocks_per_context =
+      (config_.max_context_tokens + options_.kv_block_size_tokens - 1) /
+      options_.kv_block_size_tokens * config_.num_layers;
+  int64_t bytes = options_.kv_cache_bytes;
+  if (bytes == 0 && device_.is_cuda()) {
+    size_t free_bytes = 0, total_bytes = 0;
+    const c10::cuda::CUDAGuard guard(device_);
+    if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
+      return internal_error("cudaMemGetInfo failed");
+    }
+    bytes = static_cast<int64_t>(0.9 * static_cast<double>(free_bytes));
+  } else if (bytes == 0) {
+    bytes = 4 * blocks_per_context * block_bytes;
+  }
+  const int64_t num_blocks = bytes / block_bytes;
+  if (num_blocks < blocks_per_context) {
+    return resource_exhausted_error(
+        "a KV pool of " + std::to_string(bytes >> 20) + " MiB holds " +
+        std::to_string(num_blocks) + " blocks; one full context of " +
+        std::to_string(config_.max_context_tokens) + " tokens needs " +
+        std::to_string(blocks_per_context));
+  }
+  if (num_blocks > INT32_MAX) return invalid_argument_error("KV pool has too many blocks");
+  kv_geometry_.num_blocks = static_cast<int32_t>(num_blocks);
+  try {
+    kv_cache_ = at::zeros({num_blocks, 2, config_.num_kv_heads, options_.kv_block_size_tokens,
+                           config_.head_dim},
+                          at::TensorOptions().dtype(dtype_).device(device_));
+  } catch (const std::exception& e) {
+    return resource_exhausted_error("cannot allocate the KV pool: " + std::string(e.what()));
+  }
   return Status();
 }
 
 Status TorchExecutor::validate(const ForwardBatch& batch) const {
   std::unordered_set<SeqId> seen;
+  const int64_t block = kv_geometry_.block_size_tokens;
   for (const SequenceChunk& chunk : batch.chunks) {
     const std::string seq = "sequence " + std::to_string(chunk.seq.value);
     if (!seen.insert(chunk.seq).second) return invalid_argument_error(seq + " appears twice");
@@ -157,37 +197,40 @@ Status TorchExecutor::validate(const ForwardBatch& batch) const {
                                       std::to_string(config_.vocab_size) + ")");
       }
     }
-    const int64_t total = num_cached_tokens(chunk.seq) + static_cast<int64_t>(chunk.tokens.size());
-    if (total > config_.max_context_tokens) {
-      return invalid_argument_error(seq + ": " + std::to_string(total) +
+    const int64_t end = chunk.start_position + static_cast<int64_t>(chunk.tokens.size());
+    if (chunk.start_position < 0 || end > config_.max_context_tokens) {
+      return invalid_argument_error(seq + ": " + std::to_string(end) +
                                     " tokens exceed the context window of " +
                                     std::to_string(config_.max_context_tokens));
     }
+    if (chunk.tables.size() != static_cast<size_t>(config_.num_layers)) {
+      return invalid_argument_error(seq + ": " + std::to_string(chunk.tables.size()) +
+                                    " page tables for " + std::to_string(config_.num_layers) +
+                                    " layers");
+    }
+    const int64_t needed_blocks = (end + block - 1) / block;
+    for (const std::vector<kv::BlockId>& table : chunk.tables) {
+      if (static_cast<int64_t>(table.size()) < needed_blocks) {
+        return invalid_argument_error(seq + ": page tables do not cover position " +
+                                      std::to_string(end - 1));
+      }
+      for (int64_t j = 0; j < needed_blocks; ++j) {
+        if (table[j].value < 0 || table[j].value >= kv_geometry_.num_blocks) {
+          return invalid_argument_error(seq + ": block " + std::to_string(table[j].value) +
+                                        " is outside the pool");
+        }
+      }
+    }
+  }
+  for (const kv::BlockCopy& copy : batch.block_copies) {
+    for (kv::BlockId b : {copy.source, copy.destination}) {
+      if (b.value < 0 || b.value >= kv_geometry_.num_blocks) {
+        return invalid_argument_error("block copy names block " + std::to_string(b.value) +
+                                      ", outside the pool");
+      }
+    }
   }
   return Status();
-}
-
-void TorchExecutor::reserve(SequenceCache& cache, int64_t num_tokens) {
-  if (num_tokens <= cache.capacity) return;
-  const int64_t capacity = std::min(config_.max_context_tokens,
-                                    std::max({num_tokens, 2 * cache.capacity, int64_t{64}}));
-  const auto opts = at::TensorOptions().dtype(dtype_).device(device_);
-  for (int64_t l = 0; l < config_.num_layers; ++l) {
-    at::Tensor k = at::empty({config_.num_kv_heads, capacity, config_.head_dim}, opts);
-    at::Tensor v = at::empty_like(k);
-    if (cache.num_tokens > 0) {
-      k.narrow(1, 0, cache.num_tokens).copy_(cache.keys[l].narrow(1, 0, cache.num_tokens));
-      v.narrow(1, 0, cache.num_tokens).copy_(cache.values[l].narrow(1, 0, cache.num_tokens));
-    }
-    if (cache.keys.size() < static_cast<size_t>(config_.num_layers)) {
-      cache.keys.push_back(k);
-      cache.values.push_back(v);
-    } else {
-      cache.keys[l] = k;
-      cache.values[l] = v;
-    }
-  }
-  cache.capacity = capacity;
 }
 
 StatusOr<ForwardResult> TorchExecutor::forward(const ForwardBatch& batch) {
@@ -201,42 +244,80 @@ StatusOr<ForwardResult> TorchExecutor::forward(const ForwardBatch& batch) {
 
 ForwardResult TorchExecutor::run(const ForwardBatch& batch) {
   c10::InferenceMode inference_mode;
-  const int64_t num_chunks = static_cast<int64_t>(batch.chunks.size());
+  const int64_t num_seqs = static_cast<int64_t>(batch.chunks.size());
+  const int64_t num_layers = config_.num_layers;
   const int64_t head_dim = config_.head_dim;
   const int64_t num_heads = config_.num_heads;
   const int64_t num_kv_heads = config_.num_kv_heads;
+  const int64_t block = kv_geometry_.block_size_tokens;
+  const auto long_opts = at::TensorOptions().dtype(at::kLong);
 
-  // Pack tokens and positions of all chunks; note where each chunk starts.
-  std::vector<int64_t> token_ids, positions, offsets, starts;
-  std::vector<int64_t> logit_rows;  // packed token indices whose logits are returned
+  if (!batch.block_copies.empty()) {
+    std::vector<int64_t> sources, destinations;
+    for (const kv::BlockCopy& copy : batch.block_copies) {
+      sources.push_back(copy.source.value);
+      destinations.push_back(copy.destination.value);
+    }
+    at::Tensor src = at::tensor(sources, long_opts).to(device_);
+    at::Tensor dst = at::tensor(destinations, long_opts).to(device_);
+    kv_cache_.index_copy_(0, dst, kv_cache_.index_select(0, src));
+  }
+
+  // Batch metadata built on the host, then moved in one transfer per tensor.
+  int64_t num_tokens = 0, max_blocks = 1, max_q_len = 0;
+  for (const SequenceChunk& chunk : batch.chunks) {
+    const int64_t n = static_cast<int64_t>(chunk.tokens.size());
+    num_tokens += n;
+    max_q_len = std::max(max_q_len, n);
+    max_blocks = std::max(max_blocks, (chunk.start_position + n + block - 1) / block);
+  }
+  std::vector<int64_t> token_ids, positions, logit_rows;
+  std::vector<int32_t> seq_lens, cu_q_lens = {0};
+  at::Tensor tables = at::zeros({num_layers, num_seqs, max_blocks}, at::kInt);  // per layer
+  at::Tensor slots = at::empty({num_layers, num_tokens}, at::kLong);  // pool slot per token
+  int32_t* table_data = tables.data_ptr<int32_t>();
+  int64_t* slot_data = slots.data_ptr<int64_t>();
   ForwardResult result;
   result.vocab_size = config_.vocab_size;
-  for (const SequenceChunk& chunk : batch.chunks) {
-    SequenceCache& cache = caches_[chunk.seq];
+  for (int64_t s = 0; s < num_seqs; ++s) {
+    const SequenceChunk& chunk = batch.chunks[s];
     const int64_t n = static_cast<int64_t>(chunk.tokens.size());
-    reserve(cache, cache.num_tokens + n);
-    offsets.push_back(static_cast<int64_t>(token_ids.size()));
-    starts.push_back(cache.num_tokens);
+    const int64_t offset = static_cast<int64_t>(token_ids.size());
     result.row_offsets.push_back(static_cast<int64_t>(logit_rows.size()));
     for (int64_t i = 0; i < n; ++i) {
+      const int64_t position = chunk.start_position + i;
       token_ids.push_back(chunk.tokens[i]);
-      positions.push_back(cache.num_tokens + i);
-      if (chunk.logits == LogitsMode::kAll ||
-          (chunk.logits == LogitsMode::kLast && i == n - 1)) {
-        logit_rows.push_back(offsets.back() + i);
+      positions.push_back(position);
+      if (chunk.logits == LogitsMode::kAll || (chunk.logits == LogitsMode::kLast && i == n - 1)) {
+        logit_rows.push_back(offset + i);
+      }
+      for (int64_t l = 0; l < num_layers; ++l) {
+        slot_data[l * num_tokens + offset + i] =
+            int64_t{chunk.tables[l][position / block].value} * block + position % block;
       }
     }
+    const int64_t used_blocks = (chunk.start_position + n + block - 1) / block;
+    for (int64_t l = 0; l < num_layers; ++l) {
+      for (int64_t j = 0; j < used_blocks; ++j) {
+        table_data[(l * num_seqs + s) * max_blocks + j] = chunk.tables[l][j].value;
+      }
+    }
+    seq_lens.push_back(static_cast<int32_t>(chunk.start_position + n));
+    cu_q_lens.push_back(cu_q_lens.back() + static_cast<int32_t>(n));
   }
   result.row_offsets.push_back(static_cast<int64_t>(logit_rows.size()));
-  const int64_t num_tokens = static_cast<int64_t>(token_ids.size());
 
-  const auto index_opts = at::TensorOptions().dtype(at::kLong);
-  at::Tensor ids = at::tensor(token_ids, index_opts).to(device_);
-  at::Tensor pos = at::tensor(positions, index_opts).to(device_);
+  at::Tensor ids = at::tensor(token_ids, long_opts).to(device_);
+  at::Tensor pos = at::tensor(positions, long_opts).to(device_);
+  tables = tables.to(device_);
+  slots = slots.to(device_);
+  at::Tensor seq_lens_t = at::tensor(seq_lens, at::kInt).to(device_);
+  at::Tensor cu_q_lens_t = at::tensor(cu_q_lens, at::kInt).to(device_);
   const RotaryTables rope = make_rotary_tables(pos, inv_freq_, dtype_);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
 
   at::Tensor x = at::embedding(embedding_, ids);  // [num_tokens, hidden]
-  for (int64_t l = 0; l < config_.num_layers; ++l) {
+  for (int64_t l = 0; l < num_layers; ++l) {
     const LayerWeights& w = layers_[l];
     at::Tensor h = rms_norm(x, w.attn_norm, config_.rms_norm_eps);
     at::Tensor q = at::linear(h, w.wq, w.bq).view({num_tokens, num_heads, head_dim});
@@ -244,21 +325,9 @@ ForwardResult TorchExecutor::run(const ForwardBatch& batch) {
     at::Tensor v = at::linear(h, w.wv, w.bv).view({num_tokens, num_kv_heads, head_dim});
     q = apply_rotary(q, rope);
     k = apply_rotary(k, rope);
-
-    at::Tensor attn = at::empty({num_tokens, num_heads, head_dim}, q.options());
-    for (int64_t c = 0; c < num_chunks; ++c) {
-      SequenceCache& cache = caches_[batch.chunks[c].seq];
-      const int64_t n = static_cast<int64_t>(batch.chunks[c].tokens.size());
-      const int64_t start = starts[c];
-      const int64_t context = start + n;
-      cache.keys[l].narrow(1, start, n).copy_(k.narrow(0, offsets[c], n).transpose(0, 1));
-      cache.values[l].narrow(1, start, n).copy_(v.narrow(0, offsets[c], n).transpose(0, 1));
-      at::Tensor qc = q.narrow(0, offsets[c], n).transpose(0, 1).unsqueeze(0);  // [1, H, n, D]
-      at::Tensor kc = cache.keys[l].narrow(1, 0, context).unsqueeze(0);         // [1, Hkv, ctx, D]
-      at::Tensor vc = cache.values[l].narrow(1, 0, context).unsqueeze(0);
-      at::Tensor out = causal_attention(qc, kc, vc, start);                     // [1, H, n, D]
-      attn.narrow(0, offsets[c], n).copy_(out.squeeze(0).transpose(0, 1));
-    }
+    kernels::reshape_and_cache(kv_cache_, k, v, slots[l]);
+    at::Tensor attn = kernels::paged_attention(q, kv_cache_, tables[l], seq_lens_t, cu_q_lens_t,
+                                               max_q_len, scale);  // [num_tokens, H, D]
     x = x + at::linear(attn.view({num_tokens, num_heads * head_dim}), w.wo);
 
     h = rms_norm(x, w.ffn_norm, config_.rms_norm_eps);
@@ -268,12 +337,8 @@ ForwardResult TorchExecutor::run(const ForwardBatch& batch) {
                        w.w_down);
   }
 
-  for (int64_t c = 0; c < num_chunks; ++c) {
-    caches_[batch.chunks[c].seq].num_tokens =
-        starts[c] + static_cast<int64_t>(batch.chunks[c].tokens.size());
-  }
   if (logit_rows.empty()) return result;
-  at::Tensor rows = at::tensor(logit_rows, index_opts).to(device_);
+  at::Tensor rows = at::tensor(logit_rows, long_opts).to(device_);
   at::Tensor last = rms_norm(x.index_select(0, rows), output_norm_, config_.rms_norm_eps);
   at::Tensor logits = at::linear(last, lm_head_).to(at::kCPU, at::kFloat).contiguous();
   result.logits.assign(logits.data_ptr<float>(), logits.data_ptr<float>() + logits.numel());

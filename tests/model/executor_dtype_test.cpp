@@ -10,6 +10,7 @@
 #include <cmath>
 #include <tuple>
 
+#include "paged_runner.h"
 #include "strata/executor/executor.h"
 #include "strata/model/model_source.h"
 
@@ -27,10 +28,11 @@ GreedyRun run(const model::ModelSource& source, const ExecutorOptions& options,
   StatusOr<std::unique_ptr<Executor>> executor = Executor::create(source, options);
   EXPECT_TRUE(executor.ok()) << executor.status().to_string();
   if (!executor.ok()) return {};
-  ForwardBatch batch{{{SeqId{1}, prompt, LogitsMode::kLast}}};
+  testing::PagedRunner runner(**executor);
+  std::vector<TokenId> next = prompt;
   GreedyRun r;
   for (int step = 0; step < 16; ++step) {
-    StatusOr<ForwardResult> out = (*executor)->forward(batch);
+    StatusOr<ForwardResult> out = runner.run({{SeqId{1}, next, LogitsMode::kLast}});
     EXPECT_TRUE(out.ok()) << out.status().to_string();
     if (!out.ok()) return r;
     const std::vector<float>& logits = out->logits;
@@ -41,7 +43,7 @@ GreedyRun run(const model::ModelSource& source, const ExecutorOptions& options,
     r.greedy.push_back(
         static_cast<TokenId>(std::max_element(logits.begin(), logits.end()) - logits.begin()));
     // Follow the reference's tokens (when given) so every step is comparable.
-    batch.chunks[0].tokens = {forced ? (*forced)[step] : r.greedy.back()};
+    next = {forced ? (*forced)[step] : r.greedy.back()};
   }
   return r;
 }

@@ -15,6 +15,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "paged_runner.h"
 #include "strata/executor/executor.h"
 #include "strata/model/model_source.h"
 
@@ -74,16 +75,17 @@ void check_against_reference(const std::string& model_path, const std::string& s
   StatusOr<std::unique_ptr<Executor>> executor = Executor::create(**source, ExecutorOptions{});
   ASSERT_TRUE(executor.ok()) << executor.status().to_string();
   const int64_t vocab = (*executor)->config().vocab_size;
+  testing::PagedRunner runner(**executor);
 
-  ForwardBatch batch;
+  std::vector<testing::PagedRunner::Step> batch;
   for (size_t i = 0; i < cases.size(); ++i) {
-    batch.chunks.push_back({SeqId{i + 1}, cases[i].prompt, LogitsMode::kLast});
+    batch.push_back({SeqId{i + 1}, cases[i].prompt, LogitsMode::kLast});
   }
   std::vector<std::vector<TokenId>> ours(cases.size());
   std::vector<bool> diverged(cases.size(), false);
   double worst_logit_diff = 0;
   for (int step = 0; step < kNewTokens; ++step) {
-    StatusOr<ForwardResult> result = (*executor)->forward(batch);
+    StatusOr<ForwardResult> result = runner.run(batch);
     ASSERT_TRUE(result.ok()) << result.status().to_string();
     ASSERT_EQ(result->row_offsets.size(), cases.size() + 1);
     for (size_t i = 0; i < cases.size(); ++i) {
@@ -108,7 +110,7 @@ void check_against_reference(const std::string& model_path, const std::string& s
             << cases[i].top2_gaps[step] << ") is no near-tie";
       }
       // Continue each sequence with HF's token so later steps stay comparable.
-      batch.chunks[i].tokens = {cases[i].generated[step]};
+      batch[i].tokens = {cases[i].generated[step]};
     }
   }
   for (size_t i = 0; i < cases.size(); ++i) {
@@ -136,49 +138,49 @@ TEST(ExecutorReferenceTest, BatchedEqualsSoloAndRejectsBadInput) {
   StatusOr<std::unique_ptr<model::ModelSource>> source =
       model::open_model_source(data_path("tiny_qwen2.gguf"));
   ASSERT_TRUE(source.ok()) << source.status().to_string();
-  StatusOr<std::unique_ptr<Executor>> executor = Executor::create(**source, ExecutorOptions{});
+  ExecutorOptions options;
+  options.kv_block_size_tokens = 4;  // several blocks per sequence
+  StatusOr<std::unique_ptr<Executor>> executor = Executor::create(**source, options);
   ASSERT_TRUE(executor.ok());
   Executor& ex = **executor;
+  testing::PagedRunner runner(ex);
   const int64_t vocab = ex.config().vocab_size;
 
-  // Solo: prompt of 5 then chunked continuation of 3 (prefill over a cached prefix).
-  ForwardBatch solo{{{SeqId{1}, {1, 2, 3, 4, 5}, LogitsMode::kNone}}};
-  ASSERT_TRUE(ex.forward(solo).ok());
-  solo.chunks[0].tokens = {6, 7, 8};
-  solo.chunks[0].logits = LogitsMode::kAll;
-  StatusOr<ForwardResult> solo_out = ex.forward(solo);
-  ASSERT_TRUE(solo_out.ok());
-  ASSERT_EQ(solo_out->logits.size(), static_cast<size_t>(3 * vocab));
+  // Solo: prompt of 5 then a chunk of 3 over the cached prefix (chunked prefill).
+  ASSERT_TRUE(runner.run({{SeqId{1}, {1, 2, 3, 4, 5}, LogitsMode::kNone}}).ok());
+  StatusOr<ForwardResult> solo = runner.run({{SeqId{1}, {6, 7, 8}, LogitsMode::kAll}});
+  ASSERT_TRUE(solo.ok());
+  ASSERT_EQ(solo->logits.size(), static_cast<size_t>(3 * vocab));
 
   // Same tokens in one chunk, batched beside another sequence.
-  ForwardBatch batched{{{SeqId{2}, {9, 10}, LogitsMode::kLast},
-                        {SeqId{3}, {1, 2, 3, 4, 5, 6, 7, 8}, LogitsMode::kAll}}};
-  StatusOr<ForwardResult> batched_out = ex.forward(batched);
-  ASSERT_TRUE(batched_out.ok());
-  ASSERT_EQ(batched_out->row_offsets, (std::vector<int64_t>{0, 1, 9}));
+  StatusOr<ForwardResult> batched = runner.run({{SeqId{2}, {9, 10}, LogitsMode::kLast},
+                                                {SeqId{3}, {1, 2, 3, 4, 5, 6, 7, 8},
+                                                 LogitsMode::kAll}});
+  ASSERT_TRUE(batched.ok());
+  ASSERT_EQ(batched->row_offsets, (std::vector<int64_t>{0, 1, 9}));
   for (int64_t r = 0; r < 3; ++r) {
     for (int64_t v = 0; v < vocab; ++v) {
-      ASSERT_NEAR(solo_out->logits[r * vocab + v], batched_out->logits[(6 + r) * vocab + v], 1e-4);
+      ASSERT_NEAR(solo->logits[r * vocab + v], batched->logits[(6 + r) * vocab + v], 1e-4);
     }
   }
 
-  // Bad input is rejected and changes nothing.
-  const int64_t cached = ex.num_cached_tokens(SeqId{2});
-  ForwardBatch bad{{{SeqId{2}, {11}}, {SeqId{4}, {static_cast<TokenId>(vocab)}}}};
+  // Bad input is rejected before anything is written.
+  const std::vector<std::vector<kv::BlockId>>& tables = runner.kv().tables(SeqId{2});
+  ForwardBatch bad{{{SeqId{2}, {static_cast<TokenId>(vocab)}, 2, tables}}, {}};
   StatusOr<ForwardResult> rejected = ex.forward(bad);
   ASSERT_FALSE(rejected.ok());
   EXPECT_EQ(rejected.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(rejected.status().message().find("outside the vocabulary"), std::string::npos);
-  EXPECT_EQ(ex.num_cached_tokens(SeqId{2}), cached);
-  EXPECT_EQ(ex.num_cached_tokens(SeqId{4}), 0);
 
-  ForwardBatch too_long{{{SeqId{5}, std::vector<TokenId>(ex.config().max_context_tokens + 1, 1)}}};
-  StatusOr<ForwardResult> overflow = ex.forward(too_long);
-  ASSERT_FALSE(overflow.ok());
-  EXPECT_NE(overflow.status().message().find("context window"), std::string::npos);
+  ForwardBatch uncovered{{{SeqId{2}, {11, 12, 13}, 2, tables}}, {}};  // needs a 2nd block
+  StatusOr<ForwardResult> not_covered = ex.forward(uncovered);
+  ASSERT_FALSE(not_covered.ok());
+  EXPECT_NE(not_covered.status().message().find("do not cover"), std::string::npos);
 
-  ex.release(SeqId{2});
-  EXPECT_EQ(ex.num_cached_tokens(SeqId{2}), 0);
+  ForwardBatch overflow{{{SeqId{2}, {11}, ex.config().max_context_tokens, tables}}, {}};
+  StatusOr<ForwardResult> too_long = ex.forward(overflow);
+  ASSERT_FALSE(too_long.ok());
+  EXPECT_NE(too_long.status().message().find("context window"), std::string::npos);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
-// The executor runs the transformer forward pass for a ForwardBatch and owns the KV cache of each
-// sequence it has seen (until the paged KV manager takes that over).
+// The executor runs the transformer forward pass for a ForwardBatch. It owns the weights and the
+// paged KV pool (the memory); which blocks belong to which sequence is the KV manager's business
+// and arrives with each batch as page tables.
 //
 // Not thread-safe: one caller (the engine's step loop) drives it.
 #pragma once
@@ -11,6 +12,7 @@
 #include "strata/common/ids.h"
 #include "strata/common/status.h"
 #include "strata/executor/forward_batch.h"
+#include "strata/kv/kv_types.h"
 #include "strata/model/model_config.h"
 
 namespace strata::model {
@@ -37,29 +39,34 @@ struct ExecutorOptions {
   Device device;
   DType dtype = DType::kFloat32;
   int num_threads = 0;  // CPU intra-op threads; 0 keeps libtorch's default
+  int32_t kv_block_size_tokens = 16;
+  // Bytes of the KV pool. 0: on CUDA, 90% of the device memory left after the weights; on CPU,
+  // enough for max_context_tokens x 4 sequences.
+  int64_t kv_cache_bytes = 0;
 };
 
 class Executor {
  public:
   virtual ~Executor() = default;
 
-  // Loads and converts every weight of `source` to options.dtype on options.device.
-  // FAILED_PRECONDITION if CUDA is requested without a device; other errors name the tensor.
+  // Loads and converts every weight of `source` to options.dtype on options.device, then
+  // allocates the KV pool. FAILED_PRECONDITION if CUDA is requested without a device,
+  // RESOURCE_EXHAUSTED if the pool cannot hold one full context; other errors name the tensor.
   static StatusOr<std::unique_ptr<Executor>> create(const model::ModelSource& source,
                                                     const ExecutorOptions& options);
 
   virtual const model::ModelConfig& config() const = 0;
   virtual const ExecutorOptions& options() const = 0;
 
-  // Runs one forward pass. INVALID_ARGUMENT (naming the sequence) for an empty chunk, a token id
-  // outside the vocabulary, a sequence listed twice, or a sequence that would exceed
-  // max_context_tokens; in that case no sequence changes. INTERNAL if libtorch fails.
-  virtual StatusOr<ForwardResult> forward(const ForwardBatch& batch) = 0;
+  // Shape of the KV pool, for the KV manager.
+  virtual const kv::KvGeometry& kv_geometry() const = 0;
+  virtual kv::BlockFormat kv_format() const = 0;
 
-  // Forgets a sequence and frees its KV cache. Unknown ids are ignored.
-  virtual void release(SeqId seq) = 0;
-  // Tokens held for `seq` (0 if unknown).
-  virtual int64_t num_cached_tokens(SeqId seq) const = 0;
+  // Runs one forward pass: writes the chunks' KV into the pool and returns the requested logits.
+  // INVALID_ARGUMENT (naming the sequence) for an empty chunk, a token id outside the vocabulary,
+  // a chunk past max_context_tokens, or page tables that do not cover it; nothing is written
+  // then. INTERNAL if libtorch fails.
+  virtual StatusOr<ForwardResult> forward(const ForwardBatch& batch) = 0;
 };
 
 }  // namespace strata::executor

@@ -1,11 +1,13 @@
-// The unit of work the executor runs: new tokens for several sequences at once, each appended to
-// that sequence's KV cache, and which logits to return.
+// The unit of work the executor runs: new tokens for several sequences at once, whose KV goes
+// into the paged pool through each sequence's per-layer page tables, and which logits to return.
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "strata/common/ids.h"
+#include "strata/kv/kv_types.h"
 
 namespace strata::executor {
 
@@ -17,14 +19,21 @@ enum class LogitsMode {
 
 struct SequenceChunk {
   SeqId seq;
-  // Tokens at positions [cached, cached + tokens.size()) of the sequence, where `cached` is what
-  // the executor already holds for it (0 for a new sequence).
+  // Tokens at positions [start_position, start_position + tokens.size()); KV of positions
+  // [0, start_position) is already in the pool.
   std::vector<TokenId> tokens;
+  int64_t start_position = 0;
+  // Per-layer page tables (kv::KvCacheManager::tables): tables[layer][i] holds positions
+  // [i * block_size, (i + 1) * block_size) and must cover every position up to the chunk's end.
+  // Borrowed: must stay valid during forward().
+  std::span<const std::vector<kv::BlockId>> tables;
   LogitsMode logits = LogitsMode::kLast;
 };
 
 struct ForwardBatch {
   std::vector<SequenceChunk> chunks;  // at most one chunk per sequence
+  // Block copies (copy-on-write) performed before any KV is written.
+  std::vector<kv::BlockCopy> block_copies;
 };
 
 struct ForwardResult {

@@ -6,6 +6,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
 
 namespace strata::kernels {
@@ -24,5 +25,91 @@ void launch_rms_norm(void* out, const void* x, const void* weight, int64_t num_r
 // Products are rounded to `kind` before the sum, as the unfused ATen expression does.
 void launch_rotary(void* out, const void* x, const void* cos, const void* sin, int64_t num_tokens,
                    int64_t num_heads, int64_t head_dim, ScalarKind kind, cudaStream_t stream);
+
+// ---------------------------------------------------------------------------------------------
+// Paged attention over the KV pool (docs/kernels/paged-attention.md).
+//
+// Layouts (all strides in elements; the last dimension of every tensor is contiguous):
+//   q            [num_tokens, num_heads, head_dim], `kind`; queries of all sequences packed in
+//                sequence order; row/head strides q_stride_token/q_stride_head.
+//   kv_cache     [num_blocks, 2, num_kv_heads, block_size, head_dim], `kind`; index 0 of dim 1
+//                is K (stored after RoPE), 1 is V; strides kv_stride_block/_kv/_head/_token.
+//   block_tables [num_seqs, max_blocks_per_seq] int32, contiguous: this layer's table; entry j
+//                holds the block of tokens [j * block_size, (j + 1) * block_size). Entries at or
+//                past ceil(seq_lens[s] / block_size) are never read.
+//   seq_lens     [num_seqs] int32: context length of each sequence INCLUDING its new tokens.
+//   cu_q_lens    [num_seqs + 1] int32: prefix sums of the per-sequence query counts;
+//                cu_q_lens[0] = 0, cu_q_lens[num_seqs] = num_tokens.
+//   out          [num_tokens, num_heads, head_dim] contiguous, `kind`.
+// Query i of sequence s (0-based within the sequence) is at absolute position
+// seq_lens[s] - q_len_s + i and attends to keys [0, that position]. Query head h reads kv head
+// h / (num_heads / num_kv_heads). softmax(q k^T * scale) v, accumulated in float32.
+struct PagedAttentionParams {
+  void* out = nullptr;
+  const void* q = nullptr;
+  const void* kv_cache = nullptr;
+  const int32_t* block_tables = nullptr;  // device pointers, all of them
+  const int32_t* seq_lens = nullptr;
+  const int32_t* cu_q_lens = nullptr;
+  int64_t q_stride_token = 0;
+  int64_t q_stride_head = 0;
+  int64_t kv_stride_block = 0;
+  int64_t kv_stride_kv = 0;
+  int64_t kv_stride_head = 0;
+  int64_t kv_stride_token = 0;
+  int64_t num_tokens = 0;
+  int64_t num_seqs = 0;
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;            // 64 or 128 (compile-time variants)
+  int64_t block_size = 0;          // a power of two; 8, 16 and 32 are tested
+  int64_t max_blocks_per_seq = 0;  // width of block_tables; bounds every context length
+  int64_t max_q_len = 0;           // >= every q_len_s (host-known; picks the work split)
+  float scale = 1.0f;
+  ScalarKind kind = ScalarKind::kBFloat16;  // kFloat16 or kBFloat16
+  // Split-K scratch, device memory of at least paged_attention_workspace_bytes(*this) bytes
+  // (16-byte aligned); may be null when that is 0. Only this launch uses it (stream-ordered).
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+};
+
+// Bytes of workspace launch_paged_attention needs for these sizes on the current CUDA device
+// (it reads only the size fields and the device's SM count). 0 when the launch does not split.
+size_t paged_attention_workspace_bytes(const PagedAttentionParams& params);
+
+// Computes `out` as described above on `stream`. Aborts (broken invariant) on an unsupported
+// head_dim, kind or block_size, or a workspace smaller than paged_attention_workspace_bytes.
+// REQUIRES: num_heads % num_kv_heads == 0; q_len_s <= seq_lens[s] <= max_blocks_per_seq *
+// block_size; every table entry read is a valid block id; q, kv_cache and the strides 16-byte
+// aligned (strides multiples of 8 elements). The index arrays are not validated on the device.
+void launch_paged_attention(const PagedAttentionParams& params, cudaStream_t stream);
+
+// Writes new K/V into the pool: for every token t with slot = slot_mapping[t] >= 0,
+//   kv_cache[slot / block_size, 0, h, slot % block_size, :] = key[t, h, :]
+//   kv_cache[slot / block_size, 1, h, slot % block_size, :] = value[t, h, :]
+// Tokens with a negative slot are skipped. The copy is dtype-agnostic (elem_size_bytes); it uses
+// 16-byte vectors when every pointer and stride allows, element copies otherwise.
+struct ReshapeAndCacheParams {
+  void* kv_cache = nullptr;  // [num_blocks, 2, num_kv_heads, block_size, head_dim], see above
+  const void* key = nullptr;    // [num_tokens, num_kv_heads, head_dim], last dim contiguous
+  const void* value = nullptr;  // [num_tokens, num_kv_heads, head_dim], last dim contiguous
+  const int64_t* slot_mapping = nullptr;  // [num_tokens] int64, device
+  int64_t key_stride_token = 0;  // strides in elements
+  int64_t key_stride_head = 0;
+  int64_t value_stride_token = 0;
+  int64_t value_stride_head = 0;
+  int64_t kv_stride_block = 0;
+  int64_t kv_stride_kv = 0;
+  int64_t kv_stride_head = 0;
+  int64_t kv_stride_token = 0;
+  int64_t num_tokens = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t block_size = 0;
+  int64_t elem_size_bytes = 0;  // 2 (fp16/bf16) or 4 (fp32)
+};
+
+// REQUIRES: every slot < num_blocks * block_size; no two tokens share a slot.
+void launch_reshape_and_cache(const ReshapeAndCacheParams& params, cudaStream_t stream);
 
 }  // namespace strata::kernels

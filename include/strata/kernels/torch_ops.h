@@ -3,6 +3,8 @@
 // ops do) and launches on the tensor's current CUDA stream.
 #pragma once
 
+#include <cstdint>
+
 namespace at {
 class Tensor;
 }
@@ -14,5 +16,36 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 
 // See launch_rotary. x: [num_tokens, num_heads, head_dim]; cos, sin: [num_tokens, head_dim].
 at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
+// Paged attention over the KV pool (see launch_paged_attention in ops.h for the exact contract,
+// docs/kernels/paged-attention.md for the design). Returns out [num_tokens, num_heads, head_dim]
+// (contiguous, q's dtype): for query i of sequence s, at absolute position
+// seq_lens[s] - q_len_s + i, softmax(q k^T * scale) v over the keys [0, that position] of the
+// sequence's blocks; query head h reads kv head h / (num_heads / num_kv_heads).
+//   q            [num_tokens, num_heads, head_dim], packed in sequence order
+//   kv_cache     [num_blocks, 2, num_kv_heads, block_size, head_dim], q's dtype and device;
+//                dim 1: 0 = K (after RoPE), 1 = V; block_size a power of two
+//   block_tables [num_seqs, max_blocks_per_seq] int32, this layer's table
+//   seq_lens     [num_seqs] int32, context length including the new tokens
+//   cu_q_lens    [num_seqs + 1] int32, prefix sums of the per-sequence query counts
+//   max_q_len    >= every q_len (host-known; 1 for a pure decode batch)
+// Devices: every tensor lives on q's device. On CUDA: float16/bfloat16, head_dim 64 or 128,
+// last dims contiguous, 16-byte aligned strides (any token/head stride of q, e.g. a view of a
+// fused QKV output); the index values are not validated (see the REQUIRES of
+// launch_paged_attention); runs on the current stream, with a split-K workspace from the caching
+// allocator. On CPU: float32/float16/bfloat16, any head_dim; index values are validated; per
+// sequence gather + at::scaled_dot_product_attention (enable_gqa).
+// Throws c10::Error on a bad shape, dtype, device or layout (and, on CPU, bad index values).
+at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& kv_cache,
+                           const at::Tensor& block_tables, const at::Tensor& seq_lens,
+                           const at::Tensor& cu_q_lens, int64_t max_q_len, double scale);
+
+// Writes key/value [num_tokens, num_kv_heads, head_dim] into kv_cache (same dtype and device) at
+// slot_mapping [num_tokens] int64 (slot = block_id * block_size + offset; slot < 0 skips the
+// token). float32/float16/bfloat16 on CPU and CUDA; on CUDA the last dims must be contiguous
+// (key/value may be strided views) and slots are not validated (REQUIRES: slot < num_blocks *
+// block_size, no two tokens share a slot); on CPU an out-of-pool slot throws.
+void reshape_and_cache(at::Tensor& kv_cache, const at::Tensor& key, const at::Tensor& value,
+                       const at::Tensor& slot_mapping);
 
 }  // namespace strata::kernels

@@ -39,12 +39,6 @@ struct KvRequest {
   int64_t num_new_tokens = 0;
 };
 
-// A block the executor must copy before the step (copy-on-write of a shared partial block).
-struct BlockCopy {
-  BlockId source;
-  BlockId destination;
-};
-
 struct PrefixCacheStats {
   int64_t lookup_tokens = 0;  // prompt tokens of sequences admitted with prefix caching on
   int64_t hit_tokens = 0;     // of those, tokens served from cached blocks

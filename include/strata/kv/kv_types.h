@@ -20,6 +20,12 @@ struct BlockId {
   auto operator<=>(const BlockId&) const = default;
 };
 
+// A block the executor must copy before the step (copy-on-write of a shared partial block).
+struct BlockCopy {
+  BlockId source;
+  BlockId destination;
+};
+
 // Element format of a block's keys or values. Quantized formats (int8, fp8, int4, int2 with
 // scales laid out as the kernels read them) join with the LeanKV work; K and V may differ.
 enum class KvFormat : uint8_t { kFloat32, kBFloat16, kFloat16 };

@@ -1,0 +1,173 @@
+// The engine: a thread-safe facade that owns the model, tokenizer, executor, KV cache manager and
+// scheduler, and runs one background step loop. Clients submit requests and read a stream of
+// deltas (tokens, text, finish reason, usage); cancel() frees a request's KV at once.
+//
+// Each request is one sequence today (SeqId == RequestId). Text is detokenized incrementally:
+// a delta carries only complete UTF-8, never a partial stop string, and never the text of a stop
+// token.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "strata/common/ids.h"
+#include "strata/common/status.h"
+#include "strata/executor/executor.h"
+#include "strata/model/model_config.h"
+#include "strata/sampling/sampler.h"
+#include "strata/sampling/sampling_params.h"
+#include "strata/scheduler/scheduler.h"
+
+namespace strata::model {
+class ModelSource;
+}
+namespace strata::tokenizer {
+class Tokenizer;
+}
+
+namespace strata::engine {
+
+struct RequestId {
+  uint64_t value = 0;
+  auto operator<=>(const RequestId&) const = default;
+};
+
+enum class FinishReason {
+  kStop,    // a stop token or stop string
+  kLength,  // max_tokens or the context window
+  kAbort,   // cancelled, or the engine shut down
+  kError,   // failed (the output's error says why)
+};
+const char* finish_reason_name(FinishReason reason);
+
+struct Usage {
+  int64_t prompt_tokens = 0;
+  int64_t cached_prompt_tokens = 0;  // served from the prefix cache
+  int64_t completion_tokens = 0;
+  double time_to_first_token_ms = 0;  // from submit() to the first sampled token
+};
+
+struct TokenOutput {
+  TokenId token = 0;
+  float logprob = 0;
+  std::vector<sampling::TokenLogprob> top_logprobs;  // params.num_logprobs entries
+};
+
+// One streamed delta. The last one of a request has finish_reason set.
+struct RequestOutput {
+  std::vector<TokenOutput> tokens;  // tokens sampled since the previous delta
+  std::string text;                 // text that became final since the previous delta
+  std::optional<FinishReason> finish_reason;
+  std::string error;  // with kError
+  Usage usage;        // totals so far
+};
+
+// The receiving end of one request. Thread-safe.
+class RequestStream {
+ public:
+  explicit RequestStream(RequestId id) : id_(id) {}
+  RequestId id() const { return id_; }
+  // Blocks for the next delta; nullopt after the final one has been returned.
+  std::optional<RequestOutput> next();
+
+  // Engine side: queue a delta (the final one closes the stream).
+  void push(RequestOutput output);
+
+ private:
+  const RequestId id_;
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  std::deque<RequestOutput> queue_;
+  bool closed_ = false;  // the final delta was pushed
+  bool drained_ = false;  // ... and returned
+};
+
+struct GenerateRequest {
+  std::vector<TokenId> prompt_token_ids;
+  sampling::SamplingParams sampling;
+  int32_t priority = 0;  // lower runs first
+  std::string tenant;    // prefix-cache isolation: only requests of one tenant share cached KV
+};
+
+struct EngineOptions {
+  executor::ExecutorOptions executor;
+  scheduler::SchedulerConfig scheduler;
+  bool enable_prefix_caching = true;
+};
+
+struct EngineStats {
+  int64_t num_waiting = 0;
+  int64_t num_running = 0;
+  int32_t kv_blocks_total = 0;
+  int32_t kv_blocks_available = 0;  // free or evictable
+  int64_t prefix_lookup_tokens = 0;
+  int64_t prefix_hit_tokens = 0;
+  int64_t num_preemptions = 0;
+  int64_t num_steps = 0;
+};
+
+class Engine {
+ public:
+  // Builds the executor (weights + KV pool), KV manager and scheduler, and starts the step loop.
+  static StatusOr<std::unique_ptr<Engine>> create(std::unique_ptr<model::ModelSource> source,
+                                                  std::unique_ptr<tokenizer::Tokenizer> tokenizer,
+                                                  const EngineOptions& options);
+  // Finishes every open request with kAbort and stops the loop.
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Queues a request. INVALID_ARGUMENT naming the field for an empty prompt, a token id outside
+  // the vocabulary, a prompt that leaves no room in the context window, or invalid sampling
+  // parameters. Thread-safe.
+  StatusOr<std::shared_ptr<RequestStream>> submit(GenerateRequest request);
+  // Cancels a request: its stream ends with kAbort and its KV is freed at the next step boundary.
+  // Unknown or finished ids are ignored. Thread-safe.
+  void cancel(RequestId id);
+
+  const model::ModelConfig& model_config() const;
+  const tokenizer::Tokenizer& tokenizer() const { return *tokenizer_; }
+  const executor::Executor& executor() const { return *executor_; }
+  EngineStats stats() const;
+
+ private:
+  struct Active;
+  Engine() = default;
+  void loop();
+  void step();
+  void admit(std::vector<std::pair<GenerateRequest, std::shared_ptr<RequestStream>>> requests);
+  // Sends the final delta, frees the sequence and forgets the request.
+  void finish(Active& active, RequestOutput output, FinishReason reason, std::string error = {});
+  void emit_token(Active& active, const sampling::SampleResult& sample);
+  void refresh_stats();
+
+  std::unique_ptr<model::ModelSource> source_;
+  std::unique_ptr<tokenizer::Tokenizer> tokenizer_;
+  std::unique_ptr<executor::Executor> executor_;
+  std::unique_ptr<kv::KvCacheManager> kv_;
+  std::unique_ptr<scheduler::Scheduler> scheduler_;
+  EngineOptions options_;
+
+  // Shared with client threads, guarded by mutex_.
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  std::vector<std::pair<GenerateRequest, std::shared_ptr<RequestStream>>> inbox_;
+  std::vector<RequestId> cancels_;
+  bool stopping_ = false;
+  uint64_t next_id_ = 1;
+  EngineStats stats_;
+
+  // Step-loop state (loop thread only).
+  std::unordered_map<SeqId, std::unique_ptr<Active>> active_;
+  std::thread thread_;
+};
+
+}  // namespace strata::engine

@@ -1,0 +1,291 @@
+#include "strata/engine/engine.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "strata/common/check.h"
+#include "strata/kv/kv_cache_manager.h"
+#include "strata/model/model_source.h"
+#include "strata/sampling/stop_checker.h"
+#include "strata/tokenizer/tokenizer.h"
+
+namespace strata::engine {
+
+using Clock = std::chrono::steady_clock;
+
+const char* finish_reason_name(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kAbort: return "abort";
+    case FinishReason::kError: return "error";
+  }
+  return "unknown";
+}
+
+std::optional<RequestOutput> RequestStream::next() {
+  std::unique_lock lock(mutex_);
+  ready_.wait(lock, [&] { return !queue_.empty() || drained_; });
+  if (queue_.empty()) return std::nullopt;
+  RequestOutput out = std::move(queue_.front());
+  queue_.pop_front();
+  if (closed_ && queue_.empty()) drained_ = true;
+  return out;
+}
+
+void RequestStream::push(RequestOutput output) {
+  {
+    std::scoped_lock lock(mutex_);
+    STRATA_CHECK(!closed_) << "delta pushed after the final one";
+    closed_ = output.finish_reason.has_value();
+    queue_.push_back(std::move(output));
+  }
+  ready_.notify_all();
+}
+
+// A request in flight (step-loop thread only).
+struct Engine::Active {
+  RequestId id;
+  std::shared_ptr<RequestStream> stream;
+  sampling::SequenceSampler sampler;
+  sampling::StopChecker stop_checker;
+  tokenizer::StreamDecoder decoder;
+  std::vector<TokenId> stop_ids;  // tokens that end generation
+  Clock::time_point submitted;
+  Usage usage;
+  bool prefix_hit_recorded = false;
+};
+
+StatusOr<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<model::ModelSource> source,
+                                                 std::unique_ptr<tokenizer::Tokenizer> tokenizer,
+                                                 const EngineOptions& options) {
+  STRATA_RETURN_IF_ERROR(options.scheduler.validate());
+  std::unique_ptr<Engine> engine(new Engine());
+  engine->options_ = options;
+  STRATA_ASSIGN_OR_RETURN(engine->executor_, executor::Executor::create(*source, options.executor));
+  // The fingerprint keeps cached KV of different models (or weights) apart.
+  const model::ModelConfig& c = source->config();
+  const uint64_t fingerprint = std::hash<std::string>{}(
+      source->path() + "|" + c.name + "|" + std::to_string(c.num_layers) + "|" +
+      std::to_string(c.hidden_size) + "|" + std::to_string(c.vocab_size));
+  engine->kv_ = std::make_unique<kv::KvCacheManager>(
+      engine->executor_->kv_geometry(), engine->executor_->kv_format(),
+      kv::PrefixCacheOptions{options.enable_prefix_caching, fingerprint});
+  engine->scheduler_ = std::make_unique<scheduler::Scheduler>(options.scheduler, *engine->kv_);
+  engine->source_ = std::move(source);
+  engine->tokenizer_ = std::move(tokenizer);
+  engine->thread_ = std::thread([e = engine.get()] { e->loop(); });
+  return engine;
+}
+
+Engine::~Engine() {
+  {
+    std::scoped_lock lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+const model::ModelConfig& Engine::model_config() const { return executor_->config(); }
+
+EngineStats Engine::stats() const {
+  std::scoped_lock lock(mutex_);
+  return stats_;
+}
+
+StatusOr<std::shared_ptr<RequestStream>> Engine::submit(GenerateRequest request) {
+  const model::ModelConfig& config = executor_->config();
+  if (request.prompt_token_ids.empty()) {
+    return invalid_argument_error("prompt: must contain at least one token");
+  }
+  for (TokenId t : request.prompt_token_ids) {
+    if (t < 0 || t >= config.vocab_size) {
+      return invalid_argument_error("prompt: token id " + std::to_string(t) +
+                                    " is outside the vocabulary [0, " +
+                                    std::to_string(config.vocab_size) + ")");
+    }
+  }
+  const int64_t prompt_len = static_cast<int64_t>(request.prompt_token_ids.size());
+  if (prompt_len >= config.max_context_tokens) {
+    return invalid_argument_error("prompt: " + std::to_string(prompt_len) +
+                                  " tokens leave no room in the context window of " +
+                                  std::to_string(config.max_context_tokens));
+  }
+  STRATA_RETURN_IF_ERROR(request.sampling.validate(config.vocab_size));
+  std::shared_ptr<RequestStream> stream;
+  {
+    std::scoped_lock lock(mutex_);
+    if (stopping_) return Status(StatusCode::kUnavailable, "the engine is shutting down");
+    stream = std::make_shared<RequestStream>(RequestId{next_id_++});
+    inbox_.emplace_back(std::move(request), stream);
+  }
+  wake_.notify_all();
+  return stream;
+}
+
+void Engine::cancel(RequestId id) {
+  {
+    std::scoped_lock lock(mutex_);
+    cancels_.push_back(id);
+  }
+  wake_.notify_all();
+}
+
+void Engine::loop() {
+  while (true) {
+    std::vector<std::pair<GenerateRequest, std::shared_ptr<RequestStream>>> inbox;
+    std::vector<RequestId> cancels;
+    bool stopping = false;
+    {
+      std::unique_lock lock(mutex_);
+      wake_.wait(lock, [&] {
+        return stopping_ || !inbox_.empty() || !cancels_.empty() || scheduler_->has_work();
+      });
+      inbox.swap(inbox_);
+      cancels.swap(cancels_);
+      stopping = stopping_;
+    }
+    admit(std::move(inbox));
+    for (RequestId id : cancels) {
+      auto it = active_.find(SeqId{id.value});
+      if (it != active_.end()) finish(*it->second, {}, FinishReason::kAbort);
+    }
+    if (stopping) {
+      while (!active_.empty()) finish(*active_.begin()->second, {}, FinishReason::kAbort);
+      return;
+    }
+    if (scheduler_->has_work()) step();
+    refresh_stats();
+  }
+}
+
+void Engine::refresh_stats() {
+  std::scoped_lock lock(mutex_);
+  stats_.num_waiting = static_cast<int64_t>(scheduler_->num_waiting());
+  stats_.num_running = static_cast<int64_t>(scheduler_->num_running());
+  stats_.kv_blocks_total = kv_->num_blocks();
+  stats_.kv_blocks_available = kv_->num_available_blocks();
+  stats_.prefix_lookup_tokens = kv_->prefix_stats().lookup_tokens;
+  stats_.prefix_hit_tokens = kv_->prefix_stats().hit_tokens;
+  stats_.num_preemptions = scheduler_->num_preemptions();
+}
+
+void Engine::admit(std::vector<std::pair<GenerateRequest, std::shared_ptr<RequestStream>>> requests) {
+  const int64_t vocab = executor_->config().vocab_size;
+  for (auto& [request, stream] : requests) {
+    const SeqId seq{stream->id().value};
+    std::vector<TokenId> stop_ids = request.sampling.stop_token_ids;
+    if (!request.sampling.ignore_eos) {
+      for (TokenId t : tokenizer_->stop_ids()) {
+        if (t < vocab) stop_ids.push_back(t);
+      }
+    }
+    auto active = std::unique_ptr<Active>(new Active{
+        stream->id(), stream,
+        sampling::SequenceSampler(request.sampling, vocab, request.prompt_token_ids),
+        sampling::StopChecker(request.sampling), tokenizer::StreamDecoder(*tokenizer_),
+        std::move(stop_ids), Clock::now(), {}, false});
+    active->usage.prompt_tokens = static_cast<int64_t>(request.prompt_token_ids.size());
+    Status added = scheduler_->add(seq, std::move(request.prompt_token_ids), request.priority,
+                                   std::move(request.tenant));
+    Active& ref = *active;
+    active_.emplace(seq, std::move(active));
+    if (!added.ok()) finish(ref, {}, FinishReason::kError, added.message());
+  }
+}
+
+void Engine::finish(Active& active, RequestOutput output, FinishReason reason, std::string error) {
+  output.finish_reason = reason;
+  output.error = std::move(error);
+  output.usage = active.usage;
+  const SeqId seq{active.id.value};
+  active.stream->push(std::move(output));
+  scheduler_->remove(seq);
+  active_.erase(seq);  // destroys `active`
+}
+
+void Engine::emit_token(Active& active, const sampling::SampleResult& sample) {
+  const SeqId seq{active.id.value};
+  active.sampler.accept(sample.token);
+  kv_->append_tokens(seq, std::vector<TokenId>{sample.token});
+  Usage& usage = active.usage;
+  if (usage.completion_tokens++ == 0) {
+    usage.time_to_first_token_ms =
+        std::chrono::duration<double, std::milli>(Clock::now() - active.submitted).count();
+  }
+  RequestOutput out;
+  out.tokens.push_back({sample.token, sample.logprob, sample.top_logprobs});
+  const sampling::SamplingParams& params = active.sampler.params();
+  const bool is_stop_token = std::find(active.stop_ids.begin(), active.stop_ids.end(),
+                                       sample.token) != active.stop_ids.end();
+  if (!is_stop_token) {
+    sampling::StopCheckResult checked = active.stop_checker.append(active.decoder.push(sample.token));
+    out.text = std::move(checked.text);
+    if (checked.stopped()) return finish(active, std::move(out), FinishReason::kStop);
+  }
+  const bool at_max_tokens = usage.completion_tokens >= params.max_tokens;
+  const bool context_full = static_cast<int64_t>(kv_->tokens(seq).size()) >=
+                            executor_->config().max_context_tokens;
+  if (is_stop_token || at_max_tokens || context_full) {
+    // Whatever the decoder and stop checker held back is final now.
+    sampling::StopCheckResult rest = active.stop_checker.append(active.decoder.flush());
+    out.text += rest.text;
+    if (!rest.stopped()) out.text += active.stop_checker.flush();
+    const FinishReason reason =
+        is_stop_token || rest.stopped() ? FinishReason::kStop : FinishReason::kLength;
+    return finish(active, std::move(out), reason);
+  }
+  out.usage = usage;
+  active.stream->push(std::move(out));
+}
+
+void Engine::step() {
+  scheduler::ScheduledBatch batch = scheduler_->schedule();
+  for (SeqId seq : batch.aborted) {
+    auto it = active_.find(seq);
+    if (it != active_.end()) {
+      finish(*it->second, {}, FinishReason::kError,
+             "the sequence no longer fits in the KV cache (" +
+                 std::to_string(kv_->num_blocks()) + " blocks)");
+    }
+  }
+  if (batch.empty()) return;
+
+  executor::ForwardBatch forward;
+  forward.block_copies = batch.block_copies;
+  for (const scheduler::ScheduledChunk& chunk : batch.chunks) {
+    const std::vector<TokenId>& tokens = kv_->tokens(chunk.seq);
+    executor::SequenceChunk& c = forward.chunks.emplace_back();
+    c.seq = chunk.seq;
+    c.tokens.assign(tokens.begin() + chunk.start_position,
+                    tokens.begin() + chunk.start_position + chunk.num_tokens);
+    c.start_position = chunk.start_position;
+    c.tables = kv_->tables(chunk.seq);
+    c.logits = chunk.samples ? executor::LogitsMode::kLast : executor::LogitsMode::kNone;
+    Active& active = *active_.at(chunk.seq);
+    if (!active.prefix_hit_recorded) {
+      active.usage.cached_prompt_tokens = kv_->num_prefix_hit_tokens(chunk.seq);
+      active.prefix_hit_recorded = true;
+    }
+  }
+  StatusOr<executor::ForwardResult> result = executor_->forward(forward);
+  if (!result.ok()) {
+    for (const scheduler::ScheduledChunk& chunk : batch.chunks) {
+      finish(*active_.at(chunk.seq), {}, FinishReason::kError, result.status().to_string());
+    }
+    return;
+  }
+  scheduler_->on_batch_done(batch);
+  const int64_t vocab = result->vocab_size;
+  for (size_t i = 0; i < batch.chunks.size(); ++i) {
+    if (!batch.chunks[i].samples) continue;
+    Active& active = *active_.at(batch.chunks[i].seq);
+    const float* row = result->logits.data() + result->row_offsets[i] * vocab;
+    emit_token(active, active.sampler.sample(std::span<const float>(row, vocab)));
+  }
+  std::scoped_lock lock(mutex_);
+  ++stats_.num_steps;
+}
+
+}  // namespace strata::engine
