@@ -106,10 +106,12 @@ def write_tiny_qwen2_gguf(path: Path):
     w.add_layer_norm_rms_eps(1e-6)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("qwen2")
-    tokens = [bytes([b]).decode("latin-1") for b in range(256)] + [f"tok{i}" for i in range(vocab - 256)]
+    # A minimal byte-level vocabulary with one merge, so the engine can build a tokenizer for it.
+    tokens = ([bytes([b]).decode("latin-1") for b in range(256)] + ["ab"] +
+              [f"tok{i}" for i in range(vocab - 257)])
     w.add_token_list(tokens)
     w.add_token_types([1] * vocab)
-    w.add_token_merges([])
+    w.add_token_merges(["a b"])
 
     def mat(rows, cols, scale=0.08):
         return (rng.standard_normal((rows, cols)) * scale).astype(np.float32)

@@ -1,0 +1,287 @@
+// Engine end-to-end on real model files (label: model).
+//
+// Batching equivalence: requests run concurrently (continuous batching, chunked prefill, shared
+// prefixes, a pool small enough to force preemption) must produce the greedy tokens each produces
+// alone. A token may differ only at a step where the solo run's top-2 logprobs (= logits) are
+// closer than kTieTolerance; the test checks that this is the reason, and compares no further.
+
+#include "strata/engine/engine.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <random>
+#include <thread>
+
+#include "strata/model/model_source.h"
+#include "strata/tokenizer/tokenizer.h"
+
+namespace strata::engine {
+namespace {
+
+constexpr double kTieTolerance = 1e-3;
+
+std::string tiny_qwen2_path() { return std::string(STRATA_TEST_DATA_DIR) + "/model/tiny_qwen2.gguf"; }
+
+std::unique_ptr<Engine> make_engine(const std::string& path, EngineOptions options) {
+  StatusOr<std::unique_ptr<model::ModelSource>> source = model::open_model_source(path);
+  EXPECT_TRUE(source.ok()) << source.status().to_string();
+  if (!source.ok()) return nullptr;
+  StatusOr<std::unique_ptr<tokenizer::Tokenizer>> tok =
+      tokenizer::Tokenizer::from_gguf(*(*source)->gguf());
+  EXPECT_TRUE(tok.ok()) << tok.status().to_string();
+  if (!tok.ok()) return nullptr;
+  StatusOr<std::unique_ptr<Engine>> engine =
+      Engine::create(std::move(source).value(), std::move(tok).value(), options);
+  EXPECT_TRUE(engine.ok()) << engine.status().to_string();
+  return engine.ok() ? std::move(engine).value() : nullptr;
+}
+
+struct Collected {
+  std::vector<TokenId> tokens;
+  std::vector<double> top2_gaps;  // per token, when num_logprobs >= 2
+  std::string text;
+  RequestOutput last;
+};
+
+Collected collect(RequestStream& stream) {
+  Collected c;
+  while (std::optional<RequestOutput> out = stream.next()) {
+    for (const TokenOutput& t : out->tokens) {
+      c.tokens.push_back(t.token);
+      if (t.top_logprobs.size() >= 2) {
+        c.top2_gaps.push_back(t.top_logprobs[0].logprob - t.top_logprobs[1].logprob);
+      }
+    }
+    c.text += out->text;
+    c.last = std::move(*out);
+  }
+  return c;
+}
+
+std::vector<GenerateRequest> mixed_requests(int n, int vocab, int shared_prefix, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<TokenId> prefix(shared_prefix);
+  for (TokenId& t : prefix) t = static_cast<TokenId>(rng() % vocab);
+  std::vector<GenerateRequest> requests(n);
+  for (GenerateRequest& r : requests) {
+    r.prompt_token_ids = prefix;
+    const int own = 1 + static_cast<int>(rng() % 150);
+    for (int i = 0; i < own; ++i) r.prompt_token_ids.push_back(static_cast<TokenId>(rng() % vocab));
+    r.sampling.temperature = 0;
+    r.sampling.max_tokens = 1 + static_cast<int>(rng() % 40);
+    r.sampling.ignore_eos = true;
+    r.sampling.num_logprobs = 2;
+  }
+  return requests;
+}
+
+std::vector<Collected> run_solo(Engine& engine, const std::vector<GenerateRequest>& requests) {
+  std::vector<Collected> out;
+  for (const GenerateRequest& r : requests) {
+    StatusOr<std::shared_ptr<RequestStream>> stream = engine.submit(r);
+    EXPECT_TRUE(stream.ok());
+    out.push_back(collect(**stream));
+  }
+  return out;
+}
+
+std::vector<Collected> run_concurrent(Engine& engine, const std::vector<GenerateRequest>& requests) {
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (const GenerateRequest& r : requests) {
+    StatusOr<std::shared_ptr<RequestStream>> stream = engine.submit(r);
+    EXPECT_TRUE(stream.ok());
+    streams.push_back(*stream);
+  }
+  std::vector<Collected> out(requests.size());
+  std::vector<std::thread> readers;
+  for (size_t i = 0; i < streams.size(); ++i) {
+    readers.emplace_back([&, i] { out[i] = collect(*streams[i]); });
+  }
+  for (std::thread& t : readers) t.join();
+  return out;
+}
+
+void expect_same_as_solo(const std::vector<Collected>& solo, const std::vector<Collected>& batched) {
+  ASSERT_EQ(solo.size(), batched.size());
+  int num_ties = 0;
+  for (size_t i = 0; i < solo.size(); ++i) {
+    ASSERT_EQ(batched[i].last.finish_reason, FinishReason::kLength) << "request " << i;
+    ASSERT_EQ(batched[i].tokens.size(), solo[i].tokens.size()) << "request " << i;
+    for (size_t t = 0; t < solo[i].tokens.size(); ++t) {
+      if (batched[i].tokens[t] == solo[i].tokens[t]) continue;
+      ASSERT_LT(solo[i].top2_gaps[t], kTieTolerance)
+          << "request " << i << " token " << t << ": " << batched[i].tokens[t] << " vs solo "
+          << solo[i].tokens[t] << " where the solo top-2 gap is " << solo[i].top2_gaps[t];
+      ++num_ties;
+      break;
+    }
+  }
+  EXPECT_LE(num_ties, 2) << "near-ties should be rare";
+}
+
+// Waits until the step loop has published stats with every KV block available again.
+void expect_pool_fully_free(Engine& engine) {
+  EngineStats stats;
+  for (int i = 0; i < 200; ++i) {
+    stats = engine.stats();
+    if (stats.kv_blocks_available == stats.kv_blocks_total && stats.num_running == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(stats.kv_blocks_available, stats.kv_blocks_total) << "KV blocks leaked";
+  EXPECT_EQ(stats.num_running + stats.num_waiting, 0);
+}
+
+EngineOptions small_engine_options() {
+  EngineOptions options;
+  options.executor.kv_block_size_tokens = 8;
+  options.scheduler.max_num_seqs = 64;
+  options.scheduler.max_num_batched_tokens = 256;  // long prompts are chunked
+  return options;
+}
+
+TEST(EngineTest, SixtyFourConcurrentGreedyRequestsMatchSoloRuns) {
+  EngineOptions roomy = small_engine_options();
+  roomy.executor.kv_cache_bytes = 16 << 20;  // ~8K blocks: all 64 requests fit at once
+  std::unique_ptr<Engine> solo_engine = make_engine(tiny_qwen2_path(), small_engine_options());
+  std::unique_ptr<Engine> engine = make_engine(tiny_qwen2_path(), roomy);
+  ASSERT_TRUE(solo_engine && engine);
+  const int vocab = static_cast<int>(engine->model_config().vocab_size);
+  const std::vector<GenerateRequest> requests = mixed_requests(64, vocab, 0, 1);
+  const std::vector<Collected> solo = run_solo(*solo_engine, requests);
+  expect_same_as_solo(solo, run_concurrent(*engine, requests));
+  EXPECT_EQ(engine->stats().num_preemptions, 0);
+  expect_pool_fully_free(*engine);
+  expect_pool_fully_free(*solo_engine);
+}
+
+TEST(EngineTest, PreemptionUnderATinyPoolKeepsTheTokens) {
+  EngineOptions options = small_engine_options();
+  // tiny_qwen2: 2 layers, 2 KV heads x 16 dims, 512-token context. The smallest pool the
+  // executor accepts holds one full context (128 blocks of 8 tokens over 2 layers).
+  options.executor.kv_cache_bytes = 130 * (2 * 2 * 8 * 16 * 4);
+  std::unique_ptr<Engine> solo_engine = make_engine(tiny_qwen2_path(), small_engine_options());
+  std::unique_ptr<Engine> engine = make_engine(tiny_qwen2_path(), options);
+  ASSERT_TRUE(solo_engine && engine);
+  const int vocab = static_cast<int>(engine->model_config().vocab_size);
+  const std::vector<GenerateRequest> requests = mixed_requests(24, vocab, 0, 2);
+  expect_same_as_solo(run_solo(*solo_engine, requests), run_concurrent(*engine, requests));
+  EXPECT_GT(engine->stats().num_preemptions, 0) << "the pool was meant to be too small";
+  expect_pool_fully_free(*engine);
+}
+
+TEST(EngineTest, SharedPrefixesHitTheCacheAndKeepTheTokens) {
+  std::unique_ptr<Engine> solo_engine = make_engine(tiny_qwen2_path(), small_engine_options());
+  std::unique_ptr<Engine> engine = make_engine(tiny_qwen2_path(), small_engine_options());
+  ASSERT_TRUE(solo_engine && engine);
+  const int vocab = static_cast<int>(engine->model_config().vocab_size);
+  std::vector<GenerateRequest> requests = mixed_requests(32, vocab, 120, 3);
+  // The first request warms the cache; the others arrive while it runs and after.
+  const std::vector<Collected> solo = run_solo(*solo_engine, requests);
+  std::vector<Collected> batched = run_concurrent(*engine, {requests[0]});
+  std::vector<GenerateRequest> rest(requests.begin() + 1, requests.end());
+  std::vector<Collected> more = run_concurrent(*engine, rest);
+  batched.insert(batched.end(), more.begin(), more.end());
+  expect_same_as_solo(solo, batched);
+  const EngineStats stats = engine->stats();
+  // 120 shared tokens = 15 blocks of 8; every later request reuses them.
+  EXPECT_GE(stats.prefix_hit_tokens, 31 * 120);
+  int64_t cached_reported = 0;
+  for (size_t i = 1; i < batched.size(); ++i) {
+    cached_reported += batched[i].last.usage.cached_prompt_tokens;
+    EXPECT_EQ(batched[i].last.usage.prompt_tokens,
+              static_cast<int64_t>(requests[i].prompt_token_ids.size()));
+  }
+  EXPECT_GE(cached_reported, 31 * 120) << "usage reports the cached prompt tokens";
+  expect_pool_fully_free(*engine);
+}
+
+TEST(EngineTest, CancellationEndsTheStreamAndFreesItsBlocks) {
+  std::unique_ptr<Engine> engine = make_engine(tiny_qwen2_path(), small_engine_options());
+  ASSERT_TRUE(engine);
+  GenerateRequest request;
+  request.prompt_token_ids = {1, 2, 3, 4, 5};
+  request.sampling.temperature = 0;
+  request.sampling.max_tokens = 400;
+  request.sampling.ignore_eos = true;
+  StatusOr<std::shared_ptr<RequestStream>> stream = engine->submit(request);
+  ASSERT_TRUE(stream.ok());
+  ASSERT_TRUE((*stream)->next().has_value());
+  engine->cancel((*stream)->id());
+  Collected rest = collect(**stream);
+  EXPECT_EQ(rest.last.finish_reason, FinishReason::kAbort);
+  EXPECT_LT(rest.last.usage.completion_tokens, 400);
+  expect_pool_fully_free(*engine);
+}
+
+TEST(EngineTest, SameSeedSameSampledOutput) {
+  std::unique_ptr<Engine> engine = make_engine(tiny_qwen2_path(), small_engine_options());
+  ASSERT_TRUE(engine);
+  GenerateRequest request;
+  request.prompt_token_ids = {7, 8, 9};
+  request.sampling.temperature = 1.0;
+  request.sampling.top_p = 0.9;
+  request.sampling.max_tokens = 24;
+  request.sampling.ignore_eos = true;
+  request.sampling.seed = 42;
+  GenerateRequest other_seed = request;
+  other_seed.sampling.seed = 43;
+  const std::vector<Collected> runs =
+      run_concurrent(*engine, {request, other_seed, request});
+  EXPECT_EQ(runs[0].tokens, runs[2].tokens);
+  EXPECT_NE(runs[0].tokens, runs[1].tokens);
+}
+
+TEST(EngineTest, InvalidRequestsAreRejectedNamingTheField) {
+  std::unique_ptr<Engine> engine = make_engine(tiny_qwen2_path(), small_engine_options());
+  ASSERT_TRUE(engine);
+  const int64_t vocab = engine->model_config().vocab_size;
+  auto rejection = [&](GenerateRequest r) { return engine->submit(std::move(r)).status(); };
+  GenerateRequest ok;
+  ok.prompt_token_ids = {1};
+  GenerateRequest empty = ok;
+  empty.prompt_token_ids.clear();
+  EXPECT_NE(rejection(empty).message().find("prompt"), std::string::npos);
+  GenerateRequest bad_token = ok;
+  bad_token.prompt_token_ids = {static_cast<TokenId>(vocab)};
+  EXPECT_NE(rejection(bad_token).message().find("outside the vocabulary"), std::string::npos);
+  GenerateRequest too_long = ok;
+  too_long.prompt_token_ids.assign(engine->model_config().max_context_tokens, 1);
+  EXPECT_NE(rejection(too_long).message().find("context window"), std::string::npos);
+  GenerateRequest bad_temperature = ok;
+  bad_temperature.sampling.temperature = -1;
+  EXPECT_NE(rejection(bad_temperature).message().find("temperature"), std::string::npos);
+  EXPECT_EQ(rejection(bad_temperature).code(), StatusCode::kInvalidArgument);
+}
+
+TEST(EngineTest, StopStringsAndStopTokensOnTheDefaultModel) {
+  std::unique_ptr<Engine> engine = make_engine(STRATA_TEST_MODEL, EngineOptions{});
+  ASSERT_TRUE(engine);
+  GenerateRequest request;
+  request.prompt_token_ids = engine->tokenizer().encode("The capital of France is", false);
+  request.sampling.temperature = 0;
+  request.sampling.max_tokens = 32;
+  GenerateRequest with_stop = request;
+  with_stop.sampling.stop = {"\n"};
+  const std::vector<Collected> runs = run_concurrent(*engine, {request, with_stop});
+  // Greedy continuation (matches HF transformers, see executor_reference_test); it ends with
+  // the end-of-text token, whose text is not shown.
+  EXPECT_EQ(runs[0].text, " Paris.\n\nThe answer is: 2018-01-22 12:12:53.");
+  EXPECT_EQ(runs[0].last.finish_reason, FinishReason::kStop);
+  EXPECT_EQ(runs[0].tokens.back(), 0) << "<|endoftext|>";
+  EXPECT_EQ(runs[1].text, " Paris.");
+  EXPECT_EQ(runs[1].last.finish_reason, FinishReason::kStop);
+
+  // A chat turn ends on the end-of-turn token, whose text is not shown.
+  std::string chat = "<|im_start|>user\nSay hi.<|im_end|>\n<|im_start|>assistant\n";
+  GenerateRequest turn = request;
+  turn.prompt_token_ids = engine->tokenizer().encode(chat, false);
+  turn.sampling.max_tokens = 64;
+  const Collected answer = run_concurrent(*engine, {turn})[0];
+  EXPECT_EQ(answer.last.finish_reason, FinishReason::kStop);
+  EXPECT_EQ(answer.text.find("<|im_end|>"), std::string::npos);
+  expect_pool_fully_free(*engine);
+}
+
+}  // namespace
+}  // namespace strata::engine
