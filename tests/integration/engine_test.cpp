@@ -268,7 +268,7 @@ TEST(EngineTest, StopStringsAndStopTokensOnTheDefaultModel) {
   // the end-of-text token, whose text is not shown.
   EXPECT_EQ(runs[0].text, " Paris.\n\nThe answer is: 2018-01-22 12:12:53.");
   EXPECT_EQ(runs[0].last.finish_reason, FinishReason::kStop);
-  EXPECT_EQ(runs[0].tokens.back(), 0) << "<|endoftext|>";
+  EXPECT_EQ(runs[0].tokens.back(), 2) << "<|im_end|> is the model's eos";
   EXPECT_EQ(runs[1].text, " Paris.");
   EXPECT_EQ(runs[1].last.finish_reason, FinishReason::kStop);
 
