@@ -13,6 +13,7 @@
 // paged_attention_reduce_kernel through the workspace).
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -96,7 +97,7 @@ struct KernelParams {
   float scale_log2;      // scale * log2(e): scores live in log2 units, softmax uses exp2
 };
 
-// ---- small device helpers ----------------------------------------------------------------------
+// ---- small device helpers -----------------------------------------------------------------------
 
 template <typename T>
 struct Packed2;
@@ -219,10 +220,11 @@ __device__ __forceinline__ float reduce_over_keys(float v, Op op) {
   return v;
 }
 
-// ---- main kernel ---------------------------------------------------------------------------------
+// ---- main kernel --------------------------------------------------------------------------------
 
 template <typename T, int HEAD_DIM>
-__global__ void __launch_bounds__(kThreads, kMinCtasPerSm) paged_attention_kernel(const KernelParams p) {
+__global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
+    paged_attention_kernel(const KernelParams p) {
   using Traits = AttentionTraits<T, HEAD_DIM>;
   constexpr int kVec = Traits::kVec;
   constexpr int kChunks = Traits::kChunks;
@@ -394,7 +396,8 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) paged_attention_kerne
       if (r < num_rows) {
         float score = s[r] + __shfl_xor_sync(kFullMask, s[r], 1);
         score = (key < k_end && key <= row_pos[r]) ? score : -INFINITY;
-        const float tile_max = reduce_over_keys(score, [](float a, float b) { return fmaxf(a, b); });
+        const float tile_max =
+            reduce_over_keys(score, [](float a, float b) { return fmaxf(a, b); });
         const float m_new = fmaxf(m[r], tile_max);
         alpha[r] = m[r] == -INFINITY ? 0.0f : exp2f(m[r] - m_new);
         const float prob = score == -INFINITY ? 0.0f : exp2f(score - m_new);
@@ -420,8 +423,8 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) paged_attention_kerne
     for (int kk = 0; kk < Traits::kKeysPerGroup; ++kk) {
       const int t = v_group * Traits::kKeysPerGroup + kk;
       float vf[8];
-      unpack8<T>(*reinterpret_cast<const uint4*>(v_tile + t * HEAD_DIM + swizzle(t, v_chunk) * kVec),
-                 vf);
+      const T* v_row = v_tile + t * HEAD_DIM;
+      unpack8<T>(*reinterpret_cast<const uint4*>(v_row + swizzle(t, v_chunk) * kVec), vf);
       float pr[8];
       load_float8(p_s + t * kRows, pr);  // broadcast
 #pragma unroll
@@ -512,7 +515,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) paged_attention_kerne
   }
 }
 
-// ---- split-K reduction ---------------------------------------------------------------------------
+// ---- split-K reduction --------------------------------------------------------------------------
 
 // One warp per (token, head) of a split sequence: out = sum_z w_z o_z / sum_z w_z l_z with
 // w_z = exp2(m_z - max m). Only the splits that hold a key <= the row's position were written.
@@ -555,16 +558,17 @@ __global__ void __launch_bounds__(kThreads) paged_attention_reduce_kernel(const 
   for (int e = 0; e < kPerLane; ++e) dst[e] = from_float<T>(o[e] * inv);
 }
 
-// ---- host side -----------------------------------------------------------------------------------
+// ---- host side ----------------------------------------------------------------------------------
 
-#define STRATA_LAUNCH_REQUIRE(cond, ...)                                   \
-  do {                                                                     \
-    if (!(cond)) {                                                         \
-      std::fprintf(stderr, "%s:%d: launch_paged_attention: ", __FILE__, __LINE__); \
-      std::fprintf(stderr, __VA_ARGS__);                                   \
-      std::fprintf(stderr, "\n");                                          \
-      std::abort();                                                        \
-    }                                                                      \
+// Aborts with a message when a launch precondition fails (a broken invariant at this level).
+#define STRATA_LAUNCH_REQUIRE(cond, ...)                                                 \
+  do {                                                                                   \
+    if (!(cond)) {                                                                       \
+      std::fprintf(stderr, "%s:%d: launch_paged_attention: ", __FILE__, __LINE__);       \
+      std::fprintf(stderr, __VA_ARGS__);                                                 \
+      std::fprintf(stderr, "\n");                                                        \
+      std::abort();                                                                      \
+    }                                                                                    \
   } while (0)
 
 int64_t host_ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -577,29 +581,67 @@ int current_device_sm_count() {
   return num_sms;
 }
 
+// CTAs of the main kernel's (kind, head_dim) variant that fit on one SM of the current device
+// at once. Also raises the variant's dynamic shared memory limit, which launching needs. Cached
+// per (device, variant): both calls cost host time on every layer otherwise.
+int resident_ctas_per_sm(ScalarKind kind, int64_t head_dim) {
+  constexpr int kMaxCachedDevices = 64;
+  static std::atomic<int> cache[kMaxCachedDevices][2][2];  // 0: not computed yet
+  int device = 0;
+  STRATA_CUDA_CHECK(cudaGetDevice(&device));
+  const bool cacheable = device < kMaxCachedDevices &&
+                         (kind == ScalarKind::kFloat16 || kind == ScalarKind::kBFloat16) &&
+                         (head_dim == 64 || head_dim == 128);
+  std::atomic<int>* slot =
+      cacheable ? &cache[device][kind == ScalarKind::kBFloat16][head_dim == 128] : nullptr;
+  if (slot != nullptr) {
+    const int cached = slot->load(std::memory_order_relaxed);
+    if (cached > 0) return cached;
+  }
+  int ctas = 1;
+  STRATA_DISPATCH_HALF_SCALAR(kind, [&] {
+    STRATA_DISPATCH_HEAD_DIM(head_dim, [&] {
+      using Traits = AttentionTraits<scalar_t, HEAD_DIM>;
+      auto* kernel = paged_attention_kernel<scalar_t, HEAD_DIM>;
+      STRATA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(Traits::kSmemBytes)));
+      STRATA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, kThreads,
+                                                                      Traits::kSmemBytes));
+    });
+  });
+  ctas = std::max(ctas, 1);
+  if (slot != nullptr) slot->store(ctas, std::memory_order_relaxed);
+  return ctas;
+}
+
 // Grid shape chosen from host-known sizes only (no device sync, CUDA-graph friendly).
 struct LaunchPlan {
   bool one_tile_per_seq;
-  int64_t num_work;  // grid.x
+  int64_t num_work;    // grid.x
   int64_t num_splits;  // grid.z
 };
 
-LaunchPlan plan_launch(const PagedAttentionParams& params, int num_sms) {
+LaunchPlan plan_launch(const PagedAttentionParams& params, int64_t resident_ctas) {
   LaunchPlan plan{};
   const int64_t group_size = params.num_heads / params.num_kv_heads;
   plan.one_tile_per_seq = params.max_q_len * group_size <= kRows;
   plan.num_work = plan.one_tile_per_seq
                       ? params.num_seqs
                       : params.num_tokens * group_size / kRows + params.num_seqs;
-  // Split the context until the grid has about 4 CTAs per SM (3 fit at once with 70 KB of
-  // shared memory each on an H100), but keep every split at least kMinPartitionTokens long.
+  // Split contexts so that the grid fills one wave of the GPU (every SM holds as many CTAs as
+  // fit), never more: a partial second wave would leave SMs idle. Each split keeps at least
+  // kMinPartitionTokens keys, and no split is needed once the unsplit grid fills the wave.
   const int64_t base_ctas = std::max<int64_t>(1, plan.num_work * params.num_kv_heads);
-  const int64_t target_ctas = int64_t{4} * num_sms;
   const int64_t max_ctx = params.max_blocks_per_seq * params.block_size;
   const int64_t by_length = std::max<int64_t>(1, host_ceil_div(max_ctx, kMinPartitionTokens));
-  plan.num_splits = std::clamp<int64_t>(
-      std::min(host_ceil_div(target_ctas, base_ctas), by_length), 1, kMaxSplits);
+  plan.num_splits =
+      std::clamp<int64_t>(std::min(resident_ctas / base_ctas, by_length), 1, kMaxSplits);
   return plan;
+}
+
+// One wave: SMs of the current device times the CTAs of this variant that fit on one.
+int64_t resident_ctas(const PagedAttentionParams& params) {
+  return int64_t{current_device_sm_count()} * resident_ctas_per_sm(params.kind, params.head_dim);
 }
 
 size_t workspace_bytes_for(const PagedAttentionParams& params, const LaunchPlan& plan) {
@@ -612,7 +654,7 @@ size_t workspace_bytes_for(const PagedAttentionParams& params, const LaunchPlan&
 
 size_t paged_attention_workspace_bytes(const PagedAttentionParams& params) {
   if (params.num_tokens == 0 || params.num_seqs == 0 || params.num_kv_heads <= 0) return 0;
-  return workspace_bytes_for(params, plan_launch(params, current_device_sm_count()));
+  return workspace_bytes_for(params, plan_launch(params, resident_ctas(params)));
 }
 
 void launch_paged_attention(const PagedAttentionParams& params, cudaStream_t stream) {
@@ -633,7 +675,7 @@ void launch_paged_attention(const PagedAttentionParams& params, cudaStream_t str
                         static_cast<long long>(params.num_tokens),
                         static_cast<long long>(params.num_seqs),
                         static_cast<long long>(params.max_q_len));
-  const LaunchPlan plan = plan_launch(params, current_device_sm_count());
+  const LaunchPlan plan = plan_launch(params, resident_ctas(params));
   const size_t needed = workspace_bytes_for(params, plan);
   STRATA_LAUNCH_REQUIRE(params.workspace_bytes >= needed && (needed == 0 || params.workspace),
                         "workspace of %zu bytes, %zu needed", params.workspace_bytes, needed);
@@ -676,9 +718,7 @@ void launch_paged_attention(const PagedAttentionParams& params, cudaStream_t str
   STRATA_DISPATCH_HALF_SCALAR(params.kind, [&] {
     STRATA_DISPATCH_HEAD_DIM(params.head_dim, [&] {
       using Traits = AttentionTraits<scalar_t, HEAD_DIM>;
-      auto* kernel = paged_attention_kernel<scalar_t, HEAD_DIM>;
-      STRATA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             static_cast<int>(Traits::kSmemBytes)));
+      auto* kernel = paged_attention_kernel<scalar_t, HEAD_DIM>;  // smem limit raised above
       kernel<<<grid, kThreads, Traits::kSmemBytes, stream>>>(kp);
       STRATA_CUDA_CHECK(cudaGetLastError());
       if (plan.num_splits > 1) {

@@ -166,18 +166,15 @@ void paged_attention_cpu(at::Tensor& out, const at::Tensor& q, const at::Tensor&
     const int64_t ctx = lens[s];
     if (q_len == 0) continue;
     const int64_t num_blocks = (ctx + block_size - 1) / block_size;
-    // [num_blocks, 2, Hkv, bs, D] -> K, V: [1, Hkv, ctx, D]
-    const at::Tensor blocks =
-        kv_cache.index_select(0, block_tables.select(0, s).narrow(0, 0, num_blocks));
-    auto gather = [&](int64_t which) {
-      return blocks.select(1, which)
-          .permute({1, 0, 2, 3})
-          .reshape({num_kv_heads, num_blocks * block_size, head_dim})
-          .narrow(1, 0, ctx)
-          .unsqueeze(0);
-    };
-    const at::Tensor k = gather(0);
-    const at::Tensor v = gather(1);
+    // One gather of the sequence's blocks, straight into [2, Hkv, blocks, bs, D] (contiguous, so
+    // the reshape to [2, Hkv, blocks * bs, D] is a view); K, V: [1, Hkv, ctx, D].
+    const at::Tensor gathered =
+        kv_cache.permute({1, 2, 0, 3, 4})
+            .index_select(2, block_tables.select(0, s).narrow(0, 0, num_blocks))
+            .reshape({2, num_kv_heads, num_blocks * block_size, head_dim})
+            .narrow(2, 0, ctx);
+    const at::Tensor k = gathered.select(0, 0).unsqueeze(0);
+    const at::Tensor v = gathered.select(0, 1).unsqueeze(0);
     const at::Tensor qs = q.narrow(0, q_begin, q_len).transpose(0, 1).unsqueeze(0);  // [1,H,L,D]
     at::Tensor o;
     if (q_len == 1) {  // the newest position sees every key

@@ -169,6 +169,10 @@ void Engine::refresh_stats() {
   stats_.prefix_lookup_tokens = kv_->prefix_stats().lookup_tokens;
   stats_.prefix_hit_tokens = kv_->prefix_stats().hit_tokens;
   stats_.num_preemptions = scheduler_->num_preemptions();
+  stats_.num_swap_outs = scheduler_->num_swap_outs();
+  stats_.num_swapped = static_cast<int64_t>(scheduler_->num_swapped());
+  stats_.kv_host_blocks_total = kv_->num_host_blocks();
+  stats_.kv_host_blocks_free = kv_->num_free_host_blocks();
 }
 
 void Engine::admit(std::vector<std::pair<GenerateRequest, std::shared_ptr<RequestStream>>> requests) {
@@ -253,7 +257,7 @@ void Engine::step() {
   if (batch.empty()) return;
 
   executor::ForwardBatch forward;
-  forward.block_copies = batch.block_copies;
+  forward.copies = batch.copies;
   for (const scheduler::ScheduledChunk& chunk : batch.chunks) {
     const std::vector<TokenId>& tokens = kv_->tokens(chunk.seq);
     executor::SequenceChunk& c = forward.chunks.emplace_back();

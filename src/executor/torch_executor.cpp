@@ -74,6 +74,9 @@ class TorchExecutor final : public Executor {
   kv::BlockFormat kv_format_;
   // [num_blocks, 2, num_kv_heads, block_size, head_dim] in dtype_; keys stored after RoPE.
   at::Tensor kv_cache_;
+  // [num_host_blocks, 2, num_kv_heads, block_size, head_dim] on the host (pinned with CUDA);
+  // undefined when swapping is off.
+  at::Tensor host_kv_cache_;
 };
 
 StatusOr<at::Tensor> TorchExecutor::load_weight(const model::ModelSource& source,
@@ -173,10 +176,18 @@ Status TorchExecutor::allocate_kv_pool() {
   }
   if (num_blocks > INT32_MAX) return invalid_argument_error("KV pool has too many blocks");
   kv_geometry_.num_blocks = static_cast<int32_t>(num_blocks);
+  const int64_t num_host_blocks = options_.host_kv_cache_bytes / block_bytes;
+  if (num_host_blocks > INT32_MAX) return invalid_argument_error("host KV pool too large");
+  kv_geometry_.num_host_blocks = static_cast<int32_t>(num_host_blocks);
   try {
     kv_cache_ = at::zeros({num_blocks, 2, config_.num_kv_heads, options_.kv_block_size_tokens,
                            config_.head_dim},
                           at::TensorOptions().dtype(dtype_).device(device_));
+    if (num_host_blocks > 0) {
+      host_kv_cache_ = at::empty({num_host_blocks, 2, config_.num_kv_heads,
+                                  options_.kv_block_size_tokens, config_.head_dim},
+                                 at::TensorOptions().dtype(dtype_).pinned_memory(device_.is_cuda()));
+    }
   } catch (const std::exception& e) {
     return resource_exhausted_error("cannot allocate the KV pool: " + std::string(e.what()));
   }
@@ -222,14 +233,24 @@ Status TorchExecutor::validate(const ForwardBatch& batch) const {
       }
     }
   }
-  for (const kv::BlockCopy& copy : batch.block_copies) {
-    for (kv::BlockId b : {copy.source, copy.destination}) {
-      if (b.value < 0 || b.value >= kv_geometry_.num_blocks) {
-        return invalid_argument_error("block copy names block " + std::to_string(b.value) +
-                                      ", outside the pool");
+  // Each copy's source and destination must lie in their pools (device or host).
+  auto check = [&](const std::vector<kv::BlockCopy>& copies, int32_t source_blocks,
+                   int32_t destination_blocks, const char* what) -> Status {
+    for (const kv::BlockCopy& c : copies) {
+      if (c.source.value < 0 || c.source.value >= source_blocks || c.destination.value < 0 ||
+          c.destination.value >= destination_blocks) {
+        return invalid_argument_error(std::string(what) + " " + std::to_string(c.source.value) +
+                                      " -> " + std::to_string(c.destination.value) +
+                                      " is outside the pools");
       }
     }
-  }
+    return Status();
+  };
+  const int32_t device_blocks = kv_geometry_.num_blocks;
+  const int32_t host_blocks = kv_geometry_.num_host_blocks;
+  STRATA_RETURN_IF_ERROR(check(batch.copies.swap_out, device_blocks, host_blocks, "swap-out"));
+  STRATA_RETURN_IF_ERROR(check(batch.copies.swap_in, host_blocks, device_blocks, "swap-in"));
+  STRATA_RETURN_IF_ERROR(check(batch.copies.device, device_blocks, device_blocks, "block copy"));
   return Status();
 }
 
@@ -252,15 +273,26 @@ ForwardResult TorchExecutor::run(const ForwardBatch& batch) {
   const int64_t block = kv_geometry_.block_size_tokens;
   const auto long_opts = at::TensorOptions().dtype(at::kLong);
 
-  if (!batch.block_copies.empty()) {
-    std::vector<int64_t> sources, destinations;
-    for (const kv::BlockCopy& copy : batch.block_copies) {
-      sources.push_back(copy.source.value);
-      destinations.push_back(copy.destination.value);
-    }
-    at::Tensor src = at::tensor(sources, long_opts).to(device_);
-    at::Tensor dst = at::tensor(destinations, long_opts).to(device_);
-    kv_cache_.index_copy_(0, dst, kv_cache_.index_select(0, src));
+  // Block moves, in StepCopies' order: a swap-in may land in a block a swap-out just vacated.
+  auto index = [&](const std::vector<kv::BlockCopy>& copies, bool source, at::Device device) {
+    std::vector<int64_t> ids;
+    for (const kv::BlockCopy& c : copies) ids.push_back(source ? c.source.value : c.destination.value);
+    return at::tensor(ids, long_opts).to(device);
+  };
+  const kv::StepCopies& copies = batch.copies;
+  if (!copies.swap_out.empty()) {
+    host_kv_cache_.index_copy_(
+        0, index(copies.swap_out, false, at::kCPU),
+        kv_cache_.index_select(0, index(copies.swap_out, true, device_)).to(at::kCPU));
+  }
+  if (!copies.swap_in.empty()) {
+    kv_cache_.index_copy_(
+        0, index(copies.swap_in, false, device_),
+        host_kv_cache_.index_select(0, index(copies.swap_in, true, at::kCPU)).to(device_));
+  }
+  if (!copies.device.empty()) {
+    kv_cache_.index_copy_(0, index(copies.device, false, device_),
+                          kv_cache_.index_select(0, index(copies.device, true, device_)));
   }
 
   // Batch metadata built on the host, then moved in one transfer per tensor.

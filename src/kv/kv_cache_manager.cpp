@@ -18,6 +18,10 @@ Status KvGeometry::validate() const {
   STRATA_RETURN_IF_ERROR(positive("head_dim", head_dim));
   STRATA_RETURN_IF_ERROR(positive("block_size_tokens", block_size_tokens));
   STRATA_RETURN_IF_ERROR(positive("num_blocks", num_blocks));
+  if (num_host_blocks < 0) {
+    return invalid_argument_error("kv geometry: num_host_blocks must be >= 0, got " +
+                                  std::to_string(num_host_blocks));
+  }
   return Status();
 }
 
@@ -25,6 +29,7 @@ KvCacheManager::KvCacheManager(const KvGeometry& geometry, BlockFormat format,
                                PrefixCacheOptions prefix)
     : geometry_(geometry), format_(format), prefix_(prefix), pool_(geometry.num_blocks) {
   STRATA_CHECK(geometry.validate().ok()) << geometry.validate().to_string();
+  if (geometry.num_host_blocks > 0) host_pool_ = std::make_unique<BlockPool>(geometry.num_host_blocks);
 }
 
 const KvCacheManager::Sequence& KvCacheManager::get(SeqId seq) const {
@@ -108,6 +113,10 @@ StatusOr<KvPlan> KvCacheManager::prepare(std::vector<KvRequest> requests) const 
         << "sequence " << r.seq.value << " has no tokens for that many positions";
     const int64_t want_blocks = (computed + r.num_new_tokens + block - 1) / block;
     needed += (want_blocks - std::min(want_blocks, have_blocks)) * layers;
+    if (s.swapped) {
+      needed += have_blocks * layers;  // every block comes back from the host pool
+      continue;
+    }
     // Writing into a partial last block that another sequence shares needs a private copy.
     if (computed % block != 0 && have_blocks > 0 && s.tables.size() == static_cast<size_t>(layers)) {
       for (int64_t l = 0; l < layers; ++l) {
@@ -125,14 +134,13 @@ StatusOr<KvPlan> KvCacheManager::prepare(std::vector<KvRequest> requests) const 
   return plan;
 }
 
-std::vector<BlockCopy> KvCacheManager::commit(KvPlan&& plan) {
+void KvCacheManager::commit(KvPlan&& plan, StepCopies* copies) {
   STRATA_CHECK_EQ(plan.generation_, generation_) << "stale KV plan";
   ++generation_;
   const int64_t block = geometry_.block_size_tokens;
   const int64_t layers = geometry_.num_layers;
   std::unordered_map<SeqId, const std::vector<ChunkHash>*> attaches;
   for (const KvPlan::Attach& a : plan.attaches_) attaches.emplace(a.seq, &a.hashes);
-  std::vector<BlockCopy> copies;
 
   // Attach cached prefixes first: acquiring takes those groups off the eviction list, so the
   // allocations below cannot evict a group this plan is about to use.
@@ -161,6 +169,21 @@ std::vector<BlockCopy> KvCacheManager::commit(KvPlan&& plan) {
     }
   }
 
+  // Swapped sequences come back into fresh, private device blocks.
+  for (const KvRequest& r : plan.requests_) {
+    Sequence& s = get(r.seq);
+    if (!s.swapped) continue;
+    for (auto& table : s.tables) {
+      for (BlockId& entry : table) {
+        const BlockId device = pool_.allocate(1, format_)[0];
+        copies->swap_in.push_back({entry, device});
+        host_pool_->release(entry);
+        entry = device;
+      }
+    }
+    s.swapped = false;
+  }
+
   for (const KvRequest& r : plan.requests_) {
     Sequence& s = get(r.seq);
     const int64_t have = num_token_blocks(s);
@@ -169,7 +192,7 @@ std::vector<BlockCopy> KvCacheManager::commit(KvPlan&& plan) {
         BlockId& last = s.tables[l][have - 1];
         if (pool_.refcount(last) > 1) {
           const BlockId fresh = pool_.allocate(1, format_)[0];
-          copies.push_back({last, fresh});
+          copies->device.push_back({last, fresh});
           pool_.release(last);
           last = fresh;
         }
@@ -185,7 +208,30 @@ std::vector<BlockCopy> KvCacheManager::commit(KvPlan&& plan) {
       }
     }
   }
-  return copies;
+}
+
+bool KvCacheManager::can_swap_out(SeqId seq) const {
+  const Sequence& s = get(seq);
+  if (!host_pool_ || s.swapped || s.tables.empty()) return false;
+  return num_token_blocks(s) * geometry_.num_layers <= host_pool_->num_free();
+}
+
+void KvCacheManager::swap_out(SeqId seq, StepCopies* copies) {
+  STRATA_CHECK(can_swap_out(seq)) << "swap_out of sequence " << seq.value;
+  Sequence& s = get(seq);
+  for (auto& table : s.tables) {
+    for (BlockId& entry : table) {
+      const BlockId host = host_pool_->allocate(1, format_)[0];
+      copies->swap_out.push_back({entry, host});
+      pool_.release(entry);
+      entry = host;
+    }
+  }
+  // Its device blocks are gone, so it no longer uses the cached groups they belonged to.
+  for (const ChunkHash& h : s.groups) pool_.release_cached(h);
+  s.groups.clear();
+  s.swapped = true;
+  ++generation_;
 }
 
 void KvCacheManager::mark_computed(SeqId seq, int64_t num_tokens) {
@@ -211,8 +257,9 @@ void KvCacheManager::mark_computed(SeqId seq, int64_t num_tokens) {
 void KvCacheManager::free(SeqId seq) {
   auto it = sequences_.find(seq);
   if (it == sequences_.end()) return;
+  BlockPool& owner = it->second.swapped ? *host_pool_ : pool_;
   for (const auto& table : it->second.tables) {
-    for (BlockId b : table) pool_.release(b);
+    for (BlockId b : table) owner.release(b);
   }
   for (const ChunkHash& h : it->second.groups) pool_.release_cached(h);
   sequences_.erase(it);
@@ -225,6 +272,10 @@ Status KvCacheManager::fork(SeqId parent, SeqId child) {
   }
   if (sequences_.contains(child)) {
     return invalid_argument_error("sequence " + std::to_string(child.value) + " already exists");
+  }
+  if (sequences_.at(parent).swapped) {
+    return failed_precondition_error("sequence " + std::to_string(parent.value) +
+                                     " is swapped out");
   }
   Sequence copy = sequences_.at(parent);
   for (const auto& table : copy.tables) {

@@ -60,6 +60,7 @@ void Scheduler::remove(SeqId seq) {
   if (!entries_.erase(seq)) return;
   std::erase(waiting_, seq);
   std::erase(running_, seq);
+  std::erase(swapped_, seq);
   kv_.free(seq);
 }
 
@@ -67,25 +68,57 @@ int64_t Scheduler::remaining_tokens(SeqId seq) const {
   return static_cast<int64_t>(kv_.tokens(seq).size()) - kv_.num_computed_tokens(seq);
 }
 
-void Scheduler::preempt(SeqId seq) {
+void Scheduler::preempt(SeqId seq, ScheduledBatch& batch) {
   std::erase(running_, seq);
+  batch.preempted.push_back(seq);
+  ++num_preemptions_;
+  if (config_.preemption_mode == PreemptionMode::kSwap && kv_.can_swap_out(seq)) {
+    kv_.swap_out(seq, &batch.copies);
+    insert_sorted(swapped_, seq);
+    ++num_swap_outs_;
+    return;
+  }
   std::vector<TokenId> tokens = kv_.tokens(seq);
   kv_.free(seq);
   const Status status = kv_.add_sequence(seq, std::move(tokens), entries_.at(seq).tenant_salt);
   STRATA_CHECK(status.ok()) << status.to_string();
   insert_sorted(waiting_, seq);
-  ++num_preemptions_;
+}
+
+bool Scheduler::resume(std::vector<SeqId>& queue, std::vector<kv::KvRequest>& requests,
+                       int64_t& budget, ScheduledBatch& batch, bool may_preempt) {
+  while (!queue.empty() && budget > 0) {
+    const SeqId seq = queue.front();
+    const int64_t cached = kv_.lookup_prefix(seq);
+    const kv::KvRequest request{seq, std::min(remaining_tokens(seq) - cached, budget)};
+    const bool has_seat = running_.size() < static_cast<size_t>(config_.max_num_seqs);
+    std::vector<kv::KvRequest> trial = requests;
+    trial.push_back(request);
+    if (has_seat && kv_.prepare(std::move(trial)).ok()) {
+      requests.push_back(request);
+      budget -= request.num_new_tokens;
+      queue.erase(queue.begin());
+      insert_sorted(running_, seq);
+      continue;
+    }
+    // Make room by preempting a running sequence it outranks; otherwise wait (no overtaking).
+    if (!may_preempt || running_.empty() || !runs_before(seq, running_.back())) return false;
+    const SeqId victim = running_.back();
+    auto it = std::find_if(requests.begin(), requests.end(),
+                           [&](const kv::KvRequest& r) { return r.seq == victim; });
+    if (it != requests.end()) {
+      budget += it->num_new_tokens;
+      requests.erase(it);
+    }
+    preempt(victim, batch);
+  }
+  return true;
 }
 
 ScheduledBatch Scheduler::schedule() {
   ScheduledBatch batch;
   std::vector<kv::KvRequest> requests;
   int64_t budget = config_.max_num_batched_tokens;
-  auto fits = [&](const kv::KvRequest& extra) {
-    std::vector<kv::KvRequest> trial = requests;
-    trial.push_back(extra);
-    return kv_.prepare(std::move(trial)).ok();
-  };
 
   // 1. Running sequences, in priority order; preempt from the back when the pool is full.
   for (size_t i = 0; i < running_.size() && budget > 0;) {
@@ -95,14 +128,15 @@ ScheduledBatch Scheduler::schedule() {
       continue;
     }
     const kv::KvRequest request{seq, std::min(remaining_tokens(seq), budget)};
-    if (fits(request)) {
+    std::vector<kv::KvRequest> trial = requests;
+    trial.push_back(request);
+    if (kv_.prepare(std::move(trial)).ok()) {
       requests.push_back(request);
       budget -= request.num_new_tokens;
       ++i;
       continue;
     }
-    const SeqId victim = running_.back();
-    if (victim == seq && i == 0) {
+    if (running_.back() == seq && i == 0) {
       // Alone and still too big: it can never run.
       running_.erase(running_.begin());
       entries_.erase(seq);
@@ -110,42 +144,20 @@ ScheduledBatch Scheduler::schedule() {
       batch.aborted.push_back(seq);
       continue;
     }
-    preempt(victim);
-    batch.preempted.push_back(victim);
+    preempt(running_.back(), batch);
   }
 
-  // 2. Waiting sequences, unless step 1 had to preempt for space.
-  const bool under_pressure = !batch.preempted.empty();
-  while (!under_pressure && !waiting_.empty() && budget > 0) {
-    const SeqId seq = waiting_.front();
-    const int64_t cached = kv_.lookup_prefix(seq);
-    const kv::KvRequest request{seq, std::min(remaining_tokens(seq) - cached, budget)};
-    const bool has_seat = running_.size() < static_cast<size_t>(config_.max_num_seqs);
-    if (has_seat && fits(request)) {
-      requests.push_back(request);
-      budget -= request.num_new_tokens;
-      waiting_.erase(waiting_.begin());
-      insert_sorted(running_, seq);
-      continue;
-    }
-    // Make room by preempting a running sequence it outranks; otherwise wait (no overtaking).
-    if (running_.empty() || !runs_before(seq, running_.back())) break;
-    const SeqId victim = running_.back();
-    auto it = std::find_if(requests.begin(), requests.end(),
-                           [&](const kv::KvRequest& r) { return r.seq == victim; });
-    if (it != requests.end()) {
-      budget += it->num_new_tokens;
-      requests.erase(it);
-    }
-    preempt(victim);
-    batch.preempted.push_back(victim);
+  // 2-3. Swapped sequences resume first; new ones wait while any is swapped out.
+  if (batch.preempted.empty() && resume(swapped_, requests, budget, batch, false) &&
+      swapped_.empty()) {
+    resume(waiting_, requests, budget, batch, true);
   }
 
   if (requests.empty()) return batch;
   StatusOr<kv::KvPlan> plan = kv_.prepare(requests);
   STRATA_CHECK(plan.ok()) << "a plan built from fitting requests failed: "
                           << plan.status().to_string();
-  batch.block_copies = kv_.commit(std::move(plan).value());
+  kv_.commit(std::move(plan).value(), &batch.copies);
   for (const kv::KvRequest& r : requests) {
     const int64_t start = kv_.num_computed_tokens(r.seq);
     const bool samples =

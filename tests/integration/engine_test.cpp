@@ -170,6 +170,23 @@ TEST(EngineTest, PreemptionUnderATinyPoolKeepsTheTokens) {
   expect_pool_fully_free(*engine);
 }
 
+TEST(EngineTest, SwapPreemptionUnderATinyPoolKeepsTheTokens) {
+  EngineOptions options = small_engine_options();
+  options.executor.kv_cache_bytes = 130 * (2 * 2 * 8 * 16 * 4);
+  options.executor.host_kv_cache_bytes = 4 << 20;
+  options.scheduler.preemption_mode = scheduler::PreemptionMode::kSwap;
+  std::unique_ptr<Engine> solo_engine = make_engine(tiny_qwen2_path(), small_engine_options());
+  std::unique_ptr<Engine> engine = make_engine(tiny_qwen2_path(), options);
+  ASSERT_TRUE(solo_engine && engine);
+  const int vocab = static_cast<int>(engine->model_config().vocab_size);
+  const std::vector<GenerateRequest> requests = mixed_requests(24, vocab, 0, 4);
+  expect_same_as_solo(run_solo(*solo_engine, requests), run_concurrent(*engine, requests));
+  const EngineStats stats = engine->stats();
+  EXPECT_GT(stats.num_swap_outs, 0) << "the pool was meant to force swapping";
+  EXPECT_EQ(stats.kv_host_blocks_free, stats.kv_host_blocks_total);
+  expect_pool_fully_free(*engine);
+}
+
 TEST(EngineTest, SharedPrefixesHitTheCacheAndKeepTheTokens) {
   std::unique_ptr<Engine> solo_engine = make_engine(tiny_qwen2_path(), small_engine_options());
   std::unique_ptr<Engine> engine = make_engine(tiny_qwen2_path(), small_engine_options());

@@ -40,7 +40,7 @@ class PagedRunner {
     StatusOr<kv::KvPlan> plan = kv_.prepare(requests);
     if (!plan.ok()) return plan.status();
     ForwardBatch batch;
-    batch.block_copies = kv_.commit(std::move(plan).value());
+    kv_.commit(std::move(plan).value(), &batch.copies);
     for (const Step& s : steps) {
       const int64_t start = kv_.num_computed_tokens(s.seq);
       batch.chunks.push_back({s.seq, s.tokens, start, kv_.tables(s.seq), s.logits});

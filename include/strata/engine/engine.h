@@ -106,11 +106,15 @@ struct EngineOptions {
 struct EngineStats {
   int64_t num_waiting = 0;
   int64_t num_running = 0;
+  int64_t num_swapped = 0;
   int32_t kv_blocks_total = 0;
   int32_t kv_blocks_available = 0;  // free or evictable
+  int32_t kv_host_blocks_total = 0;
+  int32_t kv_host_blocks_free = 0;
   int64_t prefix_lookup_tokens = 0;
   int64_t prefix_hit_tokens = 0;
-  int64_t num_preemptions = 0;
+  int64_t num_preemptions = 0;  // swap-outs plus recomputes
+  int64_t num_swap_outs = 0;
   int64_t num_steps = 0;
 };
 

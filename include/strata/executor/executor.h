@@ -43,6 +43,9 @@ struct ExecutorOptions {
   // Bytes of the KV pool. 0: on CUDA, 90% of the device memory left after the weights; on CPU,
   // enough for max_context_tokens x 4 sequences.
   int64_t kv_cache_bytes = 0;
+  // Bytes of the host pool preempted sequences swap to (pinned when the device is CUDA);
+  // 0 disables swapping.
+  int64_t host_kv_cache_bytes = 0;
 };
 
 class Executor {

@@ -32,8 +32,9 @@ struct SequenceChunk {
 
 struct ForwardBatch {
   std::vector<SequenceChunk> chunks;  // at most one chunk per sequence
-  // Block copies (copy-on-write) performed before any KV is written.
-  std::vector<kv::BlockCopy> block_copies;
+  // Block moves performed before any KV is written: swap-outs (device -> host pool), swap-ins
+  // (host pool -> device), then device copies (copy-on-write).
+  kv::StepCopies copies;
 };
 
 struct ForwardResult {

@@ -73,8 +73,9 @@ struct PagedAttentionParams {
   size_t workspace_bytes = 0;
 };
 
-// Bytes of workspace launch_paged_attention needs for these sizes on the current CUDA device
-// (it reads only the size fields and the device's SM count). 0 when the launch does not split.
+// Bytes of workspace launch_paged_attention needs for these sizes on the current CUDA device:
+// it reads the size fields, `kind` and the SM count and occupancy of the kernel variant (no
+// device sync). 0 when the launch does not split. Aborts on an unsupported head_dim or kind.
 size_t paged_attention_workspace_bytes(const PagedAttentionParams& params);
 
 // Computes `out` as described above on `stream`. Aborts (broken invariant) on an unsupported

@@ -7,6 +7,8 @@
 //   -> mark_computed(seq, n) -> append_tokens(sampled) -> prepare ... -> free(seq)
 // A sequence without blocks attaches the longest cached prefix of full blocks when it is first
 // committed (always leaving at least one token to compute, whose logits the step needs).
+// A sequence may be swapped out to the host pool (its tables then name host blocks) and back in
+// by the next plan that schedules it.
 //
 // Page tables: tables(seq)[layer][i] is the block holding tokens [i*B, (i+1)*B) of that layer,
 // B = block_size_tokens. Today every layer has its own blocks; cross-layer sharing will make two
@@ -16,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -79,8 +82,15 @@ class KvCacheManager {
   // in the sequence's known tokens after its prefix hit (checked). RESOURCE_EXHAUSTED when the
   // pool cannot hold them; nothing changes either way.
   StatusOr<KvPlan> prepare(std::vector<KvRequest> requests) const;
-  // Applies a plan; REQUIRES no mutation since its prepare(). Returns the copies to perform.
-  std::vector<BlockCopy> commit(KvPlan&& plan);
+  // Applies a plan; REQUIRES no mutation since its prepare(). Swapped-out sequences in it are
+  // swapped back in. Appends the copies to perform to copies->swap_in and copies->device.
+  void commit(KvPlan&& plan, StepCopies* copies);
+  // Whether the host pool can take all of `seq`'s blocks now.
+  bool can_swap_out(SeqId seq) const;
+  // Moves a sequence's KV to host blocks (REQUIRES can_swap_out), freeing its device blocks;
+  // appends the copies to copies->swap_out. The sequence keeps its tokens and computed count.
+  void swap_out(SeqId seq, StepCopies* copies);
+  bool is_swapped(SeqId seq) const { return get(seq).swapped; }
   // The executor wrote KV for the next n tokens: publishes newly full blocks to the prefix cache.
   void mark_computed(SeqId seq, int64_t num_tokens);
   // Releases a sequence (unknown ids are ignored). Its published blocks stay cached.
@@ -100,6 +110,8 @@ class KvCacheManager {
   // Blocks a plan may use: free plus evictable cached ones.
   int32_t num_available_blocks() const { return pool_.num_available(); }
   int32_t num_cached_groups() const { return pool_.num_cached_groups(); }
+  int32_t num_host_blocks() const { return host_pool_ ? host_pool_->num_blocks() : 0; }
+  int32_t num_free_host_blocks() const { return host_pool_ ? host_pool_->num_free() : 0; }
   int32_t refcount(BlockId block) const { return pool_.refcount(block); }
   PrefixCacheStats prefix_stats() const { return stats_; }
 
@@ -113,6 +125,7 @@ class KvCacheManager {
     std::vector<ChunkHash> groups;             // cached groups this sequence uses (users += 1)
     int64_t num_hashed_blocks = 0;             // full blocks whose hash is known
     ChunkHash last_hash;                       // hash of block num_hashed_blocks - 1 (or root)
+    bool swapped = false;                      // tables name host-pool blocks
   };
 
   const Sequence& get(SeqId seq) const;
@@ -127,6 +140,7 @@ class KvCacheManager {
   BlockFormat format_;
   PrefixCacheOptions prefix_;
   BlockPool pool_;
+  std::unique_ptr<BlockPool> host_pool_;  // null when num_host_blocks == 0
   std::unordered_map<SeqId, Sequence> sequences_;
   uint64_t generation_ = 0;  // bumped by every mutation; plans must match it
   PrefixCacheStats stats_;

@@ -10,6 +10,7 @@
 #include <compare>
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 #include "strata/common/status.h"
 
@@ -24,6 +25,14 @@ struct BlockId {
 struct BlockCopy {
   BlockId source;
   BlockId destination;
+};
+
+// Copies the executor performs before a step, in this order: swap-outs (device -> host blocks),
+// swap-ins (host -> device), then device copies (copy-on-write).
+struct StepCopies {
+  std::vector<BlockCopy> swap_out;
+  std::vector<BlockCopy> swap_in;
+  std::vector<BlockCopy> device;
 };
 
 // Element format of a block's keys or values. Quantized formats (int8, fp8, int4, int2 with
@@ -42,6 +51,8 @@ struct KvGeometry {
   int32_t head_dim = 0;
   int32_t block_size_tokens = 16;
   int32_t num_blocks = 0;
+  // Blocks of the host (pinned DRAM) pool that preempted sequences swap to; 0 disables swapping.
+  int32_t num_host_blocks = 0;
 
   // INVALID_ARGUMENT naming the first non-positive field.
   Status validate() const;

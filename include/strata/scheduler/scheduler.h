@@ -5,12 +5,16 @@
 //   1. Running sequences, highest priority first (lower `priority` value, then earlier arrival),
 //      each get their remaining tokens (1 when decoding; a prefill chunk otherwise) while the
 //      token budget lasts. When the KV pool cannot hold a step, the lowest-priority running
-//      sequence is preempted (its KV freed; it goes back to waiting and later recomputes its
-//      tokens, helped by the prefix cache) until the step fits.
-//   2. Waiting sequences, in the same order, are admitted while budget, max_num_seqs and KV space
-//      allow; the first that does not fit stops admission (no overtaking), unless it outranks the
-//      lowest-priority running sequence, which is then preempted to make room.
-//   3. The step's KV plan is committed.
+//      sequence is preempted until the step fits: with PreemptionMode::kSwap its KV moves to the
+//      host pool (if that has room) and it waits in the swapped queue; otherwise (kRecompute) its
+//      KV is freed and it goes back to waiting to recompute its tokens, helped by the prefix
+//      cache.
+//   2. Swapped sequences resume, in order, while budget, max_num_seqs and KV space allow.
+//   3. Waiting sequences, in the same order, are admitted likewise; the first that does not fit
+//      stops admission (no overtaking), unless it outranks the lowest-priority running sequence,
+//      which is then preempted to make room. Steps 2 and 3 are skipped in a step that preempted
+//      for space, and 3 while any sequence is swapped out.
+//   4. The step's KV plan is committed.
 // A sequence is "prefilling" while it has more known tokens than computed ones beyond the next;
 // the engine samples only for chunks that reach the end of a sequence's known tokens.
 //
@@ -28,9 +32,15 @@
 
 namespace strata::scheduler {
 
+enum class PreemptionMode {
+  kRecompute,  // free the KV; recompute the sequence's tokens when it runs again
+  kSwap,       // copy the KV to the host pool and back (recompute if the host pool is full)
+};
+
 struct SchedulerConfig {
   int32_t max_num_seqs = 64;             // sequences in one step
   int64_t max_num_batched_tokens = 512;  // tokens in one step (prefill chunks + decodes)
+  PreemptionMode preemption_mode = PreemptionMode::kRecompute;
 
   // INVALID_ARGUMENT naming the field.
   Status validate() const;
@@ -45,8 +55,8 @@ struct ScheduledChunk {
 
 struct ScheduledBatch {
   std::vector<ScheduledChunk> chunks;
-  std::vector<kv::BlockCopy> block_copies;  // perform before the forward pass
-  std::vector<SeqId> preempted;             // went back to waiting this step
+  kv::StepCopies copies;         // perform before the forward pass, in StepCopies' order
+  std::vector<SeqId> preempted;  // swapped out or sent back to waiting this step
   // Removed because they cannot fit in the KV pool even alone; the engine fails them.
   std::vector<SeqId> aborted;
   bool empty() const { return chunks.empty(); }
@@ -68,8 +78,10 @@ class Scheduler {
 
   size_t num_waiting() const { return waiting_.size(); }
   size_t num_running() const { return running_.size(); }
-  bool has_work() const { return !waiting_.empty() || !running_.empty(); }
-  int64_t num_preemptions() const { return num_preemptions_; }
+  size_t num_swapped() const { return swapped_.size(); }
+  bool has_work() const { return !waiting_.empty() || !running_.empty() || !swapped_.empty(); }
+  int64_t num_preemptions() const { return num_preemptions_; }  // swaps and recomputes
+  int64_t num_swap_outs() const { return num_swap_outs_; }
 
  private:
   struct Entry {
@@ -79,8 +91,11 @@ class Scheduler {
   };
   bool runs_before(SeqId a, SeqId b) const;
   void insert_sorted(std::vector<SeqId>& queue, SeqId seq) const;
-  // Frees the KV of a running sequence and queues it to recompute its tokens.
-  void preempt(SeqId seq);
+  // Swaps out a running sequence, or frees its KV and queues it to recompute its tokens.
+  void preempt(SeqId seq, ScheduledBatch& batch);
+  // Moves sequences from `queue` to running while they fit; returns false if one did not.
+  bool resume(std::vector<SeqId>& queue, std::vector<kv::KvRequest>& requests, int64_t& budget,
+              ScheduledBatch& batch, bool may_preempt);
   int64_t remaining_tokens(SeqId seq) const;
 
   SchedulerConfig config_;
@@ -88,8 +103,10 @@ class Scheduler {
   std::unordered_map<SeqId, Entry> entries_;
   std::vector<SeqId> waiting_;  // sorted by runs_before
   std::vector<SeqId> running_;  // sorted by runs_before
+  std::vector<SeqId> swapped_;  // sorted by runs_before; KV in the host pool
   uint64_t next_arrival_ = 0;
   int64_t num_preemptions_ = 0;
+  int64_t num_swap_outs_ = 0;
 };
 
 }  // namespace strata::scheduler

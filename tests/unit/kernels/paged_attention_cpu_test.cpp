@@ -86,7 +86,8 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(PagedAttentionCpu, Float16AndOddShapes) {
   // float16, a GQA ratio that does not divide the heads evenly into 8, head_dim 80 (CPU only).
   for (const auto& [dtype, group, head_dim] :
-       {std::tuple{at::kHalf, int64_t{4}, int64_t{128}}, std::tuple{at::kFloat, int64_t{7}, int64_t{64}},
+       {std::tuple{at::kHalf, int64_t{4}, int64_t{128}},
+        std::tuple{at::kFloat, int64_t{7}, int64_t{64}},
         std::tuple{at::kFloat, int64_t{3}, int64_t{80}}}) {
     SCOPED_TRACE(dtype_label(dtype) + " group " + std::to_string(group));
     const PagedBatch b =
@@ -177,8 +178,9 @@ class PagedAttentionCpuErrors : public ::testing::Test {
 };
 
 TEST_F(PagedAttentionCpuErrors, Shapes) {
-  expect_error([&] { call(b.q.flatten(1), b.kv_cache, b.block_tables, b.seq_lens, b.cu_q_lens, 3); },
-               "q must be [num_tokens, num_heads, head_dim]");
+  expect_error([&] {
+    call(b.q.flatten(1), b.kv_cache, b.block_tables, b.seq_lens, b.cu_q_lens, 3);
+  }, "q must be [num_tokens, num_heads, head_dim]");
   expect_error([&] { call(b.q, b.kv_cache[0], b.block_tables, b.seq_lens, b.cu_q_lens, 3); },
                "kv_cache must be [num_blocks, 2, num_kv_heads, block_size, head_dim]");
   expect_error([&] {

@@ -25,7 +25,8 @@ std::vector<TokenId> iota_tokens(int n, TokenId first = 1) {
 void step(KvCacheManager& m, SeqId seq, int64_t n) {
   StatusOr<KvPlan> plan = m.prepare({{seq, n}});
   ASSERT_TRUE(plan.ok()) << plan.status().to_string();
-  m.commit(std::move(plan).value());
+  StepCopies copies;
+  m.commit(std::move(plan).value(), &copies);
   m.mark_computed(seq, n);
 }
 
@@ -36,7 +37,9 @@ TEST(KvCacheManagerTest, AllocatesPerLayerBlocksAndPublishesFullBlocks) {
   ASSERT_TRUE(plan.ok());
   EXPECT_EQ(plan->num_blocks_needed(), 3 * kLayers);
   EXPECT_EQ(m.num_available_blocks(), 32) << "prepare changes nothing";
-  EXPECT_TRUE(m.commit(std::move(plan).value()).empty());
+  StepCopies copies;
+  m.commit(std::move(plan).value(), &copies);
+  EXPECT_TRUE(copies.device.empty() && copies.swap_in.empty());
   m.mark_computed(SeqId{1}, 10);
   const auto& tables = m.tables(SeqId{1});
   ASSERT_EQ(tables.size(), 2u);
@@ -62,7 +65,8 @@ TEST(KvCacheManagerTest, PrefixHitSharesBlocksAndCounts) {
   StatusOr<KvPlan> plan = m.prepare({{SeqId{2}, 3}});
   ASSERT_TRUE(plan.ok());
   EXPECT_EQ(plan->num_blocks_needed(), 1 * kLayers) << "blocks in use are not counted again";
-  m.commit(std::move(plan).value());
+  StepCopies copies;
+  m.commit(std::move(plan).value(), &copies);
   EXPECT_EQ(m.num_prefix_hit_tokens(SeqId{2}), 8);
   EXPECT_EQ(m.num_computed_tokens(SeqId{2}), 8);
   for (int l = 0; l < kLayers; ++l) {
@@ -143,14 +147,48 @@ TEST(KvCacheManagerTest, ForkSharesBlocksAndCopiesOnWrite) {
   StatusOr<KvPlan> plan = m.prepare({{SeqId{1}, 1}, {SeqId{2}, 1}});
   ASSERT_TRUE(plan.ok());
   EXPECT_EQ(plan->num_blocks_needed(), 2 * kLayers) << "both see a shared partial block";
-  std::vector<BlockCopy> copies = m.commit(std::move(plan).value());
-  ASSERT_EQ(copies.size(), static_cast<size_t>(kLayers)) << "only the first writer copies";
-  EXPECT_EQ(copies[0].source, shared_partial);
+  StepCopies copies;
+  m.commit(std::move(plan).value(), &copies);
+  ASSERT_EQ(copies.device.size(), static_cast<size_t>(kLayers)) << "only the first writer copies";
+  EXPECT_EQ(copies.device[0].source, shared_partial);
   EXPECT_NE(m.tables(SeqId{1})[0][1], m.tables(SeqId{2})[0][1]);
   EXPECT_EQ(m.tables(SeqId{1})[0][0], m.tables(SeqId{2})[0][0]) << "full blocks stay shared";
   m.free(SeqId{1});
   m.free(SeqId{2});
   EXPECT_EQ(m.num_available_blocks(), 32);
+}
+
+TEST(KvCacheManagerTest, SwapOutToTheHostPoolAndBackIn) {
+  KvGeometry g = geometry(8);
+  g.num_host_blocks = 8;
+  KvCacheManager m(g, {}, {});
+  ASSERT_TRUE(m.add_sequence(SeqId{1}, iota_tokens(6), "").ok());
+  step(m, SeqId{1}, 6);  // 2 token blocks x 2 layers
+  const std::vector<std::vector<BlockId>> device_tables = m.tables(SeqId{1});
+  ASSERT_TRUE(m.can_swap_out(SeqId{1}));
+  StepCopies out;
+  m.swap_out(SeqId{1}, &out);
+  ASSERT_EQ(out.swap_out.size(), 4u);
+  EXPECT_EQ(out.swap_out[0].source, device_tables[0][0]);
+  EXPECT_TRUE(m.is_swapped(SeqId{1}));
+  EXPECT_EQ(m.num_free_host_blocks(), 4);
+  EXPECT_EQ(m.num_available_blocks(), 8) << "device blocks freed (the full one stays cached)";
+  EXPECT_EQ(m.num_computed_tokens(SeqId{1}), 6);
+  EXPECT_FALSE(m.can_swap_out(SeqId{1}));
+
+  m.append_tokens(SeqId{1}, std::vector<TokenId>{42});
+  StatusOr<KvPlan> plan = m.prepare({{SeqId{1}, 1}});
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->num_blocks_needed(), 4) << "all blocks come back; the 7th token fits";
+  StepCopies in;
+  m.commit(std::move(plan).value(), &in);
+  ASSERT_EQ(in.swap_in.size(), 4u);
+  EXPECT_EQ(in.swap_in[0].source, out.swap_out[0].destination);
+  EXPECT_FALSE(m.is_swapped(SeqId{1}));
+  EXPECT_EQ(m.num_free_host_blocks(), 8);
+  m.mark_computed(SeqId{1}, 1);
+  m.free(SeqId{1});
+  EXPECT_EQ(m.num_available_blocks(), 8);
 }
 
 TEST(KvCacheManagerDeathTest, StalePlanIsRejected) {
@@ -159,7 +197,8 @@ TEST(KvCacheManagerDeathTest, StalePlanIsRejected) {
   StatusOr<KvPlan> plan = m.prepare({{SeqId{1}, 4}});
   ASSERT_TRUE(plan.ok());
   ASSERT_TRUE(m.add_sequence(SeqId{2}, iota_tokens(4), "").ok());
-  EXPECT_DEATH(m.commit(std::move(plan).value()), "stale KV plan");
+  StepCopies copies;
+  EXPECT_DEATH(m.commit(std::move(plan).value(), &copies), "stale KV plan");
 }
 
 }  // namespace

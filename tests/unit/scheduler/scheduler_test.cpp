@@ -123,6 +123,50 @@ TEST(SchedulerTest, Table) {
   for (const Case& c : cases) run_case(c);
 }
 
+TEST(SchedulerTest, SwapPreemptionResumesWithoutRecomputing) {
+  kv::KvCacheManager kv({.num_layers = 1, .num_kv_heads = 1, .head_dim = 8,
+                         .block_size_tokens = 4, .num_blocks = 4, .num_host_blocks = 8},
+                        {}, {});
+  Scheduler scheduler({.max_num_seqs = 8, .max_num_batched_tokens = 64,
+                       .preemption_mode = PreemptionMode::kSwap},
+                      kv);
+  auto prompt = [](TokenId first) {
+    std::vector<TokenId> t(8);
+    std::iota(t.begin(), t.end(), first);
+    return t;
+  };
+  ASSERT_TRUE(scheduler.add(SeqId{1}, prompt(100), 0, "").ok());
+  ASSERT_TRUE(scheduler.add(SeqId{2}, prompt(200), 0, "").ok());
+  TokenId next = 1000;
+  auto run = [&]() {
+    ScheduledBatch batch = scheduler.schedule();
+    scheduler.on_batch_done(batch);
+    for (const ScheduledChunk& c : batch.chunks) {
+      if (c.samples) kv.append_tokens(c.seq, std::vector<TokenId>{next++});
+    }
+    return batch;
+  };
+  ASSERT_EQ(run().chunks.size(), 2u);
+  ScheduledBatch second = run();  // both need a third block: sequence 2 is swapped out
+  ASSERT_EQ(second.preempted, std::vector<SeqId>{SeqId{2}});
+  EXPECT_EQ(second.copies.swap_out.size(), 2u);
+  EXPECT_TRUE(kv.is_swapped(SeqId{2}));
+  EXPECT_EQ(scheduler.num_swapped(), 1u);
+  ScheduledBatch third = run();  // no room to bring it back while sequence 1 grows
+  ASSERT_EQ(third.chunks.size(), 1u);
+  scheduler.remove(SeqId{1});
+  ScheduledBatch fourth = run();
+  ASSERT_EQ(fourth.chunks.size(), 1u);
+  EXPECT_EQ(fourth.chunks[0].seq, SeqId{2});
+  EXPECT_EQ(fourth.chunks[0].start_position, 8) << "resumed, not recomputed";
+  EXPECT_EQ(fourth.chunks[0].num_tokens, 1);
+  EXPECT_EQ(fourth.copies.swap_in.size(), 2u);
+  EXPECT_EQ(scheduler.num_swap_outs(), 1);
+  scheduler.remove(SeqId{2});
+  EXPECT_EQ(kv.num_available_blocks(), 4);
+  EXPECT_EQ(kv.num_free_host_blocks(), 8);
+}
+
 TEST(SchedulerTest, PrefixHitSkipsCachedPromptTokens) {
   kv::KvCacheManager kv({.num_layers = 1, .num_kv_heads = 1, .head_dim = 8,
                          .block_size_tokens = 4, .num_blocks = 32},
