@@ -9,5 +9,6 @@ namespace strata::cli {
 
 int run_generate(const std::vector<std::string>& args);
 int run_chat(const std::vector<std::string>& args);
+int run_serve(const std::vector<std::string>& args);
 
 }  // namespace strata::cli

@@ -12,6 +12,7 @@ namespace {
 constexpr const char* kUsage = R"(usage: strata <command> [options]
 
 commands:
+  serve      serve a model over gRPC
   generate   run one prompt and stream the continuation (offline, no server)
   chat       interactive multi-turn chat with a local model in the terminal
 
@@ -29,6 +30,7 @@ int main(int argc, char** argv) {
   const std::vector<std::string> args(argv + 2, argv + argc);
   if (command == "generate") return strata::cli::run_generate(args);
   if (command == "chat") return strata::cli::run_chat(args);
+  if (command == "serve") return strata::cli::run_serve(args);
   std::fprintf(stderr, "strata: unknown command '%s'\n\n%s", command.c_str(), kUsage);
   return 2;
 }

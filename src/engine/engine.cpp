@@ -24,13 +24,27 @@ const char* finish_reason_name(FinishReason reason) {
 }
 
 std::optional<RequestOutput> RequestStream::next() {
+  RequestOutput out;
+  while (true) {
+    switch (next_for(std::chrono::hours(1), &out)) {
+      case Wait::kOutput: return out;
+      case Wait::kEnd: return std::nullopt;
+      case Wait::kTimeout: break;
+    }
+  }
+}
+
+RequestStream::Wait RequestStream::next_for(std::chrono::milliseconds timeout,
+                                            RequestOutput* out) {
   std::unique_lock lock(mutex_);
-  ready_.wait(lock, [&] { return !queue_.empty() || drained_; });
-  if (queue_.empty()) return std::nullopt;
-  RequestOutput out = std::move(queue_.front());
+  if (!ready_.wait_for(lock, timeout, [&] { return !queue_.empty() || drained_; })) {
+    return Wait::kTimeout;
+  }
+  if (queue_.empty()) return Wait::kEnd;
+  *out = std::move(queue_.front());
   queue_.pop_front();
   if (closed_ && queue_.empty()) drained_ = true;
-  return out;
+  return Wait::kOutput;
 }
 
 void RequestStream::push(RequestOutput output) {

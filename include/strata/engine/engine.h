@@ -7,6 +7,7 @@
 // token.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -77,6 +78,10 @@ class RequestStream {
   RequestId id() const { return id_; }
   // Blocks for the next delta; nullopt after the final one has been returned.
   std::optional<RequestOutput> next();
+  enum class Wait { kOutput, kTimeout, kEnd };
+  // Like next(), but returns kTimeout after `timeout` without a delta (so a server thread can
+  // notice a disconnected client); *out is set only with kOutput.
+  Wait next_for(std::chrono::milliseconds timeout, RequestOutput* out);
 
   // Engine side: queue a delta (the final one closes the stream).
   void push(RequestOutput output);

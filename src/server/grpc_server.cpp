@@ -1,0 +1,294 @@
+#include "strata/server/grpc_server.h"
+
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include <charconv>
+
+#include "strata/model/model_config.h"
+#include "strata/tokenizer/tokenizer.h"
+#include "strata/v1/generation.grpc.pb.h"
+
+namespace strata::server {
+namespace {
+
+namespace pb = ::strata::v1;
+constexpr std::chrono::milliseconds kPollInterval{50};
+constexpr int32_t kDefaultMaxTokens = 256;
+
+// The one place a Status becomes a gRPC status.
+grpc::Status to_grpc_status(const Status& status) {
+  using grpc::StatusCode;
+  auto code = StatusCode::UNKNOWN;
+  switch (status.code()) {
+    case strata::StatusCode::kOk: return grpc::Status::OK;
+    case strata::StatusCode::kInvalidArgument: code = StatusCode::INVALID_ARGUMENT; break;
+    case strata::StatusCode::kNotFound: code = StatusCode::NOT_FOUND; break;
+    case strata::StatusCode::kOutOfRange: code = StatusCode::OUT_OF_RANGE; break;
+    case strata::StatusCode::kFailedPrecondition: code = StatusCode::FAILED_PRECONDITION; break;
+    case strata::StatusCode::kResourceExhausted: code = StatusCode::RESOURCE_EXHAUSTED; break;
+    case strata::StatusCode::kDataLoss: code = StatusCode::DATA_LOSS; break;
+    case strata::StatusCode::kUnimplemented: code = StatusCode::UNIMPLEMENTED; break;
+    case strata::StatusCode::kUnavailable: code = StatusCode::UNAVAILABLE; break;
+    case strata::StatusCode::kCancelled: code = StatusCode::CANCELLED; break;
+    case strata::StatusCode::kDeadlineExceeded: code = StatusCode::DEADLINE_EXCEEDED; break;
+    case strata::StatusCode::kInternal: code = StatusCode::INTERNAL; break;
+  }
+  return grpc::Status(code, status.message());
+}
+
+sampling::SamplingParams to_sampling(const pb::SamplingParams& p) {
+  sampling::SamplingParams s;
+  if (p.has_temperature()) s.temperature = p.temperature();
+  if (p.has_top_p()) s.top_p = p.top_p();
+  if (p.has_top_k()) s.top_k = p.top_k();
+  if (p.has_min_p()) s.min_p = p.min_p();
+  if (p.has_repetition_penalty()) s.repetition_penalty = p.repetition_penalty();
+  if (p.has_presence_penalty()) s.presence_penalty = p.presence_penalty();
+  if (p.has_frequency_penalty()) s.frequency_penalty = p.frequency_penalty();
+  s.max_tokens = p.has_max_tokens() ? p.max_tokens() : kDefaultMaxTokens;
+  if (p.has_seed()) s.seed = p.seed();
+  s.stop.assign(p.stop().begin(), p.stop().end());
+  s.stop_token_ids.assign(p.stop_token_ids().begin(), p.stop_token_ids().end());
+  s.ignore_eos = p.ignore_eos();
+  s.num_logprobs = p.logprobs();
+  return s;
+}
+
+pb::FinishReason to_proto(engine::FinishReason reason) {
+  switch (reason) {
+    case engine::FinishReason::kStop: return pb::FINISH_REASON_STOP;
+    case engine::FinishReason::kLength: return pb::FINISH_REASON_LENGTH;
+    case engine::FinishReason::kAbort:
+    case engine::FinishReason::kError: return pb::FINISH_REASON_ABORT;
+  }
+  return pb::FINISH_REASON_UNSPECIFIED;
+}
+
+std::string request_id_string(engine::RequestId id) { return "req-" + std::to_string(id.value); }
+
+std::optional<engine::RequestId> parse_request_id(const std::string& s) {
+  if (!s.starts_with("req-")) return std::nullopt;
+  uint64_t value = 0;
+  auto [ptr, ec] = std::from_chars(s.data() + 4, s.data() + s.size(), value);
+  if (ec != std::errc() || ptr != s.data() + s.size()) return std::nullopt;
+  return engine::RequestId{value};
+}
+
+class GenerationService final : public pb::Generation::Service {
+ public:
+  GenerationService(engine::Engine& engine, std::optional<tokenizer::ChatTemplate> chat,
+                    SessionStore& sessions, std::string served_name)
+      : engine_(engine), chat_(std::move(chat)), sessions_(sessions),
+        served_name_(std::move(served_name)) {}
+
+  grpc::Status Generate(grpc::ServerContext* context, const pb::GenerateRequest* request,
+                        grpc::ServerWriter<pb::GenerateResponse>* writer) override {
+    engine::GenerateRequest r;
+    switch (request->input_case()) {
+      case pb::GenerateRequest::kPrompt:
+        if (request->prompt().empty()) {
+          return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "prompt: must not be empty");
+        }
+        r.prompt_token_ids = engine_.tokenizer().encode(
+            request->prompt(), engine_.tokenizer().add_bos_by_default());
+        break;
+      case pb::GenerateRequest::kPromptTokenIds:
+        r.prompt_token_ids.assign(request->prompt_token_ids().ids().begin(),
+                                  request->prompt_token_ids().ids().end());
+        break;
+      default:
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                            "input: set prompt or prompt_token_ids");
+    }
+    r.sampling = to_sampling(request->sampling());
+    r.priority = request->priority();
+    std::string unused;
+    return stream(context, std::move(r), "", writer, &unused);
+  }
+
+  grpc::Status Chat(grpc::ServerContext* context, const pb::ChatRequest* request,
+                    grpc::ServerWriter<pb::GenerateResponse>* writer) override {
+    if (!chat_) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          "the model has no chat template this server understands");
+    }
+    const bool in_session = !request->session_id().empty();
+    if (in_session == (request->messages_size() > 0)) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "give either messages, or session_id with message");
+    }
+    std::vector<tokenizer::ChatMessage> messages;
+    tokenizer::ChatMessage turn;
+    if (in_session) {
+      if (request->message().content().empty()) {
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                            "message.content: must not be empty");
+      }
+      turn = {request->message().role().empty() ? "user" : request->message().role(),
+              request->message().content()};
+      messages = sessions_.begin_turn(request->session_id(), turn);
+    } else {
+      for (const pb::ChatMessage& m : request->messages()) messages.push_back({m.role(), m.content()});
+    }
+    for (size_t i = 0; i < messages.size(); ++i) {
+      const std::string& role = messages[i].role;
+      if (role != "system" && role != "user" && role != "assistant") {
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                            "messages[" + std::to_string(i) + "].role: '" + role +
+                                "' is not system, user or assistant");
+      }
+    }
+    StatusOr<std::string> text = chat_->render(messages, /*add_generation_prompt=*/true);
+    if (!text.ok()) return to_grpc_status(text.status());
+    engine::GenerateRequest r;
+    r.prompt_token_ids = engine_.tokenizer().encode(*text, chat_->encode_add_bos());
+    r.sampling = to_sampling(request->sampling());
+    r.priority = request->priority();
+    std::string reply;
+    grpc::Status status = stream(context, std::move(r), request->session_id(), writer, &reply);
+    if (status.ok() && in_session) sessions_.commit_turn(request->session_id(), turn, reply);
+    return status;
+  }
+
+  grpc::Status EndSession(grpc::ServerContext*, const pb::EndSessionRequest* request,
+                          pb::EndSessionResponse* response) override {
+    response->set_existed(sessions_.erase(request->session_id()));
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Abort(grpc::ServerContext*, const pb::AbortRequest* request,
+                     pb::AbortResponse* response) override {
+    const std::optional<engine::RequestId> id = parse_request_id(request->request_id());
+    if (!id) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "request_id: '" + request->request_id() + "' is not a request id");
+    }
+    engine_.cancel(*id);
+    response->set_found(true);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status GetModelInfo(grpc::ServerContext*, const pb::ModelInfoRequest*,
+                            pb::ModelInfo* info) override {
+    const model::ModelConfig& c = engine_.model_config();
+    const executor::Executor& ex = engine_.executor();
+    info->set_name(served_name_);
+    info->set_architecture(model::architecture_name(c.arch));
+    info->set_vocab_size(static_cast<int32_t>(c.vocab_size));
+    info->set_max_context_tokens(static_cast<int32_t>(c.max_context_tokens));
+    info->set_num_layers(static_cast<int32_t>(c.num_layers));
+    info->set_device(executor::device_name(ex.options().device));
+    info->set_dtype(executor::dtype_name(ex.options().dtype));
+    info->set_kv_block_size_tokens(ex.kv_geometry().block_size_tokens);
+    info->set_kv_blocks(ex.kv_geometry().num_blocks);
+    return grpc::Status::OK;
+  }
+
+ private:
+  // Submits the request and relays its deltas until it finishes, the client goes away (the
+  // request is cancelled and its KV freed) or the deadline passes. Collects the reply text.
+  grpc::Status stream(grpc::ServerContext* context, engine::GenerateRequest request,
+                      const std::string& session_id,
+                      grpc::ServerWriter<pb::GenerateResponse>* writer, std::string* reply) {
+    StatusOr<std::shared_ptr<engine::RequestStream>> submitted = engine_.submit(std::move(request));
+    if (!submitted.ok()) return to_grpc_status(submitted.status());
+    engine::RequestStream& stream = **submitted;
+    bool first = true;
+    engine::RequestOutput out;
+    while (true) {
+      const engine::RequestStream::Wait wait = stream.next_for(kPollInterval, &out);
+      if (wait == engine::RequestStream::Wait::kEnd) return grpc::Status::OK;
+      if (wait == engine::RequestStream::Wait::kTimeout) {
+        if (context->IsCancelled()) return cancel(stream);
+        continue;
+      }
+      if (out.finish_reason == engine::FinishReason::kError) {
+        return grpc::Status(grpc::StatusCode::INTERNAL, out.error);
+      }
+      pb::GenerateResponse response;
+      if (first) {
+        response.set_request_id(request_id_string(stream.id()));
+        response.set_session_id(session_id);
+        first = false;
+      }
+      for (const engine::TokenOutput& t : out.tokens) {
+        response.add_token_ids(t.token);
+        pb::TokenLogprobs* lp = response.add_logprobs();
+        lp->set_token_id(t.token);
+        lp->set_logprob(t.logprob);
+        for (const sampling::TokenLogprob& alt : t.top_logprobs) {
+          pb::TokenLogprob* a = lp->add_top();
+          a->set_token_id(alt.token);
+          a->set_logprob(alt.logprob);
+        }
+      }
+      response.set_text(out.text);
+      *reply += out.text;
+      if (out.finish_reason) {
+        response.set_finish_reason(to_proto(*out.finish_reason));
+        pb::Usage* usage = response.mutable_usage();
+        usage->set_prompt_tokens(static_cast<int32_t>(out.usage.prompt_tokens));
+        usage->set_cached_prompt_tokens(static_cast<int32_t>(out.usage.cached_prompt_tokens));
+        usage->set_cached_tier(out.usage.cached_prompt_tokens > 0 ? "gpu" : "");
+        usage->set_completion_tokens(static_cast<int32_t>(out.usage.completion_tokens));
+        usage->set_time_to_first_token_ms(out.usage.time_to_first_token_ms);
+      }
+      if (!writer->Write(response)) return cancel(stream);
+    }
+  }
+
+  grpc::Status cancel(engine::RequestStream& stream) {
+    engine_.cancel(stream.id());
+    return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
+  }
+
+  engine::Engine& engine_;
+  const std::optional<tokenizer::ChatTemplate> chat_;
+  SessionStore& sessions_;
+  const std::string served_name_;
+};
+
+}  // namespace
+
+struct GrpcServer::Impl {
+  std::unique_ptr<GenerationService> service;
+  std::unique_ptr<grpc::Server> server;
+  int port = 0;
+};
+
+GrpcServer::GrpcServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+GrpcServer::~GrpcServer() { shutdown(std::chrono::milliseconds(0)); }
+
+StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::start(
+    engine::Engine& engine, std::optional<tokenizer::ChatTemplate> chat_template,
+    SessionStore& sessions, const GrpcServerOptions& options) {
+  auto impl = std::make_unique<Impl>();
+  impl->service = std::make_unique<GenerationService>(engine, std::move(chat_template), sessions,
+                                                      options.served_name);
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options.host + ":" + std::to_string(options.port),
+                           grpc::InsecureServerCredentials(), &impl->port);
+  builder.RegisterService(impl->service.get());
+  impl->server = builder.BuildAndStart();
+  if (!impl->server || impl->port == 0) {
+    return Status(StatusCode::kUnavailable, "gRPC: cannot listen on " + options.host + ":" +
+                                                std::to_string(options.port));
+  }
+  impl->server->GetHealthCheckService()->SetServingStatus(true);
+  return std::unique_ptr<GrpcServer>(new GrpcServer(std::move(impl)));
+}
+
+int GrpcServer::port() const { return impl_->port; }
+
+void GrpcServer::shutdown(std::chrono::milliseconds grace) {
+  if (!impl_ || !impl_->server) return;
+  impl_->server->GetHealthCheckService()->SetServingStatus(false);
+  impl_->server->Shutdown(std::chrono::system_clock::now() + grace);
+  impl_->server->Wait();
+  impl_->server.reset();
+}
+
+}  // namespace strata::server

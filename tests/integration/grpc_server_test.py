@@ -1,0 +1,231 @@
+#!/usr/bin/env python3
+"""End-to-end test of `strata serve` over gRPC with an independent client (Debian's grpcio).
+
+Starts the real server on loopback with the default model and checks streaming generation,
+stateless and session chats (with prefix-cache reuse across turns), the error paths, abort,
+client disconnects, 32 concurrent clients, the grpc.health.v1 service, and a graceful SIGTERM.
+
+usage: grpc_server_test.py --binary build/bin/strata --model MODEL.gguf --proto-dir proto
+Prints "N passed, N failed" and exits non-zero on any failure.
+"""
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+
+import grpc
+
+RESULTS = {"passed": 0, "failed": 0}
+
+
+def check(name, fn):
+    try:
+        fn()
+        RESULTS["passed"] += 1
+        print(f"PASS {name}", flush=True)
+    except Exception:  # noqa: BLE001 - report every failure and go on
+        RESULTS["failed"] += 1
+        print(f"FAIL {name}\n{traceback.format_exc()}", flush=True)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--binary", required=True)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--proto-dir", required=True)
+    args = parser.parse_args()
+
+    out_dir = tempfile.mkdtemp()
+    subprocess.run(["protoc", f"--proto_path={args.proto_dir}", f"--python_out={out_dir}",
+                    os.path.join(args.proto_dir, "strata/v1/generation.proto")], check=True)
+    sys.path.insert(0, out_dir)
+    from strata.v1 import generation_pb2 as pb  # noqa: E402
+
+    server = subprocess.Popen([args.binary, "serve", "--model", args.model, "--grpc-port", "0",
+                               "--grace-seconds", "20", "--max-num-seqs", "64"],
+                              stdout=subprocess.PIPE, text=True)
+    line = server.stdout.readline()
+    assert line.startswith("grpc_port="), f"server did not start: {line!r}"
+    port = int(line.strip().split("=")[1])
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    grpc.channel_ready_future(channel).result(timeout=30)
+
+    def unary_stream(method, request_type):
+        return channel.unary_stream(f"/strata.v1.Generation/{method}",
+                                    request_serializer=request_type.SerializeToString,
+                                    response_deserializer=pb.GenerateResponse.FromString)
+
+    def unary(method, request_type, response_type):
+        return channel.unary_unary(f"/strata.v1.Generation/{method}",
+                                   request_serializer=request_type.SerializeToString,
+                                   response_deserializer=response_type.FromString)
+
+    generate = unary_stream("Generate", pb.GenerateRequest)
+    chat = unary_stream("Chat", pb.ChatRequest)
+    abort = unary("Abort", pb.AbortRequest, pb.AbortResponse)
+    end_session = unary("EndSession", pb.EndSessionRequest, pb.EndSessionResponse)
+    model_info = unary("GetModelInfo", pb.ModelInfoRequest, pb.ModelInfo)
+    greedy = lambda n: pb.SamplingParams(temperature=0, max_tokens=n)  # noqa: E731
+
+    def collect(responses):
+        text, ids, last = "", [], None
+        for r in responses:
+            text += r.text
+            ids += list(r.token_ids)
+            last = r
+        return text, ids, last
+
+    def test_generate_streams_greedy_text():
+        chunks = list(generate(pb.GenerateRequest(prompt="The capital of France is",
+                                                  sampling=greedy(16))))
+        assert len(chunks) >= 2, "expected several streamed deltas"
+        assert chunks[0].request_id.startswith("req-")
+        text, ids, last = collect(iter(chunks))
+        assert text.startswith(" Paris."), text
+        assert last.finish_reason == pb.FINISH_REASON_LENGTH
+        assert last.usage.prompt_tokens == 5 and last.usage.completion_tokens == 16 == len(ids)
+        assert last.usage.time_to_first_token_ms > 0
+
+    def test_generate_from_token_ids():
+        request = pb.GenerateRequest(sampling=greedy(4))
+        request.prompt_token_ids.ids.extend([504, 3575, 282, 4649, 314])  # "The capital of France is"
+        text, _, _ = collect(generate(request))
+        assert text.startswith(" Paris"), text
+
+    def test_stateless_chat():
+        request = pb.ChatRequest(sampling=greedy(64))
+        request.messages.add(role="user", content="What is the capital of France?")
+        text, _, last = collect(chat(request))
+        assert "Paris" in text, text
+        assert last.finish_reason == pb.FINISH_REASON_STOP
+        assert "<|im_end|>" not in text
+
+    def test_session_chat_reuses_the_conversation():
+        sid = "session-e2e"
+        first = collect(chat(pb.ChatRequest(session_id=sid, sampling=greedy(48),
+                                            message=pb.ChatMessage(role="user",
+                                                                   content="Hi! What is 2+2?"))))
+        second = collect(chat(pb.ChatRequest(session_id=sid, sampling=greedy(48),
+                                             message=pb.ChatMessage(role="user",
+                                                                    content="And times 3?"))))
+        assert "4" in first[0], first[0]
+        usage = second[2].usage
+        assert usage.prompt_tokens > first[2].usage.prompt_tokens, "the session kept turn 1"
+        assert usage.cached_prompt_tokens >= 16, f"turn 2 reused the KV of turn 1: {usage}"
+        assert usage.cached_tier == "gpu"
+        assert end_session(pb.EndSessionRequest(session_id=sid)).existed
+        assert not end_session(pb.EndSessionRequest(session_id=sid)).existed
+
+    def expect_error(call, request, code, fragment):
+        try:
+            collect(call(request))
+        except grpc.RpcError as e:
+            assert e.code() == code, (e.code(), e.details())
+            assert fragment in e.details(), e.details()
+            return
+        raise AssertionError(f"expected {code}")
+
+    def test_invalid_requests_name_the_field():
+        expect_error(generate, pb.GenerateRequest(prompt="x", sampling=pb.SamplingParams(
+            temperature=-1)), grpc.StatusCode.INVALID_ARGUMENT, "temperature")
+        expect_error(generate, pb.GenerateRequest(prompt="x", sampling=pb.SamplingParams(top_p=2)),
+                     grpc.StatusCode.INVALID_ARGUMENT, "top_p")
+        expect_error(generate, pb.GenerateRequest(), grpc.StatusCode.INVALID_ARGUMENT, "input")
+        expect_error(generate, pb.GenerateRequest(prompt="hello " * 9000),
+                     grpc.StatusCode.INVALID_ARGUMENT, "context window")
+        bad_ids = pb.GenerateRequest()
+        bad_ids.prompt_token_ids.ids.extend([1, 10**9])
+        expect_error(generate, bad_ids, grpc.StatusCode.INVALID_ARGUMENT, "vocabulary")
+        expect_error(chat, pb.ChatRequest(), grpc.StatusCode.INVALID_ARGUMENT, "messages")
+        bad_role = pb.ChatRequest()
+        bad_role.messages.add(role="wizard", content="hi")
+        expect_error(chat, bad_role, grpc.StatusCode.INVALID_ARGUMENT, "role")
+
+    def long_request():
+        return pb.GenerateRequest(prompt="Count:", sampling=pb.SamplingParams(
+            temperature=0, max_tokens=2000, ignore_eos=True))
+
+    def test_abort_ends_the_stream():
+        call = generate(long_request())
+        first = next(call)
+        assert abort(pb.AbortRequest(request_id=first.request_id)).found
+        _, ids, last = collect(call)
+        assert last.finish_reason == pb.FINISH_REASON_ABORT
+        assert last.usage.completion_tokens < 2000
+
+    def test_disconnects_and_deadlines_cancel_requests():
+        for _ in range(20):
+            call = generate(long_request())
+            next(call)
+            call.cancel()
+        try:
+            collect(generate(long_request(), timeout=0.5))
+            raise AssertionError("expected DEADLINE_EXCEEDED")
+        except grpc.RpcError as e:
+            assert e.code() == grpc.StatusCode.DEADLINE_EXCEEDED, e.code()
+        # The server still answers promptly: the abandoned requests were cancelled.
+        start = time.time()
+        text, _, _ = collect(generate(pb.GenerateRequest(prompt="The capital of France is",
+                                                         sampling=greedy(4))))
+        assert text.startswith(" Paris") and time.time() - start < 20
+
+    def test_32_concurrent_clients():
+        results, errors = [None] * 32, []
+
+        def client(i):
+            try:
+                results[i] = collect(generate(pb.GenerateRequest(
+                    prompt=f"Question {i}: what is {i} plus {i}? Answer:",
+                    sampling=pb.SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))))
+            except Exception as e:  # noqa: BLE001
+                errors.append(e)
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(32)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+        assert all(r[2].usage.completion_tokens == 12 for r in results)
+
+    def test_model_info_and_health():
+        info = model_info(pb.ModelInfoRequest())
+        assert info.architecture == "llama" and info.vocab_size == 49152, info
+        assert info.max_context_tokens == 8192 and info.kv_blocks > 0
+        health = channel.unary_unary("/grpc.health.v1.Health/Check",
+                                     request_serializer=lambda _: b"",
+                                     response_deserializer=lambda raw: raw)
+        assert health(None) == b"\x08\x01", "grpc.health.v1: SERVING"
+
+    def test_sigterm_drains_in_flight_requests():
+        call = generate(pb.GenerateRequest(prompt="Once upon a time", sampling=pb.SamplingParams(
+            temperature=0, max_tokens=24, ignore_eos=True)))
+        next(call)
+        server.send_signal(signal.SIGTERM)
+        _, _, last = collect(call)
+        assert last.finish_reason == pb.FINISH_REASON_LENGTH, "the in-flight request finished"
+        assert server.wait(timeout=60) == 0
+
+    check("generate streams greedy text", test_generate_streams_greedy_text)
+    check("generate from token ids", test_generate_from_token_ids)
+    check("stateless chat", test_stateless_chat)
+    check("session chat reuses the conversation", test_session_chat_reuses_the_conversation)
+    check("invalid requests name the field", test_invalid_requests_name_the_field)
+    check("abort ends the stream", test_abort_ends_the_stream)
+    check("disconnects and deadlines cancel requests", test_disconnects_and_deadlines_cancel_requests)
+    check("32 concurrent clients", test_32_concurrent_clients)
+    check("model info and health", test_model_info_and_health)
+    check("SIGTERM drains in-flight requests", test_sigterm_drains_in_flight_requests)
+    if server.poll() is None:
+        server.kill()
+    print(f"{RESULTS['passed']} passed, {RESULTS['failed']} failed")
+    return 1 if RESULTS["failed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
