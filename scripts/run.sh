@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Sets up everything (scripts/bootstrap.sh), builds, and starts an interactive chat with the
-# default model (SmolLM2-135M-Instruct) on the GPU if there is one, else on the CPU.
-# Extra arguments go to `strata chat` (see `build/bin/strata chat --help`).
+# Sets up everything (scripts/bootstrap.sh), builds, and serves the default model
+# (SmolLM2-135M-Instruct) over gRPC on 127.0.0.1:50051, on the GPU if there is one, else on the
+# CPU, until Ctrl-C. Chat with it from another terminal: build/bin/strata chat
+# Extra arguments go to `strata serve` (see `build/bin/strata serve --help`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh
 scripts/build.sh --target strata
-exec build/bin/strata chat --model .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf "$@"
+exec build/bin/strata serve --model .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf "$@"

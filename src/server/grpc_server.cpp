@@ -127,7 +127,7 @@ class GenerationService final : public pb::Generation::Service {
       }
       turn = {request->message().role().empty() ? "user" : request->message().role(),
               request->message().content()};
-      messages = sessions_.begin_turn(request->session_id(), turn);
+      messages = sessions_.begin_turn(request->session_id(), turn, request->system());
     } else {
       for (const pb::ChatMessage& m : request->messages()) messages.push_back({m.role(), m.content()});
     }

@@ -2,7 +2,8 @@
 
 namespace strata::server {
 
-SessionStore::Session& SessionStore::touch(const std::string& session_id) {
+SessionStore::Session& SessionStore::touch(const std::string& session_id,
+                                           const std::string& system) {
   auto it = sessions_.find(session_id);
   if (it != sessions_.end()) {
     lru_.splice(lru_.end(), lru_, it->second.lru_position);
@@ -14,13 +15,15 @@ SessionStore::Session& SessionStore::touch(const std::string& session_id) {
   }
   Session& session = sessions_[session_id];
   session.lru_position = lru_.insert(lru_.end(), session_id);
+  if (!system.empty()) session.messages.push_back({"system", system});
   return session;
 }
 
 std::vector<tokenizer::ChatMessage> SessionStore::begin_turn(
-    const std::string& session_id, const tokenizer::ChatMessage& message) {
+    const std::string& session_id, const tokenizer::ChatMessage& message,
+    const std::string& system) {
   std::scoped_lock lock(mutex_);
-  std::vector<tokenizer::ChatMessage> messages = touch(session_id).messages;
+  std::vector<tokenizer::ChatMessage> messages = touch(session_id, system).messages;
   messages.push_back(message);
   return messages;
 }

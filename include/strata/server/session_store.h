@@ -20,10 +20,12 @@ class SessionStore {
  public:
   explicit SessionStore(size_t max_sessions = 10000) : max_sessions_(max_sessions) {}
 
-  // The conversation so far with `message` appended, creating the session if needed. Messages
-  // stay provisional until commit_turn(); a failed turn leaves the session unchanged.
+  // The conversation so far with `message` appended, creating the session (starting with a
+  // system message when `system` is non-empty) if needed. Messages stay provisional until
+  // commit_turn(); a failed turn leaves the session unchanged.
   std::vector<tokenizer::ChatMessage> begin_turn(const std::string& session_id,
-                                                 const tokenizer::ChatMessage& message);
+                                                 const tokenizer::ChatMessage& message,
+                                                 const std::string& system = {});
   // Records a finished turn: the user message and the assistant's reply.
   void commit_turn(const std::string& session_id, const tokenizer::ChatMessage& message,
                    const std::string& reply);
@@ -36,7 +38,8 @@ class SessionStore {
     std::vector<tokenizer::ChatMessage> messages;
     std::list<std::string>::iterator lru_position;
   };
-  Session& touch(const std::string& session_id);  // REQUIRES mutex_ held
+  // The session, created (with `system`, if any) when new. REQUIRES mutex_ held.
+  Session& touch(const std::string& session_id, const std::string& system = {});
 
   const size_t max_sessions_;
   mutable std::mutex mutex_;
