@@ -210,11 +210,6 @@ Status chat(const std::vector<std::string>& args) {
 
 }  // namespace
 
-int run_chat(const std::vector<std::string>& args) {
-  Status status = chat(args);
-  if (status.ok()) return 0;
-  std::fprintf(stderr, "strata chat: %s\n", status.to_string().c_str());
-  return status.code() == StatusCode::kInvalidArgument ? 2 : 1;
-}
+int run_chat(const std::vector<std::string>& args) { return exit_code("strata chat", chat(args)); }
 
 }  // namespace strata::cli

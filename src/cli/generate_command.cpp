@@ -147,11 +147,6 @@ Status generate(const std::vector<std::string>& args) {
 
 }  // namespace
 
-int run_generate(const std::vector<std::string>& args) {
-  Status status = generate(args);
-  if (status.ok()) return 0;
-  std::fprintf(stderr, "strata generate: %s\n", status.to_string().c_str());
-  return status.code() == StatusCode::kInvalidArgument ? 2 : 1;
-}
+int run_generate(const std::vector<std::string>& args) { return exit_code("strata generate", generate(args)); }
 
 }  // namespace strata::cli

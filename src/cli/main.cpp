@@ -21,6 +21,12 @@ Run `strata <command> --help` for the options of a command.
 
 }  // namespace
 
+int strata::cli::exit_code(const char* command, const Status& status) {
+  if (status.ok()) return 0;
+  std::fprintf(stderr, "%s: %s\n", command, status.to_string().c_str());
+  return status.code() == StatusCode::kInvalidArgument ? 2 : 1;
+}
+
 int main(int argc, char** argv) {
   if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "help") == 0) {
     std::fputs(kUsage, argc < 2 ? stderr : stdout);

@@ -72,11 +72,6 @@ Status serve(const std::vector<std::string>& args) {
 
 }  // namespace
 
-int run_serve(const std::vector<std::string>& args) {
-  Status status = serve(args);
-  if (status.ok()) return 0;
-  std::fprintf(stderr, "strata serve: %s\n", status.to_string().c_str());
-  return status.code() == StatusCode::kInvalidArgument ? 2 : 1;
-}
+int run_serve(const std::vector<std::string>& args) { return exit_code("strata serve", serve(args)); }
 
 }  // namespace strata::cli

@@ -1,11 +1,7 @@
 #include "strata/model/gguf_file.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
+#include "strata/model/mapped_file.h"
 
-#include <cerrno>
 #include <cstring>
 #include <limits>
 
@@ -191,37 +187,17 @@ StatusOr<const T*> get_typed(const std::map<std::string, GgufValue, std::less<>>
 }  // namespace
 
 StatusOr<std::unique_ptr<GgufFile>> GgufFile::open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    return not_found_error(path + ": cannot open: " + std::strerror(errno));
-  }
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return not_found_error(path + ": cannot stat: " + std::strerror(err));
-  }
   std::unique_ptr<GgufFile> file(new GgufFile());
   file->path_ = path;
-  file->map_size_bytes_ = static_cast<uint64_t>(st.st_size);
-  if (file->map_size_bytes_ > 0) {
-    void* addr = ::mmap(nullptr, file->map_size_bytes_, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (addr == MAP_FAILED) {
-      const int err = errno;
-      ::close(fd);
-      return internal_error(path + ": mmap failed: " + std::strerror(err));
-    }
-    file->map_ = static_cast<const uint8_t*>(addr);
-  }
-  ::close(fd);  // the mapping keeps the file contents reachable
+  STRATA_ASSIGN_OR_RETURN(file->mapping_, MappedFile::open(path));
+  file->map_ = file->mapping_.data();
+  file->map_size_bytes_ = file->mapping_.size_bytes();
   Status status = file->parse();
   if (!status.ok()) return Status(status.code(), path + ": " + status.message());
   return file;
 }
 
-GgufFile::~GgufFile() {
-  if (map_ != nullptr) ::munmap(const_cast<uint8_t*>(map_), map_size_bytes_);
-}
+GgufFile::~GgufFile() = default;
 
 Status GgufFile::parse() {
   Cursor c(map_, map_size_bytes_);

@@ -1,11 +1,5 @@
 #include "safetensors_file.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
@@ -26,29 +20,18 @@ uint64_t dtype_bytes(SafetensorsDtype d) { return d == SafetensorsDtype::kF32 ? 
 }  // namespace
 
 StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return not_found_error(path + ": cannot open: " + std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || st.st_size < 8) {
-    ::close(fd);
-    return data_loss_error(path + ": too short to be a safetensors file");
-  }
   std::unique_ptr<SafetensorsFile> file(new SafetensorsFile());
   file->path_ = path;
-  file->map_size_bytes_ = static_cast<uint64_t>(st.st_size);
-  void* addr = ::mmap(nullptr, file->map_size_bytes_, PROT_READ, MAP_PRIVATE, fd, 0);
-  const int err = errno;
-  ::close(fd);
-  if (addr == MAP_FAILED) return internal_error(path + ": mmap failed: " + std::strerror(err));
-  file->map_ = static_cast<const uint8_t*>(addr);
+  STRATA_ASSIGN_OR_RETURN(file->mapping_, MappedFile::open(path));
+  file->map_ = file->mapping_.data();
+  file->map_size_bytes_ = file->mapping_.size_bytes();
+  if (file->map_size_bytes_ < 8) return data_loss_error(path + ": too short to be a safetensors file");
   Status status = file->parse();
   if (!status.ok()) return Status(status.code(), path + ": " + status.message());
   return file;
 }
 
-SafetensorsFile::~SafetensorsFile() {
-  if (map_ != nullptr) ::munmap(const_cast<uint8_t*>(map_), map_size_bytes_);
-}
+SafetensorsFile::~SafetensorsFile() = default;
 
 Status SafetensorsFile::parse() {
   uint64_t header_bytes = 0;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "strata/common/status.h"
+#include "strata/model/mapped_file.h"
 
 namespace strata::model {
 
@@ -42,7 +43,8 @@ class SafetensorsFile {
   Status parse();
 
   std::string path_;
-  const uint8_t* map_ = nullptr;
+  MappedFile mapping_;
+  const uint8_t* map_ = nullptr;  // mapping_.data()
   uint64_t map_size_bytes_ = 0;
   uint64_t data_offset_bytes_ = 0;
   std::map<std::string, SafetensorsTensor> tensors_;

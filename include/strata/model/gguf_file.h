@@ -16,6 +16,7 @@
 
 #include "strata/common/status.h"
 #include "strata/model/ggml_types.h"
+#include "strata/model/mapped_file.h"
 
 namespace strata::model {
 
@@ -69,7 +70,8 @@ class GgufFile {
   Status parse();
 
   std::string path_;
-  const uint8_t* map_ = nullptr;  // whole file, read-only mapping
+  MappedFile mapping_;
+  const uint8_t* map_ = nullptr;  // mapping_.data(): the whole file, read-only
   uint64_t map_size_bytes_ = 0;
   uint32_t version_ = 0;
   uint64_t alignment_ = 32;
