@@ -24,6 +24,7 @@ Chat in the terminal. Type a message and press Enter; /reset starts a new conver
 
   --server HOST:PORT      a running `strata serve` (default 127.0.0.1:50051)
   --model PATH            instead, run the model locally in this process
+  --config FILE           or locally as a deployment file describes
   --system TEXT           system message
   --max-tokens N          most tokens per answer (default 512)
   --temperature T         default 0.7; 0 = greedy
@@ -153,24 +154,27 @@ class LocalChat final : public ChatBackend {
 
 Status chat(const std::vector<std::string>& args) {
   std::set<std::string> value_flags = {"system", "server"};
-  value_flags.insert(engine_flag_names().begin(), engine_flag_names().end());
+  value_flags.insert(deployment_flag_names().begin(), deployment_flag_names().end());
   value_flags.insert(sampling_flag_names().begin(), sampling_flag_names().end());
-  STRATA_ASSIGN_OR_RETURN(Flags flags, Flags::parse(args, value_flags, {"help", "ignore-eos"}));
+  STRATA_ASSIGN_OR_RETURN(Flags flags, Flags::parse(args, value_flags, {"help", "ignore-eos"},
+                                                    deployment_repeated_flag_names()));
   if (flags.has("help")) {
     std::fputs(kUsage, stdout);
     return Status();
   }
-  if (flags.has("server") && flags.has("model")) {
-    return invalid_argument_error("give --server or --model, not both");
+  const bool local = flags.has("model") || flags.has("config");
+  if (flags.has("server") && local) {
+    return invalid_argument_error("give --server, or --model / --config, not both");
   }
   STRATA_ASSIGN_OR_RETURN(sampling::SamplingParams params, parse_sampling(flags, 0.7, 512));
   if (!flags.has("top-p")) params.top_p = 0.9;
   const std::string system = flags.get("system", "");
 
   std::unique_ptr<ChatBackend> backend;
-  if (flags.has("model")) {
-    std::fprintf(stderr, "loading %s ...\n", flags.get("model", "").c_str());
-    STRATA_ASSIGN_OR_RETURN(LoadedEngine loaded, load_engine(flags));
+  if (local) {
+    STRATA_ASSIGN_OR_RETURN(config::DeploymentConfig deployment, deployment_from_flags(flags));
+    std::fprintf(stderr, "loading %s ...\n", deployment.model.path.c_str());
+    STRATA_ASSIGN_OR_RETURN(LoadedEngine loaded, load_engine(deployment));
     if (!loaded.chat_template) return loaded.chat_template_error;
     std::fprintf(stderr, "%s on %s (%s).",
                  loaded.engine->model_config().name.c_str(),

@@ -6,7 +6,8 @@ namespace strata::cli {
 
 StatusOr<Flags> Flags::parse(const std::vector<std::string>& args,
                              const std::set<std::string>& value_flags,
-                             const std::set<std::string>& switch_flags) {
+                             const std::set<std::string>& switch_flags,
+                             const std::set<std::string>& repeated_flags) {
   Flags flags;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
@@ -20,12 +21,16 @@ StatusOr<Flags> Flags::parse(const std::vector<std::string>& args,
     if (switch_flags.contains(name)) {
       if (value) return invalid_argument_error("--" + name + " takes no value");
       flags.values_[name] = "";
-    } else if (value_flags.contains(name)) {
+    } else if (value_flags.contains(name) || repeated_flags.contains(name)) {
       if (!value) {
         if (i + 1 >= args.size()) return invalid_argument_error("--" + name + " needs a value");
         value = args[++i];
       }
-      flags.values_[name] = *value;
+      if (repeated_flags.contains(name)) {
+        flags.repeated_[name].push_back(*value);
+      } else {
+        flags.values_[name] = *value;
+      }
     } else {
       return invalid_argument_error("unknown flag --" + name);
     }
@@ -48,6 +53,12 @@ StatusOr<int64_t> Flags::get_int(const std::string& name, int64_t fallback) cons
     return invalid_argument_error("--" + name + " must be an integer, got '" + s + "'");
   }
   return v;
+}
+
+const std::vector<std::string>& Flags::get_all(const std::string& name) const {
+  static const std::vector<std::string> kNone;
+  auto it = repeated_.find(name);
+  return it == repeated_.end() ? kNone : it->second;
 }
 
 StatusOr<double> Flags::get_double(const std::string& name, double fallback) const {

@@ -36,6 +36,8 @@ Runs one prompt through the engine and streams the continuation to stdout.
   --kv-cache-mib N        KV pool size (default: 90% of free GPU memory; 4 full contexts on CPU)
   --block-size N          tokens per KV block (default 16)
   --chat-template K       fallback when the model's template is unknown: chatml, llama3, mistral
+  --config FILE           a deployment file (configs/default.yaml documents every key); the
+                          flags above override it, and so does --set section.key=value
 )";
 
 StatusOr<std::vector<TokenId>> parse_ids(const std::string& s) {
@@ -58,10 +60,11 @@ StatusOr<std::vector<TokenId>> parse_ids(const std::string& s) {
 
 Status generate(const std::vector<std::string>& args) {
   std::set<std::string> value_flags = {"prompt", "prompt-ids", "system"};
-  value_flags.insert(engine_flag_names().begin(), engine_flag_names().end());
+  value_flags.insert(deployment_flag_names().begin(), deployment_flag_names().end());
   value_flags.insert(sampling_flag_names().begin(), sampling_flag_names().end());
   STRATA_ASSIGN_OR_RETURN(Flags flags,
-                          Flags::parse(args, value_flags, {"chat", "json", "ignore-eos", "help"}));
+                          Flags::parse(args, value_flags, {"chat", "json", "ignore-eos", "help"},
+                                       deployment_repeated_flag_names()));
   if (flags.has("help")) {
     std::fputs(kUsage, stdout);
     return Status();
@@ -70,7 +73,8 @@ Status generate(const std::vector<std::string>& args) {
     return invalid_argument_error("give exactly one of --prompt and --prompt-ids");
   }
   STRATA_ASSIGN_OR_RETURN(sampling::SamplingParams params, parse_sampling(flags, 0.0, 128));
-  STRATA_ASSIGN_OR_RETURN(LoadedEngine loaded, load_engine(flags));
+  STRATA_ASSIGN_OR_RETURN(config::DeploymentConfig deployment, deployment_from_flags(flags));
+  STRATA_ASSIGN_OR_RETURN(LoadedEngine loaded, load_engine(deployment));
   engine::Engine& engine = *loaded.engine;
   const tokenizer::Tokenizer& tok = engine.tokenizer();
 
@@ -137,7 +141,7 @@ Status generate(const std::vector<std::string>& args) {
         {"prefill_tokens_per_s", usage.prompt_tokens / (ttft_ms / 1e3)},
         {"decode_tokens_per_s", num_decoded > 0 ? num_decoded / (decode_ms / 1e3) : 0.0}}},
       {"model",
-       {{"path", flags.get("model", "")},
+       {{"path", deployment.model.path},
         {"device", executor::device_name(engine.executor().options().device)},
         {"dtype", executor::dtype_name(engine.executor().options().dtype)}}},
   };

@@ -1,27 +1,124 @@
 #include "loaded_model.h"
 
+#include <utility>
+#include <vector>
+
+#include "strata/config/config_loader.h"
 #include "strata/model/model_source.h"
 #include "strata/tokenizer/tokenizer.h"
 
 namespace strata::cli {
 namespace {
 
-StatusOr<std::optional<tokenizer::ChatTemplateKind>> parse_template_kind(const std::string& s) {
-  if (s.empty()) return std::optional<tokenizer::ChatTemplateKind>();
-  if (s == "chatml") return std::optional(tokenizer::ChatTemplateKind::kChatML);
-  if (s == "llama3") return std::optional(tokenizer::ChatTemplateKind::kLlama3);
-  if (s == "mistral") return std::optional(tokenizer::ChatTemplateKind::kMistral);
-  return invalid_argument_error("--chat-template must be chatml, llama3 or mistral, got '" + s +
-                                "'");
+// Flag shortcuts and the deployment keys they set; `suffix` is appended to the value.
+struct FlagKey {
+  const char* flag;
+  const char* key;
+  const char* suffix = "";
+};
+constexpr FlagKey kFlagKeys[] = {
+    {"model", "model.path"},
+    {"dtype", "model.dtype"},
+    {"chat-template", "model.chat_template"},
+    {"served-name", "model.served_name"},
+    {"device", "devices.device"},
+    {"threads", "devices.cpu_threads"},
+    {"kv-cache-mib", "kv_cache.cache_bytes", "MiB"},
+    {"block-size", "kv_cache.block_size_tokens"},
+    {"max-num-seqs", "scheduler.max_num_seqs"},
+    {"max-batched-tokens", "scheduler.max_num_batched_tokens"},
+    {"host", "server.host"},
+    {"grpc-port", "server.grpc_port"},
+    {"http-port", "server.http_port"},
+    {"grace-seconds", "server.shutdown_grace_seconds"},
+};
+
+std::optional<tokenizer::ChatTemplateKind> to_template_kind(config::ChatTemplateFallback f) {
+  switch (f) {
+    case config::ChatTemplateFallback::kNone: return std::nullopt;
+    case config::ChatTemplateFallback::kChatML: return tokenizer::ChatTemplateKind::kChatML;
+    case config::ChatTemplateFallback::kLlama3: return tokenizer::ChatTemplateKind::kLlama3;
+    case config::ChatTemplateFallback::kMistral: return tokenizer::ChatTemplateKind::kMistral;
+  }
+  return std::nullopt;
+}
+
+StatusOr<engine::EngineOptions> engine_options(const config::DeploymentConfig& d) {
+  if (d.devices.tensor_parallel_size > 1) {
+    return unimplemented_error("devices.tensor_parallel_size " +
+                               std::to_string(d.devices.tensor_parallel_size) +
+                               ": tensor parallelism is not implemented yet; use 1");
+  }
+  engine::EngineOptions o;
+  STRATA_ASSIGN_OR_RETURN(o.executor.device,
+                          executor::parse_device(config::device_config_name(d.devices)));
+  const bool cuda = o.executor.device.kind == executor::DeviceKind::kCuda;
+  switch (d.model.dtype) {
+    case config::ModelDType::kAuto:
+      o.executor.dtype = cuda ? executor::DType::kBFloat16 : executor::DType::kFloat32;
+      break;
+    case config::ModelDType::kFloat32: o.executor.dtype = executor::DType::kFloat32; break;
+    case config::ModelDType::kBFloat16: o.executor.dtype = executor::DType::kBFloat16; break;
+    case config::ModelDType::kFloat16: o.executor.dtype = executor::DType::kFloat16; break;
+  }
+  o.executor.num_threads = d.devices.cpu_threads;
+  o.executor.kv_block_size_tokens = d.kv_cache.block_size_tokens;
+  o.executor.kv_cache_bytes = d.kv_cache.cache_bytes.value_or(0);
+  if (d.kv_cache.gpu_memory_fraction) {
+    o.executor.kv_cache_memory_fraction = *d.kv_cache.gpu_memory_fraction;
+  }
+  o.executor.host_kv_cache_bytes = d.kv_cache.host_cache_bytes;
+  o.enable_prefix_caching = d.kv_cache.enable_prefix_caching;
+  o.scheduler.max_num_seqs = d.scheduler.max_num_seqs;
+  o.scheduler.max_num_batched_tokens = d.scheduler.max_num_batched_tokens;
+  o.scheduler.preemption_mode = d.scheduler.preemption_mode == config::PreemptionMode::kSwap
+                                    ? scheduler::PreemptionMode::kSwap
+                                    : scheduler::PreemptionMode::kRecompute;
+  return o;
 }
 
 }  // namespace
 
-const std::set<std::string>& engine_flag_names() {
-  static const std::set<std::string> kNames = {
-      "model", "device", "dtype", "threads", "chat-template", "kv-cache-mib", "block-size",
-      "max-num-seqs", "max-batched-tokens"};
+const std::set<std::string>& deployment_flag_names() {
+  static const std::set<std::string> kNames = [] {
+    std::set<std::string> names = {"config"};
+    for (const FlagKey& fk : kFlagKeys) names.insert(fk.flag);
+    return names;
+  }();
   return kNames;
+}
+
+const std::set<std::string>& deployment_repeated_flag_names() {
+  static const std::set<std::string> kNames = {"set"};
+  return kNames;
+}
+
+StatusOr<config::DeploymentConfig> deployment_from_flags(const Flags& flags) {
+  config::DeploymentConfig d;
+  if (flags.has("config")) {
+    STRATA_ASSIGN_OR_RETURN(d, config::load_config_file(flags.get("config", "")));
+  }
+  for (const FlagKey& fk : kFlagKeys) {
+    if (!flags.has(fk.flag)) continue;
+    Status status = config::apply_override(d, fk.key, flags.get(fk.flag, "") + fk.suffix);
+    if (!status.ok()) {
+      return invalid_argument_error("--" + std::string(fk.flag) + ": " + status.message());
+    }
+  }
+  for (const std::string& assignment : flags.get_all("set")) {
+    const size_t eq = assignment.find('=');
+    if (eq == std::string::npos) {
+      return invalid_argument_error("--set " + assignment + ": expected section.key=value");
+    }
+    Status status =
+        config::apply_override(d, assignment.substr(0, eq), assignment.substr(eq + 1));
+    if (!status.ok()) return invalid_argument_error("--set " + assignment + ": " + status.message());
+  }
+  if (d.model.path.empty()) {
+    return invalid_argument_error("model.path is required: pass --model PATH or --config FILE");
+  }
+  STRATA_RETURN_IF_ERROR(d.validate());
+  return d;
 }
 
 const std::set<std::string>& sampling_flag_names() {
@@ -52,10 +149,10 @@ StatusOr<sampling::SamplingParams> parse_sampling(const Flags& flags, double def
   return p;
 }
 
-StatusOr<LoadedEngine> load_engine(const Flags& flags) {
-  if (!flags.has("model")) return invalid_argument_error("--model PATH is required");
+StatusOr<LoadedEngine> load_engine(const config::DeploymentConfig& deployment) {
+  STRATA_ASSIGN_OR_RETURN(engine::EngineOptions options, engine_options(deployment));
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<model::ModelSource> source,
-                          model::open_model_source(flags.get("model", "")));
+                          model::open_model_source(deployment.model.path));
   std::unique_ptr<tokenizer::Tokenizer> tok;
   if (const model::GgufFile* gguf = source->gguf()) {
     STRATA_ASSIGN_OR_RETURN(tok, tokenizer::Tokenizer::from_gguf(*gguf));
@@ -64,32 +161,13 @@ StatusOr<LoadedEngine> load_engine(const Flags& flags) {
                                      source->tokenizer_json_path()));
   }
   LoadedEngine loaded;
-  STRATA_ASSIGN_OR_RETURN(std::optional<tokenizer::ChatTemplateKind> fallback,
-                          parse_template_kind(flags.get("chat-template", "")));
-  StatusOr<tokenizer::ChatTemplate> chat =
-      tokenizer::ChatTemplate::from_source(tok->chat_template_source(), fallback);
+  StatusOr<tokenizer::ChatTemplate> chat = tokenizer::ChatTemplate::from_source(
+      tok->chat_template_source(), to_template_kind(deployment.model.chat_template));
   if (chat.ok()) {
     loaded.chat_template = std::move(chat).value();
   } else {
     loaded.chat_template_error = chat.status();
   }
-
-  engine::EngineOptions options;
-  STRATA_ASSIGN_OR_RETURN(options.executor.device,
-                          executor::parse_device(flags.get("device", "auto")));
-  const bool cuda = options.executor.device.kind == executor::DeviceKind::kCuda;
-  STRATA_ASSIGN_OR_RETURN(options.executor.dtype,
-                          executor::parse_dtype(flags.get("dtype", cuda ? "bfloat16" : "float32")));
-  STRATA_ASSIGN_OR_RETURN(int64_t threads, flags.get_int("threads", 0));
-  options.executor.num_threads = static_cast<int>(threads);
-  STRATA_ASSIGN_OR_RETURN(int64_t kv_mib, flags.get_int("kv-cache-mib", 0));
-  options.executor.kv_cache_bytes = kv_mib << 20;
-  STRATA_ASSIGN_OR_RETURN(int64_t block_size, flags.get_int("block-size", 16));
-  options.executor.kv_block_size_tokens = static_cast<int32_t>(block_size);
-  STRATA_ASSIGN_OR_RETURN(int64_t max_seqs, flags.get_int("max-num-seqs", 64));
-  options.scheduler.max_num_seqs = static_cast<int32_t>(max_seqs);
-  STRATA_ASSIGN_OR_RETURN(options.scheduler.max_num_batched_tokens,
-                          flags.get_int("max-batched-tokens", 512));
   STRATA_ASSIGN_OR_RETURN(loaded.engine,
                           engine::Engine::create(std::move(source), std::move(tok), options));
   return loaded;

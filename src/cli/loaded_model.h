@@ -1,4 +1,5 @@
-// An engine plus chat template built from the common CLI flags.
+// The deployment a command runs (config file, then command-line flags, then --set overrides) and
+// the engine built from it.
 #pragma once
 
 #include <memory>
@@ -7,22 +8,33 @@
 #include <string>
 
 #include "flags.h"
+#include "strata/config/deployment_config.h"
 #include "strata/engine/engine.h"
 #include "strata/tokenizer/chat_template.h"
 
 namespace strata::cli {
 
-// Flags understood by load_engine(): model, device and engine sizing.
-const std::set<std::string>& engine_flag_names();
+// Flags that shape the deployment: --config FILE, the model/engine/server shortcuts (--model,
+// --device, --dtype, --threads, --kv-cache-mib, --block-size, --max-num-seqs,
+// --max-batched-tokens, --chat-template, --served-name, --host, --grpc-port, --http-port,
+// --grace-seconds), and the repeatable --set section.key=value.
+const std::set<std::string>& deployment_flag_names();
+const std::set<std::string>& deployment_repeated_flag_names();
+
+// configs file (or built-in defaults) -> flag shortcuts -> --set overrides -> validate().
+// INVALID_ARGUMENT naming the key or flag on any bad value; NOT_FOUND for a missing file.
+StatusOr<config::DeploymentConfig> deployment_from_flags(const Flags& flags);
 
 struct LoadedEngine {
   std::unique_ptr<engine::Engine> engine;
-  // nullopt when the model has no usable template and no --chat-template fallback was given.
+  // nullopt when the model has no usable template and no chat_template fallback was configured.
   std::optional<tokenizer::ChatTemplate> chat_template;
   Status chat_template_error;  // why chat_template is empty
 };
 
-StatusOr<LoadedEngine> load_engine(const Flags& flags);
+// Opens the model and tokenizer and builds the engine. UNIMPLEMENTED for
+// devices.tensor_parallel_size > 1.
+StatusOr<LoadedEngine> load_engine(const config::DeploymentConfig& deployment);
 
 // Sampling flags shared by generate and chat: --temperature --top-p --top-k --min-p
 // --repetition-penalty --presence-penalty --frequency-penalty --seed --max-tokens --stop

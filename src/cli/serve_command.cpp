@@ -1,9 +1,8 @@
 // `strata serve`: the gRPC server over one model until SIGINT/SIGTERM, which stops accepting
-// calls, gives in-flight ones a grace period, and exits 0.
+// calls, gives in-flight ones the configured grace period, and exits 0.
 
 #include <csignal>
 #include <cstdio>
-#include <filesystem>
 
 #include "commands.h"
 #include "loaded_model.h"
@@ -13,31 +12,35 @@
 namespace strata::cli {
 namespace {
 
-constexpr const char* kUsage = R"(usage: strata serve --model PATH [options]
+constexpr const char* kUsage = R"(usage: strata serve (--config FILE | --model PATH) [options]
 
-Serves the model over gRPC (strata.v1.Generation, plus grpc.health.v1) until SIGINT or SIGTERM.
+Serves a model over gRPC (strata.v1.Generation, plus grpc.health.v1) until SIGINT or SIGTERM.
 
-  --model PATH            GGUF file or HF model directory
-  --host H                address to bind (default 127.0.0.1)
-  --grpc-port N           gRPC port (default 50051; 0 picks a free one, printed at start)
-  --grace-seconds N       time in-flight requests get to finish at shutdown (default 30)
-  --served-name NAME      model name reported to clients (default: the file name)
+  --config FILE           deployment file (configs/default.yaml documents every key)
+  --set SECTION.KEY=VALUE override one key of it (repeatable), e.g. --set scheduler.max_num_seqs=32
+  --model PATH            GGUF file or HF model directory (model.path)
+  --host H                address to bind (server.host, default 127.0.0.1)
+  --grpc-port N           gRPC port (server.grpc_port, default 50051)
+  --grace-seconds N       time in-flight requests get at shutdown (server.shutdown_grace_seconds)
+  --served-name NAME      model name reported to clients (model.served_name)
   --device, --dtype, --threads, --kv-cache-mib, --block-size, --max-num-seqs,
   --max-batched-tokens, --chat-template    as for `strata generate`
-Chat with it: strata chat --server HOST:PORT
+Prints "grpc_port=N" on stdout once serving. Chat with it: strata chat --server HOST:PORT
 )";
 
 Status serve(const std::vector<std::string>& args) {
-  std::set<std::string> value_flags = {"host", "grpc-port", "grace-seconds", "served-name"};
-  value_flags.insert(engine_flag_names().begin(), engine_flag_names().end());
-  STRATA_ASSIGN_OR_RETURN(Flags flags, Flags::parse(args, value_flags, {"help"}));
+  std::set<std::string> value_flags = deployment_flag_names();
+  STRATA_ASSIGN_OR_RETURN(
+      Flags flags, Flags::parse(args, value_flags, {"help"}, deployment_repeated_flag_names()));
   if (flags.has("help")) {
     std::fputs(kUsage, stdout);
     return Status();
   }
-  STRATA_ASSIGN_OR_RETURN(int64_t port, flags.get_int("grpc-port", 50051));
-  STRATA_ASSIGN_OR_RETURN(int64_t grace_seconds, flags.get_int("grace-seconds", 30));
-  if (port < 0 || port > 65535) return invalid_argument_error("--grpc-port must be 0..65535");
+  STRATA_ASSIGN_OR_RETURN(config::DeploymentConfig deployment, deployment_from_flags(flags));
+  const config::ServerSection& server = deployment.server;
+  if (server.grpc_port == 0) {
+    return invalid_argument_error("server.grpc_port is 0: no server to run");
+  }
 
   // Signals are taken synchronously by this thread; block them before any other thread starts.
   sigset_t signals;
@@ -46,14 +49,13 @@ Status serve(const std::vector<std::string>& args) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  std::fprintf(stderr, "loading %s ...\n", flags.get("model", "").c_str());
-  STRATA_ASSIGN_OR_RETURN(LoadedEngine loaded, load_engine(flags));
+  std::fprintf(stderr, "loading %s ...\n", deployment.model.path.c_str());
+  STRATA_ASSIGN_OR_RETURN(LoadedEngine loaded, load_engine(deployment));
   server::SessionStore sessions;
   server::GrpcServerOptions options;
-  options.host = flags.get("host", "127.0.0.1");
-  options.port = static_cast<int>(port);
-  options.served_name =
-      flags.get("served-name", std::filesystem::path(flags.get("model", "")).stem().string());
+  options.host = server.host;
+  options.port = server.grpc_port;
+  options.served_name = deployment.model.effective_served_name();
   STRATA_ASSIGN_OR_RETURN(
       std::unique_ptr<server::GrpcServer> grpc,
       server::GrpcServer::start(*loaded.engine, loaded.chat_template, sessions, options));
@@ -64,9 +66,9 @@ Status serve(const std::vector<std::string>& args) {
 
   int signal_number = 0;
   sigwait(&signals, &signal_number);
-  std::fprintf(stderr, "signal %d: draining for up to %lds\n", signal_number,
-               static_cast<long>(grace_seconds));
-  grpc->shutdown(std::chrono::seconds(grace_seconds));
+  std::fprintf(stderr, "signal %d: draining for up to %ds\n", signal_number,
+               server.shutdown_grace_seconds);
+  grpc->shutdown(std::chrono::seconds(server.shutdown_grace_seconds));
   return Status();
 }
 

@@ -162,7 +162,7 @@ Status TorchExecutor::allocate_kv_pool() {
     if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
       return internal_error("cudaMemGetInfo failed");
     }
-    bytes = static_cast<int64_t>(0.9 * static_cast<double>(free_bytes));
+    bytes = static_cast<int64_t>(options_.kv_cache_memory_fraction * static_cast<double>(free_bytes));
   } else if (bytes == 0) {
     bytes = 4 * blocks_per_context * block_bytes;
   }

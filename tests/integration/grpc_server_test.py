@@ -11,6 +11,7 @@ Prints "N passed, N failed" and exits non-zero on any failure.
 import argparse
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -46,8 +47,15 @@ def main():
     sys.path.insert(0, out_dir)
     from strata.v1 import generation_pb2 as pb  # noqa: E402
 
-    server = subprocess.Popen([args.binary, "serve", "--model", args.model, "--grpc-port", "0",
-                               "--grace-seconds", "20", "--max-num-seqs", "64"],
+    with socket.socket() as probe:  # a free loopback port for the server
+        probe.bind(("127.0.0.1", 0))
+        free_port = probe.getsockname()[1]
+    config = os.path.join(out_dir, "deployment.yaml")
+    with open(config, "w") as f:
+        f.write(f"model:\n  path: {args.model}\nserver:\n  grpc_port: {free_port}\n"
+                "  http_port: 0\n  shutdown_grace_seconds: 20\n")
+    server = subprocess.Popen([args.binary, "serve", "--config", config,
+                               "--set", "scheduler.max_num_seqs=64"],
                               stdout=subprocess.PIPE, text=True)
     line = server.stdout.readline()
     assert line.startswith("grpc_port="), f"server did not start: {line!r}"

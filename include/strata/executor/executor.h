@@ -40,9 +40,10 @@ struct ExecutorOptions {
   DType dtype = DType::kFloat32;
   int num_threads = 0;  // CPU intra-op threads; 0 keeps libtorch's default
   int32_t kv_block_size_tokens = 16;
-  // Bytes of the KV pool. 0: on CUDA, 90% of the device memory left after the weights; on CPU,
-  // enough for max_context_tokens x 4 sequences.
+  // Bytes of the KV pool. 0: on CUDA, kv_cache_memory_fraction of the device memory left after
+  // the weights; on CPU, enough for max_context_tokens x 4 sequences.
   int64_t kv_cache_bytes = 0;
+  double kv_cache_memory_fraction = 0.9;
   // Bytes of the host pool preempted sequences swap to (pinned when the device is CUDA);
   // 0 disables swapping.
   int64_t host_kv_cache_bytes = 0;

@@ -1,0 +1,202 @@
+// DeploymentConfig: the typed tree one deployment file (configs/*.yaml) describes, one struct per
+// top-level section. Plain data with defaults; config_loader.h reads and writes the YAML form, and
+// configs/default.yaml documents every key once.
+//
+// The structs are independent of the modules they configure (this module links only
+// strata_common): device and dtype are config enums here, and the caller maps them onto
+// executor::Device / executor::DType, scheduler::SchedulerConfig and so on.
+//
+// Validation: every validate() returns INVALID_ARGUMENT whose message starts with the full dotted
+// key it is about ("scheduler.max_num_seqs must be >= 1, got 0"); the loader relies on that to add
+// the key's line and column. Thread-compatible value types.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "strata/common/status.h"
+
+namespace strata::config {
+
+// ---- model ----------------------------------------------------------------------------------
+
+enum class ModelDType {
+  kAuto,  // bfloat16 on a CUDA device, float32 on the CPU (the caller resolves it)
+  kFloat32,
+  kBFloat16,
+  kFloat16,
+};
+
+// The chat template used when the model carries none (or one we cannot run).
+enum class ChatTemplateFallback { kNone, kChatML, kLlama3, kMistral };
+
+struct ModelSection {
+  // A .gguf file or a HF model directory; relative paths are relative to the process's working
+  // directory (not to the config file). Required.
+  std::string path;
+  ModelDType dtype = ModelDType::kAuto;
+  ChatTemplateFallback chat_template = ChatTemplateFallback::kNone;
+  // The model name the APIs report; empty: effective_served_name() derives it from `path`.
+  std::string served_name;
+
+  // served_name, or else the last component of `path` without its extension
+  // (".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf" -> "SmolLM2-135M-Instruct.Q4_1",
+  // "/models/llama-3-70b-instruct/" -> "llama-3-70b-instruct").
+  std::string effective_served_name() const;
+
+  // INVALID_ARGUMENT naming model.<key>.
+  Status validate() const;
+  bool operator==(const ModelSection&) const = default;
+};
+
+// ---- devices --------------------------------------------------------------------------------
+
+enum class DeviceKind {
+  kAuto,  // cuda:0 when a GPU is present, else the CPU (the caller resolves it)
+  kCpu,
+  kCuda,
+};
+
+struct DevicesSection {
+  DeviceKind device = DeviceKind::kAuto;
+  int32_t cuda_index = 0;  // N of "cuda:N" ("cuda" is "cuda:0"); 0 unless device is kCuda
+  // GPUs one model replica is split across. Values > 1 parse and validate (they need a CUDA or
+  // auto device) so deployment files can be written ahead, but the engine does not implement
+  // tensor parallelism yet: callers reject them with UNIMPLEMENTED.
+  int32_t tensor_parallel_size = 1;
+  int32_t cpu_threads = 0;  // CPU intra-op threads; 0 keeps the runtime's default
+
+  // INVALID_ARGUMENT naming devices.<key>.
+  Status validate() const;
+  bool operator==(const DevicesSection&) const = default;
+};
+
+// "auto" | "cpu" | "cuda" | "cuda:N": the YAML spelling of a DevicesSection's device, and the
+// string executor::parse_device() accepts.
+std::string device_config_name(const DevicesSection& devices);
+
+// ---- kv_cache -------------------------------------------------------------------------------
+
+struct KvCacheSection {
+  int32_t block_size_tokens = 16;  // a power of two in [1, 256]
+  // The device KV pool's size is one of: a fraction of the GPU's memory (needs a CUDA or auto
+  // device), or an explicit byte count. Neither: the executor's default (see ExecutorOptions).
+  // Setting both is an error.
+  std::optional<double> gpu_memory_fraction;  // in (0, 1]
+  std::optional<int64_t> cache_bytes;         // >= 1
+  int64_t host_cache_bytes = 0;  // host swap pool for preempted sequences; 0 disables swapping
+  bool enable_prefix_caching = true;
+
+  // INVALID_ARGUMENT naming kv_cache.<key>.
+  Status validate() const;
+  bool operator==(const KvCacheSection&) const = default;
+};
+
+// ---- scheduler ------------------------------------------------------------------------------
+
+enum class PreemptionMode { kRecompute, kSwap };
+
+struct SchedulerSection {
+  int32_t max_num_seqs = 64;             // sequences in one step
+  int64_t max_num_batched_tokens = 512;  // tokens in one step (prefill chunks + decodes)
+  PreemptionMode preemption_mode = PreemptionMode::kRecompute;
+  // Requests that may wait for admission before new ones are refused (the servers will answer
+  // 429 / RESOURCE_EXHAUSTED past it).
+  int64_t max_queued_requests = 1024;
+
+  // INVALID_ARGUMENT naming scheduler.<key>.
+  Status validate() const;
+  bool operator==(const SchedulerSection&) const = default;
+};
+
+// ---- server ---------------------------------------------------------------------------------
+
+struct ServerSection {
+  std::string host = "127.0.0.1";  // address both servers bind
+  int32_t grpc_port = 50051;       // 0 disables the gRPC server
+  int32_t http_port = 8000;        // 0 disables the HTTP server
+  // Accepted bearer keys; empty (and no api_keys_env): no authentication. At most one of
+  // api_keys and api_keys_env is set; resolve_api_keys() gives the effective list.
+  std::vector<std::string> api_keys;
+  // Name of an environment variable holding comma-separated keys, so secrets stay out of the file.
+  std::string api_keys_env;
+  int32_t shutdown_grace_seconds = 30;  // time in-flight requests get to finish on shutdown
+  int32_t request_timeout_seconds = 0;  // per request; 0: none
+
+  // INVALID_ARGUMENT naming server.<key>.
+  Status validate() const;
+  bool operator==(const ServerSection&) const = default;
+};
+
+// Reads an environment variable: its value, or nullopt when it is not set. Library code never
+// reads the environment itself; main() passes a function over getenv (or a fake in tests).
+using EnvLookup = std::function<std::optional<std::string>(const std::string& name)>;
+
+// The effective API keys: server.api_keys, or else the comma-separated, whitespace-trimmed,
+// non-empty entries of the variable server.api_keys_env names, looked up through `lookup`
+// (called only when api_keys_env is set). FAILED_PRECONDITION naming server.api_keys_env and the
+// variable when it is unset or holds no key (authentication was asked for; failing open would
+// disable it).
+StatusOr<std::vector<std::string>> resolve_api_keys(const ServerSection& server,
+                                                    const EnvLookup& lookup);
+
+// ---- logging --------------------------------------------------------------------------------
+
+enum class LogLevel { kTrace, kDebug, kInfo, kWarn, kError };
+enum class LogFormat { kText, kJson };
+
+struct LoggingSection {
+  LogLevel level = LogLevel::kInfo;
+  LogFormat format = LogFormat::kText;
+
+  Status validate() const { return Status(); }  // every value of the enums is valid
+  bool operator==(const LoggingSection&) const = default;
+};
+
+// ---- the tree -------------------------------------------------------------------------------
+
+struct DeploymentConfig {
+  ModelSection model;
+  DevicesSection devices;
+  KvCacheSection kv_cache;
+  SchedulerSection scheduler;
+  ServerSection server;
+  LoggingSection logging;
+
+  // Every section's validate(), in this order, then the constraints between sections
+  // (kv_cache.gpu_memory_fraction needs a non-CPU device). INVALID_ARGUMENT naming the key.
+  Status validate() const;
+  bool operator==(const DeploymentConfig&) const = default;
+};
+
+// Every key of the tree, dotted ("scheduler.max_num_seqs"), section by section in default.yaml's
+// order. The loader's allowed-key lists come from here.
+const std::vector<std::string_view>& config_keys();
+
+// Checks one key's own constraints (range, format), with the message validate() gives for it,
+// ignoring the constraints between keys. INVALID_ARGUMENT naming the key; NOT_FOUND if
+// `dotted_key` is not a key of the tree. Used by apply_override().
+Status validate_key(const DeploymentConfig& config, std::string_view dotted_key);
+
+// YAML spellings of the enum values ("bfloat16", "llama3" ("" for kNone), "swap", "warn",
+// "json"), as the loader reads and to_yaml() writes them.
+std::string_view config_name(ModelDType value);
+std::string_view config_name(ChatTemplateFallback value);
+std::string_view config_name(DeviceKind value);  // "auto" | "cpu" | "cuda"
+std::string_view config_name(PreemptionMode value);
+std::string_view config_name(LogLevel value);
+std::string_view config_name(LogFormat value);
+
+// Byte sizes as the config files write them: a plain integer, or an integer with a unit suffix,
+// optionally after one space: KiB MiB GiB TiB (powers of 1024) or KB MB GB TB (powers of 1000);
+// "B" is bytes. Case-sensitive. nullopt for anything else, a negative number or an overflow.
+std::optional<int64_t> parse_byte_size(std::string_view text);
+// The exact inverse: the largest binary unit that divides `num_bytes` ("4GiB", "512MiB"), else
+// the plain integer. REQUIRES: num_bytes >= 0.
+std::string format_byte_size(int64_t num_bytes);
+
+}  // namespace strata::config

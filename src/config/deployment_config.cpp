@@ -1,0 +1,461 @@
+#include "strata/config/deployment_config.h"
+
+#include <array>
+#include <charconv>
+#include <cmath>
+#include <limits>
+
+namespace strata::config {
+namespace {
+
+// One key of a section and its own constraint (nullptr: every value of its type is valid).
+// The tables below are the list of keys: config_keys(), validate_key() and each section's
+// validate() all read them.
+template <typename Section>
+struct KeyCheck {
+  std::string_view key;
+  Status (*check)(const Section&);
+};
+
+std::string format_number(double value) {
+  std::array<char, 64> buf;
+  auto [end, ec] = std::to_chars(buf.data(), buf.data() + buf.size(), value);
+  return std::string(buf.data(), end);
+}
+
+Status at_least(std::string_view key, int64_t value, int64_t min) {
+  if (value >= min) return Status();
+  return invalid_argument_error(std::string(key) + " must be >= " + std::to_string(min) + ", got " +
+                                std::to_string(value));
+}
+
+Status port(std::string_view key, int32_t value) {
+  if (value >= 0 && value <= 65535) return Status();
+  return invalid_argument_error(std::string(key) + " must be in [0, 65535] (0 disables), got " +
+                                std::to_string(value));
+}
+
+bool is_env_name(std::string_view name) {
+  if (name.empty() || (name[0] >= '0' && name[0] <= '9')) return false;
+  for (char c : name) {
+    const bool ok =
+        (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+bool has_space_or_control(std::string_view s) {
+  for (unsigned char c : s) {
+    if (c <= ' ' || c == 0x7f) return true;
+  }
+  return false;
+}
+
+const KeyCheck<ModelSection> kModelKeys[] = {
+    {"model.path",
+     [](const ModelSection& m) {
+       if (!m.path.empty()) return Status();
+       return invalid_argument_error("model.path is required (a .gguf file or a model directory)");
+     }},
+    {"model.dtype", nullptr},
+    {"model.chat_template", nullptr},
+    {"model.served_name",
+     [](const ModelSection& m) {
+       if (!has_space_or_control(m.served_name)) return Status();
+       return invalid_argument_error(
+           "model.served_name must not contain spaces or control characters, got '" +
+           m.served_name + "'");
+     }},
+};
+
+const KeyCheck<DevicesSection> kDevicesKeys[] = {
+    {"devices.device",
+     [](const DevicesSection& d) {
+       if (d.cuda_index < 0) {
+         return invalid_argument_error("devices.device: the CUDA device index must be >= 0, got " +
+                                       std::to_string(d.cuda_index));
+       }
+       if (d.device != DeviceKind::kCuda && d.cuda_index != 0) {
+         return invalid_argument_error("devices.device: a CUDA device index (" +
+                                       std::to_string(d.cuda_index) + ") needs device cuda, got " +
+                                       std::string(config_name(d.device)));
+       }
+       return Status();
+     }},
+    {"devices.tensor_parallel_size",
+     [](const DevicesSection& d) {
+       return at_least("devices.tensor_parallel_size", d.tensor_parallel_size, 1);
+     }},
+    {"devices.cpu_threads",
+     [](const DevicesSection& d) { return at_least("devices.cpu_threads", d.cpu_threads, 0); }},
+};
+
+const KeyCheck<KvCacheSection> kKvCacheKeys[] = {
+    {"kv_cache.block_size_tokens",
+     [](const KvCacheSection& k) {
+       const int32_t n = k.block_size_tokens;
+       if (n >= 1 && n <= 256 && (n & (n - 1)) == 0) return Status();
+       return invalid_argument_error(
+           "kv_cache.block_size_tokens must be a power of two in [1, 256], got " +
+           std::to_string(n));
+     }},
+    {"kv_cache.gpu_memory_fraction",
+     [](const KvCacheSection& k) {
+       // Written so that NaN fails too.
+       if (!k.gpu_memory_fraction || (*k.gpu_memory_fraction > 0 && *k.gpu_memory_fraction <= 1)) {
+         return Status();
+       }
+       return invalid_argument_error("kv_cache.gpu_memory_fraction must be in (0, 1], got " +
+                                     format_number(*k.gpu_memory_fraction));
+     }},
+    {"kv_cache.cache_bytes",
+     [](const KvCacheSection& k) {
+       return k.cache_bytes ? at_least("kv_cache.cache_bytes", *k.cache_bytes, 1) : Status();
+     }},
+    {"kv_cache.host_cache_bytes",
+     [](const KvCacheSection& k) {
+       return at_least("kv_cache.host_cache_bytes", k.host_cache_bytes, 0);
+     }},
+    {"kv_cache.enable_prefix_caching", nullptr},
+};
+
+const KeyCheck<SchedulerSection> kSchedulerKeys[] = {
+    {"scheduler.max_num_seqs",
+     [](const SchedulerSection& s) {
+       return at_least("scheduler.max_num_seqs", s.max_num_seqs, 1);
+     }},
+    {"scheduler.max_num_batched_tokens",
+     [](const SchedulerSection& s) {
+       return at_least("scheduler.max_num_batched_tokens", s.max_num_batched_tokens, 1);
+     }},
+    {"scheduler.preemption_mode", nullptr},
+    {"scheduler.max_queued_requests",
+     [](const SchedulerSection& s) {
+       return at_least("scheduler.max_queued_requests", s.max_queued_requests, 1);
+     }},
+};
+
+const KeyCheck<ServerSection> kServerKeys[] = {
+    {"server.host",
+     [](const ServerSection& s) {
+       if (!s.host.empty() && !has_space_or_control(s.host)) return Status();
+       return invalid_argument_error(
+           "server.host must be a non-empty address without spaces, got '" + s.host + "'");
+     }},
+    {"server.grpc_port",
+     [](const ServerSection& s) { return port("server.grpc_port", s.grpc_port); }},
+    {"server.http_port",
+     [](const ServerSection& s) { return port("server.http_port", s.http_port); }},
+    {"server.api_keys",
+     [](const ServerSection& s) {
+       for (size_t i = 0; i < s.api_keys.size(); ++i) {
+         if (s.api_keys[i].empty() || has_space_or_control(s.api_keys[i])) {
+           return invalid_argument_error("server.api_keys[" + std::to_string(i) +
+                                         "] must be non-empty, without spaces or control "
+                                         "characters");
+         }
+       }
+       return Status();
+     }},
+    {"server.api_keys_env",
+     [](const ServerSection& s) {
+       if (s.api_keys_env.empty() || is_env_name(s.api_keys_env)) return Status();
+       std::string message = "server.api_keys_env must be an environment variable name ";
+       message += "([A-Za-z_][A-Za-z0-9_]*), got '" + s.api_keys_env + "'";
+       return invalid_argument_error(std::move(message));
+     }},
+    {"server.shutdown_grace_seconds",
+     [](const ServerSection& s) {
+       return at_least("server.shutdown_grace_seconds", s.shutdown_grace_seconds, 0);
+     }},
+    {"server.request_timeout_seconds",
+     [](const ServerSection& s) {
+       return at_least("server.request_timeout_seconds", s.request_timeout_seconds, 0);
+     }},
+};
+
+const KeyCheck<LoggingSection> kLoggingKeys[] = {
+    {"logging.level", nullptr},
+    {"logging.format", nullptr},
+};
+
+template <typename Section, size_t N>
+Status check_keys(const KeyCheck<Section> (&table)[N], const Section& section) {
+  for (const KeyCheck<Section>& entry : table) {
+    if (entry.check) STRATA_RETURN_IF_ERROR(entry.check(section));
+  }
+  return Status();
+}
+
+// Sets `found` and returns the key's check result if `key` is in `table`.
+template <typename Section, size_t N>
+Status check_one_key(const KeyCheck<Section> (&table)[N], const Section& section,
+                     std::string_view key, bool& found) {
+  for (const KeyCheck<Section>& entry : table) {
+    if (entry.key != key) continue;
+    found = true;
+    return entry.check ? entry.check(section) : Status();
+  }
+  return Status();
+}
+
+template <typename Section, size_t N>
+void append_keys(const KeyCheck<Section> (&table)[N], std::vector<std::string_view>& keys) {
+  for (const KeyCheck<Section>& entry : table) keys.push_back(entry.key);
+}
+
+std::string_view trim(std::string_view s) {
+  const auto space = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; };
+  while (!s.empty() && space(s.front())) s.remove_prefix(1);
+  while (!s.empty() && space(s.back())) s.remove_suffix(1);
+  return s;
+}
+
+}  // namespace
+
+std::string ModelSection::effective_served_name() const {
+  if (!served_name.empty()) return served_name;
+  std::string_view name = path;
+  while (name.size() > 1 && name.back() == '/') name.remove_suffix(1);
+  if (const size_t slash = name.rfind('/'); slash != std::string_view::npos && name.size() > 1) {
+    name.remove_prefix(slash + 1);
+  }
+  constexpr std::string_view kGguf = ".gguf";
+  if (name.size() > kGguf.size() && name.ends_with(kGguf)) name.remove_suffix(kGguf.size());
+  return std::string(name);
+}
+
+Status ModelSection::validate() const { return check_keys(kModelKeys, *this); }
+
+Status DevicesSection::validate() const {
+  STRATA_RETURN_IF_ERROR(check_keys(kDevicesKeys, *this));
+  if (device == DeviceKind::kCpu && tensor_parallel_size != 1) {
+    return invalid_argument_error("devices.tensor_parallel_size must be 1 on the cpu device, got " +
+                                  std::to_string(tensor_parallel_size));
+  }
+  return Status();
+}
+
+std::string device_config_name(const DevicesSection& devices) {
+  if (devices.device == DeviceKind::kCuda && devices.cuda_index != 0) {
+    return "cuda:" + std::to_string(devices.cuda_index);
+  }
+  return std::string(config_name(devices.device));
+}
+
+Status KvCacheSection::validate() const {
+  STRATA_RETURN_IF_ERROR(check_keys(kKvCacheKeys, *this));
+  if (gpu_memory_fraction && cache_bytes) {
+    return invalid_argument_error(
+        "kv_cache.gpu_memory_fraction and kv_cache.cache_bytes are both set; set one of them");
+  }
+  return Status();
+}
+
+Status SchedulerSection::validate() const { return check_keys(kSchedulerKeys, *this); }
+
+Status ServerSection::validate() const {
+  STRATA_RETURN_IF_ERROR(check_keys(kServerKeys, *this));
+  if (!api_keys.empty() && !api_keys_env.empty()) {
+    return invalid_argument_error(
+        "server.api_keys_env and server.api_keys are both set; set one of them");
+  }
+  if (grpc_port != 0 && grpc_port == http_port) {
+    return invalid_argument_error("server.http_port must differ from server.grpc_port, both are " +
+                                  std::to_string(grpc_port));
+  }
+  return Status();
+}
+
+StatusOr<std::vector<std::string>> resolve_api_keys(const ServerSection& server,
+                                                    const EnvLookup& lookup) {
+  STRATA_RETURN_IF_ERROR(server.validate());
+  if (server.api_keys_env.empty()) return server.api_keys;
+  const std::optional<std::string> value = lookup(server.api_keys_env);
+  if (!value) {
+    return failed_precondition_error("server.api_keys_env names the environment variable " +
+                                     server.api_keys_env + ", which is not set");
+  }
+  std::vector<std::string> keys;
+  std::string_view rest = *value;
+  while (!rest.empty()) {
+    const size_t comma = rest.find(',');
+    const std::string_view key = trim(rest.substr(0, comma));
+    if (!key.empty()) keys.emplace_back(key);
+    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+  }
+  if (keys.empty()) {
+    return failed_precondition_error("server.api_keys_env names the environment variable " +
+                                     server.api_keys_env + ", which holds no key");
+  }
+  return keys;
+}
+
+Status DeploymentConfig::validate() const {
+  STRATA_RETURN_IF_ERROR(model.validate());
+  STRATA_RETURN_IF_ERROR(devices.validate());
+  STRATA_RETURN_IF_ERROR(kv_cache.validate());
+  STRATA_RETURN_IF_ERROR(scheduler.validate());
+  STRATA_RETURN_IF_ERROR(server.validate());
+  STRATA_RETURN_IF_ERROR(logging.validate());
+  if (kv_cache.gpu_memory_fraction && devices.device == DeviceKind::kCpu) {
+    return invalid_argument_error(
+        "kv_cache.gpu_memory_fraction needs a cuda or auto device, but devices.device is cpu; "
+        "size a CPU pool with kv_cache.cache_bytes");
+  }
+  return Status();
+}
+
+const std::vector<std::string_view>& config_keys() {
+  static const std::vector<std::string_view> kKeys = [] {
+    std::vector<std::string_view> keys;
+    append_keys(kModelKeys, keys);
+    append_keys(kDevicesKeys, keys);
+    append_keys(kKvCacheKeys, keys);
+    append_keys(kSchedulerKeys, keys);
+    append_keys(kServerKeys, keys);
+    append_keys(kLoggingKeys, keys);
+    return keys;
+  }();
+  return kKeys;
+}
+
+Status validate_key(const DeploymentConfig& config, std::string_view dotted_key) {
+  bool found = false;
+  Status status = check_one_key(kModelKeys, config.model, dotted_key, found);
+  if (!found) status = check_one_key(kDevicesKeys, config.devices, dotted_key, found);
+  if (!found) status = check_one_key(kKvCacheKeys, config.kv_cache, dotted_key, found);
+  if (!found) status = check_one_key(kSchedulerKeys, config.scheduler, dotted_key, found);
+  if (!found) status = check_one_key(kServerKeys, config.server, dotted_key, found);
+  if (!found) status = check_one_key(kLoggingKeys, config.logging, dotted_key, found);
+  if (!found) {
+    std::string message(dotted_key);
+    message += " is not a config key";
+    return not_found_error(std::move(message));
+  }
+  return status;
+}
+
+std::string_view config_name(ModelDType value) {
+  switch (value) {
+    case ModelDType::kAuto:
+      return "auto";
+    case ModelDType::kFloat32:
+      return "float32";
+    case ModelDType::kBFloat16:
+      return "bfloat16";
+    case ModelDType::kFloat16:
+      return "float16";
+  }
+  return "?";
+}
+
+std::string_view config_name(ChatTemplateFallback value) {
+  switch (value) {
+    case ChatTemplateFallback::kNone:
+      return "";
+    case ChatTemplateFallback::kChatML:
+      return "chatml";
+    case ChatTemplateFallback::kLlama3:
+      return "llama3";
+    case ChatTemplateFallback::kMistral:
+      return "mistral";
+  }
+  return "?";
+}
+
+std::string_view config_name(DeviceKind value) {
+  switch (value) {
+    case DeviceKind::kAuto:
+      return "auto";
+    case DeviceKind::kCpu:
+      return "cpu";
+    case DeviceKind::kCuda:
+      return "cuda";
+  }
+  return "?";
+}
+
+std::string_view config_name(PreemptionMode value) {
+  switch (value) {
+    case PreemptionMode::kRecompute:
+      return "recompute";
+    case PreemptionMode::kSwap:
+      return "swap";
+  }
+  return "?";
+}
+
+std::string_view config_name(LogLevel value) {
+  switch (value) {
+    case LogLevel::kTrace:
+      return "trace";
+    case LogLevel::kDebug:
+      return "debug";
+    case LogLevel::kInfo:
+      return "info";
+    case LogLevel::kWarn:
+      return "warn";
+    case LogLevel::kError:
+      return "error";
+  }
+  return "?";
+}
+
+std::string_view config_name(LogFormat value) {
+  switch (value) {
+    case LogFormat::kText:
+      return "text";
+    case LogFormat::kJson:
+      return "json";
+  }
+  return "?";
+}
+
+namespace {
+
+struct ByteUnit {
+  std::string_view suffix;
+  int64_t multiplier;
+};
+constexpr int64_t kKiB = int64_t{1} << 10;
+constexpr ByteUnit kByteUnits[] = {
+    {"KiB", kKiB}, {"MiB", kKiB << 10}, {"GiB", kKiB << 20},  {"TiB", kKiB << 30},
+    {"KB", 1000},  {"MB", 1000 * 1000}, {"GB", 1000'000'000}, {"TB", 1000'000'000'000},
+    {"B", 1},
+};
+
+}  // namespace
+
+std::optional<int64_t> parse_byte_size(std::string_view text) {
+  size_t digits = 0;
+  while (digits < text.size() && text[digits] >= '0' && text[digits] <= '9') ++digits;
+  if (digits == 0) return std::nullopt;
+  int64_t number = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + digits, number);
+  if (ec != std::errc()) return std::nullopt;
+  std::string_view unit = text.substr(digits);
+  if (unit.empty()) return number;
+  if (unit.front() == ' ') unit.remove_prefix(1);
+  for (const ByteUnit& u : kByteUnits) {
+    if (unit != u.suffix) continue;
+    if (number > std::numeric_limits<int64_t>::max() / u.multiplier) return std::nullopt;
+    return number * u.multiplier;
+  }
+  return std::nullopt;
+}
+
+std::string format_byte_size(int64_t num_bytes) {
+  if (num_bytes > 0) {
+    for (int i = 3; i >= 0; --i) {
+      const ByteUnit& u = kByteUnits[i];
+      if (num_bytes % u.multiplier == 0) {
+        return std::to_string(num_bytes / u.multiplier) + std::string(u.suffix);
+      }
+    }
+  }
+  return std::to_string(num_bytes);
+}
+
+}  // namespace strata::config
