@@ -35,9 +35,7 @@ cmake --build build-gpu -j"$(nproc)" || exit 1
 status=0
 (cd build-gpu && ctest --output-on-failure -L 'gpu|model|reference' -j4 \
   --output-junit "$out/ctest-gpu.xml") || status=1
-for bench in build-gpu/bench/*_bench; do
-  [[ -x "$bench" ]] || continue
-  name=$(basename "$bench")
-  "$bench" --json "$out/$name.json" || status=1
+for bench in kernels_bench attention_bench; do
+  build-gpu/bench/$bench --json "$out/$bench.json" | tee "$out/$bench.txt" || status=1
 done
 exit $status
