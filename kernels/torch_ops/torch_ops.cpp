@@ -118,6 +118,8 @@ void check_paged_attention_args(const at::Tensor& q, const at::Tensor& kv_cache,
               block_tables.sizes());
   TORCH_CHECK(cu_q_lens.dim() == 1 && cu_q_lens.size(0) == num_seqs + 1,
               "cu_q_lens must be [num_seqs + 1 = ", num_seqs + 1, "], got ", cu_q_lens.sizes());
+  TORCH_CHECK(num_seqs > 0 || q.size(0) == 0, "q has ", q.size(0), " tokens but there are no "
+              "sequences");
   TORCH_CHECK(max_q_len >= 1 || q.size(0) == 0, "max_q_len must be >= 1, got ", max_q_len);
 }
 
@@ -150,8 +152,9 @@ void check_paged_attention_values(const at::Tensor& q, const at::Tensor& kv_cach
   }
 }
 
-// CPU path: gather each sequence's K/V from its blocks, then SDPA per sequence.
-void paged_attention_cpu(at::Tensor& out, const at::Tensor& q, const at::Tensor& kv_cache,
+// ATen path (CPU, and float32 on CUDA): gather each sequence's K/V from its blocks, then SDPA
+// per sequence. seq_lens and cu_q_lens must be host tensors.
+void paged_attention_aten(at::Tensor& out, const at::Tensor& q, const at::Tensor& kv_cache,
                          const at::Tensor& block_tables, const at::Tensor& seq_lens,
                          const at::Tensor& cu_q_lens, double scale) {
   const int64_t num_kv_heads = kv_cache.size(2);
@@ -249,7 +252,11 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& kv_cache,
   check_paged_attention_args(q, kv_cache, block_tables, seq_lens, cu_q_lens, max_q_len);
   at::Tensor out = at::empty(q.sizes(), q.options().memory_format(at::MemoryFormat::Contiguous));
   if (q.size(0) == 0) return out;
-  if (q.is_cuda()) {
+  if (q.is_cuda() && q.scalar_type() == at::kFloat) {
+    // float32 on CUDA is a reference dtype, not a serving one: the kernel covers fp16/bf16 and
+    // this runs the ATen path (reading the lengths on the host costs a sync).
+    paged_attention_aten(out, q, kv_cache, block_tables, seq_lens.cpu(), cu_q_lens.cpu(), scale);
+  } else if (q.is_cuda()) {
     paged_attention_cuda(out, q, kv_cache, block_tables, seq_lens, cu_q_lens, max_q_len, scale);
   } else {
     TORCH_CHECK(q.is_cpu(), "paged_attention supports CPU and CUDA tensors, got ", q.device());
@@ -258,7 +265,7 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& kv_cache,
                 "paged_attention on CPU supports float32, float16 and bfloat16, got ",
                 q.scalar_type());
     check_paged_attention_values(q, kv_cache, block_tables, seq_lens, cu_q_lens, max_q_len);
-    paged_attention_cpu(out, q, kv_cache, block_tables, seq_lens, cu_q_lens, scale);
+    paged_attention_aten(out, q, kv_cache, block_tables, seq_lens, cu_q_lens, scale);
   }
   return out;
 }

@@ -33,8 +33,9 @@ at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Te
 // last dims contiguous, 16-byte aligned strides (any token/head stride of q, e.g. a view of a
 // fused QKV output); the index values are not validated (see the REQUIRES of
 // launch_paged_attention); runs on the current stream, with a split-K workspace from the caching
-// allocator. On CPU: float32/float16/bfloat16, any head_dim; index values are validated; per
-// sequence gather + at::scaled_dot_product_attention (enable_gqa).
+// allocator; float32 on CUDA falls back to the ATen path. On CPU: float32/float16/bfloat16, any
+// head_dim; index values are validated; per sequence gather + at::scaled_dot_product_attention
+// (enable_gqa).
 // Throws c10::Error on a bad shape, dtype, device or layout (and, on CPU, bad index values).
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& kv_cache,
                            const at::Tensor& block_tables, const at::Tensor& seq_lens,

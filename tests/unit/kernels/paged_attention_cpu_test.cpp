@@ -201,6 +201,12 @@ TEST_F(PagedAttentionCpuErrors, Shapes) {
   expect_error([&] {
     call(b.q, b.kv_cache, b.block_tables, b.seq_lens.unsqueeze(0), b.cu_q_lens, 3);
   }, "seq_lens must be [num_seqs]");
+  expect_error([&] {
+    call(b.q, b.kv_cache, b.block_tables.narrow(0, 0, 0), b.seq_lens.narrow(0, 0, 0),
+         b.cu_q_lens.narrow(0, 0, 1), 3);
+  }, "q has 4 tokens but there are no sequences");
+  expect_error([&] { call(b.q, b.kv_cache, b.block_tables, b.seq_lens, b.cu_q_lens, 0); },
+               "max_q_len must be >= 1");
 }
 
 TEST_F(PagedAttentionCpuErrors, DtypesAndDevices) {
