@@ -65,6 +65,11 @@ pb::FinishReason to_proto(engine::FinishReason reason) {
   return pb::FINISH_REASON_UNSPECIFIED;
 }
 
+// Sessions are per tenant: the same id under two API keys names two conversations.
+std::string session_key(const std::string& tenant, const std::string& session_id) {
+  return tenant + '\n' + session_id;
+}
+
 std::string request_id_string(engine::RequestId id) { return "req-" + std::to_string(id.value); }
 
 std::optional<engine::RequestId> parse_request_id(const std::string& s) {
@@ -78,13 +83,17 @@ std::optional<engine::RequestId> parse_request_id(const std::string& s) {
 class GenerationService final : public pb::Generation::Service {
  public:
   GenerationService(engine::Engine& engine, std::optional<tokenizer::ChatTemplate> chat,
-                    SessionStore& sessions, std::string served_name)
+                    SessionStore& sessions, std::string served_name,
+                    std::vector<std::string> api_keys)
       : engine_(engine), chat_(std::move(chat)), sessions_(sessions),
-        served_name_(std::move(served_name)) {}
+        served_name_(std::move(served_name)), api_keys_(std::move(api_keys)) {}
 
   grpc::Status Generate(grpc::ServerContext* context, const pb::GenerateRequest* request,
                         grpc::ServerWriter<pb::GenerateResponse>* writer) override {
+    std::string tenant;
+    if (grpc::Status auth = authorize(context, &tenant); !auth.ok()) return auth;
     engine::GenerateRequest r;
+    r.tenant = tenant;
     switch (request->input_case()) {
       case pb::GenerateRequest::kPrompt:
         if (request->prompt().empty()) {
@@ -109,6 +118,8 @@ class GenerationService final : public pb::Generation::Service {
 
   grpc::Status Chat(grpc::ServerContext* context, const pb::ChatRequest* request,
                     grpc::ServerWriter<pb::GenerateResponse>* writer) override {
+    std::string tenant;
+    if (grpc::Status auth = authorize(context, &tenant); !auth.ok()) return auth;
     if (!chat_) {
       return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                           "the model has no chat template this server understands");
@@ -127,7 +138,8 @@ class GenerationService final : public pb::Generation::Service {
       }
       turn = {request->message().role().empty() ? "user" : request->message().role(),
               request->message().content()};
-      messages = sessions_.begin_turn(request->session_id(), turn, request->system());
+      messages = sessions_.begin_turn(session_key(tenant, request->session_id()), turn,
+                                      request->system());
     } else {
       for (const pb::ChatMessage& m : request->messages()) messages.push_back({m.role(), m.content()});
     }
@@ -142,23 +154,30 @@ class GenerationService final : public pb::Generation::Service {
     StatusOr<std::string> text = chat_->render(messages, /*add_generation_prompt=*/true);
     if (!text.ok()) return to_grpc_status(text.status());
     engine::GenerateRequest r;
+    r.tenant = tenant;
     r.prompt_token_ids = engine_.tokenizer().encode(*text, chat_->encode_add_bos());
     r.sampling = to_sampling(request->sampling());
     r.priority = request->priority();
     std::string reply;
     grpc::Status status = stream(context, std::move(r), request->session_id(), writer, &reply);
-    if (status.ok() && in_session) sessions_.commit_turn(request->session_id(), turn, reply);
+    if (status.ok() && in_session) {
+      sessions_.commit_turn(session_key(tenant, request->session_id()), turn, reply);
+    }
     return status;
   }
 
-  grpc::Status EndSession(grpc::ServerContext*, const pb::EndSessionRequest* request,
+  grpc::Status EndSession(grpc::ServerContext* context, const pb::EndSessionRequest* request,
                           pb::EndSessionResponse* response) override {
-    response->set_existed(sessions_.erase(request->session_id()));
+    std::string tenant;
+    if (grpc::Status auth = authorize(context, &tenant); !auth.ok()) return auth;
+    response->set_existed(sessions_.erase(session_key(tenant, request->session_id())));
     return grpc::Status::OK;
   }
 
-  grpc::Status Abort(grpc::ServerContext*, const pb::AbortRequest* request,
+  grpc::Status Abort(grpc::ServerContext* context, const pb::AbortRequest* request,
                      pb::AbortResponse* response) override {
+    std::string tenant;
+    if (grpc::Status auth = authorize(context, &tenant); !auth.ok()) return auth;
     const std::optional<engine::RequestId> id = parse_request_id(request->request_id());
     if (!id) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
@@ -169,8 +188,10 @@ class GenerationService final : public pb::Generation::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status GetModelInfo(grpc::ServerContext*, const pb::ModelInfoRequest*,
+  grpc::Status GetModelInfo(grpc::ServerContext* context, const pb::ModelInfoRequest*,
                             pb::ModelInfo* info) override {
+    std::string tenant;
+    if (grpc::Status auth = authorize(context, &tenant); !auth.ok()) return auth;
     const model::ModelConfig& c = engine_.model_config();
     const executor::Executor& ex = engine_.executor();
     info->set_name(served_name_);
@@ -186,6 +207,25 @@ class GenerationService final : public pb::Generation::Service {
   }
 
  private:
+  // With API keys configured, the call must carry "authorization: Bearer <key>"; the key is the
+  // tenant. UNAUTHENTICATED otherwise.
+  grpc::Status authorize(grpc::ServerContext* context, std::string* tenant) const {
+    if (api_keys_.empty()) return grpc::Status::OK;
+    const auto& metadata = context->client_metadata();
+    auto it = metadata.find("authorization");
+    if (it != metadata.end()) {
+      const std::string value(it->second.data(), it->second.size());
+      for (const std::string& key : api_keys_) {
+        if (value == "Bearer " + key) {
+          *tenant = key;
+          return grpc::Status::OK;
+        }
+      }
+    }
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                        "authorization: a valid \"Bearer <api key>\" is required");
+  }
+
   // Submits the request and relays its deltas until it finishes, the client goes away (the
   // request is cancelled and its KV freed) or the deadline passes. Collects the reply text.
   grpc::Status stream(grpc::ServerContext* context, engine::GenerateRequest request,
@@ -247,6 +287,7 @@ class GenerationService final : public pb::Generation::Service {
   const std::optional<tokenizer::ChatTemplate> chat_;
   SessionStore& sessions_;
   const std::string served_name_;
+  const std::vector<std::string> api_keys_;
 };
 
 }  // namespace
@@ -266,7 +307,7 @@ StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::start(
     SessionStore& sessions, const GrpcServerOptions& options) {
   auto impl = std::make_unique<Impl>();
   impl->service = std::make_unique<GenerationService>(engine, std::move(chat_template), sessions,
-                                                      options.served_name);
+                                                      options.served_name, options.api_keys);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.host + ":" + std::to_string(options.port),

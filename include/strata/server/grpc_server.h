@@ -6,6 +6,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "strata/common/status.h"
 #include "strata/engine/engine.h"
@@ -18,6 +19,10 @@ struct GrpcServerOptions {
   std::string host = "127.0.0.1";
   int port = 50051;  // 0 picks a free port (see GrpcServer::port())
   std::string served_name;  // model name reported by GetModelInfo
+  // Accepted keys, sent as "authorization: Bearer <key>" metadata; empty = no authentication.
+  // The key a request presents is its tenant: prefix-cache entries are salted with it, so one
+  // tenant's cached prompts never serve (or reveal themselves to) another.
+  std::vector<std::string> api_keys;
 };
 
 class GrpcServer {
