@@ -71,6 +71,7 @@ StatusOr<engine::EngineOptions> engine_options(const config::DeploymentConfig& d
   o.enable_prefix_caching = d.kv_cache.enable_prefix_caching;
   o.scheduler.max_num_seqs = d.scheduler.max_num_seqs;
   o.scheduler.max_num_batched_tokens = d.scheduler.max_num_batched_tokens;
+  o.max_queued_requests = d.scheduler.max_queued_requests;
   o.scheduler.preemption_mode = d.scheduler.preemption_mode == config::PreemptionMode::kSwap
                                     ? scheduler::PreemptionMode::kSwap
                                     : scheduler::PreemptionMode::kRecompute;

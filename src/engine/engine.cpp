@@ -131,6 +131,11 @@ StatusOr<std::shared_ptr<RequestStream>> Engine::submit(GenerateRequest request)
   {
     std::scoped_lock lock(mutex_);
     if (stopping_) return Status(StatusCode::kUnavailable, "the engine is shutting down");
+    const int64_t queued = static_cast<int64_t>(inbox_.size()) + stats_.num_waiting;
+    if (queued >= options_.max_queued_requests) {
+      return resource_exhausted_error("the request queue is full (" + std::to_string(queued) +
+                                      " waiting); retry later");
+    }
     stream = std::make_shared<RequestStream>(RequestId{next_id_++});
     inbox_.emplace_back(std::move(request), stream);
   }

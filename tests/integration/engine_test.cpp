@@ -271,6 +271,32 @@ TEST(EngineTest, InvalidRequestsAreRejectedNamingTheField) {
   EXPECT_EQ(rejection(bad_temperature).code(), StatusCode::kInvalidArgument);
 }
 
+TEST(EngineTest, AFullQueueRefusesNewRequests) {
+  EngineOptions options = small_engine_options();
+  options.max_queued_requests = 4;
+  options.scheduler.max_num_seqs = 1;  // one runs, the others queue
+  std::unique_ptr<Engine> engine = make_engine(tiny_qwen2_path(), options);
+  ASSERT_TRUE(engine);
+  GenerateRequest request;
+  request.prompt_token_ids = {1, 2, 3};
+  request.sampling.max_tokens = 50;
+  request.sampling.ignore_eos = true;
+  std::vector<std::shared_ptr<RequestStream>> accepted;
+  Status refused;
+  for (int i = 0; i < 64 && refused.ok(); ++i) {
+    StatusOr<std::shared_ptr<RequestStream>> stream = engine->submit(request);
+    if (stream.ok()) {
+      accepted.push_back(*stream);
+    } else {
+      refused = stream.status();
+    }
+  }
+  EXPECT_EQ(refused.code(), StatusCode::kResourceExhausted) << "submitting faster than it runs";
+  EXPECT_GE(accepted.size(), 4u);
+  for (auto& stream : accepted) collect(*stream);  // the accepted ones all finish
+  EXPECT_TRUE(engine->submit(request).ok()) << "room again once the queue drained";
+}
+
 TEST(EngineTest, StopStringsAndStopTokensOnTheDefaultModel) {
   std::unique_ptr<Engine> engine = make_engine(STRATA_TEST_MODEL, EngineOptions{});
   ASSERT_TRUE(engine);

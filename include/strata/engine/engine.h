@@ -106,6 +106,9 @@ struct EngineOptions {
   executor::ExecutorOptions executor;
   scheduler::SchedulerConfig scheduler;
   bool enable_prefix_caching = true;
+  // Requests waiting for admission beyond which submit() answers RESOURCE_EXHAUSTED, so a burst
+  // cannot grow memory without bound.
+  int64_t max_queued_requests = 1024;
 };
 
 struct EngineStats {
@@ -136,7 +139,7 @@ class Engine {
 
   // Queues a request. INVALID_ARGUMENT naming the field for an empty prompt, a token id outside
   // the vocabulary, a prompt that leaves no room in the context window, or invalid sampling
-  // parameters. Thread-safe.
+  // parameters; RESOURCE_EXHAUSTED when max_queued_requests are already waiting. Thread-safe.
   StatusOr<std::shared_ptr<RequestStream>> submit(GenerateRequest request);
   // Cancels a request: its stream ends with kAbort and its KV is freed at the next step boundary.
   // Unknown or finished ids are ignored. Thread-safe.
