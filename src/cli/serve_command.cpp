@@ -3,10 +3,13 @@
 
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
+#include <thread>
 
 #include "commands.h"
 #include "loaded_model.h"
 #include "strata/server/grpc_server.h"
+#include "strata/server/http_server.h"
 #include "strata/server/session_store.h"
 
 namespace strata::cli {
@@ -14,18 +17,22 @@ namespace {
 
 constexpr const char* kUsage = R"(usage: strata serve (--config FILE | --model PATH) [options]
 
-Serves a model over gRPC (strata.v1.Generation, plus grpc.health.v1) until SIGINT or SIGTERM.
+Serves a model over gRPC (strata.v1.Generation, plus grpc.health.v1) and an OpenAI-compatible
+HTTP API (/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics) until SIGINT or
+SIGTERM.
 
   --config FILE           deployment file (configs/default.yaml documents every key)
   --set SECTION.KEY=VALUE override one key of it (repeatable), e.g. --set scheduler.max_num_seqs=32
   --model PATH            GGUF file or HF model directory (model.path)
   --host H                address to bind (server.host, default 127.0.0.1)
-  --grpc-port N           gRPC port (server.grpc_port, default 50051)
+  --grpc-port N           gRPC port (server.grpc_port, default 50051; 0 disables it)
+  --http-port N           HTTP port (server.http_port, default 8000; 0 disables it)
   --grace-seconds N       time in-flight requests get at shutdown (server.shutdown_grace_seconds)
   --served-name NAME      model name reported to clients (model.served_name)
   --device, --dtype, --threads, --kv-cache-mib, --block-size, --max-num-seqs,
   --max-batched-tokens, --chat-template    as for `strata generate`
-Prints "grpc_port=N" on stdout once serving. Chat with it: strata chat --server HOST:PORT
+Prints "grpc_port=N" and "http_port=N" on stdout once serving.
+Chat with it: strata chat --server HOST:PORT, or any OpenAI client at http://HOST:PORT/v1
 )";
 
 Status serve(const std::vector<std::string>& args) {
@@ -38,9 +45,16 @@ Status serve(const std::vector<std::string>& args) {
   }
   STRATA_ASSIGN_OR_RETURN(config::DeploymentConfig deployment, deployment_from_flags(flags));
   const config::ServerSection& server = deployment.server;
-  if (server.grpc_port == 0) {
-    return invalid_argument_error("server.grpc_port is 0: no server to run");
+  if (server.grpc_port == 0 && server.http_port == 0) {
+    return invalid_argument_error("server.grpc_port and server.http_port are both 0: nothing to serve");
   }
+  // The one environment read of the binary: API keys named by server.api_keys_env.
+  STRATA_ASSIGN_OR_RETURN(
+      std::vector<std::string> api_keys,
+      config::resolve_api_keys(server, [](const std::string& name) -> std::optional<std::string> {
+        const char* value = std::getenv(name.c_str());
+        return value ? std::optional<std::string>(value) : std::nullopt;
+      }));
 
   // Signals are taken synchronously by this thread; block them before any other thread starts.
   sigset_t signals;
@@ -51,24 +65,48 @@ Status serve(const std::vector<std::string>& args) {
 
   std::fprintf(stderr, "loading %s ...\n", deployment.model.path.c_str());
   STRATA_ASSIGN_OR_RETURN(LoadedEngine loaded, load_engine(deployment));
+  const std::string served_name = deployment.model.effective_served_name();
   server::SessionStore sessions;
-  server::GrpcServerOptions options;
-  options.host = server.host;
-  options.port = server.grpc_port;
-  options.served_name = deployment.model.effective_served_name();
-  STRATA_ASSIGN_OR_RETURN(
-      std::unique_ptr<server::GrpcServer> grpc,
-      server::GrpcServer::start(*loaded.engine, loaded.chat_template, sessions, options));
-  std::fprintf(stderr, "serving %s on %s:%d (gRPC)\n", options.served_name.c_str(),
-               options.host.c_str(), grpc->port());
-  std::printf("grpc_port=%d\n", grpc->port());
+  std::unique_ptr<server::GrpcServer> grpc;
+  if (server.grpc_port != 0) {
+    server::GrpcServerOptions options;
+    options.host = server.host;
+    options.port = server.grpc_port;
+    options.served_name = served_name;
+    options.api_keys = api_keys;
+    STRATA_ASSIGN_OR_RETURN(
+        grpc, server::GrpcServer::start(*loaded.engine, loaded.chat_template, sessions, options));
+    std::fprintf(stderr, "serving %s on %s:%d (gRPC)\n", served_name.c_str(), server.host.c_str(),
+                 grpc->port());
+    std::printf("grpc_port=%d\n", grpc->port());
+  }
+  std::unique_ptr<server::HttpServer> http;
+  if (server.http_port != 0) {
+    server::HttpServerOptions options;
+    options.host = server.host;
+    options.port = server.http_port;
+    options.served_name = served_name;
+    options.api_keys = api_keys;
+    options.request_timeout = std::chrono::seconds(server.request_timeout_seconds);
+    STRATA_ASSIGN_OR_RETURN(http,
+                            server::HttpServer::start(*loaded.engine, loaded.chat_template, options));
+    std::fprintf(stderr, "serving %s on http://%s:%d/v1 (OpenAI-compatible HTTP)\n",
+                 served_name.c_str(), server.host.c_str(), http->port());
+    std::printf("http_port=%d\n", http->port());
+  }
   std::fflush(stdout);
 
   int signal_number = 0;
   sigwait(&signals, &signal_number);
   std::fprintf(stderr, "signal %d: draining for up to %ds\n", signal_number,
                server.shutdown_grace_seconds);
-  grpc->shutdown(std::chrono::seconds(server.shutdown_grace_seconds));
+  // Both stop accepting at once, then share the grace period for in-flight requests.
+  const auto grace = std::chrono::seconds(server.shutdown_grace_seconds);
+  std::thread http_drain([&] {
+    if (http) http->shutdown(grace);
+  });
+  if (grpc) grpc->shutdown(grace);
+  http_drain.join();
   return Status();
 }
 

@@ -88,6 +88,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<model::ModelSou
   engine->scheduler_ = std::make_unique<scheduler::Scheduler>(options.scheduler, *engine->kv_);
   engine->source_ = std::move(source);
   engine->tokenizer_ = std::move(tokenizer);
+  engine->refresh_stats();  // stats are meaningful before the first step
   engine->thread_ = std::thread([e = engine.get()] { e->loop(); });
   return engine;
 }

@@ -7,6 +7,7 @@
 
 #include "strata/model/model_config.h"
 #include "strata/tokenizer/tokenizer.h"
+#include "strata/server/tenant.h"
 #include "strata/v1/generation.grpc.pb.h"
 
 namespace strata::server {
@@ -93,7 +94,7 @@ class GenerationService final : public pb::Generation::Service {
     std::string tenant;
     if (grpc::Status auth = authorize(context, &tenant); !auth.ok()) return auth;
     engine::GenerateRequest r;
-    r.tenant = tenant;
+    r.tenant = tenant_salt(tenant, "");
     switch (request->input_case()) {
       case pb::GenerateRequest::kPrompt:
         if (request->prompt().empty()) {
@@ -154,7 +155,7 @@ class GenerationService final : public pb::Generation::Service {
     StatusOr<std::string> text = chat_->render(messages, /*add_generation_prompt=*/true);
     if (!text.ok()) return to_grpc_status(text.status());
     engine::GenerateRequest r;
-    r.tenant = tenant;
+    r.tenant = tenant_salt(tenant, "");
     r.prompt_token_ids = engine_.tokenizer().encode(*text, chat_->encode_add_bos());
     r.sampling = to_sampling(request->sampling());
     r.priority = request->priority();

@@ -1,0 +1,168 @@
+#include "metrics.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+
+namespace strata::server {
+namespace {
+
+// Bucket bounds in seconds (vLLM's, so dashboards carry over).
+const std::vector<double> kTimeToFirstTokenBuckets = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08,
+                                                      0.1,   0.25,  0.5,  0.75, 1.0,  2.5,  5.0,
+                                                      7.5,   10.0,  20.0, 40.0, 80.0};
+const std::vector<double> kInterTokenLatencyBuckets = {
+    0.001, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075,
+    0.1,   0.15,  0.2,  0.3,   0.4,  0.5,   0.75, 1.0,  2.5,  5.0};
+const std::vector<double> kE2eLatencyBuckets = {0.1,  0.25,  0.5,   1.0,   2.5,  5.0,
+                                                10.0, 15.0,  20.0,  30.0,  40.0, 50.0,
+                                                60.0, 120.0, 240.0, 480.0, 960.0};
+
+// Shortest text that reads back as `value` ("0.25", "1e-05", "NaN", "+Inf").
+std::string format_number(double value) {
+  if (std::isnan(value)) return "NaN";
+  if (std::isinf(value)) return value > 0 ? "+Inf" : "-Inf";
+  char buffer[64];
+  auto [end, ec] = std::to_chars(buffer, buffer + sizeof(buffer), value);
+  return std::string(buffer, end);
+}
+
+void header(std::string* out, std::string_view name, std::string_view type, std::string_view help) {
+  out->append("# HELP ").append(name).append(" ").append(help).append("\n");
+  out->append("# TYPE ").append(name).append(" ").append(type).append("\n");
+}
+
+void sample(std::string* out, std::string_view name, double value) {
+  out->append(name).append(" ").append(format_number(value)).append("\n");
+}
+
+}  // namespace
+
+Histogram::Histogram(std::vector<double> upper_bounds)
+    : upper_bounds_(std::move(upper_bounds)), counts_(upper_bounds_.size() + 1, 0) {}
+
+void Histogram::observe(double value) {
+  const size_t bucket =
+      std::lower_bound(upper_bounds_.begin(), upper_bounds_.end(), value) - upper_bounds_.begin();
+  ++counts_[bucket];
+  sum_ += value;
+  ++count_;
+}
+
+void Histogram::render(std::string_view name, std::string* out) const {
+  uint64_t cumulative = 0;
+  for (size_t i = 0; i < counts_.size(); ++i) {
+    cumulative += counts_[i];
+    const std::string le =
+        i < upper_bounds_.size() ? format_number(upper_bounds_[i]) : std::string("+Inf");
+    out->append(name).append("_bucket{le=\"").append(le).append("\"} ");
+    out->append(std::to_string(cumulative)).append("\n");
+  }
+  sample(out, std::string(name) + "_sum", sum_);
+  sample(out, std::string(name) + "_count", static_cast<double>(count_));
+}
+
+Metrics::Metrics()
+    : time_to_first_token_(kTimeToFirstTokenBuckets),
+      inter_token_latency_(kInterTokenLatencyBuckets),
+      e2e_latency_(kE2eLatencyBuckets) {}
+
+void Metrics::count_request(std::string_view endpoint, int http_status) {
+  std::scoped_lock lock(mutex_);
+  ++requests_[{std::string(endpoint), http_status}];
+}
+
+void Metrics::count_disconnect() {
+  std::scoped_lock lock(mutex_);
+  ++disconnects_;
+}
+
+void Metrics::count_tokens(int64_t num_prompt_tokens, int64_t num_generated_tokens) {
+  std::scoped_lock lock(mutex_);
+  prompt_tokens_ += num_prompt_tokens;
+  generated_tokens_ += num_generated_tokens;
+}
+
+void Metrics::observe_time_to_first_token(double seconds) {
+  std::scoped_lock lock(mutex_);
+  time_to_first_token_.observe(seconds);
+}
+
+void Metrics::observe_inter_token_latency(double seconds) {
+  std::scoped_lock lock(mutex_);
+  inter_token_latency_.observe(seconds);
+}
+
+void Metrics::observe_e2e_latency(double seconds) {
+  std::scoped_lock lock(mutex_);
+  e2e_latency_.observe(seconds);
+}
+
+std::string Metrics::render(const engine::EngineStats& engine) const {
+  std::string out;
+  {
+    std::scoped_lock lock(mutex_);
+    header(&out, "strata_http_requests_total", "counter", "HTTP responses by endpoint and status.");
+    for (const auto& [key, count] : requests_) {
+      out.append("strata_http_requests_total{endpoint=\"").append(key.first);
+      out.append("\",status=\"").append(std::to_string(key.second)).append("\"} ");
+      out.append(std::to_string(count)).append("\n");
+    }
+    header(&out, "strata_http_client_disconnects_total", "counter",
+           "Requests cancelled because their client went away.");
+    sample(&out, "strata_http_client_disconnects_total", static_cast<double>(disconnects_));
+    header(&out, "strata_prompt_tokens_total", "counter", "Prompt tokens of finished requests.");
+    sample(&out, "strata_prompt_tokens_total", static_cast<double>(prompt_tokens_));
+    header(&out, "strata_generation_tokens_total", "counter",
+           "Generated tokens of finished requests.");
+    sample(&out, "strata_generation_tokens_total", static_cast<double>(generated_tokens_));
+    header(&out, "strata_time_to_first_token_seconds", "histogram",
+           "Time from submission to the first generated token.");
+    time_to_first_token_.render("strata_time_to_first_token_seconds", &out);
+    header(&out, "strata_inter_token_latency_seconds", "histogram",
+           "Time between consecutive generated tokens of a request.");
+    inter_token_latency_.render("strata_inter_token_latency_seconds", &out);
+    header(&out, "strata_e2e_request_latency_seconds", "histogram",
+           "Time from receiving a generation request to its last token.");
+    e2e_latency_.render("strata_e2e_request_latency_seconds", &out);
+  }
+
+  auto gauge = [&](std::string_view name, std::string_view help, double value) {
+    header(&out, name, "gauge", help);
+    sample(&out, name, value);
+  };
+  auto counter = [&](std::string_view name, std::string_view help, double value) {
+    header(&out, name, "counter", help);
+    sample(&out, name, value);
+  };
+  gauge("strata_num_requests_waiting", "Requests queued for their first schedule.",
+        static_cast<double>(engine.num_waiting));
+  gauge("strata_num_requests_running", "Requests in the running batch.",
+        static_cast<double>(engine.num_running));
+  gauge("strata_num_requests_swapped", "Preempted requests whose KV is in host memory.",
+        static_cast<double>(engine.num_swapped));
+  gauge("strata_kv_pool_blocks", "Blocks in the GPU KV pool.", engine.kv_blocks_total);
+  gauge("strata_kv_pool_blocks_available", "KV pool blocks free or evictable (prefix cache).",
+        engine.kv_blocks_available);
+  const double usage =
+      engine.kv_blocks_total > 0
+          ? 1.0 - static_cast<double>(engine.kv_blocks_available) / engine.kv_blocks_total
+          : 0.0;
+  gauge("strata_kv_pool_usage_ratio", "Fraction of KV pool blocks held by requests.", usage);
+  gauge("strata_kv_host_pool_blocks", "Blocks in the host (swap) KV pool.",
+        engine.kv_host_blocks_total);
+  gauge("strata_kv_host_pool_blocks_free", "Free blocks in the host (swap) KV pool.",
+        engine.kv_host_blocks_free);
+  counter("strata_prefix_cache_lookup_tokens_total", "Prompt tokens looked up in the prefix cache.",
+          static_cast<double>(engine.prefix_lookup_tokens));
+  counter("strata_prefix_cache_hit_tokens_total", "Prompt tokens found in the prefix cache.",
+          static_cast<double>(engine.prefix_hit_tokens));
+  counter("strata_preemptions_total", "Preemptions (swap-outs plus recomputes).",
+          static_cast<double>(engine.num_preemptions));
+  counter("strata_swap_outs_total", "Preemptions that swapped KV out to host memory.",
+          static_cast<double>(engine.num_swap_outs));
+  counter("strata_engine_steps_total", "Engine steps run.", static_cast<double>(engine.num_steps));
+  return out;
+}
+
+}  // namespace strata::server

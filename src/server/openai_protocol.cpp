@@ -1,0 +1,641 @@
+#include "openai_protocol.h"
+
+#include <cctype>
+#include <cmath>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <span>
+
+#include "strata/tokenizer/tokenizer.h"
+
+namespace strata::server::openai {
+namespace {
+
+using Json = nlohmann::json;
+
+// Logprobs of impossible tokens are -inf, which JSON cannot carry; vLLM sends this instead.
+constexpr double kMinLogprob = -9999.0;
+
+std::string dump(const Json& value) {
+  return value.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+// ---- Request parsing --------------------------------------------------------------------------
+
+Status field_error(std::string_view field, std::string_view what) {
+  return invalid_argument_error(std::string(field) + ": " + std::string(what));
+}
+
+Status type_error(std::string_view field, std::string_view expected, const Json& got) {
+  return field_error(field, "expected " + std::string(expected) + ", got " + got.type_name());
+}
+
+// The value of `name` in `object`; nullptr when absent or null (OpenAI treats null as "not set").
+const Json* find_field(const Json& object, const std::string& name) {
+  auto it = object.find(name);
+  if (it == object.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+StatusOr<std::optional<double>> number_field(const Json& object, const std::string& name) {
+  const Json* v = find_field(object, name);
+  if (v == nullptr) return std::optional<double>();
+  if (!v->is_number()) return type_error(name, "a number", *v);
+  return std::optional<double>(v->get<double>());
+}
+
+StatusOr<std::optional<int64_t>> integer_field(const Json& object, const std::string& name) {
+  const Json* v = find_field(object, name);
+  if (v == nullptr) return std::optional<int64_t>();
+  if (!v->is_number_integer()) return type_error(name, "an integer", *v);
+  if (v->is_number_unsigned() &&
+      v->get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+    return field_error(name, "must fit in a signed 64-bit integer");
+  }
+  return std::optional<int64_t>(v->get<int64_t>());
+}
+
+StatusOr<std::optional<bool>> bool_field(const Json& object, const std::string& name) {
+  const Json* v = find_field(object, name);
+  if (v == nullptr) return std::optional<bool>();
+  if (!v->is_boolean()) return type_error(name, "a boolean", *v);
+  return std::optional<bool>(v->get<bool>());
+}
+
+StatusOr<std::optional<std::string>> string_field(const Json& object, const std::string& name) {
+  const Json* v = find_field(object, name);
+  if (v == nullptr) return std::optional<std::string>();
+  if (!v->is_string()) return type_error(name, "a string", *v);
+  return std::optional<std::string>(v->get<std::string>());
+}
+
+// Request fields each endpoint understands. Anything else is rejected, as OpenAI does.
+const std::set<std::string>& known_fields(Endpoint endpoint) {
+  static const std::set<std::string> kChat = {"model",
+                                              "messages",
+                                              "max_tokens",
+                                              "max_completion_tokens",
+                                              "temperature",
+                                              "top_p",
+                                              "top_k",
+                                              "min_p",
+                                              "presence_penalty",
+                                              "frequency_penalty",
+                                              "repetition_penalty",
+                                              "seed",
+                                              "stop",
+                                              "stop_token_ids",
+                                              "n",
+                                              "logprobs",
+                                              "top_logprobs",
+                                              "stream",
+                                              "stream_options",
+                                              "user",
+                                              "ignore_eos",
+                                              "logit_bias",
+                                              "tools",
+                                              "tool_choice",
+                                              "parallel_tool_calls",
+                                              "response_format",
+                                              "store",
+                                              "metadata",
+                                              "service_tier"};
+  static const std::set<std::string> kCompletions = {"model",
+                                                     "prompt",
+                                                     "max_tokens",
+                                                     "temperature",
+                                                     "top_p",
+                                                     "top_k",
+                                                     "min_p",
+                                                     "presence_penalty",
+                                                     "frequency_penalty",
+                                                     "repetition_penalty",
+                                                     "seed",
+                                                     "stop",
+                                                     "stop_token_ids",
+                                                     "n",
+                                                     "logprobs",
+                                                     "stream",
+                                                     "stream_options",
+                                                     "user",
+                                                     "ignore_eos",
+                                                     "logit_bias",
+                                                     "echo",
+                                                     "best_of",
+                                                     "suffix"};
+  return endpoint == Endpoint::kChatCompletions ? kChat : kCompletions;
+}
+
+// Fields we accept only at their "off" value (features we do not implement).
+Status check_unsupported(const Json& root) {
+  STRATA_ASSIGN_OR_RETURN(std::optional<int64_t> n, integer_field(root, "n"));
+  if (n && *n != 1) return field_error("n", "only n = 1 is supported, got " + std::to_string(*n));
+  STRATA_ASSIGN_OR_RETURN(std::optional<int64_t> best_of, integer_field(root, "best_of"));
+  if (best_of && *best_of != 1) return field_error("best_of", "only best_of = 1 is supported");
+  STRATA_ASSIGN_OR_RETURN(std::optional<bool> echo, bool_field(root, "echo"));
+  if (echo.value_or(false)) return field_error("echo", "is not supported");
+  STRATA_ASSIGN_OR_RETURN(std::optional<std::string> suffix, string_field(root, "suffix"));
+  if (suffix && !suffix->empty()) return field_error("suffix", "is not supported");
+  if (const Json* v = find_field(root, "logit_bias")) {
+    if (!v->is_object()) return type_error("logit_bias", "an object", *v);
+    if (!v->empty()) return field_error("logit_bias", "is not supported");
+  }
+  if (const Json* v = find_field(root, "tools")) {
+    if (!v->is_array()) return type_error("tools", "an array", *v);
+    if (!v->empty()) return field_error("tools", "tool calling is not supported");
+  }
+  if (const Json* v = find_field(root, "tool_choice")) {
+    if (!(v->is_string() && (*v == "none" || *v == "auto"))) {
+      return field_error("tool_choice", "tool calling is not supported");
+    }
+  }
+  if (const Json* v = find_field(root, "response_format")) {
+    if (!v->is_object()) return type_error("response_format", "an object", *v);
+    const Json* type = find_field(*v, "type");
+    if (type == nullptr || *type != "text") {
+      return field_error("response_format.type", "only \"text\" is supported");
+    }
+  }
+  return Status::ok_status();
+}
+
+// "stop": a string or a list of strings.
+StatusOr<std::vector<std::string>> parse_stop(const Json& root) {
+  std::vector<std::string> stop;
+  const Json* v = find_field(root, "stop");
+  if (v == nullptr) return stop;
+  if (v->is_string()) {
+    stop.push_back(v->get<std::string>());
+    return stop;
+  }
+  if (!v->is_array()) return type_error("stop", "a string or an array of strings", *v);
+  for (size_t i = 0; i < v->size(); ++i) {
+    const Json& s = (*v)[i];
+    if (!s.is_string()) return type_error("stop[" + std::to_string(i) + "]", "a string", s);
+    stop.push_back(s.get<std::string>());
+  }
+  return stop;
+}
+
+StatusOr<std::vector<TokenId>> parse_token_ids(const Json& array, const std::string& field) {
+  std::vector<TokenId> ids;
+  ids.reserve(array.size());
+  for (size_t i = 0; i < array.size(); ++i) {
+    const Json& t = array[i];
+    const std::string at = field + "[" + std::to_string(i) + "]";
+    if (!t.is_number_integer()) return type_error(at, "a token id (integer)", t);
+    if (t.is_number_unsigned() ? t.get<uint64_t>() > std::numeric_limits<TokenId>::max()
+                               : (t.get<int64_t>() < std::numeric_limits<TokenId>::min() ||
+                                  t.get<int64_t>() > std::numeric_limits<TokenId>::max())) {
+      return field_error(at, "token id " + t.dump() + " is outside the vocabulary");
+    }
+    ids.push_back(static_cast<TokenId>(t.get<int64_t>()));
+  }
+  return ids;
+}
+
+Status parse_sampling(const Json& root, Endpoint endpoint, ParsedRequest* out) {
+  sampling::SamplingParams& s = out->sampling;
+  STRATA_ASSIGN_OR_RETURN(std::optional<double> temperature, number_field(root, "temperature"));
+  if (temperature) s.temperature = *temperature;
+  STRATA_ASSIGN_OR_RETURN(std::optional<double> top_p, number_field(root, "top_p"));
+  if (top_p) s.top_p = *top_p;
+  STRATA_ASSIGN_OR_RETURN(std::optional<int64_t> top_k, integer_field(root, "top_k"));
+  if (top_k) {
+    // -1 means "off" in vLLM's API; values past the vocabulary keep everything anyway.
+    if (*top_k < -1) return field_error("top_k", "must be >= 0 (0 or -1 = off)");
+    s.top_k = *top_k == -1 ? 0 : static_cast<int32_t>(std::min<int64_t>(*top_k, INT32_MAX));
+  }
+  STRATA_ASSIGN_OR_RETURN(std::optional<double> min_p, number_field(root, "min_p"));
+  if (min_p) s.min_p = *min_p;
+  STRATA_ASSIGN_OR_RETURN(std::optional<double> presence, number_field(root, "presence_penalty"));
+  if (presence) s.presence_penalty = *presence;
+  STRATA_ASSIGN_OR_RETURN(std::optional<double> frequency, number_field(root, "frequency_penalty"));
+  if (frequency) s.frequency_penalty = *frequency;
+  STRATA_ASSIGN_OR_RETURN(std::optional<double> repetition,
+                          number_field(root, "repetition_penalty"));
+  if (repetition) s.repetition_penalty = *repetition;
+  if (const Json* seed = find_field(root, "seed")) {
+    if (!seed->is_number_integer()) return type_error("seed", "an integer", *seed);
+    s.seed = seed->is_number_unsigned() ? seed->get<uint64_t>()
+                                        : static_cast<uint64_t>(seed->get<int64_t>());
+  }
+  STRATA_ASSIGN_OR_RETURN(s.stop, parse_stop(root));
+  if (const Json* ids = find_field(root, "stop_token_ids")) {
+    if (!ids->is_array()) return type_error("stop_token_ids", "an array of token ids", *ids);
+    STRATA_ASSIGN_OR_RETURN(s.stop_token_ids, parse_token_ids(*ids, "stop_token_ids"));
+  }
+  STRATA_ASSIGN_OR_RETURN(std::optional<bool> ignore_eos, bool_field(root, "ignore_eos"));
+  s.ignore_eos = ignore_eos.value_or(false);
+
+  // max_completion_tokens is chat's newer name for max_tokens; it wins when both are given.
+  std::string max_tokens_field = "max_tokens";
+  STRATA_ASSIGN_OR_RETURN(std::optional<int64_t> max_tokens, integer_field(root, "max_tokens"));
+  if (endpoint == Endpoint::kChatCompletions) {
+    STRATA_ASSIGN_OR_RETURN(std::optional<int64_t> max_completion,
+                            integer_field(root, "max_completion_tokens"));
+    if (max_completion) {
+      max_tokens = max_completion;
+      max_tokens_field = "max_completion_tokens";
+    }
+  }
+  if (max_tokens) {
+    if (*max_tokens < 1) {
+      return field_error(max_tokens_field, "must be >= 1, got " + std::to_string(*max_tokens));
+    }
+    s.max_tokens = *max_tokens;
+    out->max_tokens_given = true;
+  }
+
+  if (endpoint == Endpoint::kChatCompletions) {
+    STRATA_ASSIGN_OR_RETURN(std::optional<bool> logprobs, bool_field(root, "logprobs"));
+    STRATA_ASSIGN_OR_RETURN(std::optional<int64_t> top, integer_field(root, "top_logprobs"));
+    out->logprobs = logprobs.value_or(false);
+    if (top && !out->logprobs) return field_error("top_logprobs", "requires logprobs: true");
+    if (top && (*top < 0 || *top > sampling::kMaxNumLogprobs)) {
+      return field_error("top_logprobs", "must be in [0, 20], got " + std::to_string(*top));
+    }
+    s.num_logprobs = static_cast<int32_t>(top.value_or(0));
+  } else {
+    STRATA_ASSIGN_OR_RETURN(std::optional<int64_t> logprobs, integer_field(root, "logprobs"));
+    if (logprobs && (*logprobs < 0 || *logprobs > sampling::kMaxNumLogprobs)) {
+      return field_error("logprobs", "must be in [0, 20], got " + std::to_string(*logprobs));
+    }
+    out->logprobs = logprobs.has_value();
+    s.num_logprobs = static_cast<int32_t>(logprobs.value_or(0));
+  }
+  return Status::ok_status();
+}
+
+StatusOr<std::string> parse_content(const Json& content, const std::string& field) {
+  if (content.is_string()) return content.get<std::string>();
+  if (!content.is_array()) {
+    return type_error(field, "a string or an array of content parts", content);
+  }
+  // Text parts are joined with newlines, as vLLM does.
+  std::string text;
+  for (size_t j = 0; j < content.size(); ++j) {
+    const Json& part = content[j];
+    const std::string at = field + "[" + std::to_string(j) + "]";
+    if (!part.is_object()) return type_error(at, "a content part object", part);
+    const Json* type = find_field(part, "type");
+    if (type == nullptr || !type->is_string() || *type != "text") {
+      return field_error(at + ".type", (type == nullptr ? std::string("(missing)") : type->dump()) +
+                                           " is not supported (only \"text\" parts are)");
+    }
+    const Json* part_text = find_field(part, "text");
+    if (part_text == nullptr || !part_text->is_string()) {
+      return field_error(at + ".text", "expected a string");
+    }
+    if (j > 0) text += '\n';
+    text += part_text->get_ref<const std::string&>();
+  }
+  return text;
+}
+
+StatusOr<std::vector<tokenizer::ChatMessage>> parse_messages(const Json& root) {
+  const Json* messages = find_field(root, "messages");
+  if (messages == nullptr) return field_error("messages", "is required");
+  if (!messages->is_array()) return type_error("messages", "an array of messages", *messages);
+  if (messages->empty()) return field_error("messages", "must not be empty");
+  std::vector<tokenizer::ChatMessage> out;
+  for (size_t i = 0; i < messages->size(); ++i) {
+    const Json& m = (*messages)[i];
+    const std::string at = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object()) return type_error(at, "a message object", m);
+    const Json* r = find_field(m, "role");
+    if (r == nullptr) return field_error(at + ".role", "is required");
+    if (!r->is_string()) return type_error(at + ".role", "a string", *r);
+    std::string role = r->get<std::string>();
+    if (role == "developer") role = "system";  // OpenAI's newer name for the system role
+    if (role != "system" && role != "user" && role != "assistant") {
+      return field_error(at + ".role", "'" + role + "' is not system, user or assistant");
+    }
+    std::string content;
+    if (const Json* c = find_field(m, "content")) {
+      STRATA_ASSIGN_OR_RETURN(content, parse_content(*c, at + ".content"));
+    } else if (role != "assistant") {  // an assistant turn that only called tools has none
+      return field_error(at + ".content", "is required");
+    }
+    out.push_back({std::move(role), std::move(content)});
+  }
+  return out;
+}
+
+Status parse_prompt(const Json& root, ParsedRequest* out) {
+  const Json* prompt = find_field(root, "prompt");
+  if (prompt == nullptr) return field_error("prompt", "is required");
+  if (prompt->is_string()) {
+    if (prompt->get_ref<const std::string&>().empty()) {
+      return field_error("prompt", "must not be empty");
+    }
+    out->prompt_text = prompt->get<std::string>();
+    return Status::ok_status();
+  }
+  if (!prompt->is_array()) {
+    return type_error("prompt", "a string or an array of token ids", *prompt);
+  }
+  if (prompt->empty()) return field_error("prompt", "must not be empty");
+  if (!(*prompt)[0].is_number()) {
+    return field_error("prompt", "a list of prompts is not supported: send one prompt per request");
+  }
+  STRATA_ASSIGN_OR_RETURN(out->prompt_token_ids, parse_token_ids(*prompt, "prompt"));
+  return Status::ok_status();
+}
+
+// The engine validates SamplingParams with its own field names; say the request's instead.
+Status rename_field(Status status, std::string_view from, std::string_view to) {
+  const std::string& m = status.message();
+  if (status.ok() || from == to || !m.starts_with(from) || m.size() == from.size()) return status;
+  const char next = m[from.size()];
+  if (next != ' ' && next != ':' && next != '[') return status;
+  return Status(status.code(), std::string(to) + m.substr(from.size()));
+}
+
+// ---- Responses --------------------------------------------------------------------------------
+
+Json usage_json(const engine::Usage& usage) {
+  return Json{{"prompt_tokens", usage.prompt_tokens},
+              {"completion_tokens", usage.completion_tokens},
+              {"total_tokens", usage.prompt_tokens + usage.completion_tokens},
+              {"prompt_tokens_details", Json{{"cached_tokens", usage.cached_prompt_tokens}}}};
+}
+
+double finite_logprob(float logprob) {
+  return std::isfinite(logprob) ? static_cast<double>(logprob) : kMinLogprob;
+}
+
+// Characters (UTF-8 code points) in `text`.
+int64_t num_chars(std::string_view text) {
+  int64_t n = 0;
+  for (unsigned char c : text) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
+}  // namespace
+
+std::string error_body(const ApiError& error) {
+  Json body = {{"message", error.message},
+               {"type", error.type},
+               {"param", error.param ? Json(*error.param) : Json(nullptr)},
+               {"code", error.code ? Json(*error.code) : Json(nullptr)}};
+  return dump(Json{{"error", body}});
+}
+
+std::optional<std::string> field_of_message(std::string_view message) {
+  size_t end = 0;
+  while (end < message.size() &&
+         (std::isalnum(static_cast<unsigned char>(message[end])) || message[end] == '_' ||
+          message[end] == '.' || message[end] == '[' || message[end] == ']')) {
+    ++end;
+  }
+  if (end == 0 || end == message.size()) return std::nullopt;
+  const std::string_view rest = message.substr(end);
+  if (rest.starts_with(":") || rest.starts_with(" must"))
+    return std::string(message.substr(0, end));
+  return std::nullopt;
+}
+
+StatusOr<ParsedRequest> parse_request(Endpoint endpoint, std::string_view body,
+                                      int64_t vocab_size) {
+  Json root;
+  try {
+    root = Json::parse(body);
+  } catch (const Json::parse_error& e) {
+    return invalid_argument_error(
+        std::string("We could not parse the JSON body of your request (") + e.what() + ")");
+  }
+  if (!root.is_object()) {
+    return invalid_argument_error(std::string("The request body must be a JSON object, got ") +
+                                  root.type_name());
+  }
+  const std::set<std::string>& known = known_fields(endpoint);
+  for (const auto& [key, value] : root.items()) {
+    if (!known.contains(key)) {
+      return field_error(key, "Unrecognized request argument supplied");
+    }
+  }
+  STRATA_RETURN_IF_ERROR(check_unsupported(root));
+
+  ParsedRequest out;
+  out.endpoint = endpoint;
+  STRATA_ASSIGN_OR_RETURN(out.model, string_field(root, "model"));
+  if (endpoint == Endpoint::kChatCompletions) {
+    STRATA_ASSIGN_OR_RETURN(out.messages, parse_messages(root));
+  } else {
+    STRATA_RETURN_IF_ERROR(parse_prompt(root, &out));
+  }
+  STRATA_RETURN_IF_ERROR(parse_sampling(root, endpoint, &out));
+
+  STRATA_ASSIGN_OR_RETURN(std::optional<bool> stream, bool_field(root, "stream"));
+  out.stream = stream.value_or(false);
+  if (const Json* options = find_field(root, "stream_options")) {
+    if (!out.stream) return field_error("stream_options", "is only allowed when stream is true");
+    if (!options->is_object()) return type_error("stream_options", "an object", *options);
+    const Json* include_usage = find_field(*options, "include_usage");
+    if (include_usage != nullptr && !include_usage->is_boolean()) {
+      return type_error("stream_options.include_usage", "a boolean", *include_usage);
+    }
+    out.include_usage = include_usage != nullptr && include_usage->get<bool>();
+  }
+  STRATA_ASSIGN_OR_RETURN(std::optional<std::string> user, string_field(root, "user"));
+  out.user = user.value_or("");
+  // Metadata fields that change nothing here: checked for type only.
+  STRATA_RETURN_IF_ERROR(bool_field(root, "store").status());
+  STRATA_RETURN_IF_ERROR(bool_field(root, "parallel_tool_calls").status());
+
+  // max_tokens was checked above under the name the request used.
+  const bool chat = endpoint == Endpoint::kChatCompletions;
+  STRATA_RETURN_IF_ERROR(rename_field(out.sampling.validate(vocab_size), "num_logprobs",
+                                      chat ? "top_logprobs" : "logprobs"));
+  return out;
+}
+
+namespace {
+
+Json model_json(const std::string& served_name, int64_t created, int64_t max_context_tokens) {
+  return Json{{"id", served_name},
+              {"object", "model"},
+              {"created", created},
+              {"owned_by", "strata"},
+              {"max_model_len", max_context_tokens}};
+}
+
+}  // namespace
+
+std::string model_list_body(const std::string& served_name, int64_t created,
+                            int64_t max_context_tokens) {
+  return dump(Json{{"object", "list"},
+                   {"data", Json::array({model_json(served_name, created, max_context_tokens)})}});
+}
+
+std::string model_body(const std::string& served_name, int64_t created,
+                       int64_t max_context_tokens) {
+  return dump(model_json(served_name, created, max_context_tokens));
+}
+
+const char* finish_reason_string(engine::FinishReason reason) {
+  switch (reason) {
+    case engine::FinishReason::kStop: return "stop";
+    case engine::FinishReason::kLength: return "length";
+    case engine::FinishReason::kAbort: return "abort";
+    case engine::FinishReason::kError: return "error";
+  }
+  return "error";
+}
+
+ResponseBuilder::ResponseBuilder(Options options, const tokenizer::Tokenizer& tokenizer)
+    : options_(std::move(options)), tokenizer_(tokenizer) {}
+
+namespace {
+
+// Text and raw bytes of one token for logprobs; empty for ids outside the tokenizer's vocabulary
+// (the model's embedding table may be larger).
+struct TokenText {
+  std::string text;
+  Json bytes = Json::array();
+};
+
+TokenText token_text(const tokenizer::Tokenizer& tokenizer, TokenId id) {
+  TokenText t;
+  if (id < 0 || id >= tokenizer.vocab_size()) return t;
+  t.text = tokenizer.decode(std::span<const TokenId>(&id, 1), /*skip_special=*/false);
+  for (unsigned char c : tokenizer.token_bytes(id)) t.bytes.push_back(static_cast<int>(c));
+  return t;
+}
+
+// Chat: {"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}, ...]}.
+Json chat_logprobs(const tokenizer::Tokenizer& tokenizer,
+                   std::span<const engine::TokenOutput> tokens) {
+  Json content = Json::array();
+  for (const engine::TokenOutput& t : tokens) {
+    TokenText text = token_text(tokenizer, t.token);
+    Json top = Json::array();
+    for (const sampling::TokenLogprob& alt : t.top_logprobs) {
+      TokenText alt_text = token_text(tokenizer, alt.token);
+      top.push_back({{"token", std::move(alt_text.text)},
+                     {"logprob", finite_logprob(alt.logprob)},
+                     {"bytes", std::move(alt_text.bytes)}});
+    }
+    content.push_back({{"token", std::move(text.text)},
+                       {"logprob", finite_logprob(t.logprob)},
+                       {"bytes", std::move(text.bytes)},
+                       {"top_logprobs", std::move(top)}});
+  }
+  return Json{{"content", std::move(content)}, {"refusal", nullptr}};
+}
+
+// Completions: {"tokens", "token_logprobs", "top_logprobs": [{token: logprob}], "text_offset"}.
+Json completion_logprobs(const tokenizer::Tokenizer& tokenizer,
+                         std::span<const engine::TokenOutput> tokens, int64_t* text_offset) {
+  Json strings = Json::array(), logprobs = Json::array(), tops = Json::array(),
+       offsets = Json::array();
+  for (const engine::TokenOutput& t : tokens) {
+    std::string text = token_text(tokenizer, t.token).text;
+    Json top = Json::object();
+    for (const sampling::TokenLogprob& alt : t.top_logprobs) {
+      top[token_text(tokenizer, alt.token).text] = finite_logprob(alt.logprob);
+    }
+    offsets.push_back(*text_offset);
+    *text_offset += num_chars(text);
+    strings.push_back(std::move(text));
+    logprobs.push_back(finite_logprob(t.logprob));
+    tops.push_back(std::move(top));
+  }
+  return Json{{"tokens", std::move(strings)},
+              {"token_logprobs", std::move(logprobs)},
+              {"top_logprobs", std::move(tops)},
+              {"text_offset", std::move(offsets)}};
+}
+
+Json finish_json(const std::optional<engine::FinishReason>& reason) {
+  return reason ? Json(finish_reason_string(*reason)) : Json(nullptr);
+}
+
+}  // namespace
+
+std::vector<std::string> ResponseBuilder::stream_chunks(const engine::RequestOutput& delta) {
+  const bool chat = options_.endpoint == Endpoint::kChatCompletions;
+  auto chunk = [&](Json choice) {
+    Json c = {{"id", options_.id},
+              {"object", chat ? "chat.completion.chunk" : "text_completion"},
+              {"created", options_.created},
+              {"model", options_.model},
+              {"choices", Json::array({std::move(choice)})}};
+    if (options_.include_usage) c["usage"] = nullptr;
+    return dump(c);
+  };
+  std::vector<std::string> chunks;
+  if (chat && !sent_role_) {
+    chunks.push_back(chunk({{"index", 0},
+                            {"delta", {{"role", "assistant"}, {"content", ""}}},
+                            {"logprobs", nullptr},
+                            {"finish_reason", nullptr}}));
+    sent_role_ = true;
+  }
+  const bool has_logprobs = options_.logprobs && !delta.tokens.empty();
+  if (delta.text.empty() && !has_logprobs && !delta.finish_reason) return chunks;
+  Json logprobs = nullptr;
+  if (has_logprobs) {
+    logprobs = chat ? chat_logprobs(tokenizer_, delta.tokens)
+                    : completion_logprobs(tokenizer_, delta.tokens, &text_offset_);
+  }
+  if (chat) {
+    Json message = Json::object();
+    if (!delta.text.empty()) message["content"] = delta.text;
+    chunks.push_back(chunk({{"index", 0},
+                            {"delta", std::move(message)},
+                            {"logprobs", std::move(logprobs)},
+                            {"finish_reason", finish_json(delta.finish_reason)}}));
+  } else {
+    chunks.push_back(chunk({{"index", 0},
+                            {"text", delta.text},
+                            {"logprobs", std::move(logprobs)},
+                            {"finish_reason", finish_json(delta.finish_reason)}}));
+  }
+  return chunks;
+}
+
+std::string ResponseBuilder::usage_chunk(const engine::Usage& usage) const {
+  const bool chat = options_.endpoint == Endpoint::kChatCompletions;
+  return dump(Json{{"id", options_.id},
+                   {"object", chat ? "chat.completion.chunk" : "text_completion"},
+                   {"created", options_.created},
+                   {"model", options_.model},
+                   {"choices", Json::array()},
+                   {"usage", usage_json(usage)}});
+}
+
+void ResponseBuilder::add(const engine::RequestOutput& delta) {
+  text_ += delta.text;
+  if (options_.logprobs) tokens_.insert(tokens_.end(), delta.tokens.begin(), delta.tokens.end());
+  if (delta.finish_reason) finish_reason_ = delta.finish_reason;
+  usage_ = delta.usage;
+}
+
+std::string ResponseBuilder::response() const {
+  const bool chat = options_.endpoint == Endpoint::kChatCompletions;
+  Json logprobs = nullptr;
+  if (options_.logprobs) {
+    int64_t text_offset = 0;
+    logprobs = chat ? chat_logprobs(tokenizer_, tokens_)
+                    : completion_logprobs(tokenizer_, tokens_, &text_offset);
+  }
+  Json choice = {{"index", 0},
+                 {"logprobs", std::move(logprobs)},
+                 {"finish_reason", finish_json(finish_reason_)}};
+  if (chat) {
+    choice["message"] = {{"role", "assistant"}, {"content", text_}};
+  } else {
+    choice["text"] = text_;
+  }
+  return dump(Json{{"id", options_.id},
+                   {"object", chat ? "chat.completion" : "text_completion"},
+                   {"created", options_.created},
+                   {"model", options_.model},
+                   {"choices", Json::array({std::move(choice)})},
+                   {"usage", usage_json(usage_)}});
+}
+
+}  // namespace strata::server::openai
