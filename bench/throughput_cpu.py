@@ -51,6 +51,9 @@ def main():
     model = AutoModelForCausalLM.from_pretrained(str(args.model.parent), gguf_file=args.model.name,
                                                  dtype=torch.float32).eval()
     ids = tokenizer.encode(args.text.read_text(encoding="utf-8")[:400000])
+    with torch.inference_mode():  # warm-up: the first generate call pays one-time setup costs
+        model.generate(torch.tensor([ids[:args.prompt_tokens]]), do_sample=False, max_new_tokens=4,
+                       pad_token_id=0)
     rows = []
     for c in [int(x) for x in args.concurrency.split(",")]:
         prompts = [ids[(i * 997) % (len(ids) - args.prompt_tokens):][:args.prompt_tokens] for i in range(c)]

@@ -51,6 +51,10 @@ class TorchExecutor final : public Executor {
 
   const model::ModelConfig& config() const override { return config_; }
   const ExecutorOptions& options() const override { return options_; }
+  void init_calling_thread() const override {
+    at::init_num_threads();
+    if (options_.num_threads > 0) at::set_num_threads(options_.num_threads);
+  }
   const kv::KvGeometry& kv_geometry() const override { return kv_geometry_; }
   kv::BlockFormat kv_format() const override { return kv_format_; }
   StatusOr<ForwardResult> forward(const ForwardBatch& batch) override;

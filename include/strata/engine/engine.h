@@ -153,6 +153,8 @@ class Engine {
  private:
   struct Active;
   Engine() = default;
+  // Builds the executor, KV manager and scheduler; runs on the step thread.
+  Status start_on_step_thread();
   void loop();
   void step();
   void admit(std::vector<std::pair<GenerateRequest, std::shared_ptr<RequestStream>>> requests);

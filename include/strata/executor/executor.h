@@ -62,6 +62,11 @@ class Executor {
   virtual const model::ModelConfig& config() const = 0;
   virtual const ExecutorOptions& options() const = 0;
 
+  // Sets up the calling thread to run forward() (intra-op thread pool size and affinity); call it
+  // once on that thread before its first forward(). Without it a thread other than the one that
+  // created the executor may compute single-threaded.
+  virtual void init_calling_thread() const = 0;
+
   // Shape of the KV pool, for the KV manager.
   virtual const kv::KvGeometry& kv_geometry() const = 0;
   virtual kv::BlockFormat kv_format() const = 0;
