@@ -17,35 +17,14 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "gpu_timing.h"
 #include "strata/kernels/torch_ops.h"
 
 namespace {
 
-// Median-free simple timing: warm up, then average `iters` launches with CUDA events.
-double time_ms(const std::function<void()>& fn, int iters = 50) {
-  for (int i = 0; i < 5; ++i) fn();
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
-  cudaEventRecord(start, stream);
-  for (int i = 0; i < iters; ++i) fn();
-  cudaEventRecord(stop, stream);
-  cudaEventSynchronize(stop);
-  float ms = 0;
-  cudaEventElapsedTime(&ms, start, stop);
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return ms / iters;
-}
+using strata::bench::copy_bandwidth_gbps;
+using strata::bench::time_ms;
 
-// Device-to-device copy bandwidth (read + write bytes per second) for a buffer of `bytes`.
-double copy_bandwidth_gbps(int64_t bytes) {
-  at::Tensor src = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).device(at::kCUDA));
-  at::Tensor dst = at::empty_like(src);
-  const double ms = time_ms([&] { dst.copy_(src); });
-  return 2.0 * bytes / (ms * 1e6);
-}
 
 }  // namespace
 
