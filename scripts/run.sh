@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up everything (scripts/bootstrap.sh), builds, and serves the default model
-# (SmolLM2-135M-Instruct) over gRPC on 127.0.0.1:50051, on the GPU if there is one, else on the
-# CPU, until Ctrl-C. Chat with it from another terminal: build/bin/strata chat
+# (SmolLM2-135M-Instruct) over gRPC on 127.0.0.1:50051 and OpenAI-compatible HTTP on
+# 127.0.0.1:8000, on the GPU if there is one, else on the CPU, until Ctrl-C. Chat with it from
+# another terminal: build/bin/strata chat
 # Extra arguments go to `strata serve` (see `build/bin/strata serve --help`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
