@@ -2,8 +2,10 @@
 """End-to-end test of `strata serve` over gRPC with an independent client (Debian's grpcio).
 
 Starts the real server on loopback with the default model and checks streaming generation,
-stateless and session chats (with prefix-cache reuse across turns), the error paths, abort,
-client disconnects, 32 concurrent clients, the grpc.health.v1 service, and a graceful SIGTERM.
+stateless and session chats (with prefix-cache reuse across turns), our C++ client (`strata chat`),
+the error paths, abort, a storm of 200 client disconnects (then the KV pool, read from the same
+process's /metrics, must be fully available), 32 concurrent clients, API keys and tenant
+isolation, a full queue, the grpc.health.v1 service, and a graceful SIGTERM.
 
 usage: grpc_server_test.py --binary build/bin/strata --model MODEL.gguf --proto-dir proto
 Prints "N passed, N failed" and exits non-zero on any failure.
@@ -18,6 +20,8 @@ import tempfile
 import threading
 import time
 import traceback
+import urllib.error
+import urllib.request
 
 import grpc
 
@@ -47,21 +51,36 @@ def main():
     sys.path.insert(0, out_dir)
     from strata.v1 import generation_pb2 as pb  # noqa: E402
 
-    with socket.socket() as probe:  # a free loopback port for the server
-        probe.bind(("127.0.0.1", 0))
-        free_port = probe.getsockname()[1]
-    config = os.path.join(out_dir, "deployment.yaml")
-    with open(config, "w") as f:
-        f.write(f"model:\n  path: {args.model}\nserver:\n  grpc_port: {free_port}\n"
-                "  http_port: 0\n  shutdown_grace_seconds: 20\n")
-    server = subprocess.Popen([args.binary, "serve", "--config", config,
-                               "--set", "scheduler.max_num_seqs=64"],
-                              stdout=subprocess.PIPE, text=True)
-    line = server.stdout.readline()
-    assert line.startswith("grpc_port="), f"server did not start: {line!r}"
-    port = int(line.strip().split("=")[1])
+    def start_server(*overrides):
+        """Starts `strata serve` on free ports; returns (process, grpc port, http port)."""
+        ports = []
+        for _ in range(2):
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                ports.append(probe.getsockname()[1])
+        config = os.path.join(out_dir, f"deployment-{ports[0]}.yaml")
+        with open(config, "w") as f:
+            f.write(f"model:\n  path: {args.model}\nserver:\n  grpc_port: {ports[0]}\n"
+                    f"  http_port: {ports[1]}\n  shutdown_grace_seconds: 20\n")
+        command = [args.binary, "serve", "--config", config]
+        for o in overrides:
+            command += ["--set", o]
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+        lines = [process.stdout.readline(), process.stdout.readline()]
+        assert lines[0].startswith("grpc_port=") and lines[1].startswith("http_port="), lines
+        return process, ports[0], ports[1]
+
+    server, port, http_port = start_server("scheduler.max_num_seqs=64")
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
     grpc.channel_ready_future(channel).result(timeout=30)
+
+    def metric(name, base=None):
+        text = urllib.request.urlopen(f"http://127.0.0.1:{base or http_port}/metrics",
+                                      timeout=10).read().decode()
+        for line in text.splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+        raise AssertionError(f"metric {name} missing")
 
     def unary_stream(method, request_type):
         return channel.unary_stream(f"/strata.v1.Generation/{method}",
@@ -167,9 +186,11 @@ def main():
         assert last.usage.completion_tokens < 2000
 
     def test_disconnects_and_deadlines_cancel_requests():
-        for _ in range(20):
+        # A storm of 200 abrupt disconnects, most in mid-stream, a few before the first token.
+        for i in range(200):
             call = generate(long_request())
-            next(call)
+            if i % 10:
+                next(call)
             call.cancel()
         try:
             collect(generate(long_request(), timeout=0.5))
@@ -181,6 +202,14 @@ def main():
         text, _, _ = collect(generate(pb.GenerateRequest(prompt="The capital of France is",
                                                          sampling=greedy(4))))
         assert text.startswith(" Paris") and time.time() - start < 20
+        # Once idle, every KV block is available again: nothing leaked.
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            total = metric("strata_kv_pool_blocks")
+            if total > 0 and metric("strata_kv_pool_blocks_available") == total:
+                break
+            time.sleep(0.5)
+        assert total > 0 and metric("strata_kv_pool_blocks_available") == total, "KV leaked"
 
     def test_32_concurrent_clients():
         results, errors = [None] * 32, []
@@ -210,6 +239,90 @@ def main():
                                      response_deserializer=lambda raw: raw)
         assert health(None) == b"\x08\x01", "grpc.health.v1: SERVING"
 
+    def test_cpp_client_chats_through_a_session():
+        result = subprocess.run([args.binary, "chat", "--server", f"127.0.0.1:{port}",
+                                 "--temperature", "0", "--max-tokens", "24"],
+                                input="What is the capital of France?\nAnd of Italy?\n/exit\n",
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        assert "Paris" in result.stdout, result.stdout
+        assert result.stdout.count("> ") >= 3, result.stdout  # two answered turns and the exit
+
+    def test_api_keys_and_tenants():
+        keyed, keyed_port, _ = start_server("server.api_keys=[key-a, key-b]")
+        try:
+            ch = grpc.insecure_channel(f"127.0.0.1:{keyed_port}")
+            grpc.channel_ready_future(ch).result(timeout=30)
+            keyed_generate = ch.unary_stream("/strata.v1.Generation/Generate",
+                                             request_serializer=pb.GenerateRequest.SerializeToString,
+                                             response_deserializer=pb.GenerateResponse.FromString)
+            prompt = "The history of the city is long and complicated. " * 12
+            request = pb.GenerateRequest(prompt=prompt, sampling=greedy(2))
+            for metadata in (None, [("authorization", "Bearer wrong")]):
+                try:
+                    collect(keyed_generate(request, metadata=metadata))
+                    raise AssertionError("expected UNAUTHENTICATED")
+                except grpc.RpcError as e:
+                    assert e.code() == grpc.StatusCode.UNAUTHENTICATED, e.code()
+            as_a = [("authorization", "Bearer key-a")]
+            as_b = [("authorization", "Bearer key-b")]
+            collect(keyed_generate(request, metadata=as_a))
+            again_a = collect(keyed_generate(request, metadata=as_a))[2].usage
+            first_b = collect(keyed_generate(request, metadata=as_b))[2].usage
+            assert again_a.cached_prompt_tokens > 0, "a tenant reuses its own prompt"
+            assert first_b.cached_prompt_tokens == 0, "another tenant does not see it"
+        finally:
+            keyed.kill()
+
+    def test_full_queue_is_resource_exhausted():
+        busy, busy_port, busy_http = start_server("scheduler.max_num_seqs=1",
+                                                  "scheduler.max_queued_requests=2")
+        try:
+            ch = grpc.insecure_channel(f"127.0.0.1:{busy_port}")
+            grpc.channel_ready_future(ch).result(timeout=30)
+            busy_generate = ch.unary_stream("/strata.v1.Generation/Generate",
+                                            request_serializer=pb.GenerateRequest.SerializeToString,
+                                            response_deserializer=pb.GenerateResponse.FromString)
+            codes, lock = [], threading.Lock()
+
+            def client():
+                try:
+                    collect(busy_generate(pb.GenerateRequest(prompt="Count:", sampling=pb.SamplingParams(
+                        temperature=0, max_tokens=64, ignore_eos=True))))
+                    code = grpc.StatusCode.OK
+                except grpc.RpcError as e:
+                    code = e.code()
+                with lock:
+                    codes.append(code)
+
+            threads = [threading.Thread(target=client) for _ in range(12)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            assert grpc.StatusCode.RESOURCE_EXHAUSTED in codes, codes
+            assert grpc.StatusCode.OK in codes, codes
+            # The HTTP front door of the same engine answers 429 while the queue is full.
+            blockers = [threading.Thread(target=client) for _ in range(4)]
+            for t in blockers:
+                t.start()
+            time.sleep(0.3)
+            body = b'{"prompt": "Count:", "max_tokens": 4}'
+            statuses = []
+            for _ in range(4):
+                try:
+                    urllib.request.urlopen(urllib.request.Request(
+                        f"http://127.0.0.1:{busy_http}/v1/completions", data=body,
+                        headers={"Content-Type": "application/json"}), timeout=120)
+                    statuses.append(200)
+                except urllib.error.HTTPError as e:
+                    statuses.append(e.code)
+            for t in blockers:
+                t.join()
+            assert 429 in statuses, statuses
+        finally:
+            busy.kill()
+
     def test_sigterm_drains_in_flight_requests():
         call = generate(pb.GenerateRequest(prompt="Once upon a time", sampling=pb.SamplingParams(
             temperature=0, max_tokens=24, ignore_eos=True)))
@@ -228,6 +341,9 @@ def main():
     check("disconnects and deadlines cancel requests", test_disconnects_and_deadlines_cancel_requests)
     check("32 concurrent clients", test_32_concurrent_clients)
     check("model info and health", test_model_info_and_health)
+    check("C++ client chats through a session", test_cpp_client_chats_through_a_session)
+    check("API keys and tenants", test_api_keys_and_tenants)
+    check("full queue is RESOURCE_EXHAUSTED (and 429)", test_full_queue_is_resource_exhausted)
     check("SIGTERM drains in-flight requests", test_sigterm_drains_in_flight_requests)
     if server.poll() is None:
         server.kill()
