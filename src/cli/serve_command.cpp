@@ -4,10 +4,13 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <spdlog/spdlog.h>
+
 #include <thread>
 
 #include "commands.h"
 #include "loaded_model.h"
+#include "logging_setup.h"
 #include "strata/server/grpc_server.h"
 #include "strata/server/http_server.h"
 #include "strata/server/session_store.h"
@@ -44,6 +47,7 @@ Status serve(const std::vector<std::string>& args) {
     return Status();
   }
   STRATA_ASSIGN_OR_RETURN(config::DeploymentConfig deployment, deployment_from_flags(flags));
+  configure_logging(deployment.logging);
   const config::ServerSection& server = deployment.server;
   if (server.grpc_port == 0 && server.http_port == 0) {
     return invalid_argument_error("server.grpc_port and server.http_port are both 0: nothing to serve");
@@ -63,7 +67,7 @@ Status serve(const std::vector<std::string>& args) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  std::fprintf(stderr, "loading %s ...\n", deployment.model.path.c_str());
+  spdlog::info("loading {}", deployment.model.path);
   STRATA_ASSIGN_OR_RETURN(LoadedEngine loaded, load_engine(deployment));
   const std::string served_name = deployment.model.effective_served_name();
   server::SessionStore sessions;
@@ -76,8 +80,7 @@ Status serve(const std::vector<std::string>& args) {
     options.api_keys = api_keys;
     STRATA_ASSIGN_OR_RETURN(
         grpc, server::GrpcServer::start(*loaded.engine, loaded.chat_template, sessions, options));
-    std::fprintf(stderr, "serving %s on %s:%d (gRPC)\n", served_name.c_str(), server.host.c_str(),
-                 grpc->port());
+    spdlog::info("serving {} on {}:{} (gRPC)", served_name, server.host, grpc->port());
     std::printf("grpc_port=%d\n", grpc->port());
   }
   std::unique_ptr<server::HttpServer> http;
@@ -90,15 +93,15 @@ Status serve(const std::vector<std::string>& args) {
     options.request_timeout = std::chrono::seconds(server.request_timeout_seconds);
     STRATA_ASSIGN_OR_RETURN(http,
                             server::HttpServer::start(*loaded.engine, loaded.chat_template, options));
-    std::fprintf(stderr, "serving %s on http://%s:%d/v1 (OpenAI-compatible HTTP)\n",
-                 served_name.c_str(), server.host.c_str(), http->port());
+    spdlog::info("serving {} on http://{}:{}/v1 (OpenAI-compatible HTTP)", served_name,
+                 server.host, http->port());
     std::printf("http_port=%d\n", http->port());
   }
   std::fflush(stdout);
 
   int signal_number = 0;
   sigwait(&signals, &signal_number);
-  std::fprintf(stderr, "signal %d: draining for up to %ds\n", signal_number,
+  spdlog::info("signal {}: draining in-flight requests for up to {}s", signal_number,
                server.shutdown_grace_seconds);
   // Both stop accepting at once, then share the grace period for in-flight requests.
   const auto grace = std::chrono::seconds(server.shutdown_grace_seconds);
@@ -107,6 +110,7 @@ Status serve(const std::vector<std::string>& args) {
   });
   if (grpc) grpc->shutdown(grace);
   http_drain.join();
+  spdlog::info("stopped");
   return Status();
 }
 
