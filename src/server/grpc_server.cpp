@@ -162,7 +162,8 @@ class GenerationService final : public pb::Generation::Service {
     std::string reply;
     grpc::Status status = stream(context, std::move(r), request->session_id(), writer, &reply);
     if (status.ok() && in_session) {
-      sessions_.commit_turn(session_key(tenant, request->session_id()), turn, reply);
+      sessions_.commit_turn(session_key(tenant, request->session_id()), turn, reply,
+                            request->system());
     }
     return status;
   }

@@ -7,6 +7,24 @@
 namespace strata::server {
 namespace {
 
+// Label values in the text exposition format escape backslash, double quote and newline.
+std::string escape_label_value(const std::string& value) {
+  std::string escaped;
+  escaped.reserve(value.size());
+  for (char c : value) {
+    if (c == '\\') {
+      escaped += "\\\\";
+    } else if (c == '"') {
+      escaped += "\\\"";
+    } else if (c == '\n') {
+      escaped += "\\n";
+    } else {
+      escaped += c;
+    }
+  }
+  return escaped;
+}
+
 // Bucket bounds in seconds (vLLM's, so dashboards carry over).
 const std::vector<double> kTimeToFirstTokenBuckets = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08,
                                                       0.1,   0.25,  0.5,  0.75, 1.0,  2.5,  5.0,
@@ -104,7 +122,7 @@ std::string Metrics::render(const engine::EngineStats& engine) const {
     std::scoped_lock lock(mutex_);
     header(&out, "strata_http_requests_total", "counter", "HTTP responses by endpoint and status.");
     for (const auto& [key, count] : requests_) {
-      out.append("strata_http_requests_total{endpoint=\"").append(key.first);
+      out.append("strata_http_requests_total{endpoint=\"").append(escape_label_value(key.first));
       out.append("\",status=\"").append(std::to_string(key.second)).append("\"} ");
       out.append(std::to_string(count)).append("\n");
     }

@@ -21,17 +21,23 @@ SessionStore::Session& SessionStore::touch(const std::string& session_id,
 
 std::vector<tokenizer::ChatMessage> SessionStore::begin_turn(
     const std::string& session_id, const tokenizer::ChatMessage& message,
-    const std::string& system) {
+    const std::string& system) const {
   std::scoped_lock lock(mutex_);
-  std::vector<tokenizer::ChatMessage> messages = touch(session_id, system).messages;
+  std::vector<tokenizer::ChatMessage> messages;
+  if (auto it = sessions_.find(session_id); it != sessions_.end()) {
+    messages = it->second.messages;
+  } else if (!system.empty()) {
+    messages.push_back({"system", system});
+  }
   messages.push_back(message);
   return messages;
 }
 
 void SessionStore::commit_turn(const std::string& session_id,
-                               const tokenizer::ChatMessage& message, const std::string& reply) {
+                               const tokenizer::ChatMessage& message, const std::string& reply,
+                               const std::string& system) {
   std::scoped_lock lock(mutex_);
-  Session& session = touch(session_id);
+  Session& session = touch(session_id, system);
   session.messages.push_back(message);
   session.messages.push_back({"assistant", reply});
 }

@@ -20,15 +20,15 @@ class SessionStore {
  public:
   explicit SessionStore(size_t max_sessions = 10000) : max_sessions_(max_sessions) {}
 
-  // The conversation so far with `message` appended, creating the session (starting with a
-  // system message when `system` is non-empty) if needed. Messages stay provisional until
-  // commit_turn(); a failed turn leaves the session unchanged.
+  // The conversation so far with `message` appended; for a session that does not exist yet,
+  // `system` (when non-empty) then `message`. Changes nothing: a turn that fails leaves no trace.
   std::vector<tokenizer::ChatMessage> begin_turn(const std::string& session_id,
                                                  const tokenizer::ChatMessage& message,
-                                                 const std::string& system = {});
-  // Records a finished turn: the user message and the assistant's reply.
+                                                 const std::string& system = {}) const;
+  // Records a finished turn (the user message and the assistant's reply), creating the session
+  // with `system` first if it does not exist (new, or dropped by the LRU bound meanwhile).
   void commit_turn(const std::string& session_id, const tokenizer::ChatMessage& message,
-                   const std::string& reply);
+                   const std::string& reply, const std::string& system = {});
   // Drops a session; false if it did not exist.
   bool erase(const std::string& session_id);
   size_t size() const;

@@ -1,0 +1,721 @@
+// OpenAI protocol mapping: request bodies -> ParsedRequest (valid and invalid, table-driven) and
+// engine outputs -> response bodies (whole responses, stream chunks, usage, logprobs, errors).
+#include "openai_protocol.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "strata/tokenizer/tokenizer.h"
+
+namespace strata::server::openai {
+namespace {
+
+using Json = nlohmann::json;
+constexpr int64_t kVocabSize = 1000;
+
+StatusOr<ParsedRequest> parse(Endpoint endpoint, const Json& body) {
+  return parse_request(endpoint, body.dump(), kVocabSize);
+}
+
+Json chat_body(Json extra = Json::object()) {
+  Json body = {{"model", "m"}, {"messages", {{{"role", "user"}, {"content", "hi"}}}}};
+  body.update(extra);
+  return body;
+}
+
+Json completion_body(Json extra = Json::object()) {
+  Json body = {{"model", "m"}, {"prompt", "Once upon"}};
+  body.update(extra);
+  return body;
+}
+
+// ---- Valid requests ---------------------------------------------------------------------------
+
+struct ValidCase {
+  std::string name;
+  Endpoint endpoint;
+  Json body;
+  std::function<void(const ParsedRequest&)> check;
+};
+
+std::vector<ValidCase> valid_cases() {
+  const Endpoint chat = Endpoint::kChatCompletions;
+  const Endpoint completions = Endpoint::kCompletions;
+  return {
+      {"ChatDefaults", chat, chat_body(),
+       [](const ParsedRequest& r) {
+         EXPECT_EQ(r.endpoint, Endpoint::kChatCompletions);
+         EXPECT_EQ(r.model, "m");
+         ASSERT_EQ(r.messages.size(), 1u);
+         EXPECT_EQ(r.messages[0].role, "user");
+         EXPECT_EQ(r.messages[0].content, "hi");
+         EXPECT_FALSE(r.prompt_text.has_value());
+         EXPECT_TRUE(r.prompt_token_ids.empty());
+         const sampling::SamplingParams defaults;
+         EXPECT_EQ(r.sampling.temperature, defaults.temperature);
+         EXPECT_EQ(r.sampling.top_p, defaults.top_p);
+         EXPECT_EQ(r.sampling.top_k, 0);
+         EXPECT_EQ(r.sampling.max_tokens, defaults.max_tokens);
+         EXPECT_FALSE(r.sampling.seed.has_value());
+         EXPECT_TRUE(r.sampling.stop.empty());
+         EXPECT_FALSE(r.max_tokens_given);
+         EXPECT_FALSE(r.stream);
+         EXPECT_FALSE(r.include_usage);
+         EXPECT_FALSE(r.logprobs);
+         EXPECT_EQ(r.sampling.num_logprobs, 0);
+         EXPECT_TRUE(r.user.empty());
+         EXPECT_FALSE(r.sampling.ignore_eos);
+       }},
+      {"SamplingFields", chat,
+       chat_body({{"temperature", 0.7},
+                  {"top_p", 0.9},
+                  {"top_k", 40},
+                  {"min_p", 0.05},
+                  {"presence_penalty", 0.5},
+                  {"frequency_penalty", -1.5},
+                  {"repetition_penalty", 1.1},
+                  {"seed", 42},
+                  {"ignore_eos", true},
+                  {"user", "tenant-a"}}),
+       [](const ParsedRequest& r) {
+         EXPECT_DOUBLE_EQ(r.sampling.temperature, 0.7);
+         EXPECT_DOUBLE_EQ(r.sampling.top_p, 0.9);
+         EXPECT_EQ(r.sampling.top_k, 40);
+         EXPECT_DOUBLE_EQ(r.sampling.min_p, 0.05);
+         EXPECT_DOUBLE_EQ(r.sampling.presence_penalty, 0.5);
+         EXPECT_DOUBLE_EQ(r.sampling.frequency_penalty, -1.5);
+         EXPECT_DOUBLE_EQ(r.sampling.repetition_penalty, 1.1);
+         EXPECT_EQ(r.sampling.seed, 42u);
+         EXPECT_TRUE(r.sampling.ignore_eos);
+         EXPECT_EQ(r.user, "tenant-a");
+       }},
+      {"TemperatureZeroAndIntegerNumbers", chat, chat_body({{"temperature", 0}, {"top_p", 1}}),
+       [](const ParsedRequest& r) {
+         EXPECT_EQ(r.sampling.temperature, 0.0);
+         EXPECT_EQ(r.sampling.top_p, 1.0);
+       }},
+      {"TopKMinusOneIsOff", chat, chat_body({{"top_k", -1}}),
+       [](const ParsedRequest& r) { EXPECT_EQ(r.sampling.top_k, 0); }},
+      {"HugeTopKIsClamped", chat, chat_body({{"top_k", int64_t{1} << 40}}),
+       [](const ParsedRequest& r) {
+         EXPECT_EQ(r.sampling.top_k, std::numeric_limits<int32_t>::max());
+       }},
+      {"HugeUnsignedSeed", chat, chat_body({{"seed", std::numeric_limits<uint64_t>::max()}}),
+       [](const ParsedRequest& r) {
+         EXPECT_EQ(r.sampling.seed, std::numeric_limits<uint64_t>::max());
+       }},
+      {"NullFieldsAreUnset", chat,
+       chat_body({{"temperature", nullptr}, {"stop", nullptr}, {"max_tokens", nullptr}}),
+       [](const ParsedRequest& r) {
+         EXPECT_EQ(r.sampling.temperature, 1.0);
+         EXPECT_TRUE(r.sampling.stop.empty());
+         EXPECT_FALSE(r.max_tokens_given);
+       }},
+      {"StopString", chat, chat_body({{"stop", "\n\n"}}),
+       [](const ParsedRequest& r) {
+         EXPECT_EQ(r.sampling.stop, std::vector<std::string>{"\n\n"});
+       }},
+      {"StopList", completions, completion_body({{"stop", {"END", "###"}}}),
+       [](const ParsedRequest& r) {
+         EXPECT_EQ(r.sampling.stop, (std::vector<std::string>{"END", "###"}));
+       }},
+      {"StopTokenIds", chat, chat_body({{"stop_token_ids", {2, 999}}}),
+       [](const ParsedRequest& r) {
+         EXPECT_EQ(r.sampling.stop_token_ids, (std::vector<TokenId>{2, 999}));
+       }},
+      {"MaxTokens", chat, chat_body({{"max_tokens", 7}}),
+       [](const ParsedRequest& r) {
+         EXPECT_TRUE(r.max_tokens_given);
+         EXPECT_EQ(r.sampling.max_tokens, 7);
+       }},
+      {"MaxCompletionTokensAlone", chat, chat_body({{"max_completion_tokens", 9}}),
+       [](const ParsedRequest& r) {
+         EXPECT_TRUE(r.max_tokens_given);
+         EXPECT_EQ(r.sampling.max_tokens, 9);
+       }},
+      {"MaxCompletionTokensWinsOverMaxTokens", chat,
+       chat_body({{"max_tokens", 5}, {"max_completion_tokens", 20}}),
+       [](const ParsedRequest& r) { EXPECT_EQ(r.sampling.max_tokens, 20); }},
+      {"CompletionsMaxTokens", completions, completion_body({{"max_tokens", 128}}),
+       [](const ParsedRequest& r) {
+         EXPECT_TRUE(r.max_tokens_given);
+         EXPECT_EQ(r.sampling.max_tokens, 128);
+       }},
+      {"ChatLogprobsWithTop", chat, chat_body({{"logprobs", true}, {"top_logprobs", 5}}),
+       [](const ParsedRequest& r) {
+         EXPECT_TRUE(r.logprobs);
+         EXPECT_EQ(r.sampling.num_logprobs, 5);
+       }},
+      {"ChatLogprobsWithoutTop", chat, chat_body({{"logprobs", true}}),
+       [](const ParsedRequest& r) {
+         EXPECT_TRUE(r.logprobs);
+         EXPECT_EQ(r.sampling.num_logprobs, 0);
+       }},
+      {"ChatLogprobsFalse", chat, chat_body({{"logprobs", false}}),
+       [](const ParsedRequest& r) { EXPECT_FALSE(r.logprobs); }},
+      {"CompletionsLogprobsInteger", completions, completion_body({{"logprobs", 3}}),
+       [](const ParsedRequest& r) {
+         EXPECT_TRUE(r.logprobs);
+         EXPECT_EQ(r.sampling.num_logprobs, 3);
+       }},
+      {"CompletionsLogprobsZero", completions, completion_body({{"logprobs", 0}}),
+       [](const ParsedRequest& r) {
+         EXPECT_TRUE(r.logprobs);
+         EXPECT_EQ(r.sampling.num_logprobs, 0);
+       }},
+      {"StreamWithUsage", chat,
+       chat_body({{"stream", true}, {"stream_options", {{"include_usage", true}}}}),
+       [](const ParsedRequest& r) {
+         EXPECT_TRUE(r.stream);
+         EXPECT_TRUE(r.include_usage);
+       }},
+      {"StreamWithoutUsage", completions,
+       completion_body({{"stream", true}, {"stream_options", {{"include_usage", false}}}}),
+       [](const ParsedRequest& r) {
+         EXPECT_TRUE(r.stream);
+         EXPECT_FALSE(r.include_usage);
+       }},
+      {"StreamOnly", chat, chat_body({{"stream", true}}),
+       [](const ParsedRequest& r) {
+         EXPECT_TRUE(r.stream);
+         EXPECT_FALSE(r.include_usage);
+       }},
+      {"ConversationRolesAndDeveloper", chat,
+       chat_body({{"messages",
+                   {{{"role", "developer"}, {"content", "rules"}},
+                    {{"role", "user"}, {"content", "q"}},
+                    {{"role", "assistant"}},  // no content: only called tools
+                    {{"role", "user"}, {"content", "q2"}}}}}),
+       [](const ParsedRequest& r) {
+         ASSERT_EQ(r.messages.size(), 4u);
+         EXPECT_EQ(r.messages[0].role, "system");
+         EXPECT_EQ(r.messages[0].content, "rules");
+         EXPECT_EQ(r.messages[2].role, "assistant");
+         EXPECT_EQ(r.messages[2].content, "");
+         EXPECT_EQ(r.messages[3].content, "q2");
+       }},
+      {"TextContentPartsJoinedWithNewlines", chat,
+       chat_body({{"messages",
+                   {{{"role", "user"},
+                     {"content",
+                      {{{"type", "text"}, {"text", "a"}}, {{"type", "text"}, {"text", "b"}}}}}}}}),
+       [](const ParsedRequest& r) { EXPECT_EQ(r.messages[0].content, "a\nb"); }},
+      {"CompletionsTextPrompt", completions, completion_body(),
+       [](const ParsedRequest& r) {
+         EXPECT_EQ(r.endpoint, Endpoint::kCompletions);
+         EXPECT_EQ(r.prompt_text, "Once upon");
+         EXPECT_TRUE(r.prompt_token_ids.empty());
+         EXPECT_TRUE(r.messages.empty());
+       }},
+      {"CompletionsTokenPrompt", completions, completion_body({{"prompt", {1, 2, 3}}}),
+       [](const ParsedRequest& r) {
+         EXPECT_FALSE(r.prompt_text.has_value());
+         EXPECT_EQ(r.prompt_token_ids, (std::vector<TokenId>{1, 2, 3}));
+       }},
+      {"FeaturesAtTheirOffValue", chat,
+       chat_body({{"n", 1},
+                  {"logit_bias", Json::object()},
+                  {"tools", Json::array()},
+                  {"tool_choice", "none"},
+                  {"response_format", {{"type", "text"}}},
+                  {"store", false},
+                  {"parallel_tool_calls", true}}),
+       [](const ParsedRequest& r) { EXPECT_EQ(r.messages.size(), 1u); }},
+      {"CompletionsOffFeatures", completions,
+       completion_body({{"best_of", 1}, {"echo", false}, {"suffix", ""}}),
+       [](const ParsedRequest& r) { EXPECT_EQ(r.prompt_text, "Once upon"); }},
+  };
+}
+
+class ValidRequestTest : public ::testing::TestWithParam<ValidCase> {};
+
+TEST_P(ValidRequestTest, Parses) {
+  const ValidCase& c = GetParam();
+  StatusOr<ParsedRequest> parsed = parse(c.endpoint, c.body);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().message() << "\nbody: " << c.body.dump();
+  c.check(*parsed);
+}
+
+INSTANTIATE_TEST_SUITE_P(OpenAiProtocol, ValidRequestTest, ::testing::ValuesIn(valid_cases()),
+                         [](const auto& info) { return info.param.name; });
+
+// ---- Invalid requests -------------------------------------------------------------------------
+
+struct InvalidCase {
+  std::string name;
+  Endpoint endpoint;
+  Json body;
+  std::string param;  // the field the error must name
+};
+
+std::vector<InvalidCase> invalid_cases() {
+  const Endpoint chat = Endpoint::kChatCompletions;
+  const Endpoint completions = Endpoint::kCompletions;
+  Json seventeen_stops = Json::array();
+  for (int i = 0; i < 17; ++i) seventeen_stops.push_back("s" + std::to_string(i));
+  Json missing_messages = chat_body();
+  missing_messages.erase("messages");
+  Json missing_prompt = completion_body();
+  missing_prompt.erase("prompt");
+  return {
+      // Wrong types.
+      {"TemperatureString", chat, chat_body({{"temperature", "hot"}}), "temperature"},
+      {"TopPBool", chat, chat_body({{"top_p", true}}), "top_p"},
+      {"TopKFloat", chat, chat_body({{"top_k", 1.5}}), "top_k"},
+      {"MinPString", chat, chat_body({{"min_p", "0.1"}}), "min_p"},
+      {"SeedFloat", chat, chat_body({{"seed", 1.5}}), "seed"},
+      {"SeedString", completions, completion_body({{"seed", "7"}}), "seed"},
+      {"StopNumber", chat, chat_body({{"stop", 5}}), "stop"},
+      {"StopListWithNumber", chat, chat_body({{"stop", {"a", 5}}}), "stop[1]"},
+      {"StopTokenIdsNotArray", chat, chat_body({{"stop_token_ids", 3}}), "stop_token_ids"},
+      {"StopTokenIdsString", chat, chat_body({{"stop_token_ids", {"x"}}}), "stop_token_ids[0]"},
+      {"MaxTokensString", chat, chat_body({{"max_tokens", "10"}}), "max_tokens"},
+      {"MaxTokensFloat", completions, completion_body({{"max_tokens", 10.5}}), "max_tokens"},
+      {"MaxCompletionTokensString", chat, chat_body({{"max_completion_tokens", "1"}}),
+       "max_completion_tokens"},
+      {"ChatLogprobsInteger", chat, chat_body({{"logprobs", 1}}), "logprobs"},
+      {"CompletionsLogprobsBool", completions, completion_body({{"logprobs", true}}), "logprobs"},
+      {"StreamString", chat, chat_body({{"stream", "yes"}}), "stream"},
+      {"StreamOptionsNotObject", chat, chat_body({{"stream", true}, {"stream_options", true}}),
+       "stream_options"},
+      {"IncludeUsageString", chat,
+       chat_body({{"stream", true}, {"stream_options", {{"include_usage", "yes"}}}}),
+       "stream_options.include_usage"},
+      {"UserNumber", chat, chat_body({{"user", 5}}), "user"},
+      {"IgnoreEosInteger", chat, chat_body({{"ignore_eos", 1}}), "ignore_eos"},
+      {"ModelNumber", chat, chat_body({{"model", 3}}), "model"},
+      {"StoreString", chat, chat_body({{"store", "no"}}), "store"},
+      {"NString", chat, chat_body({{"n", "1"}}), "n"},
+      // Out of range.
+      {"TemperatureNegative", chat, chat_body({{"temperature", -1}}), "temperature"},
+      {"TopPZero", chat, chat_body({{"top_p", 0}}), "top_p"},
+      {"TopPAboveOne", completions, completion_body({{"top_p", 1.5}}), "top_p"},
+      {"TopKBelowMinusOne", chat, chat_body({{"top_k", -2}}), "top_k"},
+      {"MinPAboveOne", chat, chat_body({{"min_p", 2}}), "min_p"},
+      {"PresencePenaltyTooHigh", chat, chat_body({{"presence_penalty", 2.5}}), "presence_penalty"},
+      {"FrequencyPenaltyTooLow", completions, completion_body({{"frequency_penalty", -3}}),
+       "frequency_penalty"},
+      {"RepetitionPenaltyZero", chat, chat_body({{"repetition_penalty", 0}}),
+       "repetition_penalty"},
+      {"MaxTokensZero", chat, chat_body({{"max_tokens", 0}}), "max_tokens"},
+      {"MaxCompletionTokensNegative", chat,
+       chat_body({{"max_tokens", 5}, {"max_completion_tokens", -1}}), "max_completion_tokens"},
+      {"MaxTokensTooBigForInt64", completions,
+       completion_body({{"max_tokens", std::numeric_limits<uint64_t>::max()}}), "max_tokens"},
+      {"TopLogprobsTooMany", chat, chat_body({{"logprobs", true}, {"top_logprobs", 21}}),
+       "top_logprobs"},
+      {"TopLogprobsNegative", chat, chat_body({{"logprobs", true}, {"top_logprobs", -1}}),
+       "top_logprobs"},
+      {"TopLogprobsWithoutLogprobs", chat, chat_body({{"top_logprobs", 2}}), "top_logprobs"},
+      {"CompletionsLogprobsTooMany", completions, completion_body({{"logprobs", 21}}),
+       "logprobs"},
+      {"StopTokenIdOutsideVocab", chat, chat_body({{"stop_token_ids", {1, kVocabSize}}}),
+       "stop_token_ids[1]"},
+      {"StopTokenIdOutsideInt32", chat, chat_body({{"stop_token_ids", {int64_t{1} << 33}}}),
+       "stop_token_ids[0]"},
+      {"EmptyStopString", chat, chat_body({{"stop", {"ok", ""}}}), "stop[1]"},
+      {"TooManyStopStrings", chat, chat_body({{"stop", seventeen_stops}}), "stop"},
+      {"StreamOptionsWithoutStream", chat, chat_body({{"stream_options", {{"include_usage", true}}}}),
+       "stream_options"},
+      // Unsupported features.
+      {"NTwo", chat, chat_body({{"n", 2}}), "n"},
+      {"CompletionsNThree", completions, completion_body({{"n", 3}}), "n"},
+      {"BestOfTwo", completions, completion_body({{"best_of", 2}}), "best_of"},
+      {"Echo", completions, completion_body({{"echo", true}}), "echo"},
+      {"Suffix", completions, completion_body({{"suffix", "end"}}), "suffix"},
+      {"LogitBias", chat, chat_body({{"logit_bias", {{"5", 10}}}}), "logit_bias"},
+      {"Tools", chat, chat_body({{"tools", {{{"type", "function"}}}}}), "tools"},
+      {"ToolChoiceRequired", chat, chat_body({{"tool_choice", "required"}}), "tool_choice"},
+      {"ResponseFormatJson", chat, chat_body({{"response_format", {{"type", "json_object"}}}}),
+       "response_format.type"},
+      // Unknown fields, including the other endpoint's fields.
+      {"UnknownField", chat, chat_body({{"frobnicate", 1}}), "frobnicate"},
+      {"ChatFieldOnCompletions", completions, completion_body({{"messages", Json::array()}}),
+       "messages"},
+      {"MaxCompletionTokensOnCompletions", completions,
+       completion_body({{"max_completion_tokens", 5}}), "max_completion_tokens"},
+      {"PromptOnChat", chat, chat_body({{"prompt", "x"}}), "prompt"},
+      {"EchoOnChat", chat, chat_body({{"echo", false}}), "echo"},
+      // Prompts.
+      {"PromptMissing", completions, missing_prompt, "prompt"},
+      {"PromptEmptyString", completions, completion_body({{"prompt", ""}}), "prompt"},
+      {"PromptEmptyList", completions, completion_body({{"prompt", Json::array()}}), "prompt"},
+      {"PromptListOfStrings", completions, completion_body({{"prompt", {"a", "b"}}}), "prompt"},
+      {"PromptListOfTokenLists", completions, completion_body({{"prompt", {{1, 2}, {3}}}}),
+       "prompt"},
+      {"PromptNumber", completions, completion_body({{"prompt", 5}}), "prompt"},
+      {"PromptMixedList", completions, completion_body({{"prompt", {1, "x"}}}), "prompt[1]"},
+      {"PromptTokenOutsideInt32", completions, completion_body({{"prompt", {1, int64_t{1} << 40}}}),
+       "prompt[1]"},
+      {"PromptNegativeTokenOutsideInt32", completions,
+       completion_body({{"prompt", {-(int64_t{1} << 40)}}}), "prompt[0]"},
+      // Messages.
+      {"MessagesMissing", chat, missing_messages, "messages"},
+      {"MessagesEmpty", chat, chat_body({{"messages", Json::array()}}), "messages"},
+      {"MessagesString", chat, chat_body({{"messages", "hi"}}), "messages"},
+      {"MessageNotObject", chat, chat_body({{"messages", {"hi"}}}), "messages[0]"},
+      {"RoleMissing", chat, chat_body({{"messages", {{{"content", "x"}}}}}), "messages[0].role"},
+      {"RoleNumber", chat, chat_body({{"messages", {{{"role", 1}, {"content", "x"}}}}}),
+       "messages[0].role"},
+      {"RoleTool", chat,
+       chat_body({{"messages",
+                   {{{"role", "user"}, {"content", "x"}}, {{"role", "tool"}, {"content", "y"}}}}}),
+       "messages[1].role"},
+      {"RoleUnknown", chat, chat_body({{"messages", {{{"role", "robot"}, {"content", "x"}}}}}),
+       "messages[0].role"},
+      {"UserContentMissing", chat, chat_body({{"messages", {{{"role", "user"}}}}}),
+       "messages[0].content"},
+      {"ContentNumber", chat, chat_body({{"messages", {{{"role", "user"}, {"content", 5}}}}}),
+       "messages[0].content"},
+      {"ContentPartImage", chat,
+       chat_body({{"messages",
+                   {{{"role", "user"},
+                     {"content",
+                      {{{"type", "text"}, {"text", "look"}},
+                       {{"type", "image_url"}, {"image_url", {{"url", "http://x"}}}}}}}}}}),
+       "messages[0].content[1].type"},
+      {"ContentPartWithoutType", chat,
+       chat_body({{"messages", {{{"role", "user"}, {"content", {{{"text", "a"}}}}}}}}),
+       "messages[0].content[0].type"},
+      {"ContentPartNotObject", chat,
+       chat_body({{"messages", {{{"role", "user"}, {"content", {"a"}}}}}}),
+       "messages[0].content[0]"},
+      {"ContentPartTextNumber", chat,
+       chat_body({{"messages", {{{"role", "user"}, {"content", {{{"type", "text"}, {"text", 1}}}}}}}}),
+       "messages[0].content[0].text"},
+  };
+}
+
+class InvalidRequestTest : public ::testing::TestWithParam<InvalidCase> {};
+
+TEST_P(InvalidRequestTest, NamesTheField) {
+  const InvalidCase& c = GetParam();
+  StatusOr<ParsedRequest> parsed = parse(c.endpoint, c.body);
+  ASSERT_FALSE(parsed.ok()) << "accepted: " << c.body.dump();
+  EXPECT_EQ(parsed.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(field_of_message(parsed.status().message()), c.param)
+      << "message: " << parsed.status().message();
+}
+
+INSTANTIATE_TEST_SUITE_P(OpenAiProtocol, InvalidRequestTest, ::testing::ValuesIn(invalid_cases()),
+                         [](const auto& info) { return info.param.name; });
+
+TEST(ParseRequestTest, MalformedJsonAndNonObjectBodies) {
+  for (const char* body : {"{not json", "", "[1, 2]", "\"text\"", "null"}) {
+    StatusOr<ParsedRequest> parsed =
+        parse_request(Endpoint::kChatCompletions, body, kVocabSize);
+    ASSERT_FALSE(parsed.ok()) << body;
+    EXPECT_EQ(parsed.status().code(), StatusCode::kInvalidArgument) << body;
+    EXPECT_EQ(field_of_message(parsed.status().message()), std::nullopt)
+        << parsed.status().message();
+  }
+}
+
+TEST(ParseRequestTest, StopTokenIdsAreCheckedAgainstTheGivenVocabulary) {
+  const std::string body = chat_body({{"stop_token_ids", {50}}}).dump();
+  EXPECT_TRUE(parse_request(Endpoint::kChatCompletions, body, 51).ok());
+  EXPECT_FALSE(parse_request(Endpoint::kChatCompletions, body, 50).ok());
+}
+
+TEST(FieldOfMessageTest, ExtractsTheLeadingField) {
+  EXPECT_EQ(field_of_message("temperature must be >= 0, got -1"), "temperature");
+  EXPECT_EQ(field_of_message("messages[0].role: 'x' is not system"), "messages[0].role");
+  EXPECT_EQ(field_of_message("stop_token_ids[3] must be in [0, 5)"), "stop_token_ids[3]");
+  EXPECT_EQ(field_of_message("We could not parse the JSON body"), std::nullopt);
+  EXPECT_EQ(field_of_message("temperature"), std::nullopt);
+  EXPECT_EQ(field_of_message(""), std::nullopt);
+  EXPECT_EQ(field_of_message(": nothing before"), std::nullopt);
+}
+
+// ---- Responses --------------------------------------------------------------------------------
+
+TEST(ErrorBodyTest, AllFieldsWithNullsWhenUnset) {
+  ApiError error;
+  error.http_status = 400;
+  error.message = "top_p must be in (0, 1], got 2";
+  error.type = "invalid_request_error";
+  error.param = "top_p";
+  Json body = Json::parse(error_body(error));
+  EXPECT_EQ(body, Json::parse(R"({"error": {"message": "top_p must be in (0, 1], got 2",
+      "type": "invalid_request_error", "param": "top_p", "code": null}})"));
+  error.param.reset();
+  error.code = "model_not_found";
+  body = Json::parse(error_body(error));
+  EXPECT_TRUE(body["error"]["param"].is_null());
+  EXPECT_EQ(body["error"]["code"], "model_not_found");
+}
+
+TEST(ModelBodyTest, ListAndSingle) {
+  const Json model = Json::parse(model_body("tiny", 1700000000, 2048));
+  EXPECT_EQ(model["id"], "tiny");
+  EXPECT_EQ(model["object"], "model");
+  EXPECT_EQ(model["created"], 1700000000);
+  EXPECT_EQ(model["max_model_len"], 2048);
+  const Json list = Json::parse(model_list_body("tiny", 1700000000, 2048));
+  EXPECT_EQ(list["object"], "list");
+  ASSERT_EQ(list["data"].size(), 1u);
+  EXPECT_EQ(list["data"][0], model);
+}
+
+TEST(FinishReasonTest, Strings) {
+  EXPECT_STREQ(finish_reason_string(engine::FinishReason::kStop), "stop");
+  EXPECT_STREQ(finish_reason_string(engine::FinishReason::kLength), "length");
+  EXPECT_STREQ(finish_reason_string(engine::FinishReason::kAbort), "abort");
+  EXPECT_STREQ(finish_reason_string(engine::FinishReason::kError), "error");
+}
+
+// A tiny byte-level BPE vocabulary: "H", "i", " ", "!", "Hi", the two bytes of "é" and "é".
+class ResponseBuilderTest : public ::testing::Test {
+ protected:
+  static constexpr TokenId kHi = 4, kSpace = 2, kEAcute = 7;
+
+  static void SetUpTestSuite() {
+    const Json root = {
+        {"model",
+         {{"type", "BPE"},
+          {"vocab",
+           {{"H", 0}, {"i", 1}, {"\u0120", 2}, {"!", 3}, {"Hi", 4}, {"\u00c3", 5}, {"\u00a9", 6},
+            {"\u00c3\u00a9", 7}}},
+          {"merges", {"H i", "\u00c3 \u00a9"}}}},
+        {"normalizer", nullptr},
+        {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+        {"decoder", {{"type", "ByteLevel"}}},
+        {"post_processor", nullptr},
+        {"added_tokens", Json::array()}};
+    const auto dir = std::filesystem::path(::testing::TempDir()) / "openai_protocol_test";
+    std::filesystem::create_directories(dir);
+    const std::string path = (dir / "tokenizer.json").string();
+    std::ofstream(path) << root.dump();
+    auto tokenizer = tokenizer::Tokenizer::from_tokenizer_json(path);
+    ASSERT_TRUE(tokenizer.ok()) << tokenizer.status().message();
+    tokenizer_ = std::move(tokenizer).value().release();
+  }
+  static void TearDownTestSuite() {
+    delete tokenizer_;
+    tokenizer_ = nullptr;
+  }
+  void SetUp() override {
+    ASSERT_NE(tokenizer_, nullptr);
+    ASSERT_EQ(tokenizer_->vocab_size(), 8);
+  }
+
+  static ResponseBuilder builder(Endpoint endpoint, bool logprobs = false,
+                                 bool include_usage = false) {
+    ResponseBuilder::Options options;
+    options.endpoint = endpoint;
+    options.id = endpoint == Endpoint::kChatCompletions ? "chatcmpl-1" : "cmpl-1";
+    options.model = "tiny";
+    options.created = 1234;
+    options.logprobs = logprobs;
+    options.include_usage = include_usage;
+    return ResponseBuilder(options, *tokenizer_);
+  }
+
+  static engine::RequestOutput delta(std::string text, std::vector<engine::TokenOutput> tokens = {},
+                                     std::optional<engine::FinishReason> finish = std::nullopt,
+                                     engine::Usage usage = {}) {
+    engine::RequestOutput out;
+    out.text = std::move(text);
+    out.tokens = std::move(tokens);
+    out.finish_reason = finish;
+    out.usage = usage;
+    return out;
+  }
+
+  static engine::Usage usage(int64_t prompt, int64_t cached, int64_t completion) {
+    engine::Usage u;
+    u.prompt_tokens = prompt;
+    u.cached_prompt_tokens = cached;
+    u.completion_tokens = completion;
+    return u;
+  }
+
+  static std::vector<Json> parse_all(const std::vector<std::string>& chunks) {
+    std::vector<Json> out;
+    for (const std::string& c : chunks) {
+      EXPECT_EQ(c.find('\n'), std::string::npos) << "an SSE data line must be one line: " << c;
+      out.push_back(Json::parse(c));
+    }
+    return out;
+  }
+
+  static inline tokenizer::Tokenizer* tokenizer_ = nullptr;
+};
+
+TEST_F(ResponseBuilderTest, ChatWholeResponse) {
+  ResponseBuilder b = builder(Endpoint::kChatCompletions);
+  b.add(delta("Hel", {{kHi, -0.1f, {}}}, std::nullopt, usage(7, 4, 1)));
+  b.add(delta("lo!", {{3, -0.2f, {}}}, engine::FinishReason::kStop, usage(7, 4, 2)));
+  const Json r = Json::parse(b.response());
+  EXPECT_EQ(r["id"], "chatcmpl-1");
+  EXPECT_EQ(r["object"], "chat.completion");
+  EXPECT_EQ(r["created"], 1234);
+  EXPECT_EQ(r["model"], "tiny");
+  ASSERT_EQ(r["choices"].size(), 1u);
+  const Json& choice = r["choices"][0];
+  EXPECT_EQ(choice["index"], 0);
+  EXPECT_EQ(choice["message"], Json::parse(R"({"role": "assistant", "content": "Hello!"})"));
+  EXPECT_EQ(choice["finish_reason"], "stop");
+  EXPECT_TRUE(choice["logprobs"].is_null());
+  EXPECT_FALSE(choice.contains("text"));
+  EXPECT_EQ(r["usage"], Json::parse(R"({"prompt_tokens": 7, "completion_tokens": 2,
+      "total_tokens": 9, "prompt_tokens_details": {"cached_tokens": 4}})"));
+}
+
+TEST_F(ResponseBuilderTest, CompletionWholeResponseWithLengthFinish) {
+  ResponseBuilder b = builder(Endpoint::kCompletions);
+  b.add(delta("a b", {}, engine::FinishReason::kLength, usage(3, 0, 16)));
+  const Json r = Json::parse(b.response());
+  EXPECT_EQ(r["id"], "cmpl-1");
+  EXPECT_EQ(r["object"], "text_completion");
+  EXPECT_EQ(r["choices"][0]["text"], "a b");
+  EXPECT_FALSE(r["choices"][0].contains("message"));
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(r["usage"]["total_tokens"], 19);
+  EXPECT_EQ(r["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+}
+
+TEST_F(ResponseBuilderTest, AbortFinishReason) {
+  ResponseBuilder b = builder(Endpoint::kChatCompletions);
+  b.add(delta("x", {}, engine::FinishReason::kAbort));
+  EXPECT_EQ(Json::parse(b.response())["choices"][0]["finish_reason"], "abort");
+}
+
+TEST_F(ResponseBuilderTest, ChatStreamRoleChunkThenDeltasThenFinish) {
+  ResponseBuilder b = builder(Endpoint::kChatCompletions);
+  std::vector<Json> chunks = parse_all(b.stream_chunks(delta("Hi")));
+  ASSERT_EQ(chunks.size(), 2u);
+  for (const Json& c : chunks) {
+    EXPECT_EQ(c["id"], "chatcmpl-1");
+    EXPECT_EQ(c["object"], "chat.completion.chunk");
+    EXPECT_EQ(c["created"], 1234);
+    EXPECT_EQ(c["model"], "tiny");
+    EXPECT_FALSE(c.contains("usage")) << "usage only with include_usage";
+    ASSERT_EQ(c["choices"].size(), 1u);
+    EXPECT_EQ(c["choices"][0]["index"], 0);
+    EXPECT_TRUE(c["choices"][0]["finish_reason"].is_null());
+  }
+  EXPECT_EQ(chunks[0]["choices"][0]["delta"],
+            Json::parse(R"({"role": "assistant", "content": ""})"));
+  EXPECT_EQ(chunks[1]["choices"][0]["delta"], Json::parse(R"({"content": "Hi"})"));
+
+  // Nothing visible: no chunk (and no second role chunk).
+  EXPECT_TRUE(b.stream_chunks(delta("")).empty());
+
+  chunks = parse_all(b.stream_chunks(delta(" there")));
+  ASSERT_EQ(chunks.size(), 1u);
+  EXPECT_EQ(chunks[0]["choices"][0]["delta"], Json::parse(R"({"content": " there"})"));
+
+  // The final delta without text: an empty delta carrying the finish reason.
+  chunks = parse_all(b.stream_chunks(delta("", {}, engine::FinishReason::kLength)));
+  ASSERT_EQ(chunks.size(), 1u);
+  EXPECT_EQ(chunks[0]["choices"][0]["delta"], Json::object());
+  EXPECT_EQ(chunks[0]["choices"][0]["finish_reason"], "length");
+}
+
+TEST_F(ResponseBuilderTest, ChatStreamWithUsage) {
+  ResponseBuilder b = builder(Endpoint::kChatCompletions, /*logprobs=*/false,
+                              /*include_usage=*/true);
+  std::vector<Json> chunks =
+      parse_all(b.stream_chunks(delta("Hi", {}, engine::FinishReason::kStop)));
+  ASSERT_EQ(chunks.size(), 2u);
+  for (const Json& c : chunks) {
+    ASSERT_TRUE(c.contains("usage"));
+    EXPECT_TRUE(c["usage"].is_null());
+  }
+  EXPECT_EQ(chunks[1]["choices"][0]["finish_reason"], "stop");
+  const Json u = Json::parse(b.usage_chunk(usage(10, 8, 3)));
+  EXPECT_EQ(u["id"], "chatcmpl-1");
+  EXPECT_EQ(u["object"], "chat.completion.chunk");
+  EXPECT_EQ(u["choices"], Json::array());
+  EXPECT_EQ(u["usage"], Json::parse(R"({"prompt_tokens": 10, "completion_tokens": 3,
+      "total_tokens": 13, "prompt_tokens_details": {"cached_tokens": 8}})"));
+}
+
+TEST_F(ResponseBuilderTest, CompletionStreamHasNoRoleChunk) {
+  ResponseBuilder b = builder(Endpoint::kCompletions);
+  std::vector<Json> chunks = parse_all(b.stream_chunks(delta("Once")));
+  ASSERT_EQ(chunks.size(), 1u);
+  EXPECT_EQ(chunks[0]["object"], "text_completion");
+  EXPECT_EQ(chunks[0]["choices"][0]["text"], "Once");
+  EXPECT_TRUE(chunks[0]["choices"][0]["logprobs"].is_null());
+  EXPECT_TRUE(chunks[0]["choices"][0]["finish_reason"].is_null());
+  chunks = parse_all(b.stream_chunks(delta("", {}, engine::FinishReason::kStop)));
+  ASSERT_EQ(chunks.size(), 1u);
+  EXPECT_EQ(chunks[0]["choices"][0]["text"], "");
+  EXPECT_EQ(chunks[0]["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(Json::parse(b.usage_chunk(usage(1, 0, 1)))["object"], "text_completion");
+}
+
+TEST_F(ResponseBuilderTest, ChatLogprobs) {
+  ResponseBuilder b = builder(Endpoint::kChatCompletions, /*logprobs=*/true);
+  const float inf = std::numeric_limits<float>::infinity();
+  engine::TokenOutput t{kHi, -0.5f, {{kHi, -0.5f}, {kEAcute, -inf}}};
+  std::vector<Json> chunks = parse_all(b.stream_chunks(delta("", {t})));
+  // Logprobs alone make a chunk visible even without text.
+  ASSERT_EQ(chunks.size(), 2u);
+  const Json& lp = chunks[1]["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["content"].size(), 1u);
+  EXPECT_TRUE(lp["refusal"].is_null());
+  const Json& entry = lp["content"][0];
+  EXPECT_EQ(entry["token"], "Hi");
+  EXPECT_DOUBLE_EQ(entry["logprob"].get<double>(), -0.5);
+  EXPECT_EQ(entry["bytes"], Json::parse("[72, 105]"));
+  ASSERT_EQ(entry["top_logprobs"].size(), 2u);
+  EXPECT_EQ(entry["top_logprobs"][1]["token"], "\u00e9");
+  EXPECT_EQ(entry["top_logprobs"][1]["bytes"], Json::parse("[195, 169]"));
+  EXPECT_EQ(entry["top_logprobs"][1]["logprob"], -9999.0);  // -inf is not JSON
+
+  // The whole response accumulates the tokens of every delta.
+  b.add(delta("Hi", {t}));
+  b.add(delta(" ", {{kSpace, -1.0f, {}}}, engine::FinishReason::kStop));
+  const Json r = Json::parse(b.response());
+  const Json& content = r["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), 2u);
+  EXPECT_EQ(content[1]["token"], " ");
+  EXPECT_EQ(content[1]["top_logprobs"], Json::array());
+}
+
+TEST_F(ResponseBuilderTest, CompletionLogprobsTextOffsetsRunAcrossChunks) {
+  ResponseBuilder b = builder(Endpoint::kCompletions, /*logprobs=*/true);
+  std::vector<Json> chunks =
+      parse_all(b.stream_chunks(delta("Hi", {{kHi, -0.25f, {{kHi, -0.25f}, {3, -2.0f}}}})));
+  ASSERT_EQ(chunks.size(), 1u);
+  Json lp = chunks[0]["choices"][0]["logprobs"];
+  EXPECT_EQ(lp["tokens"], Json::parse(R"(["Hi"])"));
+  EXPECT_EQ(lp["token_logprobs"], Json::parse("[-0.25]"));
+  EXPECT_EQ(lp["top_logprobs"], Json::parse(R"([{"Hi": -0.25, "!": -2.0}])"));
+  EXPECT_EQ(lp["text_offset"], Json::parse("[0]"));
+
+  chunks = parse_all(b.stream_chunks(delta(" \u00e9", {{kSpace, -1.0f, {}}, {kEAcute, -1.5f, {}}})));
+  ASSERT_EQ(chunks.size(), 1u);
+  lp = chunks[0]["choices"][0]["logprobs"];
+  EXPECT_EQ(lp["tokens"], Json::parse(R"([" ", "\u00e9"])"));
+  EXPECT_EQ(lp["text_offset"], Json::parse("[2, 3]"));  // characters, not bytes
+
+  // A token id outside the tokenizer's vocabulary (the embedding table may be larger).
+  chunks = parse_all(b.stream_chunks(delta("", {{500, -3.0f, {}}})));
+  ASSERT_EQ(chunks.size(), 1u);
+  EXPECT_EQ(chunks[0]["choices"][0]["logprobs"]["tokens"], Json::parse(R"([""])"));
+  EXPECT_EQ(chunks[0]["choices"][0]["logprobs"]["text_offset"], Json::parse("[4]"));
+}
+
+TEST_F(ResponseBuilderTest, LogprobsOffLeavesThemNull) {
+  ResponseBuilder b = builder(Endpoint::kChatCompletions, /*logprobs=*/false);
+  std::vector<Json> chunks = parse_all(b.stream_chunks(delta("", {{kHi, -0.5f, {}}})));
+  // Only the role chunk: a token without text or logprobs shows nothing.
+  ASSERT_EQ(chunks.size(), 1u);
+  b.add(delta("Hi", {{kHi, -0.5f, {}}}, engine::FinishReason::kStop));
+  EXPECT_TRUE(Json::parse(b.response())["choices"][0]["logprobs"].is_null());
+}
+
+}  // namespace
+}  // namespace strata::server::openai
