@@ -20,13 +20,8 @@
 #include "gpu_timing.h"
 #include "strata/kernels/torch_ops.h"
 
-namespace {
-
 using strata::bench::copy_bandwidth_gbps;
 using strata::bench::time_ms;
-
-
-}  // namespace
 
 int main(int argc, char** argv) {
   std::string json_path;
