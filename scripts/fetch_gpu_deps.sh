@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 readonly ROOTS=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libgtest-dev libgmock-dev nlohmann-json3-dev libspdlog-dev libpcre2-dev libyaml-cpp-dev
-  libcpp-httplib-dev
+  libcpp-httplib-dev libxxhash-dev
 )
 mkdir -p .deps/debs
 cd .deps/debs
