@@ -190,8 +190,6 @@ StatusOr<std::unique_ptr<GgufFile>> GgufFile::open(const std::string& path) {
   std::unique_ptr<GgufFile> file(new GgufFile());
   file->path_ = path;
   STRATA_ASSIGN_OR_RETURN(file->mapping_, MappedFile::open(path));
-  file->map_ = file->mapping_.data();
-  file->map_size_bytes_ = file->mapping_.size_bytes();
   Status status = file->parse();
   if (!status.ok()) return Status(status.code(), path + ": " + status.message());
   return file;
@@ -200,7 +198,7 @@ StatusOr<std::unique_ptr<GgufFile>> GgufFile::open(const std::string& path) {
 GgufFile::~GgufFile() = default;
 
 Status GgufFile::parse() {
-  Cursor c(map_, map_size_bytes_);
+  Cursor c(mapping_.data(), mapping_.size_bytes());
   const uint32_t magic = c.read<uint32_t>();
   if (c.failed()) return data_loss_error("not a GGUF file: shorter than its header");
   if (magic != kGgufMagic) return invalid_argument_error("not a GGUF file: bad magic");
@@ -214,7 +212,7 @@ Status GgufFile::parse() {
   const uint64_t num_kv = c.read<uint64_t>();
   if (c.failed()) return c.status();
   // Each kv needs at least 12 bytes (key length + type), each tensor info at least 24.
-  if (num_kv > map_size_bytes_ / 12 || num_tensors > map_size_bytes_ / 24) {
+  if (num_kv > mapping_.size_bytes() / 12 || num_tensors > mapping_.size_bytes() / 24) {
     return data_loss_error("header counts (" + std::to_string(num_kv) + " keys, " +
                            std::to_string(num_tensors) + " tensors) exceed the file size");
   }
@@ -223,7 +221,7 @@ Status GgufFile::parse() {
     std::string key = c.read_string();
     const auto type = static_cast<ValueType>(c.read<uint32_t>());
     if (c.failed()) return c.status();
-    GgufValue value = read_value(c, type, map_size_bytes_);
+    GgufValue value = read_value(c, type, mapping_.size_bytes());
     if (c.failed()) {
       return Status(c.status().code(), "metadata key '" + key + "': " + c.status().message());
     }
@@ -290,10 +288,10 @@ Status GgufFile::parse() {
   }
 
   data_offset_bytes_ = (c.position() + alignment_ - 1) / alignment_ * alignment_;
-  if (data_offset_bytes_ > map_size_bytes_ && num_tensors > 0) {
+  if (data_offset_bytes_ > mapping_.size_bytes() && num_tensors > 0) {
     return data_loss_error("file is truncated before its tensor data section");
   }
-  const uint64_t data_size = map_size_bytes_ - std::min(data_offset_bytes_, map_size_bytes_);
+  const uint64_t data_size = mapping_.size_bytes() - std::min(data_offset_bytes_, mapping_.size_bytes());
   for (const GgufTensorInfo& info : tensors_) {
     if (info.offset_bytes > data_size || info.size_bytes > data_size - info.offset_bytes) {
       return data_loss_error("tensor '" + info.name + "': data [" +
@@ -311,7 +309,7 @@ const GgufTensorInfo* GgufFile::find_tensor(std::string_view name) const {
 }
 
 const uint8_t* GgufFile::tensor_data(const GgufTensorInfo& info) const {
-  return map_ + data_offset_bytes_ + info.offset_bytes;
+  return mapping_.data() + data_offset_bytes_ + info.offset_bytes;
 }
 
 StatusOr<std::string> GgufFile::get_string(std::string_view key) const {

@@ -23,9 +23,9 @@ StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::open(const std::stri
   std::unique_ptr<SafetensorsFile> file(new SafetensorsFile());
   file->path_ = path;
   STRATA_ASSIGN_OR_RETURN(file->mapping_, MappedFile::open(path));
-  file->map_ = file->mapping_.data();
-  file->map_size_bytes_ = file->mapping_.size_bytes();
-  if (file->map_size_bytes_ < 8) return data_loss_error(path + ": too short to be a safetensors file");
+  if (file->mapping_.size_bytes() < 8) {
+    return data_loss_error(path + ": too short to be a safetensors file");
+  }
   Status status = file->parse();
   if (!status.ok()) return Status(status.code(), path + ": " + status.message());
   return file;
@@ -35,14 +35,14 @@ SafetensorsFile::~SafetensorsFile() = default;
 
 Status SafetensorsFile::parse() {
   uint64_t header_bytes = 0;
-  std::memcpy(&header_bytes, map_, 8);
-  if (header_bytes > map_size_bytes_ - 8) {
+  std::memcpy(&header_bytes, mapping_.data(), 8);
+  if (header_bytes > mapping_.size_bytes() - 8) {
     return data_loss_error("header length " + std::to_string(header_bytes) +
                            " exceeds the file (truncated?)");
   }
   data_offset_bytes_ = 8 + header_bytes;
-  const uint64_t data_size = map_size_bytes_ - data_offset_bytes_;
-  nlohmann::json header = nlohmann::json::parse(map_ + 8, map_ + 8 + header_bytes, nullptr,
+  const uint64_t data_size = mapping_.size_bytes() - data_offset_bytes_;
+  nlohmann::json header = nlohmann::json::parse(mapping_.data() + 8, mapping_.data() + 8 + header_bytes, nullptr,
                                                 /*allow_exceptions=*/false);
   if (header.is_discarded() || !header.is_object()) {
     return invalid_argument_error("header is not a JSON object");
@@ -91,7 +91,7 @@ Status SafetensorsFile::parse() {
 }
 
 void SafetensorsFile::read_as_float(const SafetensorsTensor& t, std::span<float> dst) const {
-  const uint8_t* src = map_ + data_offset_bytes_ + t.begin_bytes;
+  const uint8_t* src = mapping_.data() + data_offset_bytes_ + t.begin_bytes;
   const size_t n = dst.size();
   switch (t.dtype) {
     case SafetensorsDtype::kF32:

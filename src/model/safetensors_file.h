@@ -43,9 +43,7 @@ class SafetensorsFile {
   Status parse();
 
   std::string path_;
-  MappedFile mapping_;
-  const uint8_t* map_ = nullptr;  // mapping_.data()
-  uint64_t map_size_bytes_ = 0;
+  MappedFile mapping_;  // the whole file, read-only
   uint64_t data_offset_bytes_ = 0;
   std::map<std::string, SafetensorsTensor> tensors_;
 };

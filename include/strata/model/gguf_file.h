@@ -70,9 +70,7 @@ class GgufFile {
   Status parse();
 
   std::string path_;
-  MappedFile mapping_;
-  const uint8_t* map_ = nullptr;  // mapping_.data(): the whole file, read-only
-  uint64_t map_size_bytes_ = 0;
+  MappedFile mapping_;  // the whole file, read-only
   uint32_t version_ = 0;
   uint64_t alignment_ = 32;
   uint64_t data_offset_bytes_ = 0;  // start of the tensor data section within the file
