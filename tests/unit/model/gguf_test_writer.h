@@ -24,8 +24,11 @@
 #include <vector>
 
 #include "strata/common/status.h"
+#include "support/temp_dir.h"
 
 namespace strata::model::test_util {
+
+using strata::test_util::TempDir;
 
 // On-disk metadata value type ids (gguf.h `enum gguf_type`).
 enum class GgufValueType : uint32_t {
@@ -214,29 +217,6 @@ inline void write_text(const std::filesystem::path& path, std::string_view text)
   out << text;
   ASSERT_TRUE(out.good()) << "cannot write " << path;
 }
-
-// A fresh directory under the system temp dir, removed with its contents on destruction.
-class TempDir {
- public:
-  TempDir() {
-    std::string templ = (std::filesystem::temp_directory_path() / "strata_model_test_XXXXXX");
-    const char* made = ::mkdtemp(templ.data());
-    EXPECT_NE(made, nullptr) << "mkdtemp failed for " << templ;
-    path_ = templ;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-
-  const std::filesystem::path& path() const { return path_; }
-  std::string file(std::string_view name) const { return (path_ / name).string(); }
-
- private:
-  std::filesystem::path path_;
-};
 
 // Passes if `status` has `code` and its message contains every one of `parts`.
 inline ::testing::AssertionResult status_is(const Status& status, StatusCode code,

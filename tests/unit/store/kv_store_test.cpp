@@ -1,0 +1,401 @@
+// The KV store on real files: save / find / load round trips, extension of a conversation,
+// session-keyed truncated items, demotion to SSD and scheduler-aware prefetching, restart
+// recovery, and faults (corrupt, torn or missing chunks, a torn journal, kill -9 during saves,
+// a disk that stops taking writes). Chunks hold a byte pattern derived from their hash, so every
+// served chunk is checked for the right content, not just for a passing checksum.
+#include "strata/store/kv_store.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+#include <vector>
+
+#include "strata/kv/prefix_hash.h"
+#include "support/temp_dir.h"
+
+namespace strata::store {
+namespace {
+
+using test_util::TempDir;
+
+constexpr int32_t kBlock = 4;
+constexpr int64_t kChunkBytes = 6000;  // not a multiple of 4 KiB: slots are padded
+
+kv::ChunkHash root() {
+  return kv::prefix_root(42, kv::BlockFormat{kv::KvFormat::kFloat32, kv::KvFormat::kFloat32},
+                         kBlock, "tenant");
+}
+
+std::vector<TokenId> tokens(int seed, int64_t n) {
+  std::vector<TokenId> out;
+  for (int64_t i = 0; i < n; ++i) out.push_back(static_cast<TokenId>(seed * 1000 + i));
+  return out;
+}
+
+std::vector<kv::ChunkHash> chain(std::span<const TokenId> t, int64_t offset = 0) {
+  std::vector<kv::ChunkHash> out;
+  kv::ChunkHash h = root();
+  for (int64_t i = offset; i + kBlock <= static_cast<int64_t>(t.size()); i += kBlock) {
+    h = kv::chain_hash(h, t.subspan(i, kBlock));
+    out.push_back(h);
+  }
+  return out;
+}
+
+void fill(std::byte* dst, const kv::ChunkHash& h) {
+  for (int64_t i = 0; i < kChunkBytes; ++i) {
+    dst[i] = static_cast<std::byte>((h.low >> (i % 64)) ^ (h.high >> (i % 61)) ^ static_cast<uint64_t>(i));
+  }
+}
+
+bool holds(const std::byte* src, const kv::ChunkHash& h) {
+  std::vector<std::byte> want(kChunkBytes);
+  fill(want.data(), h);
+  return std::memcmp(src, want.data(), kChunkBytes) == 0;
+}
+
+StoreOptions options(const TempDir* ssd_dir, int64_t dram_chunks, int64_t ssd_chunks = 0) {
+  StoreOptions o;
+  o.chunk_bytes = kChunkBytes;
+  o.block_size_tokens = kBlock;
+  o.dram_bytes = dram_chunks * 8192;
+  if (ssd_dir != nullptr) {
+    o.ssd_dir = ssd_dir->file("ssd");
+    o.ssd_bytes = ssd_chunks * 8192;
+    o.ssd_file_bytes = 16 * 8192;
+  }
+  o.layout_tag = 7;
+  o.dram_reserve_fraction = 0;
+  o.ttl = std::chrono::seconds(0);
+  return o;
+}
+
+// Saves the full blocks of `t` (chunks filled with their hash pattern).
+Status save(KvStore& store, std::span<const TokenId> t, const std::string& session = {},
+            bool exact = true, int64_t offset = 0) {
+  SaveRequest request{session, exact, offset, chain(t, offset)};
+  STRATA_ASSIGN_OR_RETURN(SaveTicket ticket, store.begin_save(request));
+  for (size_t i = 0; i < ticket.destinations.size(); ++i) {
+    fill(ticket.destinations[i], request.chain[ticket.first_chunk + i]);
+  }
+  store.commit_save(std::move(ticket), nullptr);
+  return Status();
+}
+
+// Loads every matched chunk of `prompt` and checks its bytes; returns the match.
+std::optional<StoreMatch> load_and_check(KvStore& store, std::span<const TokenId> prompt,
+                                         Tier* served = nullptr) {
+  std::optional<StoreMatch> m = store.find(prompt, root(), {});
+  if (!m) return m;
+  StatusOr<StoreLease> lease = store.acquire(m->item, 0, m->num_chunks);
+  EXPECT_TRUE(lease.ok()) << lease.status().to_string();
+  if (!lease.ok()) return std::nullopt;
+  const std::vector<kv::ChunkHash> hashes = chain(prompt);
+  for (int64_t i = 0; i < m->num_chunks; ++i) {
+    EXPECT_TRUE(holds(lease->chunks[i], hashes[i])) << "chunk " << i << " has the wrong bytes";
+  }
+  if (served) *served = lease->served_from;
+  store.release(*lease, 0);
+  return m;
+}
+
+TEST(KvStoreTest, SavesFindsAndLoadsTheLongestStoredPrefix) {
+  auto store = KvStore::open(options(nullptr, 16)).value();
+  const std::vector<TokenId> conv = tokens(1, 14);  // 3 full blocks + 2 tokens
+  ASSERT_TRUE(save(*store, conv).ok());
+
+  std::vector<TokenId> next = conv;
+  next.insert(next.end(), {5, 6, 7});
+  std::optional<StoreMatch> m = load_and_check(*store, next);
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->num_chunks, 3);
+  EXPECT_TRUE(m->exact);
+  EXPECT_EQ(m->tier, Tier::kDram);
+
+  // One token is always left to compute: a 12-token prompt matches 2 chunks.
+  EXPECT_EQ(store->find(std::span(conv).first(12), root(), {})->num_chunks, 2);
+  // A prompt diverging in block 1 matches block 0 only.
+  std::vector<TokenId> diverged = conv;
+  diverged[5] = 99999;
+  EXPECT_EQ(store->find(diverged, root(), {})->num_chunks, 1);
+  // Another tenant (another root) finds nothing.
+  EXPECT_FALSE(store->find(next, kv::chain_hash(root(), std::span(conv).first(kBlock)), {}));
+  EXPECT_EQ(store->stats().dram.hits, 1);
+}
+
+TEST(KvStoreTest, ANextTurnExtendsTheSameItem) {
+  auto store = KvStore::open(options(nullptr, 16)).value();
+  const std::vector<TokenId> turn1 = tokens(2, 8);
+  ASSERT_TRUE(save(*store, turn1).ok());
+  std::vector<TokenId> turn2 = turn1;
+  for (TokenId t : tokens(3, 9)) turn2.push_back(t);
+  SaveRequest request{"", true, 0, chain(turn2)};
+  SaveTicket ticket = store->begin_save(request).value();
+  EXPECT_EQ(ticket.first_chunk, 2);  // chunks 0-1 are stored already
+  EXPECT_EQ(ticket.destinations.size(), 2u);
+  for (size_t i = 0; i < ticket.destinations.size(); ++i) fill(ticket.destinations[i], request.chain[2 + i]);
+  const ItemId item = ticket.item;
+  store->commit_save(std::move(ticket), nullptr);
+  std::vector<TokenId> turn3 = turn2;
+  turn3.push_back(1);
+  std::optional<StoreMatch> m = load_and_check(*store, turn3);
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->item, item);
+  EXPECT_EQ(m->num_chunks, 4);
+  EXPECT_EQ(store->stats().items, 1);
+}
+
+TEST(KvStoreTest, TruncatedItemsAreFoundBySessionOnly) {
+  auto store = KvStore::open(options(nullptr, 16)).value();
+  const std::vector<TokenId> conv = tokens(4, 20);
+  // The turn ran on conv[8:] (8 tokens dropped, the rest re-rotated): not exact.
+  ASSERT_TRUE(save(*store, conv, "alice", /*exact=*/false, /*offset=*/8).ok());
+  std::vector<TokenId> next = conv;
+  next.push_back(3);
+  EXPECT_FALSE(store->find(next, root(), {}));
+  std::optional<StoreMatch> m = store->find(next, root(), "alice");
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->token_offset, 8);
+  EXPECT_FALSE(m->exact);
+  EXPECT_EQ(m->num_chunks, 3);
+  EXPECT_TRUE(store->erase_session("alice"));
+  EXPECT_FALSE(store->find(next, root(), "alice"));
+  EXPECT_EQ(store->stats().items, 0);
+}
+
+TEST(KvStoreTest, SaveWithoutDramRoomIsSkippedNotBlocked) {
+  auto store = KvStore::open(options(nullptr, 2)).value();
+  ASSERT_TRUE(save(*store, tokens(5, 8)).ok());
+  const Status status = save(*store, tokens(6, 8));
+  EXPECT_EQ(status.code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(store->stats().saves_skipped, 1);
+}
+
+TEST(KvStoreTest, AsynchronousCommitPublishesAfterTheDataIsWritten) {
+  auto store = KvStore::open(options(nullptr, 8)).value();
+  const std::vector<TokenId> conv = tokens(7, 9);
+  SaveRequest request{"", true, 0, chain(conv)};
+  SaveTicket ticket = store->begin_save(request).value();
+  std::vector<std::byte*> destinations = ticket.destinations;
+  std::atomic<bool> written = false;
+  store->commit_save(std::move(ticket), [&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // a device copy in flight
+    for (size_t i = 0; i < destinations.size(); ++i) fill(destinations[i], request.chain[i]);
+    written = true;
+  });
+  store->wait_idle();
+  EXPECT_TRUE(written);
+  EXPECT_TRUE(load_and_check(*store, conv));
+}
+
+TEST(KvStoreTest, DemotesToSsdAndPrefetchesQueuedConversations) {
+  TempDir dir;
+  StoreOptions o = options(&dir, 4, 64);
+  o.dram_reserve_fraction = 0.25;  // keep one chunk free
+  auto store = KvStore::open(o).value();
+  const std::vector<TokenId> a = tokens(10, 9), b = tokens(11, 9);
+  ASSERT_TRUE(save(*store, a).ok());
+  ASSERT_TRUE(save(*store, b).ok());  // DRAM full: the least recently used (a) goes to SSD
+  store->wait_idle();
+  EXPECT_EQ(store->find(a, root(), {})->tier, Tier::kSsd);
+  EXPECT_EQ(store->find(b, root(), {})->tier, Tier::kDram);
+  EXPECT_EQ(store->stats().dram.evictions, 1);
+
+  // a's job is queued: it is fetched into DRAM, and b (no queued job) makes room.
+  store->set_queue({store->find(a, root(), {})->item});
+  store->wait_idle();
+  EXPECT_EQ(store->stats().prefetches, 1);
+  Tier served = Tier::kSsd;
+  ASSERT_TRUE(load_and_check(*store, a, &served));
+  EXPECT_EQ(served, Tier::kDram);
+  EXPECT_EQ(store->find(b, root(), {})->tier, Tier::kSsd);
+  ASSERT_TRUE(load_and_check(*store, b, &served));  // read from SSD on demand
+  EXPECT_EQ(served, Tier::kSsd);
+  const StoreStats stats = store->stats();
+  EXPECT_EQ(stats.ssd.hits, 1);
+  EXPECT_EQ(stats.ssd.bytes_in, 4 * kChunkBytes);
+  EXPECT_GT(stats.ssd.load_seconds, 0);
+}
+
+TEST(KvStoreTest, LruBaselineDoesNotPrefetch) {
+  TempDir dir;
+  StoreOptions o = options(&dir, 4, 64);
+  o.dram_reserve_fraction = 0.25;
+  o.policy = EvictionPolicy::kLru;
+  auto store = KvStore::open(o).value();
+  const std::vector<TokenId> a = tokens(12, 9), b = tokens(13, 9);
+  ASSERT_TRUE(save(*store, a).ok());
+  ASSERT_TRUE(save(*store, b).ok());
+  store->wait_idle();
+  store->set_queue({store->find(a, root(), {})->item});
+  store->wait_idle();
+  EXPECT_EQ(store->stats().prefetches, 0);
+  EXPECT_EQ(store->find(a, root(), {})->tier, Tier::kSsd);
+}
+
+TEST(KvStoreTest, ACleanRestartFindsTheConversationsOnSsd) {
+  TempDir dir;
+  const std::vector<TokenId> a = tokens(20, 17), b = tokens(21, 6);
+  {
+    auto store = KvStore::open(options(&dir, 16, 64)).value();
+    ASSERT_TRUE(save(*store, a).ok());
+    ASSERT_TRUE(save(*store, b, "bob", false, 2).ok());
+  }  // shutdown persists the DRAM-only items
+  auto store = KvStore::open(options(&dir, 16, 64)).value();
+  EXPECT_EQ(store->stats().items, 2);
+  Tier served = Tier::kDram;
+  std::optional<StoreMatch> m = load_and_check(*store, a, &served);
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->num_chunks, 4);
+  EXPECT_EQ(served, Tier::kSsd);
+  std::vector<TokenId> b_next = b;
+  b_next.push_back(1);
+  std::optional<StoreMatch> s = store->find(b_next, root(), "bob");
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->token_offset, 2);
+  EXPECT_FALSE(s->exact);
+
+  // Another model's store (another layout tag) starts empty.
+  store.reset();
+  StoreOptions other = options(&dir, 16, 64);
+  other.layout_tag = 8;
+  EXPECT_EQ(KvStore::open(other).value()->stats().items, 0);
+}
+
+// Overwrites `bytes` bytes of data-000.bin at `offset`.
+void scribble(const TempDir& dir, int64_t offset, int64_t bytes) {
+  std::fstream f(dir.file("ssd/data-000.bin"), std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(offset);
+  const std::vector<char> junk(static_cast<size_t>(bytes), '\x5a');
+  f.write(junk.data(), bytes);
+}
+
+TEST(KvStoreTest, CorruptTornOrMissingChunksAreDetectedAndCounted) {
+  TempDir dir;
+  const std::vector<TokenId> a = tokens(30, 9);
+  for (const char* fault : {"corrupt", "torn", "missing"}) {
+    {
+      auto store = KvStore::open(options(&dir, 16, 64)).value();
+      ASSERT_TRUE(save(*store, a).ok());
+    }
+    if (std::string(fault) == "corrupt") scribble(dir, 100, 1);            // one flipped byte
+    if (std::string(fault) == "torn") scribble(dir, 8192 + 2048, 4096);    // a half-written chunk
+    if (std::string(fault) == "missing") std::filesystem::remove(dir.file("ssd/data-000.bin"));
+    auto store = KvStore::open(options(&dir, 16, 64)).value();
+    std::optional<StoreMatch> m = store->find(a, root(), {});
+    ASSERT_TRUE(m) << fault;
+    StatusOr<StoreLease> lease = store->acquire(m->item, 0, m->num_chunks);
+    EXPECT_EQ(lease.status().code(), StatusCode::kDataLoss) << fault;
+    EXPECT_EQ(store->stats().corrupt_chunks, 1) << fault;
+    EXPECT_FALSE(store->find(a, root(), {})) << fault << ": a corrupt item must be dropped";
+  }
+}
+
+TEST(KvStoreTest, ATornJournalTailIsIgnored) {
+  TempDir dir;
+  const std::vector<TokenId> a = tokens(40, 9);
+  {
+    auto store = KvStore::open(options(&dir, 16, 64)).value();
+    ASSERT_TRUE(save(*store, a).ok());
+  }
+  {
+    std::ofstream journal(dir.file("ssd/index.journal"), std::ios::app | std::ios::binary);
+    journal.write("\x40\x00\x00\x00\x02\x00\x00\x00partial", 15);  // a PUT cut short
+  }
+  auto store = KvStore::open(options(&dir, 16, 64)).value();
+  EXPECT_TRUE(load_and_check(*store, a));
+}
+
+TEST(KvStoreTest, KillDuringSavesNeverServesACorruptChunk) {
+  TempDir dir;
+  constexpr int kConversations = 40;
+  for (int round = 0; round < 3; ++round) {
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      // Saves and demotions as fast as possible until killed.
+      StoreOptions o = options(&dir, 6, 96);
+      o.dram_reserve_fraction = 0.5;
+      auto store = KvStore::open(o).value();
+      for (int i = 0;; i = (i + 1) % kConversations) {
+        (void)save(*store, tokens(100 + i, 4 + 4 * (i % 3)));
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(150 + 70 * round));
+    ::kill(child, SIGKILL);
+    int status = 0;
+    ::waitpid(child, &status, 0);
+    ASSERT_TRUE(WIFSIGNALED(status));
+
+    auto store = KvStore::open(options(&dir, 6, 96)).value();
+    int recovered = 0;
+    for (int i = 0; i < kConversations; ++i) {
+      std::vector<TokenId> prompt = tokens(100 + i, 4 + 4 * (i % 3));
+      prompt.push_back(1);
+      std::optional<StoreMatch> m = store->find(prompt, root(), {});
+      if (!m) continue;
+      StatusOr<StoreLease> lease = store->acquire(m->item, 0, m->num_chunks);
+      if (!lease.ok()) {
+        EXPECT_EQ(lease.status().code(), StatusCode::kDataLoss);
+        continue;
+      }
+      const std::vector<kv::ChunkHash> hashes = chain(prompt);
+      for (int64_t c = 0; c < m->num_chunks; ++c) ASSERT_TRUE(holds(lease->chunks[c], hashes[c]));
+      store->release(*lease, 0);
+      ++recovered;
+    }
+    EXPECT_GT(recovered, 0) << "round " << round << ": nothing survived on SSD";
+  }
+}
+
+TEST(KvStoreTest, AFullDiskDegradesToDramWithAWarning) {
+  TempDir dir;
+  ::signal(SIGXFSZ, SIG_IGN);
+  rlimit saved{};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &saved), 0);
+  auto limit = [&](rlim_t bytes) {
+    rlimit l = saved;
+    l.rlim_cur = bytes;
+    ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &l), 0);
+  };
+  {
+    // No room for even one data file: DRAM only from the start.
+    limit(8192);
+    auto store = KvStore::open(options(&dir, 4, 64)).value();
+    ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &saved), 0);
+    EXPECT_FALSE(store->stats().ssd_available);
+    EXPECT_TRUE(save(*store, tokens(50, 8)).ok());
+  }
+  {
+    // The disk stops taking writes while serving: demotion fails, the SSD tier is switched off,
+    // DRAM keeps working.
+    std::filesystem::remove_all(dir.file("ssd"));
+    StoreOptions o = options(&dir, 4, 64);
+    o.dram_reserve_fraction = 0.25;
+    auto store = KvStore::open(o).value();
+    ASSERT_TRUE(store->stats().ssd_available);
+    limit(0);
+    ASSERT_TRUE(save(*store, tokens(51, 8)).ok());
+    ASSERT_TRUE(save(*store, tokens(52, 8)).ok());
+    store->wait_idle();
+    ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &saved), 0);
+    const StoreStats stats = store->stats();
+    EXPECT_FALSE(stats.ssd_available);
+    EXPECT_EQ(stats.dram.evictions, 1);  // the victim left the store
+    EXPECT_TRUE(load_and_check(*store, tokens(52, 8)));
+    EXPECT_TRUE(save(*store, tokens(53, 4)).ok());
+  }
+}
+
+}  // namespace
+}  // namespace strata::store
