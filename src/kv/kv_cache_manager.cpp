@@ -68,7 +68,7 @@ void KvCacheManager::append_tokens(SeqId seq, std::span<const TokenId> tokens) {
 
 std::vector<ChunkHash> KvCacheManager::match_prefix(const Sequence& s) const {
   std::vector<ChunkHash> hashes;
-  if (!prefix_.enabled || num_token_blocks(s) > 0) return hashes;
+  if (!prefix_.enabled || !s.cacheable || num_token_blocks(s) > 0) return hashes;
   const int64_t block = geometry_.block_size_tokens;
   const int64_t max_blocks = (static_cast<int64_t>(s.tokens.size()) - 1) / block;
   ChunkHash h = s.last_hash;  // the root: a sequence without blocks has hashed nothing
@@ -80,8 +80,20 @@ std::vector<ChunkHash> KvCacheManager::match_prefix(const Sequence& s) const {
   return hashes;
 }
 
+void KvCacheManager::set_external_prefix(SeqId seq, int64_t num_blocks, bool exact) {
+  Sequence& s = get(seq);
+  STRATA_CHECK(s.tables.empty()) << "sequence " << seq.value << " already has blocks";
+  STRATA_CHECK_LT(num_blocks * geometry_.block_size_tokens, static_cast<int64_t>(s.tokens.size()));
+  s.external_blocks = num_blocks;
+  s.cacheable = exact;
+  ++generation_;
+}
+
 int64_t KvCacheManager::lookup_prefix(SeqId seq) const {
-  return static_cast<int64_t>(match_prefix(get(seq)).size()) * geometry_.block_size_tokens;
+  const Sequence& s = get(seq);
+  if (num_token_blocks(s) > 0) return 0;
+  const int64_t cached = static_cast<int64_t>(match_prefix(s).size());
+  return std::max(cached, s.external_blocks) * geometry_.block_size_tokens;
 }
 
 StatusOr<KvPlan> KvCacheManager::prepare(std::vector<KvRequest> requests) const {
@@ -99,6 +111,7 @@ StatusOr<KvPlan> KvCacheManager::prepare(std::vector<KvRequest> requests) const 
     int64_t computed = s.num_computed;
     int64_t have_blocks = num_token_blocks(s);
     std::vector<ChunkHash> hashes = match_prefix(s);
+    const int64_t loads = have_blocks == 0 ? blocks_to_load(s, hashes.size()) : 0;
     if (!hashes.empty()) {
       for (const ChunkHash& h : hashes) {
         if (pool_.is_evictable(h) && acquired.insert(h).second) {
@@ -109,6 +122,7 @@ StatusOr<KvPlan> KvCacheManager::prepare(std::vector<KvRequest> requests) const 
       have_blocks = static_cast<int64_t>(hashes.size());
       plan.attaches_.push_back({r.seq, std::move(hashes)});
     }
+    computed += loads * block;  // allocated below with the blocks to compute
     STRATA_CHECK_LE(computed + r.num_new_tokens, static_cast<int64_t>(s.tokens.size()))
         << "sequence " << r.seq.value << " has no tokens for that many positions";
     const int64_t want_blocks = (computed + r.num_new_tokens + block - 1) / block;
@@ -162,6 +176,11 @@ void KvCacheManager::commit(KvPlan&& plan, StepCopies* copies) {
       s.last_hash = it->second->back();
       s.num_computed = s.num_hashed_blocks * block;
       s.num_prefix_hit = s.num_computed;
+    }
+    if (const int64_t loads = blocks_to_load(s, s.groups.size()); loads > 0) {
+      copies->loads.push_back({r.seq, s.num_computed / block, loads});
+      s.num_loaded = loads * block;
+      s.num_computed += s.num_loaded;
     }
     if (prefix_.enabled) {
       stats_.lookup_tokens += static_cast<int64_t>(s.tokens.size());
@@ -240,7 +259,7 @@ void KvCacheManager::mark_computed(SeqId seq, int64_t num_tokens) {
   s.num_computed += num_tokens;
   STRATA_CHECK_LE(s.num_computed, num_token_blocks(s) * block) << "KV written beyond its blocks";
   ++generation_;
-  if (!prefix_.enabled) return;
+  if (!prefix_.enabled || !s.cacheable) return;
   const int64_t full = s.num_computed / block;
   for (int64_t i = s.num_hashed_blocks; i < full; ++i) {
     s.last_hash =

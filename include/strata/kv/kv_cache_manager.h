@@ -17,6 +17,7 @@
 // Not thread-safe: one owner (the scheduler's thread).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -75,7 +76,14 @@ class KvCacheManager {
   Status add_sequence(SeqId seq, std::vector<TokenId> prompt, std::string tenant_salt);
   // Appends tokens (e.g. the sampled one) whose KV a later step computes.
   void append_tokens(SeqId seq, std::span<const TokenId> tokens);
-  // Tokens a prefix-cache hit would provide if `seq` were committed now: 0 once it has blocks.
+  // Declares that the first num_blocks token blocks of a sequence without blocks can be loaded
+  // (from the KV store) instead of computed: the first commit allocates them and appends a
+  // BlockLoad for those the prefix cache does not cover. REQUIRES num_blocks * block size <
+  // tokens. With exact == false the loaded KV is not what computing the tokens gives (truncated,
+  // re-rotated history): the sequence then neither uses nor publishes to the prefix cache.
+  void set_external_prefix(SeqId seq, int64_t num_blocks, bool exact);
+  // Tokens a prefix-cache hit or an external prefix would provide if `seq` were committed now:
+  // 0 once it has blocks.
   int64_t lookup_prefix(SeqId seq) const;
 
   // Plans the blocks for one step. Requests name distinct, known sequences, and each n must fit
@@ -105,6 +113,8 @@ class KvCacheManager {
   int64_t num_computed_tokens(SeqId seq) const { return get(seq).num_computed; }
   // Prompt tokens this sequence took from the prefix cache when it was admitted.
   int64_t num_prefix_hit_tokens(SeqId seq) const { return get(seq).num_prefix_hit; }
+  // Prompt tokens it loaded from outside (set_external_prefix) beyond the prefix-cache hit.
+  int64_t num_loaded_tokens(SeqId seq) const { return get(seq).num_loaded; }
 
   int32_t num_blocks() const { return pool_.num_blocks(); }
   // Blocks a plan may use: free plus evictable cached ones.
@@ -121,6 +131,9 @@ class KvCacheManager {
     std::string tenant_salt;
     int64_t num_computed = 0;
     int64_t num_prefix_hit = 0;
+    int64_t external_blocks = 0;  // leading blocks loadable from outside (set_external_prefix)
+    int64_t num_loaded = 0;
+    bool cacheable = true;  // uses and publishes to the prefix cache
     std::vector<std::vector<BlockId>> tables;  // [layer][token block]
     std::vector<ChunkHash> groups;             // cached groups this sequence uses (users += 1)
     int64_t num_hashed_blocks = 0;             // full blocks whose hash is known
@@ -135,6 +148,10 @@ class KvCacheManager {
   }
   // Cached groups covering the longest full-block prefix of s.tokens, leaving >= 1 token.
   std::vector<ChunkHash> match_prefix(const Sequence& s) const;
+  // Blocks of a sequence without blocks that its first commit loads (beyond `num_cached`).
+  static int64_t blocks_to_load(const Sequence& s, size_t num_cached) {
+    return std::max<int64_t>(0, s.external_blocks - static_cast<int64_t>(num_cached));
+  }
 
   KvGeometry geometry_;
   BlockFormat format_;

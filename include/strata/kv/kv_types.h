@@ -12,6 +12,7 @@
 #include <functional>
 #include <vector>
 
+#include "strata/common/ids.h"
 #include "strata/common/status.h"
 
 namespace strata::kv {
@@ -27,12 +28,22 @@ struct BlockCopy {
   BlockId destination;
 };
 
+// Token blocks [first_block, first_block + num_blocks) of a sequence whose KV comes from outside
+// the pool (the KV store) instead of being computed: their blocks are allocated, and the engine
+// has them filled before the step's attention reads them.
+struct BlockLoad {
+  SeqId seq;
+  int64_t first_block = 0;
+  int64_t num_blocks = 0;
+};
+
 // Copies the executor performs before a step, in this order: swap-outs (device -> host blocks),
-// swap-ins (host -> device), then device copies (copy-on-write).
+// swap-ins (host -> device), then device copies (copy-on-write); and the loads the step needs.
 struct StepCopies {
   std::vector<BlockCopy> swap_out;
   std::vector<BlockCopy> swap_in;
   std::vector<BlockCopy> device;
+  std::vector<BlockLoad> loads;
 };
 
 // Element format of a block's keys or values. Quantized formats (int8, fp8, int4, int2 with

@@ -191,6 +191,53 @@ TEST(KvCacheManagerTest, SwapOutToTheHostPoolAndBackIn) {
   EXPECT_EQ(m.num_available_blocks(), 8);
 }
 
+TEST(KvCacheManagerTest, ExternalPrefixIsLoadedBeyondThePrefixCache) {
+  KvCacheManager m(geometry(64), {}, {});
+  ASSERT_TRUE(m.add_sequence(SeqId{1}, iota_tokens(9), "").ok());
+  step(m, SeqId{1}, 9);  // publishes blocks 0-1
+  m.free(SeqId{1});
+
+  // 4 blocks are in the store; the prefix cache covers 2 of them: 2 are loaded.
+  ASSERT_TRUE(m.add_sequence(SeqId{2}, iota_tokens(18), "").ok());
+  m.set_external_prefix(SeqId{2}, 4, /*exact=*/true);
+  EXPECT_EQ(m.lookup_prefix(SeqId{2}), 16);
+  StatusOr<KvPlan> plan = m.prepare({{SeqId{2}, 2}});
+  ASSERT_TRUE(plan.ok());
+  // 2 loaded + 1 computed blocks per layer, plus the 2 evictable cached groups it takes.
+  EXPECT_EQ(plan->num_blocks_needed(), (3 + 2) * kLayers);
+  StepCopies copies;
+  m.commit(std::move(plan).value(), &copies);
+  ASSERT_EQ(copies.loads.size(), 1u);
+  EXPECT_EQ(copies.loads[0].seq, SeqId{2});
+  EXPECT_EQ(copies.loads[0].first_block, 2);
+  EXPECT_EQ(copies.loads[0].num_blocks, 2);
+  EXPECT_EQ(m.num_computed_tokens(SeqId{2}), 16);
+  EXPECT_EQ(m.num_prefix_hit_tokens(SeqId{2}), 8);
+  EXPECT_EQ(m.num_loaded_tokens(SeqId{2}), 8);
+  m.mark_computed(SeqId{2}, 2);
+  EXPECT_EQ(m.num_cached_groups(), 4) << "exact loaded blocks are published";
+  m.free(SeqId{2});
+  EXPECT_EQ(m.num_available_blocks(), 64);
+}
+
+TEST(KvCacheManagerTest, InexactExternalPrefixBypassesThePrefixCache) {
+  KvCacheManager m(geometry(64), {}, {});
+  ASSERT_TRUE(m.add_sequence(SeqId{1}, iota_tokens(9), "").ok());
+  step(m, SeqId{1}, 9);
+  m.free(SeqId{1});
+  ASSERT_TRUE(m.add_sequence(SeqId{2}, iota_tokens(13), "").ok());
+  m.set_external_prefix(SeqId{2}, 3, /*exact=*/false);
+  StepCopies copies;
+  m.commit(m.prepare({{SeqId{2}, 1}}).value(), &copies);
+  ASSERT_EQ(copies.loads.size(), 1u);
+  EXPECT_EQ(copies.loads[0].first_block, 0) << "the cached blocks 0-1 are not used";
+  EXPECT_EQ(copies.loads[0].num_blocks, 3);
+  m.mark_computed(SeqId{2}, 1);
+  EXPECT_EQ(m.num_cached_groups(), 2) << "nothing inexact is published";
+  m.free(SeqId{2});
+  EXPECT_EQ(m.num_available_blocks(), 64);
+}
+
 TEST(KvCacheManagerDeathTest, StalePlanIsRejected) {
   KvCacheManager m(geometry(16), {}, {});
   ASSERT_TRUE(m.add_sequence(SeqId{1}, iota_tokens(4), "").ok());
