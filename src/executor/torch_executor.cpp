@@ -6,13 +6,18 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/cuda/CUDAEvent.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstring>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "layers.h"
@@ -57,9 +62,29 @@ class TorchExecutor final : public Executor {
   }
   const kv::KvGeometry& kv_geometry() const override { return kv_geometry_; }
   kv::BlockFormat kv_format() const override { return kv_format_; }
+  int64_t kv_chunk_bytes() const override { return kv_geometry_.num_layers * block_bytes_; }
+  StatusOr<std::function<void()>> save_chunks(std::span<const std::vector<kv::BlockId>> tables,
+                                              int64_t first_block,
+                                              std::span<std::byte* const> destinations) override;
+  void register_host_memory(void* data, size_t bytes) const override;
+  void unregister_host_memory(void* data) const override;
   StatusOr<ForwardResult> forward(const ForwardBatch& batch) override;
 
  private:
+  // The batch's loads, staged for layer-by-layer insertion into the pool.
+  struct StagedLoads {
+    std::vector<const std::byte*> sources;  // one host chunk per loaded block
+    at::Tensor destinations;                // [num_layers, num_chunks] pool block ids (device)
+    at::Tensor first_positions;             // [num_chunks] first position of each block
+    at::Tensor device_staging;              // CUDA: [num_layers, num_chunks, 2, Hkv, B, D]
+    std::vector<at::cuda::CUDAEvent> layer_ready;  // CUDA: layer l's copies are done
+  };
+  StagedLoads stage_loads(const ForwardBatch& batch);
+  // Writes layer `layer` of every staged chunk into its pool block, keys rotated to position.
+  void insert_loaded_layer(StagedLoads& loads, int64_t layer);
+  // blocks: [n, 2, Hkv, B, D]; rotates the keys of block i by the positions
+  // first_positions[i] + [0, B) (inverse: by their negation, undoing RoPE). In place.
+  void rotate_keys(at::Tensor& blocks, const at::Tensor& first_positions, bool inverse) const;
   StatusOr<at::Tensor> load_weight(const model::ModelSource& source, const std::string& name);
   Status allocate_kv_pool();
   Status validate(const ForwardBatch& batch) const;
@@ -76,6 +101,7 @@ class TorchExecutor final : public Executor {
   std::vector<LayerWeights> layers_;
   kv::KvGeometry kv_geometry_;
   kv::BlockFormat kv_format_;
+  int64_t block_bytes_ = 0;  // one pool block: [2, Hkv, B, D] in dtype_
   // [num_blocks, 2, num_kv_heads, block_size, head_dim] in dtype_; keys stored after RoPE.
   at::Tensor kv_cache_;
   // [num_host_blocks, 2, num_kv_heads, block_size, head_dim] on the host (pinned with CUDA);
@@ -180,6 +206,7 @@ Status TorchExecutor::allocate_kv_pool() {
   }
   if (num_blocks > INT32_MAX) return invalid_argument_error("KV pool has too many blocks");
   kv_geometry_.num_blocks = static_cast<int32_t>(num_blocks);
+  block_bytes_ = block_bytes;
   const int64_t num_host_blocks = options_.host_kv_cache_bytes / block_bytes;
   if (num_host_blocks > INT32_MAX) return invalid_argument_error("host KV pool too large");
   kv_geometry_.num_host_blocks = static_cast<int32_t>(num_host_blocks);
@@ -235,6 +262,20 @@ Status TorchExecutor::validate(const ForwardBatch& batch) const {
                                         " is outside the pool");
         }
       }
+    }
+  }
+  for (const KvLoad& load : batch.loads) {
+    const std::string seq = "sequence " + std::to_string(load.seq.value);
+    auto chunk = std::find_if(batch.chunks.begin(), batch.chunks.end(),
+                              [&](const SequenceChunk& c) { return c.seq == load.seq; });
+    if (chunk == batch.chunks.end()) return invalid_argument_error(seq + ": load without a chunk");
+    const int64_t end_block = load.first_block + static_cast<int64_t>(load.chunks.size());
+    if (load.first_block < 0 || end_block * block > chunk->start_position) {
+      return invalid_argument_error(seq + ": loaded blocks must lie below position " +
+                                    std::to_string(chunk->start_position));
+    }
+    if (std::find(load.chunks.begin(), load.chunks.end(), nullptr) != load.chunks.end()) {
+      return invalid_argument_error(seq + ": null load source");
     }
   }
   // Each copy's source and destination must lie in their pools (device or host).
@@ -352,9 +393,20 @@ ForwardResult TorchExecutor::run(const ForwardBatch& batch) {
   const RotaryTables rope = make_rotary_tables(pos, inv_freq_, dtype_);
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
 
+  const auto load_start = std::chrono::steady_clock::now();
+  StagedLoads loads = stage_loads(batch);
+  result.load_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
+
   at::Tensor x = at::embedding(embedding_, ids);  // [num_tokens, hidden]
   for (int64_t l = 0; l < num_layers; ++l) {
     const LayerWeights& w = layers_[l];
+    if (!loads.sources.empty()) {
+      const auto start = std::chrono::steady_clock::now();
+      insert_loaded_layer(loads, l);
+      result.load_seconds +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
     at::Tensor h = rms_norm(x, w.attn_norm, config_.rms_norm_eps);
     at::Tensor q = at::linear(h, w.wq, w.bq).view({num_tokens, num_heads, head_dim});
     at::Tensor k = at::linear(h, w.wk, w.bk).view({num_tokens, num_kv_heads, head_dim});
@@ -379,6 +431,165 @@ ForwardResult TorchExecutor::run(const ForwardBatch& batch) {
   at::Tensor logits = at::linear(last, lm_head_).to(at::kCPU, at::kFloat).contiguous();
   result.logits.assign(logits.data_ptr<float>(), logits.data_ptr<float>() + logits.numel());
   return result;
+}
+
+void TorchExecutor::rotate_keys(at::Tensor& blocks, const at::Tensor& first_positions,
+                                bool inverse) const {
+  const int64_t n = blocks.size(0), heads = blocks.size(2), block = blocks.size(3);
+  const int64_t dim = blocks.size(4);
+  at::Tensor positions =
+      (first_positions.unsqueeze(1) + at::arange(block, first_positions.options())).reshape({-1});
+  if (inverse) positions = -positions;
+  // In float32 whatever the pool's dtype, so a round trip loses no more than one rounding.
+  const RotaryTables tables = make_rotary_tables(positions, inv_freq_, at::kFloat);
+  at::Tensor keys = blocks.select(1, 0).permute({0, 2, 1, 3}).reshape({n * block, heads, dim});
+  keys = apply_rotary(keys.to(at::kFloat).contiguous(), tables);
+  blocks.select(1, 0).copy_(keys.view({n, block, heads, dim}).permute({0, 2, 1, 3}));
+}
+
+TorchExecutor::StagedLoads TorchExecutor::stage_loads(const ForwardBatch& batch) {
+  StagedLoads staged;
+  const int64_t block = kv_geometry_.block_size_tokens;
+  const int64_t num_layers = config_.num_layers;
+  std::vector<int64_t> first_positions;
+  std::vector<std::vector<int64_t>> destinations(num_layers);
+  for (const KvLoad& load : batch.loads) {
+    auto chunk = std::find_if(batch.chunks.begin(), batch.chunks.end(),
+                              [&](const SequenceChunk& c) { return c.seq == load.seq; });
+    for (size_t j = 0; j < load.chunks.size(); ++j) {
+      const int64_t token_block = load.first_block + static_cast<int64_t>(j);
+      staged.sources.push_back(load.chunks[j]);
+      first_positions.push_back(token_block * block);
+      for (int64_t l = 0; l < num_layers; ++l) {
+        destinations[l].push_back(chunk->tables[l][token_block].value);
+      }
+    }
+  }
+  if (staged.sources.empty()) return staged;
+  const int64_t n = static_cast<int64_t>(staged.sources.size());
+  std::vector<int64_t> flat;
+  for (const auto& d : destinations) flat.insert(flat.end(), d.begin(), d.end());
+  const auto long_opts = at::TensorOptions().dtype(at::kLong);
+  staged.destinations = at::tensor(flat, long_opts).view({num_layers, n}).to(device_);
+  staged.first_positions = at::tensor(first_positions, long_opts).to(device_);
+  if (device_.is_cuda()) {
+    // Every layer's host-to-device copies go out now on a side stream; layer l's attention waits
+    // only for layer l's event, so loading later layers overlaps computing earlier ones.
+    staged.device_staging = at::empty({num_layers, n, 2, config_.num_kv_heads, block,
+                                       config_.head_dim},
+                                      at::TensorOptions().dtype(dtype_).device(device_));
+    const c10::cuda::CUDAStream compute = c10::cuda::getCurrentCUDAStream(device_.index());
+    const c10::cuda::CUDAStream read = c10::cuda::getStreamFromPool(false, device_.index());
+    at::cuda::CUDAEvent staging_ready;
+    staging_ready.record(compute);
+    staging_ready.block(read);
+    auto* base = static_cast<std::byte*>(staged.device_staging.data_ptr());
+    staged.layer_ready.resize(static_cast<size_t>(num_layers));
+    for (int64_t l = 0; l < num_layers; ++l) {
+      for (int64_t j = 0; j < n; ++j) {
+        const cudaError_t rc = cudaMemcpyAsync(base + (l * n + j) * block_bytes_,
+                                               staged.sources[j] + l * block_bytes_,
+                                               static_cast<size_t>(block_bytes_),
+                                               cudaMemcpyHostToDevice, read.stream());
+        TORCH_CHECK(rc == cudaSuccess, "KV load copy failed: ", cudaGetErrorString(rc));
+      }
+      staged.layer_ready[l].record(read);
+    }
+  }
+  return staged;
+}
+
+void TorchExecutor::insert_loaded_layer(StagedLoads& loads, int64_t layer) {
+  const int64_t n = static_cast<int64_t>(loads.sources.size());
+  at::Tensor blocks;
+  if (device_.is_cuda()) {
+    loads.layer_ready[layer].block(c10::cuda::getCurrentCUDAStream(device_.index()));
+    blocks = loads.device_staging[layer].clone();
+  } else {
+    blocks = at::empty({n, 2, config_.num_kv_heads, kv_geometry_.block_size_tokens,
+                        config_.head_dim},
+                       at::TensorOptions().dtype(dtype_));
+    auto* out = static_cast<std::byte*>(blocks.data_ptr());
+    for (int64_t j = 0; j < n; ++j) {
+      std::memcpy(out + j * block_bytes_, loads.sources[j] + layer * block_bytes_,
+                  static_cast<size_t>(block_bytes_));
+    }
+  }
+  rotate_keys(blocks, loads.first_positions, /*inverse=*/false);
+  kv_cache_.index_copy_(0, loads.destinations[layer], blocks);
+}
+
+StatusOr<std::function<void()>> TorchExecutor::save_chunks(
+    std::span<const std::vector<kv::BlockId>> tables, int64_t first_block,
+    std::span<std::byte* const> destinations) {
+  const int64_t n = static_cast<int64_t>(destinations.size());
+  if (n == 0) return std::function<void()>();
+  const int64_t num_layers = config_.num_layers;
+  if (tables.size() != static_cast<size_t>(num_layers)) {
+    return invalid_argument_error("save_chunks: " + std::to_string(tables.size()) +
+                                  " page tables for " + std::to_string(num_layers) + " layers");
+  }
+  for (const auto& table : tables) {
+    if (first_block < 0 || static_cast<int64_t>(table.size()) < first_block + n) {
+      return invalid_argument_error("save_chunks: page tables do not cover the blocks to save");
+    }
+  }
+  try {
+    c10::InferenceMode inference_mode;
+    const int64_t block = kv_geometry_.block_size_tokens;
+    const auto long_opts = at::TensorOptions().dtype(at::kLong);
+    // The write buffer: [n, num_layers, 2, Hkv, B, D], i.e. n chunks back to back.
+    at::Tensor staging = at::empty({n, num_layers, 2, config_.num_kv_heads, block, config_.head_dim},
+                                   at::TensorOptions().dtype(dtype_).device(device_));
+    at::Tensor first_positions =
+        (at::arange(first_block, first_block + n, long_opts) * block).to(device_);
+    for (int64_t l = 0; l < num_layers; ++l) {
+      std::vector<int64_t> ids;
+      for (int64_t j = 0; j < n; ++j) ids.push_back(tables[l][first_block + j].value);
+      at::Tensor blocks = kv_cache_.index_select(0, at::tensor(ids, long_opts).to(device_));
+      rotate_keys(blocks, first_positions, /*inverse=*/true);
+      staging.select(1, l).copy_(blocks);
+    }
+    const int64_t chunk_bytes = kv_chunk_bytes();
+    const auto* base = static_cast<const std::byte*>(staging.data_ptr());
+    if (!device_.is_cuda()) {
+      for (int64_t j = 0; j < n; ++j) {
+        std::memcpy(destinations[j], base + j * chunk_bytes, static_cast<size_t>(chunk_bytes));
+      }
+      return std::function<void()>();
+    }
+    const c10::cuda::CUDAStream compute = c10::cuda::getCurrentCUDAStream(device_.index());
+    const c10::cuda::CUDAStream write = c10::cuda::getStreamFromPool(false, device_.index());
+    at::cuda::CUDAEvent gathered;
+    gathered.record(compute);
+    gathered.block(write);
+    for (int64_t j = 0; j < n; ++j) {
+      const cudaError_t rc = cudaMemcpyAsync(destinations[j], base + j * chunk_bytes,
+                                             static_cast<size_t>(chunk_bytes),
+                                             cudaMemcpyDeviceToHost, write.stream());
+      if (rc != cudaSuccess) {
+        return internal_error(std::string("KV save copy failed: ") + cudaGetErrorString(rc));
+      }
+    }
+    auto done = std::make_shared<at::cuda::CUDAEvent>();
+    done->record(write);
+    // The lambda keeps the write buffer alive until the copies have finished.
+    return std::function<void()>([staging, done] { done->synchronize(); });
+  } catch (const std::exception& e) {
+    return internal_error(std::string("save_chunks failed: ") + e.what());
+  }
+}
+
+void TorchExecutor::register_host_memory(void* data, size_t bytes) const {
+  if (!device_.is_cuda()) return;
+  if (cudaHostRegister(data, bytes, cudaHostRegisterDefault) != cudaSuccess) {
+    (void)cudaGetLastError();  // stays pageable: copies are slower but correct
+  }
+}
+
+void TorchExecutor::unregister_host_memory(void* data) const {
+  if (!device_.is_cuda()) return;
+  if (cudaHostUnregister(data) != cudaSuccess) (void)cudaGetLastError();
 }
 
 }  // namespace

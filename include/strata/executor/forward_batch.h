@@ -2,6 +2,7 @@
 // into the paged pool through each sequence's per-layer page tables, and which logits to return.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -30,8 +31,21 @@ struct SequenceChunk {
   LogitsMode logits = LogitsMode::kLast;
 };
 
+// KV of whole token blocks that a sequence of the batch loads instead of computing (from the KV
+// store). Chunk j fills token block first_block + j of the sequence's page tables in every layer
+// before that layer's attention runs; its keys are stored before RoPE and rotated to the block's
+// positions on the way in. The blocks lie below the chunk's start_position.
+struct KvLoad {
+  SeqId seq;
+  int64_t first_block = 0;
+  // Executor::kv_chunk_bytes() each, in host memory (pinned when the device is a GPU) that stays
+  // valid during forward().
+  std::vector<const std::byte*> chunks;
+};
+
 struct ForwardBatch {
   std::vector<SequenceChunk> chunks;  // at most one chunk per sequence
+  std::vector<KvLoad> loads;
   // Block moves performed before any KV is written: swap-outs (device -> host pool), swap-ins
   // (host pool -> device), then device copies (copy-on-write).
   kv::StepCopies copies;
@@ -44,6 +58,7 @@ struct ForwardResult {
   std::vector<float> logits;
   // First row of each chunk; row_offsets[i + 1] - row_offsets[i] rows belong to chunk i.
   std::vector<int64_t> row_offsets;
+  double load_seconds = 0;  // host time spent on the batch's loads (their copies overlap on CUDA)
 };
 
 }  // namespace strata::executor
