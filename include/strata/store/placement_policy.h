@@ -2,8 +2,8 @@
 // (CachedAttention §3.3, "scheduler-aware fetching and eviction"), with LRU and FIFO as baselines.
 //
 // The unit of placement is an *item*: all stored KV of one conversation (every layer, K and V).
-// Tiers are host DRAM and SSD. An item is in DRAM when all its chunks are, on SSD when all its
-// chunks are; prefetching copies SSD -> DRAM and keeps the SSD copy, so an item may be in both.
+// Tiers are host DRAM and SSD. An item occupies a tier when any of its chunks are there;
+// prefetching copies SSD -> DRAM and keeps the SSD copy, so an item may be in both.
 //
 // The queue is the list of items the waiting jobs will load, head (runs next) first. Windows are
 // counted in queue entries:
