@@ -239,14 +239,12 @@ StatusOr<StoreLease> KvStore::acquire(ItemId id, int64_t first, int64_t count) {
                            " is no longer stored");
   }
   Item& item = it->second;
-  std::vector<int64_t> missing;  // chunk indices only on SSD
-  for (int64_t i = first; i < first + count; ++i) {
-    if (item.chunks[i].dram_slot < 0) missing.push_back(i);
-  }
+  int64_t missing = 0;  // chunks only on SSD
+  for (int64_t i = first; i < first + count; ++i) missing += item.chunks[i].dram_slot < 0;
   StoreLease lease{id, {}, Tier::kDram};
-  if (!missing.empty()) {
+  if (missing > 0) {
     ++item.pins;  // not a reclaim victim itself
-    const bool room = reclaim_clean_dram(static_cast<int64_t>(missing.size()));
+    const bool room = reclaim_clean_dram(missing);
     --item.pins;
     if (!room) {
       work_.notify_all();
@@ -255,46 +253,11 @@ StatusOr<StoreLease> KvStore::acquire(ItemId id, int64_t first, int64_t count) {
                                                   std::to_string(id) + " from SSD now");
     }
     item.busy = true;
-    std::vector<int64_t> slots;
-    std::vector<std::byte*> buffers;
-    std::vector<int32_t> dram_slots;
-    for (int64_t i : missing) {
-      dram_slots.push_back(free_dram_.back());
-      free_dram_.pop_back();
-      slots.push_back(item.chunks[i].ssd_slot);
-      buffers.push_back(dram(dram_slots.back()));
-    }
-    std::vector<uint64_t> checksums;
-    for (int64_t i : missing) checksums.push_back(item.chunks[i].checksum);
-    lock.unlock();
-    const Clock::time_point start = Clock::now();
-    Status status = ssd_->read(slots, buffers);
-    for (size_t j = 0; status.ok() && j < buffers.size(); ++j) {
-      if (XXH3_64bits(buffers[j], static_cast<size_t>(options_.chunk_bytes)) != checksums[j]) {
-        status = data_loss_error("KV store: chunk " + std::to_string(missing[j]) + " of item " +
-                                 std::to_string(id) + " (SSD slot " + std::to_string(slots[j]) +
-                                 ") fails its checksum");
-      }
-    }
-    const double seconds = seconds_since(start);
-    lock.lock();
-    Item& again = items_.at(id);
-    again.busy = false;
-    idle_.notify_all();
-    if (!status.ok()) {
-      for (int32_t s : dram_slots) free_dram_.push_back(s);
-      ++stats_.corrupt_chunks;
+    const Status fetched = fetch_from_ssd(id, first, count, lock);
+    if (!fetched.ok()) {
       ++stats_.ssd.misses;
-      spdlog::warn("{}; dropping the conversation, its turn is recomputed", status.message());
-      drop_item(id);
-      return Status(StatusCode::kDataLoss, status.message());
+      return fetched;
     }
-    for (size_t j = 0; j < missing.size(); ++j) again.chunks[missing[j]].dram_slot = dram_slots[j];
-    const int64_t bytes = static_cast<int64_t>(missing.size()) * options_.chunk_bytes;
-    stats_.ssd.bytes_out += bytes;
-    stats_.dram.bytes_in += bytes;
-    stats_.ssd.load_seconds += seconds;
-    ++stats_.ssd.loads;
     ++stats_.ssd.hits;
     ++stats_.dram.misses;
     lease.served_from = Tier::kSsd;
@@ -585,8 +548,11 @@ bool KvStore::write_to_ssd(ItemId id, std::unique_lock<std::mutex>& lock) {
 }
 
 void KvStore::expire_items() {
-  if (options_.ttl.count() == 0) return;
-  const Clock::time_point limit = Clock::now() - options_.ttl;
+  // A scan of every item under the lock the step thread also takes: at most once a second.
+  const Clock::time_point now = Clock::now();
+  if (options_.ttl.count() == 0 || now - last_expiry_scan_ < std::chrono::seconds(1)) return;
+  last_expiry_scan_ = now;
+  const Clock::time_point limit = now - options_.ttl;
   std::vector<ItemId> expired;
   for (const auto& [id, item] : items_) {
     if (item.pins == 0 && !item.busy && item.pending.empty() && item.touched < limit) {
@@ -637,15 +603,22 @@ KvStore::Action KvStore::next_action(ItemId* id, bool claim) {
 
 void KvStore::prefetch(ItemId id) {
   std::unique_lock lock(mutex_);
+  if (fetch_from_ssd(id, 0, static_cast<int64_t>(items_.at(id).chunks.size()), lock).ok()) {
+    ++stats_.prefetches;
+  }
+}
+
+Status KvStore::fetch_from_ssd(ItemId id, int64_t first, int64_t count,
+                               std::unique_lock<std::mutex>& lock) {
   Item& item = items_.at(id);
   std::vector<int64_t> missing, slots;
   std::vector<std::byte*> buffers;
   std::vector<int32_t> dram_slots;
   std::vector<uint64_t> checksums;
-  for (size_t i = 0; i < item.chunks.size(); ++i) {
+  for (int64_t i = first; i < first + count; ++i) {
     if (item.chunks[i].dram_slot >= 0) continue;
-    if (free_dram_.empty()) break;
-    missing.push_back(static_cast<int64_t>(i));
+    STRATA_CHECK(!free_dram_.empty()) << "fetch_from_ssd without DRAM room";
+    missing.push_back(i);
     slots.push_back(item.chunks[i].ssd_slot);
     checksums.push_back(item.chunks[i].checksum);
     dram_slots.push_back(free_dram_.back());
@@ -658,19 +631,21 @@ void KvStore::prefetch(ItemId id) {
   for (size_t j = 0; status.ok() && j < buffers.size(); ++j) {
     if (XXH3_64bits(buffers[j], static_cast<size_t>(options_.chunk_bytes)) != checksums[j]) {
       status = data_loss_error("KV store: chunk " + std::to_string(missing[j]) + " of item " +
-                               std::to_string(id) + " fails its checksum");
+                               std::to_string(id) + " (SSD slot " + std::to_string(slots[j]) +
+                               ") fails its checksum");
     }
   }
   const double seconds = seconds_since(start);
   lock.lock();
   Item& now = items_.at(id);
   now.busy = false;
+  idle_.notify_all();
   if (!status.ok()) {
     for (int32_t s : dram_slots) free_dram_.push_back(s);
     ++stats_.corrupt_chunks;
-    spdlog::warn("{}; dropping the conversation", status.message());
+    spdlog::warn("{}; dropping the conversation, its turn is recomputed", status.message());
     drop_item(id);
-    return;
+    return Status(StatusCode::kDataLoss, status.message());
   }
   for (size_t j = 0; j < missing.size(); ++j) now.chunks[missing[j]].dram_slot = dram_slots[j];
   const int64_t bytes = static_cast<int64_t>(missing.size()) * options_.chunk_bytes;
@@ -678,7 +653,7 @@ void KvStore::prefetch(ItemId id) {
   stats_.dram.bytes_in += bytes;
   stats_.ssd.load_seconds += seconds;
   ++stats_.ssd.loads;
-  ++stats_.prefetches;
+  return Status();
 }
 
 void KvStore::demote(ItemId id) {

@@ -204,6 +204,10 @@ class KvStore {
   // The next background action (REQUIRES mutex_); with `claim`, marks its item busy.
   Action next_action(ItemId* item, bool claim);
   void prefetch(ItemId id);  // REQUIRES the item is busy and mutex_ is not held
+  // Reads chunks [first, first + count) of a busy item that are only on SSD into free DRAM slots
+  // (REQUIRES enough; `lock` holds mutex_ and is released during the I/O), checking checksums.
+  // Clears busy; on a bad chunk drops the item, counts it and returns DATA_LOSS.
+  Status fetch_from_ssd(ItemId id, int64_t first, int64_t count, std::unique_lock<std::mutex>& lock);
   void demote(ItemId id);    // likewise
   void expire_items();
   // Drops victims' SSD copies until n slots are free; false if every candidate is exempt.
@@ -247,6 +251,7 @@ class KvStore {
   std::vector<ItemId> queue_;
   ItemId next_item_ = 1;
   uint64_t clock_ = 0;
+  std::chrono::steady_clock::time_point last_expiry_scan_;
   int32_t active_actions_ = 0;
   int64_t dram_slots_demoting_ = 0;  // DRAM slots that demotions in flight will free
   std::vector<PendingCommit> commits_;
