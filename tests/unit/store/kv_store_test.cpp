@@ -181,6 +181,20 @@ TEST(KvStoreTest, SaveWithoutDramRoomIsSkippedNotBlocked) {
   EXPECT_EQ(store->stats().saves_skipped, 1);
 }
 
+TEST(KvStoreTest, ItemsUnusedForTheTtlExpire) {
+  StoreOptions o = options(nullptr, 8);
+  o.ttl = std::chrono::seconds(1);
+  auto store = KvStore::open(o).value();
+  ASSERT_TRUE(save(*store, tokens(8, 8)).ok());
+  EXPECT_EQ(store->stats().items, 1);
+  for (int i = 0; i < 40 && store->stats().expired == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_EQ(store->stats().expired, 1);
+  EXPECT_EQ(store->stats().items, 0);
+  EXPECT_EQ(store->stats().dram_chunks_used, 0);
+}
+
 TEST(KvStoreTest, AsynchronousCommitPublishesAfterTheDataIsWritten) {
   auto store = KvStore::open(options(nullptr, 8)).value();
   const std::vector<TokenId> conv = tokens(7, 9);
