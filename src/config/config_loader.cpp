@@ -352,6 +352,28 @@ Status read_kv_cache(Context& ctx, const YAML::Node& node, KvCacheSection& out) 
   return m.get("enable_prefix_caching", into(ctx, out.enable_prefix_caching));
 }
 
+Status read_kv_store(Context& ctx, const YAML::Node& node, KvStoreSection& out) {
+  STRATA_ASSIGN_OR_RETURN(const SectionMap m, SectionMap::open(ctx, node, "kv_store"));
+  const auto bytes_into = [&ctx](int64_t& field) {
+    return [&ctx, &field](const YAML::Node& n, const std::string& k) {
+      return read_bytes(ctx, n, k, field);
+    };
+  };
+  STRATA_RETURN_IF_ERROR(m.get("dram_bytes", bytes_into(out.dram_bytes)));
+  STRATA_RETURN_IF_ERROR(m.get("ssd_dir", into(ctx, out.ssd_dir)));
+  STRATA_RETURN_IF_ERROR(m.get("ssd_bytes", bytes_into(out.ssd_bytes)));
+  STRATA_RETURN_IF_ERROR(m.get("ssd_file_bytes", bytes_into(out.ssd_file_bytes)));
+  STRATA_RETURN_IF_ERROR(m.get("direct_io", into(ctx, out.direct_io)));
+  STRATA_RETURN_IF_ERROR(m.get("eviction_policy", [&](const YAML::Node& n, const std::string& k) {
+    return read_enum(ctx, n, k,
+                     {EvictionPolicy::kSchedulerAware, EvictionPolicy::kLru, EvictionPolicy::kFifo},
+                     out.eviction_policy);
+  }));
+  STRATA_RETURN_IF_ERROR(m.get("io_threads", into(ctx, out.io_threads)));
+  STRATA_RETURN_IF_ERROR(m.get("ttl_seconds", into(ctx, out.ttl_seconds)));
+  return m.get("dram_reserve_fraction", into(ctx, out.dram_reserve_fraction));
+}
+
 Status read_scheduler(Context& ctx, const YAML::Node& node, SchedulerSection& out) {
   STRATA_ASSIGN_OR_RETURN(const SectionMap m, SectionMap::open(ctx, node, "scheduler"));
   STRATA_RETURN_IF_ERROR(m.get("max_num_seqs", into(ctx, out.max_num_seqs)));
@@ -396,6 +418,8 @@ bool read_section(Context& ctx, std::string_view section, const YAML::Node& node
     status = read_devices(ctx, node, config.devices);
   } else if (section == "kv_cache") {
     status = read_kv_cache(ctx, node, config.kv_cache);
+  } else if (section == "kv_store") {
+    status = read_kv_store(ctx, node, config.kv_store);
   } else if (section == "scheduler") {
     status = read_scheduler(ctx, node, config.scheduler);
   } else if (section == "server") {
@@ -572,6 +596,19 @@ std::string to_yaml(const DeploymentConfig& config) {
   }
   emit_plain(out, "host_cache_bytes", format_byte_size(kv.host_cache_bytes));
   emit_plain(out, "enable_prefix_caching", kv.enable_prefix_caching ? "true" : "false");
+  out << YAML::EndMap;
+
+  const KvStoreSection& store = config.kv_store;
+  out << YAML::Key << "kv_store" << YAML::Value << YAML::BeginMap;
+  emit_plain(out, "dram_bytes", format_byte_size(store.dram_bytes));
+  emit_string(out, "ssd_dir", store.ssd_dir);
+  emit_plain(out, "ssd_bytes", format_byte_size(store.ssd_bytes));
+  emit_plain(out, "ssd_file_bytes", format_byte_size(store.ssd_file_bytes));
+  emit_plain(out, "direct_io", store.direct_io ? "true" : "false");
+  emit_name(out, "eviction_policy", config_name(store.eviction_policy));
+  emit_plain(out, "io_threads", std::to_string(store.io_threads));
+  emit_plain(out, "ttl_seconds", std::to_string(store.ttl_seconds));
+  emit_plain(out, "dram_reserve_fraction", format_double(store.dram_reserve_fraction));
   out << YAML::EndMap;
 
   const SchedulerSection& sched = config.scheduler;

@@ -29,6 +29,20 @@ Status at_least(std::string_view key, int64_t value, int64_t min) {
                                 std::to_string(value));
 }
 
+Status in_range(std::string_view key, int64_t value, int64_t min, int64_t max) {
+  if (value >= min && value <= max) return Status();
+  return invalid_argument_error(std::string(key) + " must be in [" + std::to_string(min) + ", " +
+                                std::to_string(max) + "], got " + std::to_string(value));
+}
+
+// at_least for byte sizes, in the files' spelling ("must be >= 1MiB, got 4KiB").
+Status bytes_at_least(std::string_view key, int64_t value, int64_t min) {
+  if (value >= min) return Status();
+  const std::string got = value >= 0 ? format_byte_size(value) : std::to_string(value);
+  return invalid_argument_error(std::string(key) + " must be >= " + format_byte_size(min) +
+                                ", got " + got);
+}
+
 Status port(std::string_view key, int32_t value) {
   if (value >= 0 && value <= 65535) return Status();
   return invalid_argument_error(std::string(key) + " must be in [0, 65535] (0 disables), got " +
@@ -43,6 +57,13 @@ bool is_env_name(std::string_view name) {
     if (!ok) return false;
   }
   return true;
+}
+
+bool has_control(std::string_view s) {
+  for (unsigned char c : s) {
+    if (c < ' ' || c == 0x7f) return true;
+  }
+  return false;
 }
 
 bool has_space_or_control(std::string_view s) {
@@ -118,6 +139,37 @@ const KeyCheck<KvCacheSection> kKvCacheKeys[] = {
        return at_least("kv_cache.host_cache_bytes", k.host_cache_bytes, 0);
      }},
     {"kv_cache.enable_prefix_caching", nullptr},
+};
+
+const KeyCheck<KvStoreSection> kKvStoreKeys[] = {
+    {"kv_store.dram_bytes",
+     [](const KvStoreSection& k) {
+       return bytes_at_least("kv_store.dram_bytes", k.dram_bytes, 0);
+     }},
+    {"kv_store.ssd_dir",
+     [](const KvStoreSection& k) {
+       if (!has_control(k.ssd_dir)) return Status();
+       return invalid_argument_error("kv_store.ssd_dir must not contain control characters");
+     }},
+    {"kv_store.ssd_bytes",
+     [](const KvStoreSection& k) { return bytes_at_least("kv_store.ssd_bytes", k.ssd_bytes, 0); }},
+    {"kv_store.ssd_file_bytes",
+     [](const KvStoreSection& k) {
+       return bytes_at_least("kv_store.ssd_file_bytes", k.ssd_file_bytes, int64_t{1} << 20);
+     }},
+    {"kv_store.direct_io", nullptr},
+    {"kv_store.eviction_policy", nullptr},
+    {"kv_store.io_threads",
+     [](const KvStoreSection& k) { return in_range("kv_store.io_threads", k.io_threads, 1, 64); }},
+    {"kv_store.ttl_seconds",
+     [](const KvStoreSection& k) { return at_least("kv_store.ttl_seconds", k.ttl_seconds, 0); }},
+    {"kv_store.dram_reserve_fraction",
+     [](const KvStoreSection& k) {
+       // Written so that NaN fails too.
+       if (k.dram_reserve_fraction >= 0 && k.dram_reserve_fraction <= 0.9) return Status();
+       return invalid_argument_error("kv_store.dram_reserve_fraction must be in [0, 0.9], got " +
+                                     format_number(k.dram_reserve_fraction));
+     }},
 };
 
 const KeyCheck<SchedulerSection> kSchedulerKeys[] = {
@@ -253,6 +305,22 @@ Status KvCacheSection::validate() const {
   return Status();
 }
 
+Status KvStoreSection::validate() const {
+  STRATA_RETURN_IF_ERROR(check_keys(kKvStoreKeys, *this));
+  if (!enabled()) return Status();  // the SSD keys mean nothing without the store
+  if (!ssd_dir.empty() && ssd_bytes == 0) {
+    return invalid_argument_error(
+        "kv_store.ssd_bytes must be > 0 when kv_store.ssd_dir is set, got 0; set kv_store.ssd_dir "
+        "to \"\" for no SSD tier");
+  }
+  if (ssd_dir.empty() && ssd_bytes > 0) {
+    return invalid_argument_error("kv_store.ssd_bytes is " + format_byte_size(ssd_bytes) +
+                                  " but kv_store.ssd_dir is not set; set kv_store.ssd_dir, or "
+                                  "kv_store.ssd_bytes to 0 for no SSD tier");
+  }
+  return Status();
+}
+
 Status SchedulerSection::validate() const { return check_keys(kSchedulerKeys, *this); }
 
 Status ServerSection::validate() const {
@@ -296,6 +364,7 @@ Status DeploymentConfig::validate() const {
   STRATA_RETURN_IF_ERROR(model.validate());
   STRATA_RETURN_IF_ERROR(devices.validate());
   STRATA_RETURN_IF_ERROR(kv_cache.validate());
+  STRATA_RETURN_IF_ERROR(kv_store.validate());
   STRATA_RETURN_IF_ERROR(scheduler.validate());
   STRATA_RETURN_IF_ERROR(server.validate());
   STRATA_RETURN_IF_ERROR(logging.validate());
@@ -313,6 +382,7 @@ const std::vector<std::string_view>& config_keys() {
     append_keys(kModelKeys, keys);
     append_keys(kDevicesKeys, keys);
     append_keys(kKvCacheKeys, keys);
+    append_keys(kKvStoreKeys, keys);
     append_keys(kSchedulerKeys, keys);
     append_keys(kServerKeys, keys);
     append_keys(kLoggingKeys, keys);
@@ -326,6 +396,7 @@ Status validate_key(const DeploymentConfig& config, std::string_view dotted_key)
   Status status = check_one_key(kModelKeys, config.model, dotted_key, found);
   if (!found) status = check_one_key(kDevicesKeys, config.devices, dotted_key, found);
   if (!found) status = check_one_key(kKvCacheKeys, config.kv_cache, dotted_key, found);
+  if (!found) status = check_one_key(kKvStoreKeys, config.kv_store, dotted_key, found);
   if (!found) status = check_one_key(kSchedulerKeys, config.scheduler, dotted_key, found);
   if (!found) status = check_one_key(kServerKeys, config.server, dotted_key, found);
   if (!found) status = check_one_key(kLoggingKeys, config.logging, dotted_key, found);
@@ -373,6 +444,18 @@ std::string_view config_name(DeviceKind value) {
       return "cpu";
     case DeviceKind::kCuda:
       return "cuda";
+  }
+  return "?";
+}
+
+std::string_view config_name(EvictionPolicy value) {
+  switch (value) {
+    case EvictionPolicy::kSchedulerAware:
+      return "scheduler_aware";
+    case EvictionPolicy::kLru:
+      return "lru";
+    case EvictionPolicy::kFifo:
+      return "fifo";
   }
   return "?";
 }

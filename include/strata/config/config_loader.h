@@ -1,7 +1,7 @@
 // Reading and writing deployment files (configs/*.yaml): YAML <-> DeploymentConfig.
 //
-// The file is a map of sections (model, devices, kv_cache, scheduler, server, logging), each a
-// map of keys; configs/default.yaml documents every key. A missing section or key keeps its
+// The file is a map of sections (model, devices, kv_cache, kv_store, scheduler, server, logging),
+// each a map of keys; configs/default.yaml documents every key. A missing section or key keeps its
 // default; a section written as null (`server:` with nothing under it) is empty. Strict, so a
 // typo never passes silently:
 //   - an unknown or repeated key is an error naming its full dotted path and listing the keys the

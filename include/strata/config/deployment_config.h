@@ -96,6 +96,38 @@ struct KvCacheSection {
   bool operator==(const KvCacheSection&) const = default;
 };
 
+// ---- kv_store -------------------------------------------------------------------------------
+
+// Which stored conversation leaves a tier first when it is full (store/placement_policy.h).
+enum class EvictionPolicy {
+  kSchedulerAware,  // look ahead at the queued requests: keep (and prefetch) what they will load
+  kLru,
+  kFifo,
+};
+
+// The multi-tier KV store: the KV of finished conversation turns kept in host DRAM and on a local
+// SSD, so the next turn loads it instead of recomputing its history (docs/kv-store.md).
+struct KvStoreSection {
+  int64_t dram_bytes = 0;  // DRAM tier capacity; 0 disables the whole store
+  // The SSD tier: a directory (relative paths are relative to the process's working directory)
+  // and its capacity; "" and 0: no SSD tier. With the store on, set both or neither.
+  std::string ssd_dir;
+  int64_t ssd_bytes = 0;
+  int64_t ssd_file_bytes = int64_t{1} << 30;  // one preallocated data file; >= 1MiB
+  bool direct_io = true;  // O_DIRECT; buffered I/O where the file system refuses it
+  EvictionPolicy eviction_policy = EvictionPolicy::kSchedulerAware;
+  int32_t io_threads = 2;      // in [1, 64]
+  int64_t ttl_seconds = 3600;  // items unused this long leave the store; 0: never
+  // Share of DRAM the I/O threads keep free for saves and prefetches, in [0, 0.9].
+  double dram_reserve_fraction = 0.1;
+
+  bool enabled() const { return dram_bytes > 0; }
+
+  // INVALID_ARGUMENT naming kv_store.<key>.
+  Status validate() const;
+  bool operator==(const KvStoreSection&) const = default;
+};
+
 // ---- scheduler ------------------------------------------------------------------------------
 
 enum class PreemptionMode { kRecompute, kSwap };
@@ -163,6 +195,7 @@ struct DeploymentConfig {
   ModelSection model;
   DevicesSection devices;
   KvCacheSection kv_cache;
+  KvStoreSection kv_store;
   SchedulerSection scheduler;
   ServerSection server;
   LoggingSection logging;
@@ -182,11 +215,12 @@ const std::vector<std::string_view>& config_keys();
 // `dotted_key` is not a key of the tree. Used by apply_override().
 Status validate_key(const DeploymentConfig& config, std::string_view dotted_key);
 
-// YAML spellings of the enum values ("bfloat16", "llama3" ("" for kNone), "swap", "warn",
-// "json"), as the loader reads and to_yaml() writes them.
+// YAML spellings of the enum values ("bfloat16", "llama3" ("" for kNone), "scheduler_aware",
+// "swap", "warn", "json"), as the loader reads and to_yaml() writes them.
 std::string_view config_name(ModelDType value);
 std::string_view config_name(ChatTemplateFallback value);
 std::string_view config_name(DeviceKind value);  // "auto" | "cpu" | "cuda"
+std::string_view config_name(EvictionPolicy value);
 std::string_view config_name(PreemptionMode value);
 std::string_view config_name(LogLevel value);
 std::string_view config_name(LogFormat value);

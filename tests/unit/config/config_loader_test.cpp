@@ -39,6 +39,10 @@ TEST(ConfigLoaderTest, DefaultYamlIsTheStructDefaultsOnCpuWithTheSmallModel) {
   DeploymentConfig expected = with_path(".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf");
   expected.model.dtype = ModelDType::kFloat32;
   expected.devices.device = DeviceKind::kCpu;
+  // The store is off unless configured; default.yaml turns it on with small tiers.
+  expected.kv_store.dram_bytes = int64_t{512} << 20;
+  expected.kv_store.ssd_dir = ".cache/kv-store";
+  expected.kv_store.ssd_bytes = int64_t{2} << 30;
   EXPECT_EQ(*loaded, expected);
   EXPECT_EQ(loaded->server.host, "127.0.0.1");
   EXPECT_EQ(loaded->server.grpc_port, 50051);
@@ -69,6 +73,11 @@ TEST(ConfigLoaderTest, SingleGpuYaml) {
   EXPECT_FALSE(loaded->kv_cache.cache_bytes.has_value());
   EXPECT_EQ(loaded->kv_cache.host_cache_bytes, int64_t{8} << 30);
   EXPECT_EQ(loaded->scheduler.preemption_mode, PreemptionMode::kSwap);
+  EXPECT_TRUE(loaded->kv_store.enabled());
+  EXPECT_EQ(loaded->kv_store.dram_bytes, int64_t{64} << 30);
+  EXPECT_EQ(loaded->kv_store.ssd_dir, "/var/lib/strata/kv-store");
+  EXPECT_EQ(loaded->kv_store.ssd_bytes, int64_t{256} << 30);
+  EXPECT_EQ(loaded->kv_store.eviction_policy, EvictionPolicy::kSchedulerAware);
 }
 
 TEST(ConfigLoaderTest, MultiA100Yaml) {
@@ -81,6 +90,10 @@ TEST(ConfigLoaderTest, MultiA100Yaml) {
   EXPECT_TRUE(loaded->server.api_keys.empty());
   EXPECT_EQ(loaded->server.api_keys_env, "STRATA_API_KEYS");
   EXPECT_EQ(loaded->logging.format, LogFormat::kJson);
+  EXPECT_EQ(loaded->kv_store.dram_bytes, int64_t{512} << 30);
+  EXPECT_EQ(loaded->kv_store.ssd_dir, "/raid/strata/kv-store");
+  EXPECT_EQ(loaded->kv_store.ssd_bytes, int64_t{4} << 40);
+  EXPECT_EQ(loaded->kv_store.ssd_file_bytes, int64_t{16} << 30);
 
   const EnvLookup env = [](const std::string& name) -> std::optional<std::string> {
     if (name == "STRATA_API_KEYS") return " k1, k2 ,,";
@@ -116,6 +129,16 @@ TEST(ConfigLoaderTest, OnlyAModelPathGivesEveryDefault) {
   EXPECT_FALSE(c.kv_cache.cache_bytes.has_value());
   EXPECT_EQ(c.kv_cache.host_cache_bytes, 0);
   EXPECT_TRUE(c.kv_cache.enable_prefix_caching);
+  EXPECT_EQ(c.kv_store.dram_bytes, 0);
+  EXPECT_FALSE(c.kv_store.enabled());
+  EXPECT_EQ(c.kv_store.ssd_dir, "");
+  EXPECT_EQ(c.kv_store.ssd_bytes, 0);
+  EXPECT_EQ(c.kv_store.ssd_file_bytes, int64_t{1} << 30);
+  EXPECT_TRUE(c.kv_store.direct_io);
+  EXPECT_EQ(c.kv_store.eviction_policy, EvictionPolicy::kSchedulerAware);
+  EXPECT_EQ(c.kv_store.io_threads, 2);
+  EXPECT_EQ(c.kv_store.ttl_seconds, 3600);
+  EXPECT_EQ(c.kv_store.dram_reserve_fraction, 0.1);
   EXPECT_EQ(c.scheduler.max_num_seqs, 64);
   EXPECT_EQ(c.scheduler.max_num_batched_tokens, 512);
   EXPECT_EQ(c.scheduler.preemption_mode, PreemptionMode::kRecompute);
@@ -133,7 +156,7 @@ TEST(ConfigLoaderTest, OnlyAModelPathGivesEveryDefault) {
 
 TEST(ConfigLoaderTest, NullSectionsAndCommentsOnlyKeepDefaults) {
   StatusOr<DeploymentConfig> loaded =
-      parse_config("# comment\nmodel: {path: m}\nserver:\nlogging: ~\n", "t.yaml");
+      parse_config("# comment\nmodel: {path: m}\nserver:\nkv_store:\nlogging: ~\n", "t.yaml");
   ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
   EXPECT_EQ(*loaded, with_path("m"));
 }
@@ -274,7 +297,7 @@ TEST(ConfigLoaderTest, UnknownKeysNameTheFullPathAndListTheAllowedOnes) {
   expect_cases({
       {"top level", "modle: {}\n", kInvalid,
        "t.yaml:3:1: unknown key 'modle'; allowed top-level keys: model, devices, kv_cache, "
-       "scheduler, server, logging"},
+       "kv_store, scheduler, server, logging"},
       {"model", "model: {path: m, dtyp: float32}\n", kInvalid,
        "unknown key 'model.dtyp'; allowed keys in 'model': path, dtype, chat_template, "
        "served_name"},
@@ -284,6 +307,10 @@ TEST(ConfigLoaderTest, UnknownKeysNameTheFullPathAndListTheAllowedOnes) {
       {"kv_cache", "kv_cache: {swap_bytes: 1GiB}\n", kInvalid,
        "unknown key 'kv_cache.swap_bytes'; allowed keys in 'kv_cache': block_size_tokens, "
        "gpu_memory_fraction, cache_bytes, host_cache_bytes, enable_prefix_caching"},
+      {"kv_store", "kv_store:\n  ssd_path: /x\n", kInvalid,
+       "t.yaml:4:3: unknown key 'kv_store.ssd_path'; allowed keys in 'kv_store': dram_bytes, "
+       "ssd_dir, ssd_bytes, ssd_file_bytes, direct_io, eviction_policy, io_threads, ttl_seconds, "
+       "dram_reserve_fraction"},
       {"scheduler", "scheduler: {max_num_seq: 3}\n", kInvalid,
        "unknown key 'scheduler.max_num_seq'; allowed keys in 'scheduler': max_num_seqs, "
        "max_num_batched_tokens, preemption_mode, max_queued_requests"},
@@ -449,6 +476,241 @@ TEST(ConfigLoaderTest, ByteSizeKeysInTheFile) {
   EXPECT_EQ(loaded->kv_cache.host_cache_bytes, 10000000000);
 }
 
+// ---- kv_store ---------------------------------------------------------------------------------
+
+TEST(ConfigLoaderTest, KvStoreSectionIsRead) {
+  StatusOr<DeploymentConfig> loaded = parse_config(
+      "model: {path: m}\n"
+      "kv_store:\n"
+      "  dram_bytes: 8GiB\n"
+      "  ssd_dir: /mnt/nvme/kv\n"
+      "  ssd_bytes: 100GB\n"
+      "  ssd_file_bytes: 2GiB\n"
+      "  direct_io: false\n"
+      "  eviction_policy: lru\n"
+      "  io_threads: 16\n"
+      "  ttl_seconds: 0\n"
+      "  dram_reserve_fraction: 0.25\n",
+      "t.yaml");
+  ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
+  const KvStoreSection& store = loaded->kv_store;
+  EXPECT_TRUE(store.enabled());
+  EXPECT_EQ(store.dram_bytes, int64_t{8} << 30);
+  EXPECT_EQ(store.ssd_dir, "/mnt/nvme/kv");
+  EXPECT_EQ(store.ssd_bytes, 100000000000);
+  EXPECT_EQ(store.ssd_file_bytes, int64_t{2} << 30);
+  EXPECT_FALSE(store.direct_io);
+  EXPECT_EQ(store.eviction_policy, EvictionPolicy::kLru);
+  EXPECT_EQ(store.io_threads, 16);
+  EXPECT_EQ(store.ttl_seconds, 0);
+  EXPECT_EQ(store.dram_reserve_fraction, 0.25);
+  // The other sections keep their defaults.
+  DeploymentConfig expected = with_path("m");
+  expected.kv_store = store;
+  EXPECT_EQ(*loaded, expected);
+}
+
+TEST(ConfigLoaderTest, KvStoreIsOffWhenAbsentOrEmpty) {
+  for (const char* text : {"model: {path: m}\n", "model: {path: m}\nkv_store:\n",
+                           "model: {path: m}\nkv_store: {}\n"}) {
+    StatusOr<DeploymentConfig> loaded = parse_config(text, "t.yaml");
+    ASSERT_TRUE(loaded.ok()) << text << ": " << loaded.status().to_string();
+    EXPECT_EQ(loaded->kv_store, KvStoreSection()) << text;
+    EXPECT_FALSE(loaded->kv_store.enabled()) << text;
+  }
+}
+
+TEST(ConfigLoaderTest, EvictionPolicySpellings) {
+  const std::pair<std::string, EvictionPolicy> cases[] = {
+      {"scheduler_aware", EvictionPolicy::kSchedulerAware},
+      {"lru", EvictionPolicy::kLru},
+      {"fifo", EvictionPolicy::kFifo},
+  };
+  for (const auto& [name, policy] : cases) {
+    EXPECT_EQ(config_name(policy), name);
+    StatusOr<DeploymentConfig> loaded =
+        parse_config("model: {path: m}\nkv_store: {eviction_policy: " + name + "}\n", "t.yaml");
+    ASSERT_TRUE(loaded.ok()) << name << ": " << loaded.status().to_string();
+    EXPECT_EQ(loaded->kv_store.eviction_policy, policy) << name;
+  }
+}
+
+TEST(ConfigLoaderTest, KvStoreValidationErrorsNameTheKeyAndItsPosition) {
+  expect_cases({
+      {"file bytes below 1MiB", "kv_store:\n  ssd_file_bytes: 512KiB\n", kInvalid,
+       "t.yaml:4:3: kv_store.ssd_file_bytes must be >= 1MiB, got 512KiB"},
+      {"file bytes 0", "kv_store: {ssd_file_bytes: 0}\n", kInvalid,
+       "kv_store.ssd_file_bytes must be >= 1MiB, got 0"},
+      {"file bytes 1MiB", "kv_store: {ssd_file_bytes: 1MiB}\n", kOk, ""},
+      {"io threads 0", "kv_store:\n  io_threads: 0\n", kInvalid,
+       "t.yaml:4:3: kv_store.io_threads must be in [1, 64], got 0"},
+      {"io threads 65", "kv_store: {io_threads: 65}\n", kInvalid,
+       "kv_store.io_threads must be in [1, 64], got 65"},
+      {"io threads 1", "kv_store: {io_threads: 1}\n", kOk, ""},
+      {"io threads 64", "kv_store: {io_threads: 64}\n", kOk, ""},
+      {"ttl -1", "kv_store:\n  ttl_seconds: -1\n", kInvalid,
+       "t.yaml:4:3: kv_store.ttl_seconds must be >= 0, got -1"},
+      {"ttl 0 never expires", "kv_store: {ttl_seconds: 0}\n", kOk, ""},
+      {"reserve 0.95", "kv_store:\n  dram_reserve_fraction: 0.95\n", kInvalid,
+       "t.yaml:4:3: kv_store.dram_reserve_fraction must be in [0, 0.9], got 0.95"},
+      {"reserve -0.1", "kv_store: {dram_reserve_fraction: -0.1}\n", kInvalid,
+       "kv_store.dram_reserve_fraction must be in [0, 0.9], got -0.1"},
+      {"reserve nan", "kv_store: {dram_reserve_fraction: nan}\n", kInvalid,
+       "kv_store.dram_reserve_fraction must be in [0, 0.9], got nan"},
+      {"reserve 0", "kv_store: {dram_reserve_fraction: 0}\n", kOk, ""},
+      {"reserve 0.9", "kv_store: {dram_reserve_fraction: 0.9}\n", kOk, ""},
+      {"ssd dir with a newline", "kv_store: {ssd_dir: \"/mnt/a\\nb\"}\n", kInvalid,
+       "kv_store.ssd_dir must not contain control characters"},
+      {"ssd dir with a space", "kv_store: {ssd_dir: '/mnt/nvme 0/kv'}\n", kOk, ""},
+      // Between keys, checked only while the store is on (dram_bytes > 0).
+      {"ssd dir without bytes",
+       "kv_store:\n  dram_bytes: 1GiB\n  ssd_dir: /mnt/kv\n  ssd_bytes: 0\n", kInvalid,
+       "t.yaml:6:3: kv_store.ssd_bytes must be > 0 when kv_store.ssd_dir is set, got 0; set "
+       "kv_store.ssd_dir to \"\" for no SSD tier"},
+      {"ssd dir, bytes left out", "kv_store: {dram_bytes: 1GiB, ssd_dir: /mnt/kv}\n", kInvalid,
+       "t.yaml: kv_store.ssd_bytes must be > 0 when kv_store.ssd_dir is set"},
+      {"ssd bytes without dir", "kv_store:\n  dram_bytes: 1GiB\n  ssd_bytes: 10GiB\n", kInvalid,
+       "t.yaml:5:3: kv_store.ssd_bytes is 10GiB but kv_store.ssd_dir is not set; set "
+       "kv_store.ssd_dir, or kv_store.ssd_bytes to 0 for no SSD tier"},
+      {"dram only", "kv_store: {dram_bytes: 1GiB}\n", kOk, ""},
+      {"dram and ssd", "kv_store: {dram_bytes: 1GiB, ssd_dir: kv, ssd_bytes: 1GiB}\n", kOk, ""},
+      {"store off ignores the ssd pair", "kv_store: {dram_bytes: 0, ssd_dir: /mnt/kv}\n", kOk, ""},
+      // Wrong types.
+      {"eviction policy", "kv_store:\n  eviction_policy: lfu\n", kInvalid,
+       "t.yaml:4:20: kv_store.eviction_policy: expected one of scheduler_aware, lru, fifo, got "
+       "'lfu'"},
+      {"eviction policy case", "kv_store: {eviction_policy: LRU}\n", kInvalid,
+       "kv_store.eviction_policy: expected one of scheduler_aware, lru, fifo, got 'LRU'"},
+      {"dram bytes word", "kv_store: {dram_bytes: lots}\n", kInvalid,
+       "kv_store.dram_bytes: expected a byte size (an integer, optionally followed by KiB"},
+      {"dram bytes negative", "kv_store: {dram_bytes: -1}\n", kInvalid,
+       "kv_store.dram_bytes: expected a byte size"},
+      {"ssd bytes fractional", "kv_store: {ssd_bytes: 1.5TiB}\n", kInvalid,
+       "kv_store.ssd_bytes: expected a byte size"},
+      {"file bytes null", "kv_store: {ssd_file_bytes: ~}\n", kInvalid,
+       "kv_store.ssd_file_bytes: expected a byte size"},
+      {"ssd dir map", "kv_store: {ssd_dir: {a: 1}}\n", kInvalid,
+       "kv_store.ssd_dir: expected a string, got a map"},
+      {"direct io yes", "kv_store: {direct_io: yes}\n", kInvalid,
+       "kv_store.direct_io: expected a boolean (true or false), got 'yes'"},
+      {"io threads word", "kv_store: {io_threads: two}\n", kInvalid,
+       "kv_store.io_threads: expected an integer, got 'two'"},
+      {"ttl float", "kv_store: {ttl_seconds: 1.5}\n", kInvalid,
+       "kv_store.ttl_seconds: expected an integer, got '1.5'"},
+      {"reserve word", "kv_store: {dram_reserve_fraction: tenth}\n", kInvalid,
+       "kv_store.dram_reserve_fraction: expected a number, got 'tenth'"},
+      {"section from list", "kv_store: [a]\n", kInvalid, "kv_store: expected a map, got a list"},
+      {"repeated key", "kv_store:\n  io_threads: 1\n  io_threads: 2\n", kInvalid,
+       "t.yaml:5:3: 'kv_store.io_threads' is set twice"},
+  });
+}
+
+TEST(ConfigLoaderTest, KvStoreValidateWorksOnStructsBuiltInCode) {
+  KvStoreSection store;
+  EXPECT_TRUE(store.validate().ok());
+  store.dram_bytes = -1;
+  EXPECT_EQ(store.validate().message(), "kv_store.dram_bytes must be >= 0, got -1");
+  store.dram_bytes = int64_t{1} << 30;
+  store.ssd_bytes = -5;
+  EXPECT_EQ(store.validate().message(), "kv_store.ssd_bytes must be >= 0, got -5");
+  store.ssd_bytes = 0;
+  store.ssd_file_bytes = -1;
+  EXPECT_EQ(store.validate().message(), "kv_store.ssd_file_bytes must be >= 1MiB, got -1");
+  store.ssd_file_bytes = 1000;
+  EXPECT_EQ(store.validate().message(), "kv_store.ssd_file_bytes must be >= 1MiB, got 1000");
+  store.ssd_file_bytes = int64_t{1} << 20;
+  EXPECT_TRUE(store.validate().ok());
+
+  DeploymentConfig config = with_path("m");
+  config.kv_store.io_threads = 0;
+  EXPECT_EQ(config.validate().message(), "kv_store.io_threads must be in [1, 64], got 0");
+  EXPECT_EQ(validate_key(config, "kv_store.io_threads").message(),
+            "kv_store.io_threads must be in [1, 64], got 0");
+  EXPECT_TRUE(validate_key(config, "kv_store.ttl_seconds").ok());
+  EXPECT_EQ(validate_key(config, "kv_store.nope").code(), StatusCode::kNotFound);
+}
+
+TEST(ConfigLoaderTest, KvStoreOverrides) {
+  DeploymentConfig config = with_path("m");
+  const std::pair<std::string, std::string> overrides[] = {
+      {"kv_store.eviction_policy", "lru"},
+      {"kv_store.dram_bytes", "16GiB"},
+      {"kv_store.ssd_dir", "/mnt/nvme0/kv"},
+      {"kv_store.ssd_bytes", "1TB"},
+      {"kv_store.ssd_file_bytes", "256MiB"},
+      {"kv_store.direct_io", "false"},
+      {"kv_store.io_threads", "8"},
+      {"kv_store.ttl_seconds", "0"},
+      {"kv_store.dram_reserve_fraction", "0.2"},
+  };
+  for (const auto& [key, value] : overrides) {
+    const Status status = apply_override(config, key, value);
+    EXPECT_TRUE(status.ok()) << key << "=" << value << ": " << status.to_string();
+  }
+  KvStoreSection expected;
+  expected.eviction_policy = EvictionPolicy::kLru;
+  expected.dram_bytes = int64_t{16} << 30;
+  expected.ssd_dir = "/mnt/nvme0/kv";
+  expected.ssd_bytes = 1000000000000;
+  expected.ssd_file_bytes = int64_t{256} << 20;
+  expected.direct_io = false;
+  expected.io_threads = 8;
+  expected.ttl_seconds = 0;
+  expected.dram_reserve_fraction = 0.2;
+  EXPECT_EQ(config.kv_store, expected);
+  EXPECT_TRUE(config.validate().ok()) << config.validate().to_string();
+  ASSERT_TRUE(apply_override(config, "kv_store.eviction_policy", "fifo").ok());
+  EXPECT_EQ(config.kv_store.eviction_policy, EvictionPolicy::kFifo);
+  // An empty value clears the directory (the store then has no SSD tier once ssd_bytes is 0).
+  ASSERT_TRUE(apply_override(config, "kv_store.ssd_dir", "").ok());
+  EXPECT_EQ(config.kv_store.ssd_dir, "");
+
+  const DeploymentConfig original = with_path("m");
+  const struct {
+    std::string key;
+    std::string value;
+    std::string message;  // exact
+  } bad[] = {
+      {"kv_store.eviction_policy", "lfu",
+       "kv_store.eviction_policy: expected one of scheduler_aware, lru, fifo, got 'lfu'"},
+      {"kv_store.io_threads", "0", "kv_store.io_threads must be in [1, 64], got 0"},
+      {"kv_store.ssd_file_bytes", "4KiB", "kv_store.ssd_file_bytes must be >= 1MiB, got 4KiB"},
+      {"kv_store.dram_reserve_fraction", "1",
+       "kv_store.dram_reserve_fraction must be in [0, 0.9], got 1"},
+      {"kv_store.ttl_seconds", "-1", "kv_store.ttl_seconds must be >= 0, got -1"},
+      {"kv_store.dram_bytes", "null",
+       "kv_store.dram_bytes: expected a byte size (an integer, optionally followed by KiB, MiB, "
+       "GiB, TiB, KB, MB, GB or TB), got 'null'"},
+      {"kv_store.ssd_path", "/x",
+       "unknown key 'kv_store.ssd_path'; allowed keys in 'kv_store': dram_bytes, ssd_dir, "
+       "ssd_bytes, ssd_file_bytes, direct_io, eviction_policy, io_threads, ttl_seconds, "
+       "dram_reserve_fraction"},
+      {"kv_store", "1",
+       "'kv_store' is a section; override one of its keys: dram_bytes, ssd_dir, ssd_bytes, "
+       "ssd_file_bytes, direct_io, eviction_policy, io_threads, ttl_seconds, "
+       "dram_reserve_fraction"},
+  };
+  for (const auto& c : bad) {
+    DeploymentConfig changed = original;
+    const Status status = apply_override(changed, c.key, c.value);
+    EXPECT_EQ(status.code(), kInvalid) << c.key << "=" << c.value;
+    EXPECT_EQ(status.message(), c.message);
+    EXPECT_EQ(changed, original) << c.key << "=" << c.value;
+  }
+}
+
+TEST(ConfigLoaderTest, KvStoreOverridesLeaveTheSsdPairToValidate) {
+  DeploymentConfig config = with_path("m");
+  ASSERT_TRUE(apply_override(config, "kv_store.dram_bytes", "1GiB").ok());
+  // Adding an SSD tier passes through "directory without capacity".
+  ASSERT_TRUE(apply_override(config, "kv_store.ssd_dir", "/mnt/kv").ok());
+  EXPECT_EQ(config.validate().message(),
+            "kv_store.ssd_bytes must be > 0 when kv_store.ssd_dir is set, got 0; set "
+            "kv_store.ssd_dir to \"\" for no SSD tier");
+  ASSERT_TRUE(apply_override(config, "kv_store.ssd_bytes", "64GiB").ok());
+  EXPECT_TRUE(config.validate().ok()) << config.validate().to_string();
+}
+
 // ---- API keys ---------------------------------------------------------------------------------
 
 TEST(ConfigLoaderTest, ResolveApiKeys) {
@@ -556,7 +818,7 @@ TEST(ConfigLoaderTest, BadOverridesAreRejectedAndLeaveTheConfigUnchanged) {
       {"scheduler.max_num_seqs.x", "1", ""},
       {"schedular.max_num_seqs", "1",
        "unknown key 'schedular.max_num_seqs'; allowed top-level keys: model, devices, kv_cache, "
-       "scheduler, server, logging"},
+       "kv_store, scheduler, server, logging"},
       {"scheduler", "1",
        "'scheduler' is a section; override one of its keys: max_num_seqs, "
        "max_num_batched_tokens, preemption_mode, max_queued_requests"},
@@ -600,6 +862,15 @@ DeploymentConfig everything_changed() {
   c.kv_cache.cache_bytes = (int64_t{3} << 30) + 7;
   c.kv_cache.host_cache_bytes = 1000000000;
   c.kv_cache.enable_prefix_caching = false;
+  c.kv_store.dram_bytes = (int64_t{5} << 30) + 4096;
+  c.kv_store.ssd_dir = "/mnt/nvme 0/kv: \"store\" # dir";
+  c.kv_store.ssd_bytes = 300000000000;
+  c.kv_store.ssd_file_bytes = int64_t{3} << 20;
+  c.kv_store.direct_io = false;
+  c.kv_store.eviction_policy = EvictionPolicy::kFifo;
+  c.kv_store.io_threads = 64;
+  c.kv_store.ttl_seconds = 0;
+  c.kv_store.dram_reserve_fraction = 0.9;
   c.scheduler.max_num_seqs = 7;
   c.scheduler.max_num_batched_tokens = 12345;
   c.scheduler.preemption_mode = PreemptionMode::kSwap;
@@ -619,6 +890,7 @@ TEST(ConfigLoaderTest, ToYamlRoundTrips) {
   std::vector<DeploymentConfig> configs = {with_path("m"), everything_changed()};
   DeploymentConfig fraction = with_path("m");
   fraction.kv_cache.gpu_memory_fraction = 0.1 + 0.2;  // not a short decimal
+  fraction.kv_store.dram_reserve_fraction = 0.1 + 0.2;
   configs.push_back(fraction);
   for (const char* name : {"default.yaml", "single-gpu.yaml", "multi-a100.yaml"}) {
     StatusOr<DeploymentConfig> loaded = load_config_file(config_path(name));
