@@ -339,6 +339,12 @@ ForwardResult TorchExecutor::run(const ForwardBatch& batch) {
     kv_cache_.index_copy_(0, index(copies.device, false, device_),
                           kv_cache_.index_select(0, index(copies.device, true, device_)));
   }
+  if (batch.chunks.empty()) {
+    ForwardResult result;
+    result.vocab_size = config_.vocab_size;
+    result.row_offsets.push_back(0);
+    return result;
+  }
 
   // Batch metadata built on the host, then moved in one transfer per tensor.
   int64_t num_tokens = 0, max_blocks = 1, max_q_len = 0;

@@ -78,6 +78,15 @@ void Scheduler::preempt(SeqId seq, ScheduledBatch& batch) {
     ++num_swap_outs_;
     return;
   }
+  requeue(seq);
+}
+
+void Scheduler::restart(SeqId seq) {
+  std::erase(running_, seq);
+  requeue(seq);
+}
+
+void Scheduler::requeue(SeqId seq) {
   std::vector<TokenId> tokens = kv_.tokens(seq);
   kv_.free(seq);
   const Status status = kv_.add_sequence(seq, std::move(tokens), entries_.at(seq).tenant_salt);

@@ -92,7 +92,8 @@ class Executor {
   virtual void unregister_host_memory(void* data) const = 0;
 
   // Runs one forward pass: performs the batch's copies and loads, writes the chunks' KV into the
-  // pool and returns the requested logits. INVALID_ARGUMENT (naming the sequence) for an empty
+  // pool and returns the requested logits; a batch without chunks performs only its block
+  // copies. INVALID_ARGUMENT (naming the sequence) for an empty
   // chunk, a token id outside the vocabulary, a chunk past max_context_tokens, page tables that do
   // not cover it, or a load that is not below its sequence's chunk; nothing is written then.
   // INTERNAL if libtorch fails.

@@ -44,6 +44,8 @@ struct StepCopies {
   std::vector<BlockCopy> swap_in;
   std::vector<BlockCopy> device;
   std::vector<BlockLoad> loads;
+
+  bool has_block_moves() const { return !swap_out.empty() || !swap_in.empty() || !device.empty(); }
 };
 
 // Element format of a block's keys or values. Quantized formats (int8, fp8, int4, int2 with

@@ -71,11 +71,17 @@ class Scheduler {
   Status add(SeqId seq, std::vector<TokenId> prompt, int32_t priority, std::string tenant_salt);
   // Drops a sequence wherever it is and frees its KV at once (finish or cancel). Unknown: no-op.
   void remove(SeqId seq);
+  // Sends a sequence of the batch just scheduled back to waiting with its KV freed, to compute
+  // all its tokens again: the load it was scheduled with failed. The caller drops its chunk from
+  // the batch before running it. Not counted as a preemption.
+  void restart(SeqId seq);
 
   ScheduledBatch schedule();
   // The executor ran `batch`: record the computed tokens (publishing full blocks).
   void on_batch_done(const ScheduledBatch& batch);
 
+  // Waiting sequences, the next to be admitted first.
+  const std::vector<SeqId>& waiting() const { return waiting_; }
   size_t num_waiting() const { return waiting_.size(); }
   size_t num_running() const { return running_.size(); }
   size_t num_swapped() const { return swapped_.size(); }
@@ -93,6 +99,8 @@ class Scheduler {
   void insert_sorted(std::vector<SeqId>& queue, SeqId seq) const;
   // Swaps out a running sequence, or frees its KV and queues it to recompute its tokens.
   void preempt(SeqId seq, ScheduledBatch& batch);
+  // Frees a sequence's KV and queues it to compute its tokens again (REQUIRES: not running).
+  void requeue(SeqId seq);
   // Moves sequences from `queue` to running while they fit; returns false if one did not.
   bool resume(std::vector<SeqId>& queue, std::vector<kv::KvRequest>& requests, int64_t& budget,
               ScheduledBatch& batch, bool may_preempt);
