@@ -1,9 +1,11 @@
 #include "loaded_model.h"
 
+#include <chrono>
 #include <utility>
 #include <vector>
 
 #include "strata/config/config_loader.h"
+#include "strata/store/kv_store.h"
 #include "strata/model/model_source.h"
 #include "strata/tokenizer/tokenizer.h"
 
@@ -75,6 +77,25 @@ StatusOr<engine::EngineOptions> engine_options(const config::DeploymentConfig& d
   o.scheduler.preemption_mode = d.scheduler.preemption_mode == config::PreemptionMode::kSwap
                                     ? scheduler::PreemptionMode::kSwap
                                     : scheduler::PreemptionMode::kRecompute;
+  if (d.kv_store.enabled()) {
+    const config::KvStoreSection& k = d.kv_store;
+    store::StoreOptions& s = o.store.emplace();
+    s.dram_bytes = k.dram_bytes;
+    s.ssd_dir = k.ssd_dir;
+    s.ssd_bytes = k.ssd_bytes;
+    s.ssd_file_bytes = k.ssd_file_bytes;
+    s.direct_io = k.direct_io;
+    switch (k.eviction_policy) {
+      case config::EvictionPolicy::kSchedulerAware:
+        s.policy = store::EvictionPolicy::kSchedulerAware;
+        break;
+      case config::EvictionPolicy::kLru: s.policy = store::EvictionPolicy::kLru; break;
+      case config::EvictionPolicy::kFifo: s.policy = store::EvictionPolicy::kFifo; break;
+    }
+    s.io_threads = k.io_threads;
+    s.ttl = std::chrono::seconds(k.ttl_seconds);
+    s.dram_reserve_fraction = k.dram_reserve_fraction;
+  }
   return o;
 }
 

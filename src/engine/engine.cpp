@@ -2,17 +2,35 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <future>
 
 #include "strata/common/check.h"
 #include "strata/kv/kv_cache_manager.h"
+#include "strata/kv/prefix_hash.h"
 #include "strata/model/model_source.h"
 #include "strata/sampling/stop_checker.h"
 #include "strata/tokenizer/tokenizer.h"
+#include "xxhash.h"
 
 namespace strata::engine {
 
 using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// The name a session's KV goes by in the store, which persists it on disk: a digest, so the
+// journal holds no API key or client-chosen id.
+std::string store_session_key(const std::string& session) {
+  if (session.empty()) return {};
+  const XXH128_hash_t h = XXH3_128bits(session.data(), session.size());
+  char hex[33];
+  std::snprintf(hex, sizeof(hex), "%016llx%016llx", static_cast<unsigned long long>(h.high64),
+                static_cast<unsigned long long>(h.low64));
+  return hex;
+}
+
+}  // namespace
 
 const char* finish_reason_name(FinishReason reason) {
   switch (reason) {
@@ -69,6 +87,9 @@ struct Engine::Active {
   Clock::time_point submitted;
   Usage usage;
   bool prefix_hit_recorded = false;
+  std::string tenant;
+  std::string session;  // store_session_key() of the request's session
+  std::optional<store::ItemId> stored_item;  // the store item its first commit loads from
 };
 
 StatusOr<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<model::ModelSource> source,
@@ -103,13 +124,32 @@ Status Engine::start_on_step_thread() {
   executor_->init_calling_thread();
   // The fingerprint keeps cached KV of different models (or weights) apart.
   const model::ModelConfig& c = source_->config();
-  const uint64_t fingerprint = std::hash<std::string>{}(
+  model_fingerprint_ = std::hash<std::string>{}(
       source_->path() + "|" + c.name + "|" + std::to_string(c.num_layers) + "|" +
       std::to_string(c.hidden_size) + "|" + std::to_string(c.vocab_size));
   kv_ = std::make_unique<kv::KvCacheManager>(
       executor_->kv_geometry(), executor_->kv_format(),
-      kv::PrefixCacheOptions{options_.enable_prefix_caching, fingerprint});
+      kv::PrefixCacheOptions{options_.enable_prefix_caching, model_fingerprint_});
   scheduler_ = std::make_unique<scheduler::Scheduler>(options_.scheduler, *kv_);
+  if (options_.store) {
+    store::StoreOptions store = *options_.store;
+    store.chunk_bytes = executor_->kv_chunk_bytes();
+    store.block_size_tokens = executor_->kv_geometry().block_size_tokens;
+    // Chunks are interchangeable only between engines of one model, pool format and geometry.
+    const kv::BlockFormat format = executor_->kv_format();
+    store.layout_tag = std::hash<std::string>{}(
+        std::to_string(model_fingerprint_) + "|" + std::to_string(static_cast<int>(format.key)) +
+        "|" + std::to_string(static_cast<int>(format.value)) + "|" +
+        std::to_string(store.block_size_tokens) + "|" + std::to_string(store.chunk_bytes));
+    const executor::Executor* executor = executor_.get();
+    store.register_host_memory = [executor](void* data, size_t bytes) {
+      executor->register_host_memory(data, bytes);
+    };
+    store.unregister_host_memory = [executor](void* data) {
+      executor->unregister_host_memory(data);
+    };
+    STRATA_ASSIGN_OR_RETURN(store_, store::KvStore::open(store));
+  }
   refresh_stats();  // stats are meaningful before the first step
   return Status();
 }
@@ -124,6 +164,10 @@ Engine::~Engine() {
 }
 
 const model::ModelConfig& Engine::model_config() const { return executor_->config(); }
+
+bool Engine::end_session(const std::string& session) {
+  return store_ != nullptr && !session.empty() && store_->erase_session(store_session_key(session));
+}
 
 EngineStats Engine::stats() const {
   std::scoped_lock lock(mutex_);
@@ -214,6 +258,7 @@ void Engine::refresh_stats() {
   stats_.num_swapped = static_cast<int64_t>(scheduler_->num_swapped());
   stats_.kv_host_blocks_total = kv_->num_host_blocks();
   stats_.kv_host_blocks_free = kv_->num_free_host_blocks();
+  if (store_) stats_.store = store_->stats();
 }
 
 void Engine::admit(std::vector<std::pair<GenerateRequest, std::shared_ptr<RequestStream>>> requests) {
@@ -230,14 +275,107 @@ void Engine::admit(std::vector<std::pair<GenerateRequest, std::shared_ptr<Reques
         stream->id(), stream,
         sampling::SequenceSampler(request.sampling, vocab, request.prompt_token_ids),
         sampling::StopChecker(request.sampling), tokenizer::StreamDecoder(*tokenizer_),
-        std::move(stop_ids), Clock::now(), {}, false});
+        std::move(stop_ids), Clock::now(), {}, false, request.tenant,
+        store_session_key(request.session), std::nullopt});
     active->usage.prompt_tokens = static_cast<int64_t>(request.prompt_token_ids.size());
     Status added = scheduler_->add(seq, std::move(request.prompt_token_ids), request.priority,
                                    std::move(request.tenant));
     Active& ref = *active;
     active_.emplace(seq, std::move(active));
-    if (!added.ok()) finish(ref, {}, FinishReason::kError, added.message());
+    if (!added.ok()) {
+      finish(ref, {}, FinishReason::kError, added.message());
+    } else if (store_) {
+      attach_stored_prefix(ref);
+    }
   }
+}
+
+void Engine::attach_stored_prefix(Active& active) {
+  const SeqId seq{active.id.value};
+  active.stored_item.reset();
+  const kv::ChunkHash root = kv::prefix_root(model_fingerprint_, kv_->format(),
+                                             kv_->geometry().block_size_tokens, active.tenant);
+  std::optional<store::StoreMatch> match = store_->find(kv_->tokens(seq), root, active.session);
+  // Truncated (inexact) history is not resumed yet: the request computes its prompt.
+  if (!match || !match->exact || match->token_offset != 0) return;
+  kv_->set_external_prefix(seq, match->num_chunks, /*exact=*/true);
+  active.stored_item = match->item;
+}
+
+std::vector<store::StoreLease> Engine::acquire_loads(scheduler::ScheduledBatch& batch,
+                                                     executor::ForwardBatch& forward) {
+  std::vector<store::StoreLease> leases;
+  const int64_t block = kv_->geometry().block_size_tokens;
+  for (const kv::BlockLoad& load : batch.copies.loads) {
+    Active& active = *active_.at(load.seq);
+    STRATA_CHECK(active.stored_item.has_value()) << "a load for a sequence without a stored item";
+    StatusOr<store::StoreLease> lease =
+        store_->acquire(*active.stored_item, load.first_block, load.num_blocks);
+    active.stored_item.reset();
+    if (!lease.ok()) {
+      // The chunks vanished or failed their checksums (the store dropped the item): compute.
+      scheduler_->restart(load.seq);
+      std::erase_if(batch.chunks, [&](const scheduler::ScheduledChunk& c) {
+        return c.seq == load.seq;
+      });
+      std::scoped_lock lock(mutex_);
+      ++stats_.store_load_failures;
+      continue;
+    }
+    const int64_t tokens = load.num_blocks * block;
+    active.usage.loaded_prompt_tokens += tokens;
+    active.usage.cached_prompt_tokens += tokens;
+    if (active.usage.cached_tier != "ssd") {
+      active.usage.cached_tier = lease->served_from == store::Tier::kSsd ? "ssd" : "dram";
+    }
+    {
+      std::scoped_lock lock(mutex_);
+      (lease->served_from == store::Tier::kSsd ? stats_.store_loaded_tokens_ssd
+                                               : stats_.store_loaded_tokens_dram) += tokens;
+    }
+    forward.loads.push_back({load.seq, load.first_block, lease->chunks});
+    leases.push_back(*std::move(lease));
+  }
+  return leases;
+}
+
+void Engine::save_to_store(Active& active) {
+  const SeqId seq{active.id.value};
+  const int64_t block = kv_->geometry().block_size_tokens;
+  const int64_t num_blocks = kv_->num_computed_tokens(seq) / block;
+  if (num_blocks == 0) return;
+  const std::vector<TokenId>& tokens = kv_->tokens(seq);
+  store::SaveRequest request;
+  request.session = active.session;
+  kv::ChunkHash hash = kv::prefix_root(model_fingerprint_, kv_->format(), block, active.tenant);
+  for (int64_t i = 0; i < num_blocks; ++i) {
+    hash = kv::chain_hash(hash, std::span<const TokenId>(tokens).subspan(i * block, block));
+    request.chain.push_back(hash);
+  }
+  StatusOr<store::SaveTicket> ticket = store_->begin_save(request);
+  if (!ticket.ok() || ticket->destinations.empty()) return;  // no room now, or already stored
+  StatusOr<std::function<void()>> written =
+      executor_->save_chunks(kv_->tables(seq), ticket->first_chunk, ticket->destinations);
+  if (!written.ok()) {
+    store_->abort_save(*ticket);
+    return;
+  }
+  {
+    std::scoped_lock lock(mutex_);
+    stats_.store_saved_tokens += static_cast<int64_t>(ticket->destinations.size()) * block;
+  }
+  store_->commit_save(*std::move(ticket), *std::move(written));
+}
+
+void Engine::publish_store_queue() {
+  std::vector<store::ItemId> queue;
+  for (SeqId seq : scheduler_->waiting()) {
+    const Active& active = *active_.at(seq);
+    if (active.stored_item) queue.push_back(*active.stored_item);
+  }
+  if (queue == store_queue_) return;
+  store_queue_ = queue;
+  store_->set_queue(std::move(queue));
 }
 
 void Engine::finish(Active& active, RequestOutput output, FinishReason reason, std::string error) {
@@ -245,6 +383,10 @@ void Engine::finish(Active& active, RequestOutput output, FinishReason reason, s
   output.error = std::move(error);
   output.usage = active.usage;
   const SeqId seq{active.id.value};
+  const bool completed = reason == FinishReason::kStop || reason == FinishReason::kLength;
+  if (store_ && completed && kv_->has_sequence(seq) && !kv_->is_swapped(seq)) {
+    save_to_store(active);
+  }
   active.stream->push(std::move(output));
   scheduler_->remove(seq);
   active_.erase(seq);  // destroys `active`
@@ -295,10 +437,20 @@ void Engine::step() {
                  std::to_string(kv_->num_blocks()) + " blocks)");
     }
   }
-  if (batch.empty()) return;
-
+  if (store_) {
+    // A sequence preempted to recompute lost its blocks: it may load its prefix again.
+    for (SeqId seq : batch.preempted) {
+      if (!kv_->is_swapped(seq)) attach_stored_prefix(*active_.at(seq));
+    }
+  }
   executor::ForwardBatch forward;
   forward.copies = batch.copies;
+  const std::vector<store::StoreLease> leases =
+      store_ ? acquire_loads(batch, forward) : std::vector<store::StoreLease>{};
+  if (store_) publish_store_queue();
+  // Block moves of the step run even when a failed load left no chunk.
+  if (batch.empty() && !batch.copies.has_block_moves()) return;
+
   for (const scheduler::ScheduledChunk& chunk : batch.chunks) {
     const std::vector<TokenId>& tokens = kv_->tokens(chunk.seq);
     executor::SequenceChunk& c = forward.chunks.emplace_back();
@@ -310,11 +462,17 @@ void Engine::step() {
     c.logits = chunk.samples ? executor::LogitsMode::kLast : executor::LogitsMode::kNone;
     Active& active = *active_.at(chunk.seq);
     if (!active.prefix_hit_recorded) {
-      active.usage.cached_prompt_tokens = kv_->num_prefix_hit_tokens(chunk.seq);
+      active.usage.cached_prompt_tokens += kv_->num_prefix_hit_tokens(chunk.seq);
+      if (active.usage.cached_tier.empty() && kv_->num_prefix_hit_tokens(chunk.seq) > 0) {
+        active.usage.cached_tier = "gpu";
+      }
       active.prefix_hit_recorded = true;
     }
   }
   StatusOr<executor::ForwardResult> result = executor_->forward(forward);
+  for (const store::StoreLease& lease : leases) {
+    store_->release(lease, result.ok() ? result->load_seconds / leases.size() : 0.0);
+  }
   if (!result.ok()) {
     for (const scheduler::ScheduledChunk& chunk : batch.chunks) {
       finish(*active_.at(chunk.seq), {}, FinishReason::kError, result.status().to_string());

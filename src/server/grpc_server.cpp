@@ -159,6 +159,7 @@ class GenerationService final : public pb::Generation::Service {
     r.prompt_token_ids = engine_.tokenizer().encode(*text, chat_->encode_add_bos());
     r.sampling = to_sampling(request->sampling());
     r.priority = request->priority();
+    if (in_session) r.session = session_key(tenant, request->session_id());
     std::string reply;
     grpc::Status status = stream(context, std::move(r), request->session_id(), writer, &reply);
     if (status.ok() && in_session) {
@@ -172,7 +173,9 @@ class GenerationService final : public pb::Generation::Service {
                           pb::EndSessionResponse* response) override {
     std::string tenant;
     if (grpc::Status auth = authorize(context, &tenant); !auth.ok()) return auth;
-    response->set_existed(sessions_.erase(session_key(tenant, request->session_id())));
+    const std::string key = session_key(tenant, request->session_id());
+    const bool had_kv = engine_.end_session(key);
+    response->set_existed(sessions_.erase(key) || had_kv);
     return grpc::Status::OK;
   }
 
@@ -272,7 +275,7 @@ class GenerationService final : public pb::Generation::Service {
         pb::Usage* usage = response.mutable_usage();
         usage->set_prompt_tokens(static_cast<int32_t>(out.usage.prompt_tokens));
         usage->set_cached_prompt_tokens(static_cast<int32_t>(out.usage.cached_prompt_tokens));
-        usage->set_cached_tier(out.usage.cached_prompt_tokens > 0 ? "gpu" : "");
+        usage->set_cached_tier(out.usage.cached_tier);
         usage->set_completion_tokens(static_cast<int32_t>(out.usage.completion_tokens));
         usage->set_time_to_first_token_ms(out.usage.time_to_first_token_ms);
       }

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <initializer_list>
+#include <utility>
 
 namespace strata::server {
 namespace {
@@ -52,6 +54,91 @@ void header(std::string* out, std::string_view name, std::string_view type, std:
 
 void sample(std::string* out, std::string_view name, double value) {
   out->append(name).append(" ").append(format_number(value)).append("\n");
+}
+
+// One family with a `tier` label: {tier, value} samples.
+void tiered(std::string* out, std::string_view name, std::string_view type, std::string_view help,
+            std::initializer_list<std::pair<std::string_view, double>> samples) {
+  header(out, name, type, help);
+  for (const auto& [tier, value] : samples) {
+    out->append(name).append("{tier=\"").append(tier).append("\"} ");
+    out->append(format_number(value)).append("\n");
+  }
+}
+
+// A summary without quantiles, per tier: {tier, sum, count}.
+struct TierTotals {
+  std::string_view tier;
+  double sum;
+  double count;
+};
+void tiered_summary(std::string* out, std::string_view name, std::string_view help,
+                    std::initializer_list<TierTotals> totals) {
+  header(out, name, "summary", help);
+  for (const TierTotals& t : totals) {
+    out->append(name).append("_sum{tier=\"").append(t.tier).append("\"} ");
+    out->append(format_number(t.sum)).append("\n");
+    out->append(name).append("_count{tier=\"").append(t.tier).append("\"} ");
+    out->append(format_number(t.count)).append("\n");
+  }
+}
+
+// The KV tiers: the device pool's prefix cache ("gpu", also the CPU pool), and the KV store's
+// host DRAM and SSD tiers (CachedAttention).
+void render_store(const engine::EngineStats& engine, std::string* out) {
+  const store::StoreStats& s = *engine.store;
+  auto d = [](int64_t v) { return static_cast<double>(v); };
+  tiered(out, "strata_kv_tier_hit_tokens_total", "counter",
+         "Prompt tokens whose KV came from each tier instead of being computed.",
+         {{"gpu", d(engine.prefix_hit_tokens)},
+          {"dram", d(engine.store_loaded_tokens_dram)},
+          {"ssd", d(engine.store_loaded_tokens_ssd)}});
+  tiered(out, "strata_kv_store_hits_total", "counter", "Store loads served from each tier.",
+         {{"dram", d(s.dram.hits)}, {"ssd", d(s.ssd.hits)}});
+  tiered(out, "strata_kv_store_misses_total", "counter",
+         "Store lookups each tier could not serve.",
+         {{"dram", d(s.dram.misses)}, {"ssd", d(s.ssd.misses)}});
+  tiered(out, "strata_kv_store_bytes_in_total", "counter",
+         "Bytes written into each tier (saves, prefetches, demotions).",
+         {{"dram", d(s.dram.bytes_in)}, {"ssd", d(s.ssd.bytes_in)}});
+  tiered(out, "strata_kv_store_bytes_out_total", "counter",
+         "Bytes read out of each tier (loads, demotions).",
+         {{"dram", d(s.dram.bytes_out)}, {"ssd", d(s.ssd.bytes_out)}});
+  tiered(out, "strata_kv_store_evictions_total", "counter", "Items moved out of each tier.",
+         {{"dram", d(s.dram.evictions)}, {"ssd", d(s.ssd.evictions)}});
+  tiered_summary(out, "strata_kv_store_load_seconds", "Time of loads out of each tier.",
+                 {{"dram", s.dram.load_seconds, d(s.dram.loads)},
+                  {"ssd", s.ssd.load_seconds, d(s.ssd.loads)}});
+  tiered_summary(out, "strata_kv_store_save_seconds", "Time of writes into each tier.",
+                 {{"dram", s.dram.save_seconds, d(s.dram.saves)},
+                  {"ssd", s.ssd.save_seconds, d(s.ssd.saves)}});
+  tiered(out, "strata_kv_store_chunks", "gauge", "Chunks held per tier.",
+         {{"dram", d(s.dram_chunks_used)}, {"ssd", d(s.ssd_chunks_used)}});
+  tiered(out, "strata_kv_store_capacity_chunks", "gauge", "Chunk capacity per tier.",
+         {{"dram", d(s.dram_chunks_total)}, {"ssd", d(s.ssd_chunks_total)}});
+  auto single = [&](std::string_view name, std::string_view type, std::string_view help,
+                    double value) {
+    header(out, name, type, help);
+    sample(out, name, value);
+  };
+  single("strata_kv_store_items", "gauge", "Conversations with stored KV.", d(s.items));
+  single("strata_kv_store_prefetches_total", "counter",
+         "Items fetched from SSD into DRAM ahead of their queued request.", d(s.prefetches));
+  single("strata_kv_store_corrupt_chunks_total", "counter",
+         "Chunks that failed their checksum or could not be read (their item was dropped).",
+         d(s.corrupt_chunks));
+  single("strata_kv_store_load_failures_total", "counter",
+         "Requests that recomputed their prompt because a store load failed.",
+         d(engine.store_load_failures));
+  single("strata_kv_store_saves_skipped_total", "counter",
+         "Saves skipped for lack of DRAM room at the time.", d(s.saves_skipped));
+  single("strata_kv_store_saved_tokens_total", "counter",
+         "Tokens whose KV finished requests saved to the store.", d(engine.store_saved_tokens));
+  single("strata_kv_store_expired_total", "counter", "Items dropped after the TTL.",
+         d(s.expired));
+  single("strata_kv_store_ssd_available", "gauge",
+         "1 while the SSD tier is in use; 0 without one or after it failed.",
+         s.ssd_available ? 1.0 : 0.0);
 }
 
 }  // namespace
@@ -180,6 +267,7 @@ std::string Metrics::render(const engine::EngineStats& engine) const {
   counter("strata_swap_outs_total", "Preemptions that swapped KV out to host memory.",
           static_cast<double>(engine.num_swap_outs));
   counter("strata_engine_steps_total", "Engine steps run.", static_cast<double>(engine.num_steps));
+  if (engine.store) render_store(engine, &out);
   return out;
 }
 

@@ -1,12 +1,13 @@
 // Test helper: a fresh directory under the system temp dir, removed with its contents.
 #pragma once
 
+#include <ftw.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include <filesystem>
 #include <string>
 #include <string_view>
-#include <system_error>
 
 #include <gtest/gtest.h>
 
@@ -21,9 +22,12 @@ class TempDir {
     EXPECT_NE(made, nullptr) << "mkdtemp failed for " << templ;
     path_ = templ;
   }
+  // Removes with nftw rather than std::filesystem::remove_all: binaries linking libtorch may bind
+  // that symbol to the copy in libtorch.so, which crashes.
   ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
+    ::nftw(path_.c_str(), [](const char* p, const struct stat*, int, struct FTW*) {
+      return ::remove(p);
+    }, 16, FTW_DEPTH | FTW_PHYS);
   }
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;

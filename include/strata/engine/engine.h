@@ -5,6 +5,13 @@
 // Each request is one sequence today (SeqId == RequestId). Text is detokenized incrementally:
 // a delta carries only complete UTF-8, never a partial stop string, and never the text of a stop
 // token.
+//
+// With a KV store (EngineOptions::store, CachedAttention), a request that finishes with kStop or
+// kLength saves the KV of its full token blocks to the store, under its session key and the
+// chained content hash of its tokens; a later request whose prompt starts with those tokens (the
+// next turn of the conversation) loads them instead of computing them. Tiers, nearest first:
+// the device pool's prefix cache, host DRAM, SSD. A load that fails (corrupt or vanished chunk)
+// sends the request back to the queue to recompute its whole prompt, and is counted.
 #pragma once
 
 #include <chrono>
@@ -26,6 +33,7 @@
 #include "strata/sampling/sampler.h"
 #include "strata/sampling/sampling_params.h"
 #include "strata/scheduler/scheduler.h"
+#include "strata/store/kv_store.h"
 
 namespace strata::model {
 class ModelSource;
@@ -51,7 +59,11 @@ const char* finish_reason_name(FinishReason reason);
 
 struct Usage {
   int64_t prompt_tokens = 0;
-  int64_t cached_prompt_tokens = 0;  // served from the prefix cache
+  int64_t cached_prompt_tokens = 0;  // not computed: from the prefix cache or the KV store
+  int64_t loaded_prompt_tokens = 0;  // of those, loaded from the KV store
+  // The slowest tier cached tokens came from: "gpu" (the device pool's prefix cache, also on
+  // the CPU), "dram" or "ssd"; empty without any.
+  std::string cached_tier;
   int64_t completion_tokens = 0;
   double time_to_first_token_ms = 0;  // from submit() to the first sampled token
 };
@@ -100,6 +112,9 @@ struct GenerateRequest {
   sampling::SamplingParams sampling;
   int32_t priority = 0;  // lower runs first
   std::string tenant;    // prefix-cache isolation: only requests of one tenant share cached KV
+  // The conversation this turn belongs to (already tenant-qualified): the KV store keeps one item
+  // per session and finds it by this key as well as by content. Empty: by content only.
+  std::string session;
 };
 
 struct EngineOptions {
@@ -109,6 +124,9 @@ struct EngineOptions {
   // Requests waiting for admission beyond which submit() answers RESOURCE_EXHAUSTED, so a burst
   // cannot grow memory without bound.
   int64_t max_queued_requests = 1024;
+  // The host DRAM / SSD KV store; none when unset. The engine fills in chunk_bytes,
+  // block_size_tokens, layout_tag and the host-memory hooks from the executor.
+  std::optional<store::StoreOptions> store;
 };
 
 struct EngineStats {
@@ -124,6 +142,12 @@ struct EngineStats {
   int64_t num_preemptions = 0;  // swap-outs plus recomputes
   int64_t num_swap_outs = 0;
   int64_t num_steps = 0;
+  // KV store (absent without one).
+  std::optional<store::StoreStats> store;
+  int64_t store_loaded_tokens_dram = 0;  // prompt tokens loaded from chunks found in DRAM
+  int64_t store_loaded_tokens_ssd = 0;   // ... that had to be read from SSD
+  int64_t store_load_failures = 0;       // loads that failed: the request recomputed its prompt
+  int64_t store_saved_tokens = 0;        // tokens whose KV finished requests saved
 };
 
 class Engine {
@@ -144,6 +168,9 @@ class Engine {
   // Cancels a request: its stream ends with kAbort and its KV is freed at the next step boundary.
   // Unknown or finished ids are ignored. Thread-safe.
   void cancel(RequestId id);
+  // Drops a session's stored KV; false if the store holds none for it (or there is no store).
+  // Thread-safe.
+  bool end_session(const std::string& session);
 
   const model::ModelConfig& model_config() const;
   const tokenizer::Tokenizer& tokenizer() const { return *tokenizer_; }
@@ -162,13 +189,26 @@ class Engine {
   void finish(Active& active, RequestOutput output, FinishReason reason, std::string error = {});
   void emit_token(Active& active, const sampling::SampleResult& sample);
   void refresh_stats();
+  // Looks the request's prompt up in the store and lets its first commit load what matches.
+  void attach_stored_prefix(Active& active);
+  // Pins the stored chunks of the batch's loads into `forward`; a sequence whose load fails goes
+  // back to waiting and its chunk leaves the batch.
+  std::vector<store::StoreLease> acquire_loads(scheduler::ScheduledBatch& batch,
+                                               executor::ForwardBatch& forward);
+  // Saves the KV of the sequence's full computed blocks (REQUIRES it holds device blocks).
+  void save_to_store(Active& active);
+  // Tells the store which items the waiting requests will load, next first.
+  void publish_store_queue();
 
   std::unique_ptr<model::ModelSource> source_;
   std::unique_ptr<tokenizer::Tokenizer> tokenizer_;
   std::unique_ptr<executor::Executor> executor_;
   std::unique_ptr<kv::KvCacheManager> kv_;
   std::unique_ptr<scheduler::Scheduler> scheduler_;
+  // Declared after the executor: destroyed first, while its pending saves can still complete.
+  std::unique_ptr<store::KvStore> store_;
   EngineOptions options_;
+  uint64_t model_fingerprint_ = 0;
 
   // Shared with client threads, guarded by mutex_.
   mutable std::mutex mutex_;
@@ -181,6 +221,7 @@ class Engine {
 
   // Step-loop state (loop thread only).
   std::unordered_map<SeqId, std::unique_ptr<Active>> active_;
+  std::vector<store::ItemId> store_queue_;  // last queue given to the store
   std::thread thread_;
 };
 
