@@ -96,6 +96,8 @@ Status KvStore::start() {
           item.chunks.push_back({c.hash, -1, c.slot, c.checksum});
           if (item.exact) by_hash_[c.hash] = {r.id, c.chunk_index};
         }
+        item.ssd_chunks = static_cast<int64_t>(item.chunks.size());
+        if (!item.chunks.empty()) count_chunks(static_cast<int64_t>(item.chunks.size()), 1);
         item.stored_at = item.last_access = ++clock_;
         item.touched = Clock::now();
         if (!item.session.empty()) by_session_[item.session] = r.id;
@@ -140,13 +142,14 @@ KvStore::~KvStore() {
 }
 
 double KvStore::mean_item_chunks() const {
-  int64_t items = 0, chunks = 0;
-  for (const auto& [id, item] : items_) {
-    if (item.chunks.empty()) continue;
-    ++items;
-    chunks += static_cast<int64_t>(item.chunks.size());
-  }
-  return items == 0 ? 0.0 : static_cast<double>(chunks) / static_cast<double>(items);
+  return published_items_ == 0
+             ? 0.0
+             : static_cast<double>(published_chunks_) / static_cast<double>(published_items_);
+}
+
+void KvStore::count_chunks(int64_t chunks, int64_t items) {
+  published_chunks_ += chunks;
+  published_items_ += items;
 }
 
 int64_t KvStore::eviction_window() const {
@@ -165,12 +168,9 @@ std::vector<ItemView> KvStore::views() const {
     ItemView v;
     v.id = id;
     v.num_chunks = static_cast<int64_t>(item.chunks.size());
-    for (const Chunk& c : item.chunks) {
-      v.in_dram |= c.dram_slot >= 0;
-      v.on_ssd |= c.ssd_slot >= 0;
-      v.needs_fetch |= c.dram_slot < 0;
-    }
-    v.needs_fetch &= v.on_ssd;
+    v.in_dram = item.dram_chunks > 0;
+    v.on_ssd = item.ssd_chunks > 0;
+    v.needs_fetch = v.on_ssd && item.dram_chunks < v.num_chunks;
     v.pinned = item.pins > 0 || item.busy || !item.pending.empty();
     v.last_access = item.last_access;
     v.stored_at = item.stored_at;
@@ -200,7 +200,8 @@ std::optional<StoreMatch> KvStore::find(std::span<const TokenId> prompt, const k
       kv::ChunkHash h = root;
       int64_t matched = 0;
       for (; matched < max_chunks; ++matched) {
-        h = kv::chain_hash(h, prompt.subspan(d + matched * block, block));
+        const int64_t start = matched * block + (matched > 0 ? d : 0);
+        h = kv::chain_hash(h, prompt.subspan(start, block));
         if (h != item.chunks[matched].hash) break;
       }
       if (matched > 0) return match_of(item, matched);
@@ -370,6 +371,9 @@ StatusOr<SaveTicket> KvStore::begin_save(const SaveRequest& request) {
 
 void KvStore::publish(const SaveTicket& ticket) {
   Item& item = items_.at(ticket.item);
+  count_chunks(static_cast<int64_t>(ticket.destinations.size()),
+               item.chunks.empty() && !ticket.destinations.empty() ? 1 : 0);
+  item.dram_chunks += static_cast<int64_t>(ticket.destinations.size());
   for (size_t i = 0; i < ticket.destinations.size(); ++i) {
     const int32_t index = static_cast<int32_t>(item.chunks.size());
     item.chunks.push_back({item.pending[i], slot_of(ticket.destinations[i]), -1, 0});
@@ -436,18 +440,18 @@ bool KvStore::reclaim_clean_dram(int64_t n) {
     std::vector<ItemView> clean;
     for (const ItemView& v : views()) {
       const Item& item = items_.at(v.id);
-      const bool both = std::all_of(item.chunks.begin(), item.chunks.end(), [](const Chunk& c) {
-        return c.dram_slot >= 0 && c.ssd_slot >= 0;
-      });
-      if (both && !item.chunks.empty()) clean.push_back(v);
+      const int64_t n = static_cast<int64_t>(item.chunks.size());
+      if (n > 0 && item.dram_chunks == n && item.ssd_chunks == n) clean.push_back(v);
     }
     const std::optional<ItemId> victim =
         choose_dram_victim(options_.policy, clean, queue_, eviction_window());
     if (!victim) return false;
-    for (Chunk& c : items_.at(*victim).chunks) {
+    Item& item = items_.at(*victim);
+    for (Chunk& c : item.chunks) {
       free_dram_.push_back(c.dram_slot);
       c.dram_slot = -1;
     }
+    item.dram_chunks = 0;
     ++stats_.dram.evictions;
   }
   return true;
@@ -472,6 +476,7 @@ void KvStore::drop_item(ItemId id) {
     // The DROP must be durable before the slots can be reused.
     if (ssd_->journal_drop(id).ok()) ssd_->free(ssd_slots);
   }
+  if (!item.chunks.empty()) count_chunks(-static_cast<int64_t>(item.chunks.size()), -1);
   items_.erase(it);
 }
 
@@ -488,6 +493,7 @@ void KvStore::drop_ssd_copy(ItemId id) {
   if (!ssd_->journal_drop(id).ok()) return;
   ssd_->free(slots);
   for (Chunk& c : item.chunks) c.ssd_slot = -1;
+  item.ssd_chunks = 0;
 }
 
 bool KvStore::make_ssd_room(int64_t n, ItemId exclude) {
@@ -539,6 +545,7 @@ bool KvStore::write_to_ssd(ItemId id, std::unique_lock<std::mutex>& lock) {
     now.chunks[missing[j]].ssd_slot = slots[j];
     now.chunks[missing[j]].checksum = records[j].checksum;
   }
+  now.ssd_chunks += static_cast<int64_t>(missing.size());
   const int64_t bytes = static_cast<int64_t>(missing.size()) * options_.chunk_bytes;
   stats_.ssd.bytes_in += bytes;
   stats_.dram.bytes_out += bytes;
@@ -648,6 +655,7 @@ Status KvStore::fetch_from_ssd(ItemId id, int64_t first, int64_t count,
     return Status(StatusCode::kDataLoss, status.message());
   }
   for (size_t j = 0; j < missing.size(); ++j) now.chunks[missing[j]].dram_slot = dram_slots[j];
+  now.dram_chunks += static_cast<int64_t>(missing.size());
   const int64_t bytes = static_cast<int64_t>(missing.size()) * options_.chunk_bytes;
   stats_.ssd.bytes_out += bytes;
   stats_.dram.bytes_in += bytes;
@@ -668,6 +676,7 @@ void KvStore::demote(ItemId id) {
     if (c.dram_slot >= 0) free_dram_.push_back(c.dram_slot);
     c.dram_slot = -1;
   }
+  item.dram_chunks = 0;
 }
 
 void KvStore::io_loop() {

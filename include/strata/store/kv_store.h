@@ -8,9 +8,10 @@
 //   store treats them as opaque).
 // Chunk i of an exact item is named by the chained content hash of the conversation's tokens up
 // to block i (kv/prefix_hash.h), so a stateless client resending the history finds it; an item
-// saved for a session is also found by its session key. An item made from truncated history
-// (token_offset > 0: that many leading tokens were dropped and the rest re-rotated) is not what
-// recomputing its tokens gives, so it is found by session only.
+// saved for a session is also found by its session key. An item made from truncated history is
+// not what recomputing its tokens gives, so it is found by session only: with token_offset d > 0,
+// d conversation tokens after the first block were dropped, so chunk 0 holds tokens [0, B) and
+// chunk i >= 1 tokens [i*B + d, (i+1)*B + d), re-rotated to positions [i*B, (i+1)*B).
 //
 // Tiers: DRAM slots in one arena (pinned through StoreOptions::register_host_memory when the
 // device is a GPU) and the SsdTier. Items are saved into DRAM; I/O threads keep a share of DRAM
@@ -102,7 +103,7 @@ struct StoreStats {
 struct StoreMatch {
   ItemId item = 0;
   int64_t num_chunks = 0;    // leading chunks of the item that match
-  int64_t token_offset = 0;  // conversation tokens the item's chunk 0 starts after
+  int64_t token_offset = 0;  // conversation tokens dropped after its first chunk (truncation)
   bool exact = true;
   Tier tier = Tier::kDram;   // where its first missing chunk is now (DRAM if all are there)
 };
@@ -124,7 +125,7 @@ struct SaveTicket {
 struct SaveRequest {
   std::string session;               // empty: content-addressed only
   bool exact = true;
-  int64_t token_offset = 0;
+  int64_t token_offset = 0;          // tokens the sequence dropped after its first block
   std::vector<kv::ChunkHash> chain;  // hashes of every full block of the sequence, in order
 };
 
@@ -142,9 +143,10 @@ class KvStore {
   const StoreOptions& options() const { return options_; }
 
   // The longest stored prefix of `prompt`: the session's item if `session` names one whose
-  // chunks match prompt[token_offset:], else by content hash (chains from `root`). At most
-  // (prompt.size() - token_offset - 1) / block tokens are matched, so one token is always left to
-  // compute. Counts a miss in every tier when nothing matches.
+  // chunks match prompt with its token_offset tokens after the first block left out, else by
+  // content hash (chains from `root`). At most (prompt.size() - token_offset - 1) / block chunks
+  // are matched, so one token is always left to compute. Counts a miss in every tier when nothing
+  // matches.
   std::optional<StoreMatch> find(std::span<const TokenId> prompt, const kv::ChunkHash& root,
                                  const std::string& session);
   // Pins chunks [first, first + count) of `item` in DRAM, reading missing ones from SSD now (each
@@ -184,6 +186,8 @@ class KvStore {
     bool exact = true;
     int64_t token_offset = 0;
     std::vector<Chunk> chunks;  // published chunks
+    int64_t dram_chunks = 0;    // of those, with a DRAM slot
+    int64_t ssd_chunks = 0;     // ... with an SSD slot
     std::vector<kv::ChunkHash> pending;  // hashes of chunks a save reserved, not yet published
     std::chrono::steady_clock::time_point save_started;
     int32_t pins = 0;
@@ -230,6 +234,8 @@ class KvStore {
   int32_t slot_of(const std::byte* p) const { return static_cast<int32_t>((p - arena_) / slot_bytes_); }
   void touch(Item& item) { item.last_access = ++clock_; item.touched = std::chrono::steady_clock::now(); }
   double mean_item_chunks() const;
+  // Adds to the published chunks and items mean_item_chunks() averages (REQUIRES mutex_).
+  void count_chunks(int64_t chunks, int64_t items);
   int64_t eviction_window() const;
   int64_t prefetch_window() const;
   bool ssd_usable() const { return ssd_ != nullptr && !ssd_failed_; }
@@ -250,6 +256,8 @@ class KvStore {
   std::unordered_map<std::string, ItemId> by_session_;
   std::vector<ItemId> queue_;
   ItemId next_item_ = 1;
+  int64_t published_chunks_ = 0;  // chunks of all items
+  int64_t published_items_ = 0;   // items with at least one chunk
   uint64_t clock_ = 0;
   std::chrono::steady_clock::time_point last_expiry_scan_;
   int32_t active_actions_ = 0;

@@ -56,7 +56,7 @@ struct ChunkRecord {
 struct ItemRecord {
   std::string session;       // empty: found by content hash only
   bool exact = true;         // KV equals recomputing its tokens (indexed by content hash)
-  int64_t token_offset = 0;  // conversation tokens dropped before chunk 0 (truncation)
+  int64_t token_offset = 0;  // conversation tokens dropped after chunk 0 (truncation)
 };
 
 struct RecoveredItem {

@@ -42,11 +42,14 @@ std::vector<TokenId> tokens(int seed, int64_t n) {
   return out;
 }
 
+// Hashes of the full blocks of t with `offset` tokens after the first block left out.
 std::vector<kv::ChunkHash> chain(std::span<const TokenId> t, int64_t offset = 0) {
   std::vector<kv::ChunkHash> out;
   kv::ChunkHash h = root();
-  for (int64_t i = offset; i + kBlock <= static_cast<int64_t>(t.size()); i += kBlock) {
-    h = kv::chain_hash(h, t.subspan(i, kBlock));
+  for (int64_t b = 0;; ++b) {
+    const int64_t start = b * kBlock + (b > 0 ? offset : 0);
+    if (start + kBlock > static_cast<int64_t>(t.size())) break;
+    h = kv::chain_hash(h, t.subspan(start, kBlock));
     out.push_back(h);
   }
   return out;
@@ -158,7 +161,8 @@ TEST(KvStoreTest, ANextTurnExtendsTheSameItem) {
 TEST(KvStoreTest, TruncatedItemsAreFoundBySessionOnly) {
   auto store = KvStore::open(options(nullptr, 16)).value();
   const std::vector<TokenId> conv = tokens(4, 20);
-  // The turn ran on conv[8:] (8 tokens dropped, the rest re-rotated): not exact.
+  // The turn ran on conv[0:4] + conv[12:] (8 tokens after the first block dropped, the rest
+  // re-rotated): not exact.
   ASSERT_TRUE(save(*store, conv, "alice", /*exact=*/false, /*offset=*/8).ok());
   std::vector<TokenId> next = conv;
   next.push_back(3);
