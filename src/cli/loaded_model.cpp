@@ -74,6 +74,7 @@ StatusOr<engine::EngineOptions> engine_options(const config::DeploymentConfig& d
   o.scheduler.max_num_seqs = d.scheduler.max_num_seqs;
   o.scheduler.max_num_batched_tokens = d.scheduler.max_num_batched_tokens;
   o.max_queued_requests = d.scheduler.max_queued_requests;
+  o.overflow_truncation_fraction = d.scheduler.overflow_truncation_fraction;
   o.scheduler.preemption_mode = d.scheduler.preemption_mode == config::PreemptionMode::kSwap
                                     ? scheduler::PreemptionMode::kSwap
                                     : scheduler::PreemptionMode::kRecompute;

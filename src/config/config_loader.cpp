@@ -382,7 +382,8 @@ Status read_scheduler(Context& ctx, const YAML::Node& node, SchedulerSection& ou
     return read_enum(ctx, n, k, {PreemptionMode::kRecompute, PreemptionMode::kSwap},
                      out.preemption_mode);
   }));
-  return m.get("max_queued_requests", into(ctx, out.max_queued_requests));
+  STRATA_RETURN_IF_ERROR(m.get("max_queued_requests", into(ctx, out.max_queued_requests)));
+  return m.get("overflow_truncation_fraction", into(ctx, out.overflow_truncation_fraction));
 }
 
 Status read_server(Context& ctx, const YAML::Node& node, ServerSection& out) {
@@ -617,6 +618,8 @@ std::string to_yaml(const DeploymentConfig& config) {
   emit_plain(out, "max_num_batched_tokens", std::to_string(sched.max_num_batched_tokens));
   emit_name(out, "preemption_mode", config_name(sched.preemption_mode));
   emit_plain(out, "max_queued_requests", std::to_string(sched.max_queued_requests));
+  emit_plain(out, "overflow_truncation_fraction",
+             format_double(sched.overflow_truncation_fraction));
   out << YAML::EndMap;
 
   const ServerSection& server = config.server;

@@ -186,6 +186,14 @@ const KeyCheck<SchedulerSection> kSchedulerKeys[] = {
      [](const SchedulerSection& s) {
        return at_least("scheduler.max_queued_requests", s.max_queued_requests, 1);
      }},
+    {"scheduler.overflow_truncation_fraction",
+     [](const SchedulerSection& s) {
+       // Written so that NaN fails too.
+       const double f = s.overflow_truncation_fraction;
+       if (f >= 0 && f <= 0.9) return Status();
+       return invalid_argument_error(
+           "scheduler.overflow_truncation_fraction must be in [0, 0.9], got " + format_number(f));
+     }},
 };
 
 const KeyCheck<ServerSection> kServerKeys[] = {

@@ -89,13 +89,24 @@ struct Engine::Active {
   bool prefix_hit_recorded = false;
   std::string tenant;
   std::string session;  // store_session_key() of the request's session
-  std::optional<store::ItemId> stored_item;  // the store item its first commit loads from
+  int64_t dropped_tokens = 0;  // prompt tokens dropped after the first block (context overflow)
+  // What its first commit loads: the store item, and for each leading token block of the
+  // sequence the item's chunk holding it.
+  struct StoredPrefix {
+    store::ItemId item = 0;
+    std::vector<int64_t> chunks;
+  };
+  std::optional<StoredPrefix> stored;
 };
 
 StatusOr<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<model::ModelSource> source,
                                                  std::unique_ptr<tokenizer::Tokenizer> tokenizer,
                                                  const EngineOptions& options) {
   STRATA_RETURN_IF_ERROR(options.scheduler.validate());
+  if (!(options.overflow_truncation_fraction >= 0 && options.overflow_truncation_fraction <= 0.9)) {
+    return invalid_argument_error("overflow_truncation_fraction must be in [0, 0.9], got " +
+                                  std::to_string(options.overflow_truncation_fraction));
+  }
   std::unique_ptr<Engine> engine(new Engine());
   engine->options_ = options;
   engine->source_ = std::move(source);
@@ -187,7 +198,7 @@ StatusOr<std::shared_ptr<RequestStream>> Engine::submit(GenerateRequest request)
     }
   }
   const int64_t prompt_len = static_cast<int64_t>(request.prompt_token_ids.size());
-  if (prompt_len >= config.max_context_tokens) {
+  if (prompt_len >= config.max_context_tokens && options_.overflow_truncation_fraction == 0) {
     return invalid_argument_error("prompt: " + std::to_string(prompt_len) +
                                   " tokens leave no room in the context window of " +
                                   std::to_string(config.max_context_tokens));
@@ -276,30 +287,66 @@ void Engine::admit(std::vector<std::pair<GenerateRequest, std::shared_ptr<Reques
         sampling::SequenceSampler(request.sampling, vocab, request.prompt_token_ids),
         sampling::StopChecker(request.sampling), tokenizer::StreamDecoder(*tokenizer_),
         std::move(stop_ids), Clock::now(), {}, false, request.tenant,
-        store_session_key(request.session), std::nullopt});
-    active->usage.prompt_tokens = static_cast<int64_t>(request.prompt_token_ids.size());
-    Status added = scheduler_->add(seq, std::move(request.prompt_token_ids), request.priority,
+        store_session_key(request.session)});
+    std::vector<TokenId>& prompt = request.prompt_token_ids;
+    active->usage.prompt_tokens = static_cast<int64_t>(prompt.size());
+    std::optional<store::StoreMatch> match;
+    if (store_) {
+      match = store_->find(prompt, store_root(request.tenant), active->session);
+    }
+    const int64_t drop = tokens_to_drop(prompt, match);
+    if (drop > 0) {
+      const int64_t block = kv_->geometry().block_size_tokens;
+      prompt.erase(prompt.begin() + block, prompt.begin() + block + drop);
+      active->dropped_tokens = drop;
+      active->usage.truncated_prompt_tokens = drop;
+    }
+    Status added = scheduler_->add(seq, std::move(prompt), request.priority,
                                    std::move(request.tenant));
     Active& ref = *active;
     active_.emplace(seq, std::move(active));
     if (!added.ok()) {
       finish(ref, {}, FinishReason::kError, added.message());
-    } else if (store_) {
-      attach_stored_prefix(ref);
+    } else if (match) {
+      attach_stored_prefix(ref, *match);
     }
   }
 }
 
-void Engine::attach_stored_prefix(Active& active) {
-  const SeqId seq{active.id.value};
-  active.stored_item.reset();
-  const kv::ChunkHash root = kv::prefix_root(model_fingerprint_, kv_->format(),
-                                             kv_->geometry().block_size_tokens, active.tenant);
-  std::optional<store::StoreMatch> match = store_->find(kv_->tokens(seq), root, active.session);
-  // Truncated (inexact) history is not resumed yet: the request computes its prompt.
-  if (!match || !match->exact || match->token_offset != 0) return;
-  kv_->set_external_prefix(seq, match->num_chunks, /*exact=*/true);
-  active.stored_item = match->item;
+kv::ChunkHash Engine::store_root(const std::string& tenant) const {
+  return kv::prefix_root(model_fingerprint_, kv_->format(), kv_->geometry().block_size_tokens,
+                         tenant);
+}
+
+int64_t Engine::tokens_to_drop(std::span<const TokenId> prompt,
+                               const std::optional<store::StoreMatch>& match) const {
+  const double fraction = options_.overflow_truncation_fraction;
+  if (fraction == 0) return 0;
+  const int64_t block = kv_->geometry().block_size_tokens;
+  const int64_t window = executor_->config().max_context_tokens;
+  const int64_t n = static_cast<int64_t>(prompt.size());
+  int64_t drop = 0;
+  if (n >= window) {
+    const int64_t keep = static_cast<int64_t>(static_cast<double>(window) * (1 - fraction));
+    drop = (n - keep + block - 1) / block * block;
+  }
+  if (match && !match->exact) drop = std::max(drop, match->token_offset);
+  // The first block and at least one token stay.
+  return std::min(drop, std::max<int64_t>(0, (n - block - 1) / block * block));
+}
+
+void Engine::attach_stored_prefix(Active& active, const store::StoreMatch& match) {
+  const int64_t stored_drop = match.exact ? 0 : match.token_offset;
+  // Truncation only grows, in whole blocks: the sequence's block j >= 1 is the item's chunk
+  // j + shift.
+  const int64_t shift =
+      (active.dropped_tokens - stored_drop) / kv_->geometry().block_size_tokens;
+  if (shift < 0 || match.num_chunks == 0) return;
+  Active::StoredPrefix stored{match.item, {0}};
+  for (int64_t chunk = 1 + shift; chunk < match.num_chunks; ++chunk) stored.chunks.push_back(chunk);
+  kv_->set_external_prefix(SeqId{active.id.value}, static_cast<int64_t>(stored.chunks.size()),
+                           /*exact=*/active.dropped_tokens == 0);
+  active.stored = std::move(stored);
 }
 
 std::vector<store::StoreLease> Engine::acquire_loads(scheduler::ScheduledBatch& batch,
@@ -308,12 +355,34 @@ std::vector<store::StoreLease> Engine::acquire_loads(scheduler::ScheduledBatch& 
   const int64_t block = kv_->geometry().block_size_tokens;
   for (const kv::BlockLoad& load : batch.copies.loads) {
     Active& active = *active_.at(load.seq);
-    STRATA_CHECK(active.stored_item.has_value()) << "a load for a sequence without a stored item";
-    StatusOr<store::StoreLease> lease =
-        store_->acquire(*active.stored_item, load.first_block, load.num_blocks);
-    active.stored_item.reset();
-    if (!lease.ok()) {
+    STRATA_CHECK(active.stored.has_value()) << "a load for a sequence without a stored item";
+    const Active::StoredPrefix stored = *std::move(active.stored);
+    active.stored.reset();
+    // Pin the chunks of blocks [first_block, first_block + num_blocks), one lease per run of
+    // consecutive chunks.
+    executor::KvLoad kv_load{load.seq, load.first_block, {}};
+    std::vector<store::StoreLease> pinned;
+    bool failed = false;
+    bool from_ssd = false;
+    for (int64_t j = load.first_block; j < load.first_block + load.num_blocks && !failed;) {
+      int64_t run = 1;
+      while (j + run < load.first_block + load.num_blocks &&
+             stored.chunks[j + run] == stored.chunks[j] + run) {
+        ++run;
+      }
+      StatusOr<store::StoreLease> lease = store_->acquire(stored.item, stored.chunks[j], run);
+      if (!lease.ok()) {
+        failed = true;
+        break;
+      }
+      from_ssd = from_ssd || lease->served_from == store::Tier::kSsd;
+      kv_load.chunks.insert(kv_load.chunks.end(), lease->chunks.begin(), lease->chunks.end());
+      pinned.push_back(*std::move(lease));
+      j += run;
+    }
+    if (failed) {
       // The chunks vanished or failed their checksums (the store dropped the item): compute.
+      for (const store::StoreLease& lease : pinned) store_->release(lease, 0);
       scheduler_->restart(load.seq);
       std::erase_if(batch.chunks, [&](const scheduler::ScheduledChunk& c) {
         return c.seq == load.seq;
@@ -323,18 +392,17 @@ std::vector<store::StoreLease> Engine::acquire_loads(scheduler::ScheduledBatch& 
       continue;
     }
     const int64_t tokens = load.num_blocks * block;
-    active.usage.loaded_prompt_tokens += tokens;
-    active.usage.cached_prompt_tokens += tokens;
-    if (active.usage.cached_tier != "ssd") {
-      active.usage.cached_tier = lease->served_from == store::Tier::kSsd ? "ssd" : "dram";
-    }
+    Usage& usage = active.usage;
+    usage.loaded_prompt_tokens += tokens;
+    usage.cached_prompt_tokens += tokens;
+    if (usage.cached_tier != "ssd") usage.cached_tier = from_ssd ? "ssd" : "dram";
     {
       std::scoped_lock lock(mutex_);
-      (lease->served_from == store::Tier::kSsd ? stats_.store_loaded_tokens_ssd
-                                               : stats_.store_loaded_tokens_dram) += tokens;
+      (from_ssd ? stats_.store_loaded_tokens_ssd : stats_.store_loaded_tokens_dram) += tokens;
     }
-    forward.loads.push_back({load.seq, load.first_block, lease->chunks});
-    leases.push_back(*std::move(lease));
+    forward.loads.push_back(std::move(kv_load));
+    leases.insert(leases.end(), std::make_move_iterator(pinned.begin()),
+                  std::make_move_iterator(pinned.end()));
   }
   return leases;
 }
@@ -344,10 +412,14 @@ void Engine::save_to_store(Active& active) {
   const int64_t block = kv_->geometry().block_size_tokens;
   const int64_t num_blocks = kv_->num_computed_tokens(seq) / block;
   if (num_blocks == 0) return;
+  // Truncated history is found by session only.
+  if (active.dropped_tokens > 0 && active.session.empty()) return;
   const std::vector<TokenId>& tokens = kv_->tokens(seq);
   store::SaveRequest request;
   request.session = active.session;
-  kv::ChunkHash hash = kv::prefix_root(model_fingerprint_, kv_->format(), block, active.tenant);
+  request.exact = active.dropped_tokens == 0;
+  request.token_offset = active.dropped_tokens;
+  kv::ChunkHash hash = store_root(active.tenant);
   for (int64_t i = 0; i < num_blocks; ++i) {
     hash = kv::chain_hash(hash, std::span<const TokenId>(tokens).subspan(i * block, block));
     request.chain.push_back(hash);
@@ -371,7 +443,7 @@ void Engine::publish_store_queue() {
   std::vector<store::ItemId> queue;
   for (SeqId seq : scheduler_->waiting()) {
     const Active& active = *active_.at(seq);
-    if (active.stored_item) queue.push_back(*active.stored_item);
+    if (active.stored) queue.push_back(active.stored->item);
   }
   if (queue == store_queue_) return;
   store_queue_ = queue;
@@ -438,9 +510,17 @@ void Engine::step() {
     }
   }
   if (store_) {
-    // A sequence preempted to recompute lost its blocks: it may load its prefix again.
+    // A sequence preempted to recompute lost its blocks: it may load its prefix again (unless
+    // truncated: that one computes).
     for (SeqId seq : batch.preempted) {
-      if (!kv_->is_swapped(seq)) attach_stored_prefix(*active_.at(seq));
+      Active& active = *active_.at(seq);
+      active.stored.reset();
+      if (kv_->is_swapped(seq) || active.dropped_tokens > 0) continue;
+      if (std::optional<store::StoreMatch> match =
+              store_->find(kv_->tokens(seq), store_root(active.tenant), active.session);
+          match && match->exact) {
+        attach_stored_prefix(active, *match);
+      }
     }
   }
   executor::ForwardBatch forward;

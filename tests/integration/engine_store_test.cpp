@@ -249,5 +249,99 @@ TEST_F(EngineStoreTest, ACorruptSsdChunkIsCountedAndTheTurnRecomputed) {
   EXPECT_GE(stats.store->corrupt_chunks, 1);
 }
 
+// Context overflow on tiny_qwen2 (random weights, 512-token window, 16-token blocks): the engine
+// drops the oldest history after the first block so the rest fills half the window.
+class EngineTruncationTest : public ::testing::Test {
+ protected:
+  static std::string tiny_qwen2() {
+    return std::string(STRATA_TEST_DATA_DIR) + "/model/tiny_qwen2.gguf";
+  }
+  static std::unique_ptr<Engine> engine(double fraction, std::optional<store::StoreOptions> store) {
+    StatusOr<std::unique_ptr<model::ModelSource>> source = model::open_model_source(tiny_qwen2());
+    EXPECT_TRUE(source.ok()) << source.status().to_string();
+    if (!source.ok()) return nullptr;
+    StatusOr<std::unique_ptr<tokenizer::Tokenizer>> tok =
+        tokenizer::Tokenizer::from_gguf(*(*source)->gguf());
+    EngineOptions options;
+    options.overflow_truncation_fraction = fraction;
+    options.store = std::move(store);
+    StatusOr<std::unique_ptr<Engine>> e =
+        Engine::create(std::move(source).value(), std::move(tok).value(), options);
+    EXPECT_TRUE(e.ok()) << e.status().to_string();
+    return e.ok() ? std::move(e).value() : nullptr;
+  }
+  static std::vector<TokenId> random_tokens(size_t n, uint32_t seed) {
+    std::vector<TokenId> t(n);
+    uint32_t x = seed;
+    for (TokenId& v : t) {
+      x = x * 1664525u + 1013904223u;
+      v = static_cast<TokenId>((x >> 8) % 300);
+    }
+    return t;
+  }
+  static std::vector<TokenId> concat(std::vector<TokenId> a, const std::vector<TokenId>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  }
+};
+
+TEST_F(EngineTruncationTest, AnOverflowingPromptRunsWithItsOldestHistoryDropped) {
+  std::unique_ptr<Engine> truncating = engine(0.5, std::nullopt);
+  std::unique_ptr<Engine> plain = engine(0, std::nullopt);
+  ASSERT_TRUE(truncating && plain);
+  const std::vector<TokenId> prompt = random_tokens(600, 1);
+  // keep <= 256 tokens: drop ceil((600 - 256) / 16) * 16 = 352 after the first block.
+  const Turn turn = run_turn(*truncating, prompt, "");
+  EXPECT_EQ(turn.usage.prompt_tokens, 600);
+  EXPECT_EQ(turn.usage.truncated_prompt_tokens, 352);
+  std::vector<TokenId> kept(prompt.begin(), prompt.begin() + 16);
+  kept.insert(kept.end(), prompt.begin() + 16 + 352, prompt.end());
+  const Turn expected = run_turn(*plain, kept, "");
+  EXPECT_EQ(turn.tokens, expected.tokens);
+  // Without truncation the same prompt is refused.
+  GenerateRequest request;
+  request.prompt_token_ids = prompt;
+  EXPECT_EQ(plain->submit(request).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(EngineTruncationTest, ASessionKeepsLoadingItsTruncatedHistory) {
+  store::StoreOptions store;
+  store.dram_bytes = 16 << 20;
+  std::unique_ptr<Engine> e = engine(0.5, store);
+  ASSERT_TRUE(e);
+  // Turn 1: 480 tokens fit; the store keeps 480 + 16 - 1 computed tokens: 30 blocks.
+  const std::vector<TokenId> first = random_tokens(480, 2);
+  const Turn one = run_turn(*e, first, "s");
+  EXPECT_EQ(one.usage.truncated_prompt_tokens, 0);
+  wait_for_saves(*e, 30);
+  // Turn 2: 528 tokens overflow: 272 dropped after block 0. The sequence is block 0 and the
+  // stored blocks 18..29 (13 blocks loaded, re-rotated), then 48 computed tokens.
+  const std::vector<TokenId> second =
+      concat(concat(first, std::vector<TokenId>(one.tokens.begin(), one.tokens.begin() + 8)),
+             random_tokens(40, 3));
+  const Turn two = run_turn(*e, second, "s");
+  EXPECT_EQ(two.usage.prompt_tokens, 528);
+  EXPECT_EQ(two.usage.truncated_prompt_tokens, 272);
+  EXPECT_EQ(two.usage.loaded_prompt_tokens, 13 * 16);
+  EXPECT_EQ(two.usage.cached_tier, "dram");
+  // The truncated turn replaces the session's item: 256 + 16 - 1 computed tokens = 16 blocks.
+  wait_for_saves(*e, 16);
+  // Turn 3: 576 tokens; the session's KV dropped 272, the window now needs 320: block 0 and
+  // the stored blocks 4..15 load.
+  const std::vector<TokenId> third =
+      concat(concat(second, std::vector<TokenId>(two.tokens.begin(), two.tokens.begin() + 8)),
+             random_tokens(40, 4));
+  const Turn three = run_turn(*e, third, "s");
+  EXPECT_EQ(three.usage.truncated_prompt_tokens, 320);
+  EXPECT_EQ(three.usage.loaded_prompt_tokens, 13 * 16);
+  EXPECT_EQ(e->stats().store_load_failures, 0);
+  // Truncated KV is found by session only. A stateless client resending the history finds the
+  // first turn's exact item by content (it stayed when the session moved on): block 0 and its
+  // blocks 21..29 survive the 320 dropped tokens.
+  const Turn stateless = run_turn(*e, third, "");
+  EXPECT_EQ(stateless.usage.truncated_prompt_tokens, 320);
+  EXPECT_EQ(stateless.usage.loaded_prompt_tokens, 10 * 16);
+}
+
 }  // namespace
 }  // namespace strata::engine

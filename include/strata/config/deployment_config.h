@@ -139,6 +139,12 @@ struct SchedulerSection {
   // Requests that may wait for admission before new ones are refused (the servers will answer
   // 429 / RESOURCE_EXHAUSTED past it).
   int64_t max_queued_requests = 1024;
+  // What happens to a prompt that fills the model's context window: 0 rejects it
+  // (INVALID_ARGUMENT / HTTP 400); f in (0, 0.9] drops its oldest history after the first block
+  // (whole KV blocks) so that the rest fills at most (1 - f) of the window, and, with a KV store,
+  // still loads the kept history from the store (its keys are re-rotated to the new positions:
+  // CachedAttention's decoupled truncation). In [0, 0.9].
+  double overflow_truncation_fraction = 0;
 
   // INVALID_ARGUMENT naming scheduler.<key>.
   Status validate() const;

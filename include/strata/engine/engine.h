@@ -61,6 +61,9 @@ struct Usage {
   int64_t prompt_tokens = 0;
   int64_t cached_prompt_tokens = 0;  // not computed: from the prefix cache or the KV store
   int64_t loaded_prompt_tokens = 0;  // of those, loaded from the KV store
+  // Dropped from the prompt's history because it filled the context window
+  // (EngineOptions::overflow_truncation_fraction).
+  int64_t truncated_prompt_tokens = 0;
   // The slowest tier cached tokens came from: "gpu" (the device pool's prefix cache, also on
   // the CPU), "dram" or "ssd"; empty without any.
   std::string cached_tier;
@@ -124,6 +127,12 @@ struct EngineOptions {
   // Requests waiting for admission beyond which submit() answers RESOURCE_EXHAUSTED, so a burst
   // cannot grow memory without bound.
   int64_t max_queued_requests = 1024;
+  // A prompt that fills the context window: 0 rejects it at submit(); f in (0, 0.9] drops its
+  // oldest history after the first block (whole blocks: the first block holds the attention sink
+  // and the system prompt) so that the rest fills at most (1 - f) of the window. With a store the
+  // kept history still loads, re-rotated to its new positions (CachedAttention's decoupled
+  // truncation); a session's later turns keep at least the amount its stored KV dropped.
+  double overflow_truncation_fraction = 0;
   // The host DRAM / SSD KV store; none when unset. The engine fills in chunk_bytes,
   // block_size_tokens, layout_tag and the host-memory hooks from the executor.
   std::optional<store::StoreOptions> store;
@@ -189,8 +198,14 @@ class Engine {
   void finish(Active& active, RequestOutput output, FinishReason reason, std::string error = {});
   void emit_token(Active& active, const sampling::SampleResult& sample);
   void refresh_stats();
-  // Looks the request's prompt up in the store and lets its first commit load what matches.
-  void attach_stored_prefix(Active& active);
+  // The root of a tenant's chained content hashes (the prefix cache's too).
+  kv::ChunkHash store_root(const std::string& tenant) const;
+  // Tokens to drop after the first block of `prompt` (a multiple of the block size): what the
+  // context window needs, and at least what `match` (an item made from truncated history) dropped.
+  int64_t tokens_to_drop(std::span<const TokenId> prompt,
+                         const std::optional<store::StoreMatch>& match) const;
+  // Lets the sequence's first commit load what `match` holds of its (truncated) prompt.
+  void attach_stored_prefix(Active& active, const store::StoreMatch& match);
   // Pins the stored chunks of the batch's loads into `forward`; a sequence whose load fails goes
   // back to waiting and its chunk leaves the batch.
   std::vector<store::StoreLease> acquire_loads(scheduler::ScheduledBatch& batch,

@@ -43,6 +43,8 @@ TEST(ConfigLoaderTest, DefaultYamlIsTheStructDefaultsOnCpuWithTheSmallModel) {
   expected.kv_store.dram_bytes = int64_t{512} << 20;
   expected.kv_store.ssd_dir = ".cache/kv-store";
   expected.kv_store.ssd_bytes = int64_t{2} << 30;
+  // Prompts that fill the context window are rejected unless configured; default.yaml truncates.
+  expected.scheduler.overflow_truncation_fraction = 0.5;
   EXPECT_EQ(*loaded, expected);
   EXPECT_EQ(loaded->server.host, "127.0.0.1");
   EXPECT_EQ(loaded->server.grpc_port, 50051);
@@ -143,6 +145,7 @@ TEST(ConfigLoaderTest, OnlyAModelPathGivesEveryDefault) {
   EXPECT_EQ(c.scheduler.max_num_batched_tokens, 512);
   EXPECT_EQ(c.scheduler.preemption_mode, PreemptionMode::kRecompute);
   EXPECT_EQ(c.scheduler.max_queued_requests, 1024);
+  EXPECT_EQ(c.scheduler.overflow_truncation_fraction, 0.0);
   EXPECT_EQ(c.server.host, "127.0.0.1");
   EXPECT_EQ(c.server.grpc_port, 50051);
   EXPECT_EQ(c.server.http_port, 8000);
@@ -214,6 +217,18 @@ TEST(ConfigLoaderTest, ValidationErrorsNameTheKeyAndItsPosition) {
        "scheduler.max_num_batched_tokens must be >= 1, got 0"},
       {"max_queued_requests 0", "scheduler: {max_queued_requests: 0}\n", kInvalid,
        "scheduler.max_queued_requests must be >= 1, got 0"},
+      {"truncation 1.5", "scheduler:\n  overflow_truncation_fraction: 1.5\n", kInvalid,
+       "t.yaml:4:3: scheduler.overflow_truncation_fraction must be in [0, 0.9], got 1.5"},
+      {"truncation 0.95", "scheduler: {overflow_truncation_fraction: 0.95}\n", kInvalid,
+       "scheduler.overflow_truncation_fraction must be in [0, 0.9], got 0.95"},
+      {"truncation -0.1", "scheduler: {overflow_truncation_fraction: -0.1}\n", kInvalid,
+       "scheduler.overflow_truncation_fraction must be in [0, 0.9], got -0.1"},
+      {"truncation nan", "scheduler: {overflow_truncation_fraction: nan}\n", kInvalid,
+       "scheduler.overflow_truncation_fraction must be in [0, 0.9], got nan"},
+      {"truncation 0 rejects", "scheduler: {overflow_truncation_fraction: 0}\n", kOk, ""},
+      {"truncation 0.9", "scheduler: {overflow_truncation_fraction: 0.9}\n", kOk, ""},
+      {"truncation word", "scheduler: {overflow_truncation_fraction: half}\n", kInvalid,
+       "scheduler.overflow_truncation_fraction: expected a number, got 'half'"},
       {"block size 0", "kv_cache: {block_size_tokens: 0}\n", kInvalid,
        "kv_cache.block_size_tokens must be a power of two in [1, 256], got 0"},
       {"block size 24", "kv_cache: {block_size_tokens: 24}\n", kInvalid,
@@ -289,6 +304,28 @@ TEST(ConfigLoaderTest, ValidateWorksOnStructsBuiltInCode) {
             "devices.device: a CUDA device index (2) needs device cuda, got auto");
   EXPECT_EQ(validate_key(config, "devices.nope").code(), StatusCode::kNotFound);
   EXPECT_TRUE(validate_key(config, "scheduler.max_num_seqs").ok());
+  config.devices.cuda_index = 0;
+  config.scheduler.overflow_truncation_fraction = 1;
+  EXPECT_EQ(config.validate().message(),
+            "scheduler.overflow_truncation_fraction must be in [0, 0.9], got 1");
+  EXPECT_EQ(validate_key(config, "scheduler.overflow_truncation_fraction").message(),
+            "scheduler.overflow_truncation_fraction must be in [0, 0.9], got 1");
+  config.scheduler.overflow_truncation_fraction = std::numeric_limits<double>::quiet_NaN();
+  EXPECT_EQ(validate_key(config, "scheduler.overflow_truncation_fraction").message(),
+            "scheduler.overflow_truncation_fraction must be in [0, 0.9], got nan");
+  config.scheduler.overflow_truncation_fraction = 0.9;
+  EXPECT_TRUE(config.validate().ok()) << config.validate().to_string();
+}
+
+TEST(ConfigLoaderTest, OverflowTruncationFractionIsRead) {
+  StatusOr<DeploymentConfig> loaded = parse_config(
+      "model: {path: m}\nscheduler:\n  overflow_truncation_fraction: 0.25\n", "t.yaml");
+  ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
+  EXPECT_EQ(loaded->scheduler.overflow_truncation_fraction, 0.25);
+  // The other keys keep their defaults.
+  DeploymentConfig expected = with_path("m");
+  expected.scheduler.overflow_truncation_fraction = 0.25;
+  EXPECT_EQ(*loaded, expected);
 }
 
 // ---- unknown keys and structure ---------------------------------------------------------------
@@ -313,7 +350,8 @@ TEST(ConfigLoaderTest, UnknownKeysNameTheFullPathAndListTheAllowedOnes) {
        "dram_reserve_fraction"},
       {"scheduler", "scheduler: {max_num_seq: 3}\n", kInvalid,
        "unknown key 'scheduler.max_num_seq'; allowed keys in 'scheduler': max_num_seqs, "
-       "max_num_batched_tokens, preemption_mode, max_queued_requests"},
+       "max_num_batched_tokens, preemption_mode, max_queued_requests, "
+       "overflow_truncation_fraction"},
       {"server", "server: {port: 1}\n", kInvalid,
        "unknown key 'server.port'; allowed keys in 'server': host, grpc_port, http_port, "
        "api_keys, api_keys_env, shutdown_grace_seconds, request_timeout_seconds"},
@@ -756,6 +794,7 @@ TEST(ConfigLoaderTest, OverridesSetOneKeyWithTheFileSpelling) {
   const std::pair<std::string, std::string> overrides[] = {
       {"scheduler.max_num_seqs", "32"},
       {"scheduler.preemption_mode", "swap"},
+      {"scheduler.overflow_truncation_fraction", "0.25"},
       {"model.path", "/models/x # not a comment"},
       {"model.dtype", "bfloat16"},
       {"model.chat_template", "chatml"},
@@ -773,6 +812,7 @@ TEST(ConfigLoaderTest, OverridesSetOneKeyWithTheFileSpelling) {
   }
   EXPECT_EQ(config.scheduler.max_num_seqs, 32);
   EXPECT_EQ(config.scheduler.preemption_mode, PreemptionMode::kSwap);
+  EXPECT_EQ(config.scheduler.overflow_truncation_fraction, 0.25);
   EXPECT_EQ(config.model.path, "/models/x # not a comment");
   EXPECT_EQ(config.model.dtype, ModelDType::kBFloat16);
   EXPECT_EQ(config.model.chat_template, ChatTemplateFallback::kChatML);
@@ -804,6 +844,12 @@ TEST(ConfigLoaderTest, BadOverridesAreRejectedAndLeaveTheConfigUnchanged) {
       {"scheduler.max_num_seqs", "0", "scheduler.max_num_seqs must be >= 1, got 0"},
       {"scheduler.max_num_seqs", "lots", "scheduler.max_num_seqs: expected an integer, got 'lots'"},
       {"scheduler.max_num_seqs", "null", "scheduler.max_num_seqs: expected an integer, got 'null'"},
+      {"scheduler.overflow_truncation_fraction", "1.5",
+       "scheduler.overflow_truncation_fraction must be in [0, 0.9], got 1.5"},
+      {"scheduler.overflow_truncation_fraction", "nan",
+       "scheduler.overflow_truncation_fraction must be in [0, 0.9], got nan"},
+      {"scheduler.overflow_truncation_fraction", "half",
+       "scheduler.overflow_truncation_fraction: expected a number, got 'half'"},
       {"kv_cache.block_size_tokens", "48",
        "kv_cache.block_size_tokens must be a power of two in [1, 256], got 48"},
       {"kv_cache.gpu_memory_fraction", "2",
@@ -814,14 +860,16 @@ TEST(ConfigLoaderTest, BadOverridesAreRejectedAndLeaveTheConfigUnchanged) {
       {"server.api_keys", "[unclosed", ""},
       {"scheduler.max_num_seq", "1",
        "unknown key 'scheduler.max_num_seq'; allowed keys in 'scheduler': max_num_seqs, "
-       "max_num_batched_tokens, preemption_mode, max_queued_requests"},
+       "max_num_batched_tokens, preemption_mode, max_queued_requests, "
+       "overflow_truncation_fraction"},
       {"scheduler.max_num_seqs.x", "1", ""},
       {"schedular.max_num_seqs", "1",
        "unknown key 'schedular.max_num_seqs'; allowed top-level keys: model, devices, kv_cache, "
        "kv_store, scheduler, server, logging"},
       {"scheduler", "1",
        "'scheduler' is a section; override one of its keys: max_num_seqs, "
-       "max_num_batched_tokens, preemption_mode, max_queued_requests"},
+       "max_num_batched_tokens, preemption_mode, max_queued_requests, "
+       "overflow_truncation_fraction"},
       {"", "1", ""},
   };
   for (const auto& c : cases) {
@@ -875,6 +923,7 @@ DeploymentConfig everything_changed() {
   c.scheduler.max_num_batched_tokens = 12345;
   c.scheduler.preemption_mode = PreemptionMode::kSwap;
   c.scheduler.max_queued_requests = 9;
+  c.scheduler.overflow_truncation_fraction = 0.9;
   c.server.host = "0.0.0.0";
   c.server.grpc_port = 0;
   c.server.http_port = 65535;
@@ -891,6 +940,7 @@ TEST(ConfigLoaderTest, ToYamlRoundTrips) {
   DeploymentConfig fraction = with_path("m");
   fraction.kv_cache.gpu_memory_fraction = 0.1 + 0.2;  // not a short decimal
   fraction.kv_store.dram_reserve_fraction = 0.1 + 0.2;
+  fraction.scheduler.overflow_truncation_fraction = 0.1 + 0.2;
   configs.push_back(fraction);
   for (const char* name : {"default.yaml", "single-gpu.yaml", "multi-a100.yaml"}) {
     StatusOr<DeploymentConfig> loaded = load_config_file(config_path(name));
