@@ -5,7 +5,9 @@ Starts the real server on loopback with the default model and checks streaming g
 stateless and session chats (with prefix-cache reuse across turns), our C++ client (`strata chat`),
 the error paths, abort, a storm of 200 client disconnects (then the KV pool, read from the same
 process's /metrics, must be fully available), 32 concurrent clients, API keys and tenant
-isolation, a full queue, the grpc.health.v1 service, and a graceful SIGTERM.
+isolation, a full queue, the KV store across a kill -9 and restart (a resent conversation loads its
+history from SSD and answers as before, no corrupt chunk), the grpc.health.v1 service, and a
+graceful SIGTERM.
 
 usage: grpc_server_test.py --binary build/bin/strata --model MODEL.gguf --proto-dir proto
 Prints "N passed, N failed" and exits non-zero on any failure.
@@ -323,6 +325,79 @@ def main():
         finally:
             busy.kill()
 
+    def tier_metric(base, name, tier):
+        text = urllib.request.urlopen(f"http://127.0.0.1:{base}/metrics", timeout=10).read().decode()
+        prefix = f'{name}{{tier="{tier}"}} '
+        for line in text.splitlines():
+            if line.startswith(prefix):
+                return float(line.split()[1])
+        raise AssertionError(f"metric {prefix} missing")
+
+    def test_kv_store_survives_kill_9():
+        store_dir = tempfile.mkdtemp()
+        # The prefix cache is off so turns load from the store; DRAM is small and half of it is
+        # kept free, so stored conversations move to SSD at once.
+        settings = ["kv_cache.enable_prefix_caching=false", "kv_store.dram_bytes=16MiB",
+                    "kv_store.dram_reserve_fraction=0.5", f"kv_store.ssd_dir={store_dir}",
+                    "kv_store.ssd_bytes=256MiB", "kv_store.ssd_file_bytes=64MiB"]
+
+        def connect(p):
+            ch = grpc.insecure_channel(f"127.0.0.1:{p}")
+            grpc.channel_ready_future(ch).result(timeout=30)
+            return ch.unary_stream("/strata.v1.Generation/Chat",
+                                   request_serializer=pb.ChatRequest.SerializeToString,
+                                   response_deserializer=pb.GenerateResponse.FromString)
+
+        def ask(call, messages):
+            request = pb.ChatRequest(sampling=greedy(24))
+            for role, content in messages:
+                request.messages.add(role=role, content=content)
+            return collect(call(request))
+
+        story = "The old lighthouse keeper kept a log of every ship that passed the cape. " * 14
+        first, first_port, first_http = start_server(*settings)
+        try:
+            call = connect(first_port)
+            history = [("user", story + "What did the keeper keep?")]
+            reply = ask(call, history)[0]
+            history += [("assistant", reply), ("user", "Why would he do that?")]
+            second = ask(call, history)
+            assert second[2].usage.cached_tier in ("dram", "ssd"), second[2].usage
+            assert second[2].usage.cached_prompt_tokens >= 160, second[2].usage
+            history += [("assistant", second[0]), ("user", "Answer in one word.")]
+            expected = ask(call, history)[0]
+            deadline = time.time() + 30
+            while tier_metric(first_http, "strata_kv_store_chunks", "ssd") == 0:
+                assert time.time() < deadline, "nothing reached the SSD tier"
+                time.sleep(0.1)
+            # Other conversations keep saving while the server is killed.
+            def chatter(i):
+                try:
+                    for j in range(50):
+                        ask(call, [("user", f"Conversation {i}, turn {j}: " + story)])
+                except grpc.RpcError:
+                    pass  # the server is gone
+            threads = [threading.Thread(target=chatter, args=(i,)) for i in range(4)]
+            for t in threads:
+                t.start()
+            time.sleep(3)
+            first.send_signal(signal.SIGKILL)
+            first.wait(timeout=30)
+            for t in threads:
+                t.join()
+        finally:
+            if first.poll() is None:
+                first.kill()
+        second_server, second_port, second_http = start_server(*settings)
+        try:
+            again = ask(connect(second_port), history)
+            assert again[2].usage.cached_tier == "ssd", again[2].usage
+            assert again[2].usage.cached_prompt_tokens >= 160, again[2].usage
+            assert again[0] == expected, (again[0], expected)
+            assert metric("strata_kv_store_corrupt_chunks_total", second_http) == 0
+        finally:
+            second_server.kill()
+
     def test_sigterm_drains_in_flight_requests():
         call = generate(pb.GenerateRequest(prompt="Once upon a time", sampling=pb.SamplingParams(
             temperature=0, max_tokens=24, ignore_eos=True)))
@@ -344,6 +419,7 @@ def main():
     check("C++ client chats through a session", test_cpp_client_chats_through_a_session)
     check("API keys and tenants", test_api_keys_and_tenants)
     check("full queue is RESOURCE_EXHAUSTED (and 429)", test_full_queue_is_resource_exhausted)
+    check("KV store survives kill -9", test_kv_store_survives_kill_9)
     check("SIGTERM drains in-flight requests", test_sigterm_drains_in_flight_requests)
     if server.poll() is None:
         server.kill()
