@@ -233,7 +233,8 @@ StatusOr<StoreLease> KvStore::acquire(ItemId id, int64_t first, int64_t count) {
   std::unique_lock lock(mutex_);
   idle_.wait(lock, [&] { return !items_.contains(id) || !items_.at(id).busy; });
   auto it = items_.find(id);
-  if (it == items_.end() || static_cast<int64_t>(it->second.chunks.size()) < first + count) {
+  if (it == items_.end() || it->second.doomed ||
+      static_cast<int64_t>(it->second.chunks.size()) < first + count) {
     ++stats_.dram.misses;
     ++stats_.ssd.misses;
     return not_found_error("KV store: conversation item " + std::to_string(id) +
@@ -279,7 +280,7 @@ void KvStore::release(const StoreLease& lease, double load_seconds) {
     std::scoped_lock lock(mutex_);
     auto it = items_.find(lease.item);
     STRATA_CHECK(it != items_.end() && it->second.pins > 0) << "release of an unpinned item";
-    --it->second.pins;
+    if (--it->second.pins == 0 && it->second.doomed) drop_item(lease.item);
     stats_.dram.bytes_out += static_cast<int64_t>(lease.chunks.size()) * options_.chunk_bytes;
     stats_.dram.load_seconds += load_seconds;
     ++stats_.dram.loads;
@@ -465,10 +466,17 @@ void KvStore::drop_item(ItemId id) {
     auto s = by_session_.find(item.session);
     if (s != by_session_.end() && s->second == id) by_session_.erase(s);
   }
-  std::vector<int64_t> ssd_slots;
   for (const Chunk& c : item.chunks) {
     auto h = by_hash_.find(c.hash);
     if (h != by_hash_.end() && h->second.first == id) by_hash_.erase(h);
+  }
+  if (item.pins > 0) {
+    // A lease still reads its chunks: unreachable now, removed at the last release.
+    item.doomed = true;
+    return;
+  }
+  std::vector<int64_t> ssd_slots;
+  for (const Chunk& c : item.chunks) {
     if (c.dram_slot >= 0) free_dram_.push_back(c.dram_slot);
     if (c.ssd_slot >= 0) ssd_slots.push_back(c.ssd_slot);
   }

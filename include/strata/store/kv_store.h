@@ -191,7 +191,8 @@ class KvStore {
     std::vector<kv::ChunkHash> pending;  // hashes of chunks a save reserved, not yet published
     std::chrono::steady_clock::time_point save_started;
     int32_t pins = 0;
-    bool busy = false;  // an I/O thread is moving it
+    bool busy = false;    // an I/O thread is moving it
+    bool doomed = false;  // dropped while pinned: unreachable, removed at the last release
     uint64_t last_access = 0;
     uint64_t stored_at = 0;
     std::chrono::steady_clock::time_point touched;
@@ -219,7 +220,8 @@ class KvStore {
   // Frees DRAM by dropping the DRAM copies of items fully on SSD (no I/O) until n slots are free;
   // false if that is not enough.
   bool reclaim_clean_dram(int64_t n);
-  // Removes an item from the store (every tier and index).
+  // Removes an item from the store (every tier and index); a pinned one becomes unreachable at
+  // once and leaves at its last release.
   void drop_item(ItemId id);
   // Removes an item's SSD copy; the item leaves the store if that was all of it.
   void drop_ssd_copy(ItemId id);
