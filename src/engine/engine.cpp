@@ -287,7 +287,7 @@ void Engine::admit(std::vector<std::pair<GenerateRequest, std::shared_ptr<Reques
         sampling::SequenceSampler(request.sampling, vocab, request.prompt_token_ids),
         sampling::StopChecker(request.sampling), tokenizer::StreamDecoder(*tokenizer_),
         std::move(stop_ids), Clock::now(), {}, false, request.tenant,
-        store_session_key(request.session)});
+        store_session_key(request.session), 0, std::nullopt});
     std::vector<TokenId>& prompt = request.prompt_token_ids;
     active->usage.prompt_tokens = static_cast<int64_t>(prompt.size());
     std::optional<store::StoreMatch> match;
@@ -330,7 +330,9 @@ int64_t Engine::tokens_to_drop(std::span<const TokenId> prompt,
     const int64_t keep = static_cast<int64_t>(static_cast<double>(window) * (1 - fraction));
     drop = (n - keep + block - 1) / block * block;
   }
-  if (match && !match->exact) drop = std::max(drop, match->token_offset);
+  // A session whose stored KV dropped history keeps dropping at least as much, to reuse it;
+  // a match on the first block alone is not worth losing history for.
+  if (match && !match->exact && match->num_chunks > 1) drop = std::max(drop, match->token_offset);
   // The first block and at least one token stay.
   return std::min(drop, std::max<int64_t>(0, (n - block - 1) / block * block));
 }
@@ -362,9 +364,9 @@ std::vector<store::StoreLease> Engine::acquire_loads(scheduler::ScheduledBatch& 
     // consecutive chunks.
     executor::KvLoad kv_load{load.seq, load.first_block, {}};
     std::vector<store::StoreLease> pinned;
-    bool failed = false;
+    std::optional<Status> failure;
     bool from_ssd = false;
-    for (int64_t j = load.first_block; j < load.first_block + load.num_blocks && !failed;) {
+    for (int64_t j = load.first_block; j < load.first_block + load.num_blocks;) {
       int64_t run = 1;
       while (j + run < load.first_block + load.num_blocks &&
              stored.chunks[j + run] == stored.chunks[j] + run) {
@@ -372,7 +374,7 @@ std::vector<store::StoreLease> Engine::acquire_loads(scheduler::ScheduledBatch& 
       }
       StatusOr<store::StoreLease> lease = store_->acquire(stored.item, stored.chunks[j], run);
       if (!lease.ok()) {
-        failed = true;
+        failure = lease.status();
         break;
       }
       from_ssd = from_ssd || lease->served_from == store::Tier::kSsd;
@@ -380,22 +382,26 @@ std::vector<store::StoreLease> Engine::acquire_loads(scheduler::ScheduledBatch& 
       pinned.push_back(*std::move(lease));
       j += run;
     }
-    if (failed) {
-      // The chunks vanished or failed their checksums (the store dropped the item): compute.
+    if (failure) {
+      // The chunks vanished or failed their checksums (the store dropped the item), or DRAM had
+      // no room to read them into now: compute the prompt.
       for (const store::StoreLease& lease : pinned) store_->release(lease, 0);
       scheduler_->restart(load.seq);
       std::erase_if(batch.chunks, [&](const scheduler::ScheduledChunk& c) {
         return c.seq == load.seq;
       });
       std::scoped_lock lock(mutex_);
-      ++stats_.store_load_failures;
+      ++(failure->code() == StatusCode::kUnavailable ? stats_.store_loads_skipped
+                                                     : stats_.store_load_failures);
       continue;
     }
     const int64_t tokens = load.num_blocks * block;
     Usage& usage = active.usage;
-    usage.loaded_prompt_tokens += tokens;
-    usage.cached_prompt_tokens += tokens;
-    if (usage.cached_tier != "ssd") usage.cached_tier = from_ssd ? "ssd" : "dram";
+    if (usage.loaded_prompt_tokens == 0) {  // not again after a preemption
+      usage.loaded_prompt_tokens = tokens;
+      usage.cached_prompt_tokens += tokens;
+      usage.cached_tier = from_ssd ? "ssd" : "dram";
+    }
     {
       std::scoped_lock lock(mutex_);
       (from_ssd ? stats_.store_loaded_tokens_ssd : stats_.store_loaded_tokens_dram) += tokens;
@@ -515,7 +521,10 @@ void Engine::step() {
     for (SeqId seq : batch.preempted) {
       Active& active = *active_.at(seq);
       active.stored.reset();
-      if (kv_->is_swapped(seq) || active.dropped_tokens > 0) continue;
+      // Swapped out, or already admitted again in this step (it holds blocks), or truncated.
+      if (kv_->is_swapped(seq) || !kv_->tables(seq).empty() || active.dropped_tokens > 0) {
+        continue;
+      }
       if (std::optional<store::StoreMatch> match =
               store_->find(kv_->tokens(seq), store_root(active.tenant), active.session);
           match && match->exact) {

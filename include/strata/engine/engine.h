@@ -10,8 +10,9 @@
 // kLength saves the KV of its full token blocks to the store, under its session key and the
 // chained content hash of its tokens; a later request whose prompt starts with those tokens (the
 // next turn of the conversation) loads them instead of computing them. Tiers, nearest first:
-// the device pool's prefix cache, host DRAM, SSD. A load that fails (corrupt or vanished chunk)
-// sends the request back to the queue to recompute its whole prompt, and is counted.
+// the device pool's prefix cache, host DRAM, SSD. A load that fails (a corrupt or vanished chunk,
+// or no DRAM room to read it into) sends the request back to the queue to recompute its whole
+// prompt, and is counted.
 #pragma once
 
 #include <chrono>
@@ -155,7 +156,8 @@ struct EngineStats {
   std::optional<store::StoreStats> store;
   int64_t store_loaded_tokens_dram = 0;  // prompt tokens loaded from chunks found in DRAM
   int64_t store_loaded_tokens_ssd = 0;   // ... that had to be read from SSD
-  int64_t store_load_failures = 0;       // loads that failed: the request recomputed its prompt
+  int64_t store_load_failures = 0;  // loads of corrupt or vanished chunks: the prompt recomputed
+  int64_t store_loads_skipped = 0;  // loads DRAM had no room for at the time: likewise
   int64_t store_saved_tokens = 0;        // tokens whose KV finished requests saved
 };
 
@@ -178,7 +180,7 @@ class Engine {
   // Unknown or finished ids are ignored. Thread-safe.
   void cancel(RequestId id);
   // Drops a session's stored KV; false if the store holds none for it (or there is no store).
-  // Thread-safe.
+  // A turn of the session still running saves its KV when it finishes. Thread-safe.
   bool end_session(const std::string& session);
 
   const model::ModelConfig& model_config() const;
