@@ -337,9 +337,10 @@ def main():
         store_dir = tempfile.mkdtemp()
         # The prefix cache is off so turns load from the store; DRAM is small and half of it is
         # kept free, so stored conversations move to SSD at once.
+        # The SSD holds every conversation of the test (about 50 items of up to 20 chunks).
         settings = ["kv_cache.enable_prefix_caching=false", "kv_store.dram_bytes=16MiB",
                     "kv_store.dram_reserve_fraction=0.5", f"kv_store.ssd_dir={store_dir}",
-                    "kv_store.ssd_bytes=256MiB", "kv_store.ssd_file_bytes=64MiB"]
+                    "kv_store.ssd_bytes=1GiB", "kv_store.ssd_file_bytes=256MiB"]
 
         def connect(p):
             ch = grpc.insecure_channel(f"127.0.0.1:{p}")
@@ -349,10 +350,29 @@ def main():
                                    response_deserializer=pb.GenerateResponse.FromString)
 
         def ask(call, messages):
-            request = pb.ChatRequest(sampling=greedy(24))
+            request = pb.ChatRequest(sampling=pb.SamplingParams(temperature=0, max_tokens=24,
+                                                                logprobs=2))
             for role, content in messages:
                 request.messages.add(role=role, content=content)
-            return collect(call(request))
+            responses = list(call(request))
+            text, _, last = collect(iter(responses))
+            return text, [lp for r in responses for lp in r.logprobs], last
+
+        def wait_stored(base):
+            # Saves publish when the device copy is done (at once on the CPU).
+            deadline = time.time() + 30
+            while sum(tier_metric(base, "strata_kv_store_chunks", t) for t in ("dram", "ssd")) == 0:
+                assert time.time() < deadline, "the turn was never stored"
+                time.sleep(0.05)
+
+        def same_greedy_tokens(got, expected):
+            # Loading a different number of stored blocks may flip a near-tie, and only there.
+            for a, b in zip(got, expected):
+                if a.token_id != b.token_id:
+                    gap = b.top[0].logprob - b.top[1].logprob
+                    assert gap < 1e-3, f"token {a.token_id} vs {b.token_id}, top-2 gap {gap}"
+                    return
+            assert len(got) == len(expected)
 
         story = "The old lighthouse keeper kept a log of every ship that passed the cape. " * 14
         first, first_port, first_http = start_server(*settings)
@@ -360,12 +380,13 @@ def main():
             call = connect(first_port)
             history = [("user", story + "What did the keeper keep?")]
             reply = ask(call, history)[0]
+            wait_stored(first_http)
             history += [("assistant", reply), ("user", "Why would he do that?")]
             second = ask(call, history)
             assert second[2].usage.cached_tier in ("dram", "ssd"), second[2].usage
             assert second[2].usage.cached_prompt_tokens >= 160, second[2].usage
             history += [("assistant", second[0]), ("user", "Answer in one word.")]
-            expected = ask(call, history)[0]
+            expected = ask(call, history)[1]
             deadline = time.time() + 30
             while tier_metric(first_http, "strata_kv_store_chunks", "ssd") == 0:
                 assert time.time() < deadline, "nothing reached the SSD tier"
@@ -373,7 +394,7 @@ def main():
             # Other conversations keep saving while the server is killed.
             def chatter(i):
                 try:
-                    for j in range(50):
+                    for j in range(10):
                         ask(call, [("user", f"Conversation {i}, turn {j}: " + story)])
                 except grpc.RpcError:
                     pass  # the server is gone
@@ -393,7 +414,7 @@ def main():
             again = ask(connect(second_port), history)
             assert again[2].usage.cached_tier == "ssd", again[2].usage
             assert again[2].usage.cached_prompt_tokens >= 160, again[2].usage
-            assert again[0] == expected, (again[0], expected)
+            same_greedy_tokens(again[1], expected)
             assert metric("strata_kv_store_corrupt_chunks_total", second_http) == 0
         finally:
             second_server.kill()
