@@ -250,14 +250,20 @@ TEST_F(EngineStoreTest, ACorruptSsdChunkIsCountedAndTheTurnRecomputed) {
 }
 
 // Context overflow on tiny_qwen2 (random weights, 512-token window, 16-token blocks): the engine
-// drops the oldest history after the first block so the rest fills half the window.
+// drops the oldest history after the first block so the rest fills half the window. With one
+// layer, a token's keys (before RoPE) and values do not depend on the tokens before it, so stored
+// KV re-rotated after a truncation must give what computing the truncated prompt gives: that
+// checks which stored chunk lands in which block.
 class EngineTruncationTest : public ::testing::Test {
  protected:
-  static std::string tiny_qwen2() {
-    return std::string(STRATA_TEST_DATA_DIR) + "/model/tiny_qwen2.gguf";
+  static std::string tiny_qwen2(int layers) {
+    return std::string(STRATA_TEST_DATA_DIR) +
+           (layers == 1 ? "/model/tiny_qwen2_1layer.gguf" : "/model/tiny_qwen2.gguf");
   }
-  static std::unique_ptr<Engine> engine(double fraction, std::optional<store::StoreOptions> store) {
-    StatusOr<std::unique_ptr<model::ModelSource>> source = model::open_model_source(tiny_qwen2());
+  static std::unique_ptr<Engine> engine(double fraction, std::optional<store::StoreOptions> store,
+                                        int layers = 2) {
+    StatusOr<std::unique_ptr<model::ModelSource>> source =
+        model::open_model_source(tiny_qwen2(layers));
     EXPECT_TRUE(source.ok()) << source.status().to_string();
     if (!source.ok()) return nullptr;
     StatusOr<std::unique_ptr<tokenizer::Tokenizer>> tok =
@@ -283,6 +289,12 @@ class EngineTruncationTest : public ::testing::Test {
     a.insert(a.end(), b.begin(), b.end());
     return a;
   }
+  // The prompt the engine runs: the first block, then what follows the dropped tokens.
+  static std::vector<TokenId> truncated(const std::vector<TokenId>& prompt, int64_t drop) {
+    std::vector<TokenId> kept(prompt.begin(), prompt.begin() + 16);
+    kept.insert(kept.end(), prompt.begin() + 16 + drop, prompt.end());
+    return kept;
+  }
 };
 
 TEST_F(EngineTruncationTest, AnOverflowingPromptRunsWithItsOldestHistoryDropped) {
@@ -298,6 +310,7 @@ TEST_F(EngineTruncationTest, AnOverflowingPromptRunsWithItsOldestHistoryDropped)
   kept.insert(kept.end(), prompt.begin() + 16 + 352, prompt.end());
   const Turn expected = run_turn(*plain, kept, "");
   EXPECT_EQ(turn.tokens, expected.tokens);
+  EXPECT_EQ(kept, truncated(prompt, 352));
   // Without truncation the same prompt is refused.
   GenerateRequest request;
   request.prompt_token_ids = prompt;
@@ -307,8 +320,9 @@ TEST_F(EngineTruncationTest, AnOverflowingPromptRunsWithItsOldestHistoryDropped)
 TEST_F(EngineTruncationTest, ASessionKeepsLoadingItsTruncatedHistory) {
   store::StoreOptions store;
   store.dram_bytes = 16 << 20;
-  std::unique_ptr<Engine> e = engine(0.5, store);
-  ASSERT_TRUE(e);
+  std::unique_ptr<Engine> e = engine(0.5, store, /*layers=*/1);
+  std::unique_ptr<Engine> plain = engine(0, std::nullopt, /*layers=*/1);
+  ASSERT_TRUE(e && plain);
   // Turn 1: 480 tokens fit; the store keeps 480 + 16 - 1 computed tokens: 30 blocks.
   const std::vector<TokenId> first = random_tokens(480, 2);
   const Turn one = run_turn(*e, first, "s");
@@ -324,8 +338,9 @@ TEST_F(EngineTruncationTest, ASessionKeepsLoadingItsTruncatedHistory) {
   EXPECT_EQ(two.usage.truncated_prompt_tokens, 272);
   EXPECT_EQ(two.usage.loaded_prompt_tokens, 13 * 16);
   EXPECT_EQ(two.usage.cached_tier, "dram");
-  // The truncated turn replaces the session's item: 256 + 16 - 1 computed tokens = 16 blocks.
-  wait_for_saves(*e, 16);
+  expect_same_as_recompute(run_turn(*plain, truncated(second, 272), ""), two);
+  // The truncated turn replaced the session's item (256 + 16 - 1 computed tokens: 16 blocks; on
+  // the CPU a save is published before the request's last delta).
   // Turn 3: 576 tokens; the session's KV dropped 272, the window now needs 320: block 0 and
   // the stored blocks 4..15 load.
   const std::vector<TokenId> third =
@@ -334,6 +349,7 @@ TEST_F(EngineTruncationTest, ASessionKeepsLoadingItsTruncatedHistory) {
   const Turn three = run_turn(*e, third, "s");
   EXPECT_EQ(three.usage.truncated_prompt_tokens, 320);
   EXPECT_EQ(three.usage.loaded_prompt_tokens, 13 * 16);
+  expect_same_as_recompute(run_turn(*plain, truncated(third, 320), ""), three);
   EXPECT_EQ(e->stats().store_load_failures, 0);
   // Truncated KV is found by session only. A stateless client resending the history finds the
   // first turn's exact item by content (it stayed when the session moved on): block 0 and its
@@ -341,6 +357,7 @@ TEST_F(EngineTruncationTest, ASessionKeepsLoadingItsTruncatedHistory) {
   const Turn stateless = run_turn(*e, third, "");
   EXPECT_EQ(stateless.usage.truncated_prompt_tokens, 320);
   EXPECT_EQ(stateless.usage.loaded_prompt_tokens, 10 * 16);
+  expect_same_as_recompute(run_turn(*plain, truncated(third, 320), ""), stateless);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@ Writes into <out-dir>/model/:
   smollm2/<case>.f32       last-prompt-position logits [vocab] (float32) per case
   tiny_qwen2.gguf          a random-weight qwen2 model written here with gguf-py (F32/F16/Q8_0
                            tensors), with tiny_qwen2/index.json + .f32 like above
+  tiny_qwen2_1layer.gguf   the same with one layer (for exact checks of truncated KV reuse)
   tiny_llama3_hf/          a random-weight llama HF directory (safetensors, Llama-3 RoPE scaling,
                            untied head) with tiny_llama3_hf_ref/index.json + .f32
 
@@ -88,12 +89,12 @@ def smollm2_prompts(tokenizer, data_dir: Path):
     return prompts
 
 
-def write_tiny_qwen2_gguf(path: Path):
+def write_tiny_qwen2_gguf(path: Path, layers: int = 2):
     """A random-weight qwen2 GGUF (F32 norms, F16 / Q8_0 matrices, QKV biases, untied head)."""
     import gguf
 
     rng = np.random.default_rng(1234)
-    hidden, heads, kv_heads, layers, ffn, vocab = 64, 4, 2, 2, 128, 320
+    hidden, heads, kv_heads, ffn, vocab = 64, 4, 2, 128, 320
     head_dim = hidden // heads
     w = gguf.GGUFWriter(str(path), "qwen2")
     w.add_block_count(layers)
@@ -204,6 +205,9 @@ def main():
     rng = np.random.default_rng(7)
     prompts = [rng.integers(0, vocab, size=n).tolist() for n in (1, 7, 64, 200)]
     greedy_reference(qwen, prompts, out / "tiny_qwen2")
+    # One layer: its keys and values depend only on each token and its position, so KV loaded
+    # and re-rotated after a truncation equals recomputing the truncated prompt (engine tests).
+    write_tiny_qwen2_gguf(out / "tiny_qwen2_1layer.gguf", layers=1)
 
     # HF directory path with Llama-3 RoPE scaling (prompts longer than the original context).
     llama = write_tiny_llama3_hf(out / "tiny_llama3_hf")
