@@ -46,17 +46,16 @@ EngineOptions options_with(std::optional<store::StoreOptions> store, bool prefix
   return options;
 }
 
+StatusOr<std::unique_ptr<Engine>> try_make_engine(const EngineOptions& options) {
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<model::ModelSource> source,
+                          model::open_model_source(STRATA_TEST_MODEL));
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<tokenizer::Tokenizer> tok,
+                          tokenizer::Tokenizer::from_gguf(*source->gguf()));
+  return Engine::create(std::move(source), std::move(tok), options);
+}
+
 std::unique_ptr<Engine> make_engine(const EngineOptions& options) {
-  StatusOr<std::unique_ptr<model::ModelSource>> source =
-      model::open_model_source(STRATA_TEST_MODEL);
-  EXPECT_TRUE(source.ok()) << source.status().to_string();
-  if (!source.ok()) return nullptr;
-  StatusOr<std::unique_ptr<tokenizer::Tokenizer>> tok =
-      tokenizer::Tokenizer::from_gguf(*(*source)->gguf());
-  EXPECT_TRUE(tok.ok()) << tok.status().to_string();
-  if (!tok.ok()) return nullptr;
-  StatusOr<std::unique_ptr<Engine>> engine =
-      Engine::create(std::move(source).value(), std::move(tok).value(), options);
+  StatusOr<std::unique_ptr<Engine>> engine = try_make_engine(options);
   EXPECT_TRUE(engine.ok()) << engine.status().to_string();
   return engine.ok() ? std::move(engine).value() : nullptr;
 }
@@ -183,6 +182,34 @@ TEST_F(EngineStoreTest, ResumedTurnFromDramMatchesRecompute) {
   EXPECT_EQ(stats.store_loaded_tokens_dram, kStoredTokens);
   EXPECT_EQ(stats.store_loaded_tokens_ssd, 0);
   EXPECT_EQ(stats.store->dram.hits, 1);
+}
+
+// The CUDA paths: saves gathered into a device write buffer and copied to pinned DRAM on a side
+// stream, loads copied up front with one event per layer. Float32, against recomputing on CUDA.
+TEST_F(EngineStoreTest, OnCudaAResumedTurnMatchesRecompute) {
+  EngineOptions cuda = options_with(std::nullopt, false);
+  cuda.executor.device = executor::Device{executor::DeviceKind::kCuda, 0};
+  StatusOr<std::unique_ptr<Engine>> recompute = try_make_engine(cuda);
+  if (recompute.status().code() == StatusCode::kFailedPrecondition) {
+    GTEST_SKIP() << "no CUDA device: " << recompute.status().message();
+  }
+  ASSERT_TRUE(recompute.ok()) << recompute.status().to_string();
+  const Turn first = run_turn(**recompute, *history_, "");
+  std::vector<TokenId> second_prompt = *history_;
+  second_prompt.insert(second_prompt.end(), first.tokens.begin(), first.tokens.end());
+  second_prompt.insert(second_prompt.end(), second_prompt_->end() - 37, second_prompt_->end());
+  const Turn expected = run_turn(**recompute, second_prompt, "");
+  recompute->reset();
+
+  cuda.store = store_options("");
+  std::unique_ptr<Engine> engine = make_engine(cuda);
+  ASSERT_TRUE(engine);
+  ASSERT_EQ(run_turn(*engine, *history_, "").tokens, first.tokens);
+  wait_for_saves(*engine, kStoredTokens / 16);
+  const Turn second = run_turn(*engine, second_prompt, "");
+  EXPECT_EQ(second.usage.loaded_prompt_tokens, kStoredTokens);
+  EXPECT_EQ(second.usage.cached_tier, "dram");
+  expect_same_as_recompute(expected, second);
 }
 
 TEST_F(EngineStoreTest, ResumedTurnFromTheDevicePoolMatchesRecompute) {
