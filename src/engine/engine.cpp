@@ -264,6 +264,7 @@ void Engine::refresh_stats() {
   stats_.kv_blocks_available = kv_->num_available_blocks();
   stats_.prefix_lookup_tokens = kv_->prefix_stats().lookup_tokens;
   stats_.prefix_hit_tokens = kv_->prefix_stats().hit_tokens;
+  stats_.prefix_evicted_blocks = kv_->num_evicted_groups();
   stats_.num_preemptions = scheduler_->num_preemptions();
   stats_.num_swap_outs = scheduler_->num_swap_outs();
   stats_.num_swapped = static_cast<int64_t>(scheduler_->num_swapped());

@@ -85,6 +85,7 @@ void BlockPool::evict_one() {
   }
   num_evictable_blocks_ -= static_cast<int32_t>(it->second.blocks.size());
   cached_.erase(it);
+  ++num_evicted_groups_;
 }
 
 }  // namespace strata::kv

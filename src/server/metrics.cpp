@@ -265,6 +265,9 @@ std::string Metrics::render(const engine::EngineStats& engine) const {
           static_cast<double>(engine.prefix_lookup_tokens));
   counter("strata_prefix_cache_hit_tokens_total", "Prompt tokens found in the prefix cache.",
           static_cast<double>(engine.prefix_hit_tokens));
+  counter("strata_prefix_cache_evicted_blocks_total",
+          "Cached token blocks (every layer) the prefix cache evicted to make room.",
+          static_cast<double>(engine.prefix_evicted_blocks));
   counter("strata_preemptions_total", "Preemptions (swap-outs plus recomputes).",
           static_cast<double>(engine.num_preemptions));
   counter("strata_swap_outs_total", "Preemptions that swapped KV out to host memory.",

@@ -149,6 +149,7 @@ struct EngineStats {
   int32_t kv_host_blocks_free = 0;
   int64_t prefix_lookup_tokens = 0;
   int64_t prefix_hit_tokens = 0;
+  int64_t prefix_evicted_blocks = 0;  // cached token blocks evicted to make room
   int64_t num_preemptions = 0;  // swap-outs plus recomputes
   int64_t num_swap_outs = 0;
   int64_t num_steps = 0;

@@ -30,6 +30,7 @@ class BlockPool {
   // Blocks obtainable now: free ones plus those of cached groups no sequence uses.
   int32_t num_available() const { return num_free() + num_evictable_blocks_; }
   int32_t num_cached_groups() const { return static_cast<int32_t>(cached_.size()); }
+  int64_t num_evicted_groups() const { return num_evicted_groups_; }  // since construction
 
   // Takes n blocks, each with refcount 1 and the given format, evicting unused cached groups
   // (least recently used first) when the free list runs short. REQUIRES n <= num_available().
@@ -68,6 +69,7 @@ class BlockPool {
   std::unordered_map<ChunkHash, CachedGroup> cached_;
   std::list<ChunkHash> lru_;  // groups with users == 0, least recently used first
   int32_t num_evictable_blocks_ = 0;  // sum of blocks.size() over groups in lru_
+  int64_t num_evicted_groups_ = 0;
 };
 
 }  // namespace strata::kv

@@ -120,6 +120,8 @@ class KvCacheManager {
   // Blocks a plan may use: free plus evictable cached ones.
   int32_t num_available_blocks() const { return pool_.num_available(); }
   int32_t num_cached_groups() const { return pool_.num_cached_groups(); }
+  // Cached token blocks (one group: the block of every layer) evicted to make room.
+  int64_t num_evicted_groups() const { return pool_.num_evicted_groups(); }
   int32_t num_host_blocks() const { return host_pool_ ? host_pool_->num_blocks() : 0; }
   int32_t num_free_host_blocks() const { return host_pool_ ? host_pool_->num_free() : 0; }
   int32_t refcount(BlockId block) const { return pool_.refcount(block); }

@@ -45,9 +45,11 @@ TEST(BlockPoolTest, CachedGroupsAreEvictedLeastRecentlyUsedFirst) {
   EXPECT_EQ(pool.num_free(), 2);
 
   // Needing 4 blocks: 2 free, then evict the LRU group (2), keep group 1.
+  EXPECT_EQ(pool.num_evicted_groups(), 0);
   std::vector<BlockId> taken = pool.allocate(4, kBf16);
   EXPECT_EQ(pool.find_cached(hash_of(2)), nullptr);
   ASSERT_NE(pool.find_cached(hash_of(1)), nullptr);
+  EXPECT_EQ(pool.num_evicted_groups(), 1);
   EXPECT_EQ(pool.num_available(), 2);
 
   // A group in use cannot be evicted.

@@ -94,7 +94,9 @@ void expect_valid_exposition(const std::string& text) {
       ASSERT_LT(i + 1, lines.size());
       ASSERT_TRUE(lines[i + 1].starts_with("# TYPE " + family + " ")) << lines[i + 1];
       type = lines[i + 1].substr(7 + family.size() + 1);
-      EXPECT_TRUE(type == "counter" || type == "gauge" || type == "histogram") << type;
+      EXPECT_TRUE(type == "counter" || type == "gauge" || type == "histogram" ||
+                  type == "summary")
+          << type;
       if (type == "counter") {
         EXPECT_TRUE(family.ends_with("_total")) << family;
       }
@@ -121,6 +123,8 @@ void expect_valid_exposition(const std::string& text) {
         EXPECT_EQ(std::stoull(line.substr(line.rfind(' ') + 1)), last_bucket)
             << "_count must equal the +Inf bucket";
       }
+    } else if (type == "summary") {
+      EXPECT_TRUE(name == family + "_sum" || name == family + "_count") << name;
     } else {
       EXPECT_EQ(name, family);
     }
@@ -228,6 +232,46 @@ TEST(MetricsTest, EngineGaugesAndCounters) {
   EXPECT_EQ(samples.at("strata_engine_steps_total"), "12345");
   EXPECT_NE(text.find("# TYPE strata_num_requests_waiting gauge\n"), std::string::npos);
   EXPECT_NE(text.find("# TYPE strata_engine_steps_total counter\n"), std::string::npos);
+}
+
+TEST(MetricsTest, KvTiersReportHitsBytesEvictionsAndLatency) {
+  engine::EngineStats stats;
+  EXPECT_EQ(Metrics().render(stats).find("strata_kv_store_"), std::string::npos)
+      << "no store, no store families";
+  stats.prefix_hit_tokens = 64;
+  stats.prefix_evicted_blocks = 9;
+  stats.store_loaded_tokens_dram = 320;
+  stats.store_loaded_tokens_ssd = 48;
+  stats.store_load_failures = 1;
+  store::StoreStats& s = stats.store.emplace();
+  s.dram = {.hits = 5, .misses = 2, .bytes_in = 4096, .bytes_out = 8192, .evictions = 3,
+            .load_seconds = 0.5, .loads = 5, .save_seconds = 0.25, .saves = 4};
+  s.ssd = {.hits = 1, .misses = 6, .bytes_in = 1024, .bytes_out = 2048, .evictions = 2,
+           .load_seconds = 1.5, .loads = 1, .save_seconds = 0.75, .saves = 2};
+  s.items = 7;
+  s.corrupt_chunks = 1;
+  s.ssd_available = true;
+  const std::string text = Metrics().render(stats);
+  expect_valid_exposition(text);
+  const auto samples = samples_of(text);
+  EXPECT_EQ(samples.at("strata_kv_tier_hit_tokens_total{tier=\"gpu\"}"), "64");
+  EXPECT_EQ(samples.at("strata_kv_tier_hit_tokens_total{tier=\"dram\"}"), "320");
+  EXPECT_EQ(samples.at("strata_kv_tier_hit_tokens_total{tier=\"ssd\"}"), "48");
+  EXPECT_EQ(samples.at("strata_prefix_cache_evicted_blocks_total"), "9");
+  EXPECT_EQ(samples.at("strata_kv_store_hits_total{tier=\"dram\"}"), "5");
+  EXPECT_EQ(samples.at("strata_kv_store_misses_total{tier=\"ssd\"}"), "6");
+  EXPECT_EQ(samples.at("strata_kv_store_bytes_in_total{tier=\"ssd\"}"), "1024");
+  EXPECT_EQ(samples.at("strata_kv_store_bytes_out_total{tier=\"dram\"}"), "8192");
+  EXPECT_EQ(samples.at("strata_kv_store_evictions_total{tier=\"dram\"}"), "3");
+  EXPECT_EQ(samples.at("strata_kv_store_load_seconds_sum{tier=\"ssd\"}"), "1.5");
+  EXPECT_EQ(samples.at("strata_kv_store_load_seconds_count{tier=\"dram\"}"), "5");
+  EXPECT_EQ(samples.at("strata_kv_store_save_seconds_sum{tier=\"dram\"}"), "0.25");
+  EXPECT_EQ(samples.at("strata_kv_store_save_seconds_count{tier=\"ssd\"}"), "2");
+  EXPECT_EQ(samples.at("strata_kv_store_items"), "7");
+  EXPECT_EQ(samples.at("strata_kv_store_corrupt_chunks_total"), "1");
+  EXPECT_EQ(samples.at("strata_kv_store_load_failures_total"), "1");
+  EXPECT_EQ(samples.at("strata_kv_store_ssd_available"), "1");
+  EXPECT_NE(text.find("# TYPE strata_kv_store_load_seconds summary\n"), std::string::npos);
 }
 
 TEST(MetricsTest, ConcurrentRecordingLosesNothing) {
