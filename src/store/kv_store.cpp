@@ -325,17 +325,24 @@ StatusOr<SaveTicket> KvStore::begin_save(const SaveRequest& request) {
     }
   }
   const int64_t first = target ? static_cast<int64_t>(target->chunks.size()) : 0;
-  const int64_t count = static_cast<int64_t>(request.chain.size()) - first;
+  int64_t count = static_cast<int64_t>(request.chain.size()) - first;
   SaveTicket ticket{target ? target->id : 0, first, {}};
   if (count <= 0) {
     if (target) touch(*target);
     return ticket;
   }
-  if (free_dram_slots() < count) {
+  if (free_dram_slots() < count) reclaim_clean_dram(count);
+  if (free_dram_slots() == 0) {
     ++stats_.saves_skipped;
     work_.notify_all();
     return resource_exhausted_error("KV store: no DRAM room for " + std::to_string(count) +
                                     " chunks now");
+  }
+  if (free_dram_slots() < count) {
+    // The leading chunks are worth keeping: a later turn loads them and extends the item.
+    count = free_dram_slots();
+    ++stats_.saves_partial;
+    work_.notify_all();
   }
   if (target == nullptr) {
     Item item;
@@ -360,7 +367,7 @@ StatusOr<SaveTicket> KvStore::begin_save(const SaveRequest& request) {
     target->session = request.session;
     by_session_[request.session] = target->id;
   }
-  target->pending.assign(request.chain.begin() + first, request.chain.end());
+  target->pending.assign(request.chain.begin() + first, request.chain.begin() + first + count);
   target->save_started = Clock::now();
   touch(*target);
   for (int64_t i = 0; i < count; ++i) {

@@ -95,6 +95,7 @@ struct StoreStats {
   int64_t prefetches = 0;         // items fetched SSD -> DRAM ahead of their job
   int64_t corrupt_chunks = 0;     // failed checksum or I/O on read: the item was dropped
   int64_t saves_skipped = 0;      // no DRAM room at save time
+  int64_t saves_partial = 0;      // room for the leading chunks only: those were saved
   int64_t expired = 0;            // dropped by TTL
   bool ssd_available = false;     // false without an SSD tier or after it failed
 };
@@ -156,8 +157,9 @@ class KvStore {
   void release(const StoreLease& lease, double load_seconds);
 
   // Reserves DRAM for the chunks of `request.chain` not stored yet, extending the session's or
-  // the matching content item when its chunks are a prefix of the chain, else a new item.
-  // RESOURCE_EXHAUSTED (counted) when DRAM has no room now.
+  // the matching content item when its chunks are a prefix of the chain, else a new item. With
+  // room for only some of them (after dropping DRAM copies of items also on SSD), the leading
+  // ones (counted); RESOURCE_EXHAUSTED (counted) when DRAM has no room at all now.
   StatusOr<SaveTicket> begin_save(const SaveRequest& request);
   // Publishes the ticket's chunks once `wait` (if set) returns: their bytes are written then.
   // With `wait` the publication happens on an I/O thread and the caller is never blocked.

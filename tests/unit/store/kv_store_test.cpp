@@ -185,6 +185,17 @@ TEST(KvStoreTest, SaveWithoutDramRoomIsSkippedNotBlocked) {
   EXPECT_EQ(store->stats().saves_skipped, 1);
 }
 
+TEST(KvStoreTest, ASaveWithRoomForSomeChunksKeepsTheLeadingOnes) {
+  auto store = KvStore::open(options(nullptr, 3)).value();
+  ASSERT_TRUE(save(*store, tokens(5, 8)).ok());    // 2 chunks
+  const std::vector<TokenId> long_prompt = tokens(6, 17);
+  ASSERT_TRUE(save(*store, long_prompt).ok());     // 4 chunks wanted, room for 1
+  EXPECT_EQ(store->stats().saves_partial, 1);
+  std::optional<StoreMatch> m = load_and_check(*store, long_prompt);
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->num_chunks, 1);
+}
+
 TEST(KvStoreTest, ItemsUnusedForTheTtlExpire) {
   StoreOptions o = options(nullptr, 8);
   o.ttl = std::chrono::seconds(1);
