@@ -4,10 +4,14 @@ KV configuration, reporting time to first token (TTFT) by turn index and where e
 history came from (CachedAttention's end-to-end comparison, on whatever device the server uses).
 
 Configurations (each a fresh server, the same workload and seed):
-  recompute        no prefix cache, no store: every turn recomputes its whole history (RE)
-  prefix-cache     the device pool's prefix cache only (the paper's "HBM-only")
-  store-lru        + host DRAM and SSD tiers with LRU eviction and no prefetching
-  cachedattention  + DRAM and SSD tiers with scheduler-aware prefetching and eviction
+  recompute             no prefix cache, no store: every turn recomputes its whole history (RE)
+  prefix-cache          the device pool's prefix cache only (the paper's "HBM-only")
+  store-lru             + host DRAM and SSD tiers with LRU eviction and no prefetching
+  cachedattention       + DRAM and SSD tiers with scheduler-aware prefetching and eviction
+  dram-ssd-lru          the store's tiers without the prefix cache, LRU (every reuse is a load)
+  dram-ssd-cachedattention   likewise, scheduler-aware
+The last two show the store's tiers when the device pool cannot keep the conversations (on a
+CPU the pool is at least one full context, which holds a small replay's conversations).
 
 Workload: --conversations ShareGPT conversations (the first of the file with at least two human
 turns), at most --max-turns human turns each, user messages cut to --max-user-chars. They arrive
@@ -47,8 +51,11 @@ CONFIGS = {
     "prefix-cache": [],
     "store-lru": ["kv_store.eviction_policy=lru"],
     "cachedattention": ["kv_store.eviction_policy=scheduler_aware"],
+    "dram-ssd-lru": ["kv_cache.enable_prefix_caching=false", "kv_store.eviction_policy=lru"],
+    "dram-ssd-cachedattention": ["kv_cache.enable_prefix_caching=false",
+                                 "kv_store.eviction_policy=scheduler_aware"],
 }
-STORE_CONFIGS = {"store-lru", "cachedattention"}
+STORE_CONFIGS = {"store-lru", "cachedattention", "dram-ssd-lru", "dram-ssd-cachedattention"}
 
 
 def load_conversations(path, count, max_turns, max_user_chars):
@@ -181,7 +188,7 @@ def main():
     parser.add_argument("--model", required=True)
     parser.add_argument("--sharegpt", required=True)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--configs", default="recompute,prefix-cache,store-lru,cachedattention")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--conversations", type=int, default=24)
     parser.add_argument("--max-turns", type=int, default=4)

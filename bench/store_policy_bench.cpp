@@ -28,10 +28,10 @@
 #include <deque>
 #include <filesystem>
 #include <iostream>
-#include <map>
 #include <nlohmann/json.hpp>
 #include <queue>
 #include <random>
+#include <spdlog/spdlog.h>
 #include <sstream>
 #include <string>
 #include <unordered_map>
@@ -320,6 +320,7 @@ std::vector<std::string> split(const std::string& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  spdlog::set_level(spdlog::level::warn);  // stdout carries the JSON result
   Options o;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
@@ -399,6 +400,8 @@ int main(int argc, char** argv) {
                        ? static_cast<double>(r.hit_tokens) / r.counted_history_tokens
                        : 0.0},
                   {"prefetches", r.stats.prefetches},
+                  {"saves_skipped", r.stats.saves_skipped},
+                  {"saves_partial", r.stats.saves_partial},
                   {"dram_evictions", r.stats.dram.evictions},
                   {"ssd_evictions", r.stats.ssd.evictions},
                   {"mean_queue_length", r.mean_queue_length},
