@@ -46,16 +46,18 @@ EngineOptions options_with(std::optional<store::StoreOptions> store, bool prefix
   return options;
 }
 
-StatusOr<std::unique_ptr<Engine>> try_make_engine(const EngineOptions& options) {
+StatusOr<std::unique_ptr<Engine>> try_make_engine(const EngineOptions& options,
+                                                  const std::string& model = STRATA_TEST_MODEL) {
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<model::ModelSource> source,
-                          model::open_model_source(STRATA_TEST_MODEL));
+                          model::open_model_source(model));
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<tokenizer::Tokenizer> tok,
                           tokenizer::Tokenizer::from_gguf(*source->gguf()));
   return Engine::create(std::move(source), std::move(tok), options);
 }
 
-std::unique_ptr<Engine> make_engine(const EngineOptions& options) {
-  StatusOr<std::unique_ptr<Engine>> engine = try_make_engine(options);
+std::unique_ptr<Engine> make_engine(const EngineOptions& options,
+                                    const std::string& model = STRATA_TEST_MODEL) {
+  StatusOr<std::unique_ptr<Engine>> engine = try_make_engine(options, model);
   EXPECT_TRUE(engine.ok()) << engine.status().to_string();
   return engine.ok() ? std::move(engine).value() : nullptr;
 }
@@ -289,19 +291,10 @@ class EngineTruncationTest : public ::testing::Test {
   }
   static std::unique_ptr<Engine> engine(double fraction, std::optional<store::StoreOptions> store,
                                         int layers = 2) {
-    StatusOr<std::unique_ptr<model::ModelSource>> source =
-        model::open_model_source(tiny_qwen2(layers));
-    EXPECT_TRUE(source.ok()) << source.status().to_string();
-    if (!source.ok()) return nullptr;
-    StatusOr<std::unique_ptr<tokenizer::Tokenizer>> tok =
-        tokenizer::Tokenizer::from_gguf(*(*source)->gguf());
     EngineOptions options;
     options.overflow_truncation_fraction = fraction;
     options.store = std::move(store);
-    StatusOr<std::unique_ptr<Engine>> e =
-        Engine::create(std::move(source).value(), std::move(tok).value(), options);
-    EXPECT_TRUE(e.ok()) << e.status().to_string();
-    return e.ok() ? std::move(e).value() : nullptr;
+    return make_engine(options, tiny_qwen2(layers));
   }
   static std::vector<TokenId> random_tokens(size_t n, uint32_t seed) {
     std::vector<TokenId> t(n);
