@@ -94,6 +94,14 @@ def main():
                                    request_serializer=request_type.SerializeToString,
                                    response_deserializer=response_type.FromString)
 
+    def other_server_stream(other_port, method, request_type):
+        """A streaming method of another server started by the test, once it is ready."""
+        ch = grpc.insecure_channel(f"127.0.0.1:{other_port}")
+        grpc.channel_ready_future(ch).result(timeout=30)
+        return ch.unary_stream(f"/strata.v1.Generation/{method}",
+                               request_serializer=request_type.SerializeToString,
+                               response_deserializer=pb.GenerateResponse.FromString)
+
     generate = unary_stream("Generate", pb.GenerateRequest)
     chat = unary_stream("Chat", pb.ChatRequest)
     abort = unary("Abort", pb.AbortRequest, pb.AbortResponse)
@@ -253,11 +261,7 @@ def main():
     def test_api_keys_and_tenants():
         keyed, keyed_port, _ = start_server("server.api_keys=[key-a, key-b]")
         try:
-            ch = grpc.insecure_channel(f"127.0.0.1:{keyed_port}")
-            grpc.channel_ready_future(ch).result(timeout=30)
-            keyed_generate = ch.unary_stream("/strata.v1.Generation/Generate",
-                                             request_serializer=pb.GenerateRequest.SerializeToString,
-                                             response_deserializer=pb.GenerateResponse.FromString)
+            keyed_generate = other_server_stream(keyed_port, "Generate", pb.GenerateRequest)
             prompt = "The history of the city is long and complicated. " * 12
             request = pb.GenerateRequest(prompt=prompt, sampling=greedy(2))
             for metadata in (None, [("authorization", "Bearer wrong")]):
@@ -280,11 +284,7 @@ def main():
         busy, busy_port, busy_http = start_server("scheduler.max_num_seqs=1",
                                                   "scheduler.max_queued_requests=2")
         try:
-            ch = grpc.insecure_channel(f"127.0.0.1:{busy_port}")
-            grpc.channel_ready_future(ch).result(timeout=30)
-            busy_generate = ch.unary_stream("/strata.v1.Generation/Generate",
-                                            request_serializer=pb.GenerateRequest.SerializeToString,
-                                            response_deserializer=pb.GenerateResponse.FromString)
+            busy_generate = other_server_stream(busy_port, "Generate", pb.GenerateRequest)
             codes, lock = [], threading.Lock()
 
             def client():
@@ -325,14 +325,6 @@ def main():
         finally:
             busy.kill()
 
-    def tier_metric(base, name, tier):
-        text = urllib.request.urlopen(f"http://127.0.0.1:{base}/metrics", timeout=10).read().decode()
-        prefix = f'{name}{{tier="{tier}"}} '
-        for line in text.splitlines():
-            if line.startswith(prefix):
-                return float(line.split()[1])
-        raise AssertionError(f"metric {prefix} missing")
-
     def test_kv_store_survives_kill_9():
         store_dir = tempfile.mkdtemp()
         # The prefix cache is off so turns load from the store; DRAM is small and half of it is
@@ -341,13 +333,6 @@ def main():
         settings = ["kv_cache.enable_prefix_caching=false", "kv_store.dram_bytes=16MiB",
                     "kv_store.dram_reserve_fraction=0.5", f"kv_store.ssd_dir={store_dir}",
                     "kv_store.ssd_bytes=1GiB", "kv_store.ssd_file_bytes=256MiB"]
-
-        def connect(p):
-            ch = grpc.insecure_channel(f"127.0.0.1:{p}")
-            grpc.channel_ready_future(ch).result(timeout=30)
-            return ch.unary_stream("/strata.v1.Generation/Chat",
-                                   request_serializer=pb.ChatRequest.SerializeToString,
-                                   response_deserializer=pb.GenerateResponse.FromString)
 
         def ask(call, messages):
             request = pb.ChatRequest(sampling=pb.SamplingParams(temperature=0, max_tokens=24,
@@ -361,7 +346,8 @@ def main():
         def wait_stored(base):
             # Saves publish when the device copy is done (at once on the CPU).
             deadline = time.time() + 30
-            while sum(tier_metric(base, "strata_kv_store_chunks", t) for t in ("dram", "ssd")) == 0:
+            while sum(metric(f'strata_kv_store_chunks{{tier="{t}"}}', base)
+                      for t in ("dram", "ssd")) == 0:
                 assert time.time() < deadline, "the turn was never stored"
                 time.sleep(0.05)
 
@@ -377,7 +363,7 @@ def main():
         story = "The old lighthouse keeper kept a log of every ship that passed the cape. " * 14
         first, first_port, first_http = start_server(*settings)
         try:
-            call = connect(first_port)
+            call = other_server_stream(first_port, "Chat", pb.ChatRequest)
             history = [("user", story + "What did the keeper keep?")]
             reply = ask(call, history)[0]
             wait_stored(first_http)
@@ -388,7 +374,7 @@ def main():
             history += [("assistant", second[0]), ("user", "Answer in one word.")]
             expected = ask(call, history)[1]
             deadline = time.time() + 30
-            while tier_metric(first_http, "strata_kv_store_chunks", "ssd") == 0:
+            while metric('strata_kv_store_chunks{tier="ssd"}', first_http) == 0:
                 assert time.time() < deadline, "nothing reached the SSD tier"
                 time.sleep(0.1)
             # Other conversations keep saving while the server is killed.
@@ -411,7 +397,7 @@ def main():
                 first.kill()
         second_server, second_port, second_http = start_server(*settings)
         try:
-            again = ask(connect(second_port), history)
+            again = ask(other_server_stream(second_port, "Chat", pb.ChatRequest), history)
             assert again[2].usage.cached_tier == "ssd", again[2].usage
             assert again[2].usage.cached_prompt_tokens >= 160, again[2].usage
             same_greedy_tokens(again[1], expected)
