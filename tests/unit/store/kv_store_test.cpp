@@ -354,6 +354,31 @@ TEST(KvStoreTest, AnItemThatFailsWhilePinnedLeavesAtItsLastRelease) {
   EXPECT_EQ(store->stats().items, 1);
 }
 
+TEST(KvStoreTest, ALoadWithoutDramRoomIsUnavailableAndKeepsTheItem) {
+  TempDir dir;
+  const std::vector<TokenId> a = tokens(12, 9);  // 2 chunks
+  {
+    auto store = KvStore::open(options(&dir, 2, 16)).value();
+    ASSERT_TRUE(save(*store, a).ok());
+  }  // now only on SSD
+  auto store = KvStore::open(options(&dir, 2, 16)).value();
+  // Fills DRAM with an item not on SSD, so nothing can be reclaimed without I/O.
+  ASSERT_TRUE(save(*store, tokens(13, 9), "filler").ok());
+  std::optional<StoreMatch> m = store->find(a, root(), {});
+  ASSERT_TRUE(m);
+  const int64_t misses = store->stats().dram.misses;
+  EXPECT_EQ(store->acquire(m->item, 0, m->num_chunks).status().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(store->stats().dram.misses, misses + 1);
+  EXPECT_EQ(store->stats().corrupt_chunks, 0);
+  // The item stays: once DRAM has room, it loads from SSD with the right bytes.
+  ASSERT_TRUE(store->erase_session("filler"));
+  Tier served = Tier::kDram;
+  std::optional<StoreMatch> loaded = load_and_check(*store, a, &served);
+  ASSERT_TRUE(loaded);
+  EXPECT_EQ(loaded->num_chunks, 2);
+  EXPECT_EQ(served, Tier::kSsd);
+}
+
 TEST(KvStoreTest, ATornJournalTailIsIgnored) {
   TempDir dir;
   const std::vector<TokenId> a = tokens(40, 9);
