@@ -63,7 +63,7 @@ def main():
         config = os.path.join(out_dir, f"deployment-{ports[0]}.yaml")
         with open(config, "w") as f:
             f.write(f"model:\n  path: {args.model}\nserver:\n  grpc_port: {ports[0]}\n"
-                    f"  http_port: {ports[1]}\n  shutdown_grace_seconds: 20\n")
+                    f"  http_port: {ports[1]}\n  shutdown_grace_seconds: 120\n")
         command = [args.binary, "serve", "--config", config]
         for o in overrides:
             command += ["--set", o]
@@ -412,7 +412,7 @@ def main():
         server.send_signal(signal.SIGTERM)
         _, _, last = collect(call)
         assert last.finish_reason == pb.FINISH_REASON_LENGTH, "the in-flight request finished"
-        assert server.wait(timeout=60) == 0
+        assert server.wait(timeout=180) == 0
 
     check("generate streams greedy text", test_generate_streams_greedy_text)
     check("generate from token ids", test_generate_from_token_ids)

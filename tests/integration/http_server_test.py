@@ -64,7 +64,7 @@ class Server:
         grpc_port, http_port = free_port(), free_port()
         self.process = subprocess.Popen(
             [binary, "serve", "--model", model, "--grpc-port", str(grpc_port),
-             "--http-port", str(http_port), "--served-name", SERVED_NAME, "--grace-seconds", "30",
+             "--http-port", str(http_port), "--served-name", SERVED_NAME, "--grace-seconds", "120",
              "--max-num-seqs", "64", *extra_args],
             stdout=subprocess.PIPE, text=True)
         lines = queue.Queue()
@@ -572,7 +572,7 @@ def main():
         server.process.send_signal(signal.SIGTERM)
         chunks += list(stream)
         assert chunks[-1].choices[0].finish_reason == "length", chunks[-1]
-        assert server.process.wait(timeout=120) == 0
+        assert server.process.wait(timeout=180) == 0
 
     try:
         check("models and health", test_models_and_health)
