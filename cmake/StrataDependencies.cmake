@@ -36,3 +36,5 @@ pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
 # Debian's cpp-httplib is a header plus a shared library built with OpenSSL, zlib and Brotli
 # support; its pkg-config file carries the defines that ABI needs.
 pkg_check_modules(CPP_HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)
+# xz-compressed data sets (strata bench).
+pkg_check_modules(LZMA REQUIRED IMPORTED_TARGET liblzma)

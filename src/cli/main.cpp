@@ -15,6 +15,7 @@ commands:
   serve      serve a model over gRPC
   generate   run one prompt and stream the continuation (offline, no server)
   chat       interactive multi-turn chat with a local model in the terminal
+  bench      benchmark a server or the in-process engine (serve, multiturn, offline)
 
 Run `strata <command> --help` for the options of a command.
 )";
@@ -37,6 +38,7 @@ int main(int argc, char** argv) {
   if (command == "generate") return strata::cli::run_generate(args);
   if (command == "chat") return strata::cli::run_chat(args);
   if (command == "serve") return strata::cli::run_serve(args);
+  if (command == "bench") return strata::cli::run_bench(args);
   std::fprintf(stderr, "strata: unknown command '%s'\n\n%s", command.c_str(), kUsage);
   return 2;
 }

@@ -83,16 +83,27 @@ void tiered_summary(std::string* out, std::string_view name, std::string_view he
   }
 }
 
-// The KV tiers: the device pool's prefix cache ("gpu", also the CPU pool), and the KV store's
-// host DRAM and SSD tiers (CachedAttention).
+// Prompt tokens per KV tier: the device pool's prefix cache ("gpu", also the CPU pool), and with
+// a KV store its host DRAM and SSD tiers (CachedAttention).
+void render_tier_hits(const engine::EngineStats& engine, std::string* out) {
+  constexpr std::string_view kName = "strata_kv_tier_hit_tokens_total";
+  constexpr std::string_view kHelp =
+      "Prompt tokens whose KV came from each tier instead of being computed.";
+  const auto gpu = static_cast<double>(engine.prefix_hit_tokens);
+  if (!engine.store) {
+    tiered(out, kName, "counter", kHelp, {{"gpu", gpu}});
+    return;
+  }
+  tiered(out, kName, "counter", kHelp,
+         {{"gpu", gpu},
+          {"dram", static_cast<double>(engine.store_loaded_tokens_dram)},
+          {"ssd", static_cast<double>(engine.store_loaded_tokens_ssd)}});
+}
+
+// The KV store's tiers (CachedAttention): host DRAM and SSD.
 void render_store(const engine::EngineStats& engine, std::string* out) {
   const store::StoreStats& s = *engine.store;
   auto d = [](int64_t v) { return static_cast<double>(v); };
-  tiered(out, "strata_kv_tier_hit_tokens_total", "counter",
-         "Prompt tokens whose KV came from each tier instead of being computed.",
-         {{"gpu", d(engine.prefix_hit_tokens)},
-          {"dram", d(engine.store_loaded_tokens_dram)},
-          {"ssd", d(engine.store_loaded_tokens_ssd)}});
   tiered(out, "strata_kv_store_hits_total", "counter", "Store loads served from each tier.",
          {{"dram", d(s.dram.hits)}, {"ssd", d(s.ssd.hits)}});
   tiered(out, "strata_kv_store_misses_total", "counter",
@@ -275,6 +286,7 @@ std::string Metrics::render(const engine::EngineStats& engine) const {
   counter("strata_swap_outs_total", "Preemptions that swapped KV out to host memory.",
           static_cast<double>(engine.num_swap_outs));
   counter("strata_engine_steps_total", "Engine steps run.", static_cast<double>(engine.num_steps));
+  render_tier_hits(engine, &out);
   if (engine.store) render_store(engine, &out);
   return out;
 }

@@ -236,9 +236,16 @@ TEST(MetricsTest, EngineGaugesAndCounters) {
 
 TEST(MetricsTest, KvTiersReportHitsBytesEvictionsAndLatency) {
   engine::EngineStats stats;
-  EXPECT_EQ(Metrics().render(stats).find("strata_kv_store_"), std::string::npos)
-      << "no store, no store families";
   stats.prefix_hit_tokens = 64;
+  {
+    const std::string without_store = Metrics().render(stats);
+    EXPECT_EQ(without_store.find("strata_kv_store_"), std::string::npos)
+        << "no store, no store families";
+    const auto samples = samples_of(without_store);
+    EXPECT_EQ(samples.at("strata_kv_tier_hit_tokens_total{tier=\"gpu\"}"), "64")
+        << "the device tier is always there";
+    EXPECT_FALSE(samples.contains("strata_kv_tier_hit_tokens_total{tier=\"dram\"}"));
+  }
   stats.prefix_evicted_blocks = 9;
   stats.store_loaded_tokens_dram = 320;
   stats.store_loaded_tokens_ssd = 48;

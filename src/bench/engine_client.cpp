@@ -1,0 +1,124 @@
+// The in-process client (`strata bench offline`) and the remote-client factory.
+
+#include "client_internal.h"
+#include "strata/engine/engine.h"
+#include "strata/tokenizer/chat_template.h"
+#include "strata/tokenizer/tokenizer.h"
+
+namespace strata::bench {
+
+namespace {
+
+class EngineClient final : public BenchClient {
+ public:
+  EngineClient(engine::Engine& engine, const tokenizer::ChatTemplate* chat_template,
+               std::string model_id, double temperature)
+      : engine_(engine), chat_template_(chat_template), model_id_(std::move(model_id)),
+        temperature_(temperature) {}
+
+  std::string describe() const override { return "in-process engine (" + model_id_ + ")"; }
+  std::string model_id() const override { return model_id_; }
+  Status probe() override { return Status(); }
+
+  RequestResult send(const BenchRequest& request, bool ignore_eos) override {
+    RequestResult result;
+    result.prompt_len = request.prompt_len;
+    engine::GenerateRequest generate;
+    StreamTiming timing;  // from here: tokenizing is part of serving, as it is for a server
+    if (request.messages.empty()) {
+      generate.prompt_token_ids =
+          engine_.tokenizer().encode(request.prompt, engine_.tokenizer().add_bos_by_default());
+    } else {
+      if (chat_template_ == nullptr) {
+        result.error = "the model has no chat template (set model.chat_template)";
+        return result;
+      }
+      std::vector<tokenizer::ChatMessage> messages;
+      for (const Message& m : request.messages) messages.push_back({m.role, m.content});
+      StatusOr<std::string> text = chat_template_->render(messages, true);
+      if (!text.ok()) {
+        result.error = text.status().to_string();
+        return result;
+      }
+      generate.prompt_token_ids =
+          engine_.tokenizer().encode(*text, chat_template_->encode_add_bos());
+    }
+    generate.sampling.temperature = temperature_;
+    generate.sampling.max_tokens = request.max_tokens;
+    generate.sampling.ignore_eos = ignore_eos;
+    StatusOr<std::shared_ptr<engine::RequestStream>> stream = engine_.submit(std::move(generate));
+    if (!stream.ok()) {
+      timing.finish(result);
+      result.error = stream.status().to_string();
+      return result;
+    }
+    engine::Usage usage;
+    std::optional<engine::FinishReason> finish;
+    std::string error;
+    while (std::optional<engine::RequestOutput> out = (*stream)->next()) {
+      if (!out->tokens.empty()) timing.on_chunk(out->text, result);
+      else result.generated_text += out->text;
+      usage = out->usage;
+      finish = out->finish_reason;
+      error = out->error;
+    }
+    timing.finish(result);
+    if (finish == engine::FinishReason::kError || finish == engine::FinishReason::kAbort) {
+      result.error = std::string(engine::finish_reason_name(*finish)) + ": " + error;
+      return result;
+    }
+    if (!timing.first_seen()) {
+      result.error = "finished without generated tokens";
+      return result;
+    }
+    result.success = true;
+    result.output_len = usage.completion_tokens;
+    result.server_prompt_tokens = usage.prompt_tokens;
+    result.cached_prompt_tokens = usage.cached_prompt_tokens;
+    result.cached_tier = usage.cached_tier;
+    return result;
+  }
+
+  std::optional<TierTokens> tier_hit_tokens() override {
+    const engine::EngineStats stats = engine_.stats();
+    return TierTokens{{"gpu", static_cast<double>(stats.prefix_hit_tokens)},
+                      {"dram", static_cast<double>(stats.store_loaded_tokens_dram)},
+                      {"ssd", static_cast<double>(stats.store_loaded_tokens_ssd)}};
+  }
+
+ private:
+  engine::Engine& engine_;
+  const tokenizer::ChatTemplate* chat_template_;
+  const std::string model_id_;
+  const double temperature_;
+};
+
+}  // namespace
+
+std::unique_ptr<BenchClient> make_engine_client(engine::Engine& engine,
+                                                const tokenizer::ChatTemplate* chat_template,
+                                                std::string model_id, double temperature) {
+  return std::make_unique<EngineClient>(engine, chat_template, std::move(model_id), temperature);
+}
+
+StatusOr<std::unique_ptr<BenchClient>> make_remote_client(const ClientOptions& options,
+                                                          const tokenizer::Tokenizer& tokenizer) {
+  if (options.backend == "openai" || options.backend == "openai-chat") {
+    STRATA_ASSIGN_OR_RETURN(HttpUrl url, parse_http_url(options.base_url));
+    return make_openai_client(options, std::move(url), tokenizer);
+  }
+  if (options.backend == "grpc") {
+    std::string target = options.base_url;
+    if (target.starts_with("grpc://")) target.erase(0, 7);
+    if (target.empty() || target.find("://") != std::string::npos ||
+        target.find(':') == std::string::npos) {
+      return invalid_argument_error("--base-url for the grpc backend is HOST:PORT, got \"" +
+                                    options.base_url + "\"");
+    }
+    return make_grpc_client(options, std::move(target));
+  }
+  return invalid_argument_error("--backend must be openai, openai-chat or grpc, got \"" +
+                                options.backend + "\"");
+}
+
+}  // namespace strata::bench
