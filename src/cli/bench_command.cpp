@@ -2,6 +2,8 @@
 // (offline), with vLLM-compatible flags and result files.
 
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -9,6 +11,7 @@
 #include <cstdlib>
 #include <ctime>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
@@ -19,6 +22,7 @@
 #include "strata/bench/load.h"
 #include "strata/bench/report.h"
 #include "strata/bench/workload.h"
+#include "strata/config/config_loader.h"
 #include "strata/model/gguf_file.h"
 #include "strata/tokenizer/tokenizer.h"
 
@@ -27,7 +31,7 @@ namespace {
 
 using Json = nlohmann::json;
 
-constexpr const char* kUsage = R"(usage: strata bench <serve|multiturn|offline> [options]
+constexpr const char* kUsage = R"(usage: strata bench <serve|multiturn|offline|compare> [options]
 
 Measures a serving endpoint the way `vllm bench serve` does (same flags where the concept is the
 same, same JSON result fields), so results diff against other engines.
@@ -37,6 +41,8 @@ same, same JSON result fields), so results diff against other engines.
   multiturn   real multi-turn conversations: each turn resends the history and waits for the
               answer plus a think time; reports TTFT by turn and KV cache hits per tier
   offline     the serve or multiturn workload against an engine in this process (no network)
+  compare     one workload across several engine configurations (in process) and peer servers,
+              at one or more request rates: a side-by-side table and PNG plots
 
 Quick start (a server from scripts/run.sh listens on HTTP port 8000 and gRPC port 50051):
   strata bench serve --dataset-name random --num-prompts 50 --max-concurrency 8
@@ -89,8 +95,19 @@ Results:
   --result-filename F     default {backend}-{rate}qps[-concurrency{N}]-{model}-{date}.json
   --disable-tqdm          no progress bar
 
-Offline (in-process engine): --workload serve|multiturn (default serve), and the deployment
-flags of `strata serve`: --model PATH, --config FILE, --device, --dtype, --set key=value, ...
+Offline and compare (in-process engine): --workload serve|multiturn (default serve), and the
+deployment flags of `strata serve`: --model PATH, --config FILE, --device, --dtype,
+--set section.key=value, ...
+
+Compare:
+  --variant NAME[:K=V,...]  an engine configuration: the deployment plus these overrides, e.g.
+                          recompute:kv_cache.enable_prefix_caching=false (repeatable)
+  --peer NAME=URL         an OpenAI-compatible server on the same workload, e.g.
+                          llama.cpp=http://127.0.0.1:8080 (repeatable)
+  --request-rates L       comma-separated rates to sweep (default: --request-rate)
+  --output-dir DIR        compare.json, compare.md and the plots (default bench-compare)
+  --no-plots              skip the PNG plots (ttft_cdf, ttft_by_turn, throughput_vs_rate)
+  --plot-python PATH      Python with matplotlib (default: the project's .venv)
 )";
 
 const std::set<std::string>& workload_flag_names() {
@@ -264,11 +281,11 @@ std::string timestamp() {
   return buffer;
 }
 
-// Runs the workload on `client`, prints the summary and saves the result if asked.
-Status run_and_report(const Flags& flags, bench::BenchClient& client, const Workload& workload,
-                      const std::string& backend, const std::string& tokenizer_id) {
-  STRATA_ASSIGN_OR_RETURN(bench::LoadOptions load, load_options(flags));
-  STRATA_ASSIGN_OR_RETURN(bench::ReportOptions report, report_options(flags));
+// Runs the workload on `client` with `load`: the result with vLLM's fields and the run's setup.
+StatusOr<Json> run_workload(const Flags& flags, bench::BenchClient& client,
+                            const Workload& workload, const bench::LoadOptions& load,
+                            const bench::ReportOptions& report, const std::string& backend,
+                            const std::string& tokenizer_id) {
   std::fprintf(stderr, "benchmarking %s, model %s\n", client.describe().c_str(),
                client.model_id().c_str());
   Json result;
@@ -283,8 +300,7 @@ Status run_and_report(const Flags& flags, bench::BenchClient& client, const Work
     result = bench::multiturn_metrics(bench::run_multiturn(client, workload.conversations, options),
                                       report);
   }
-  const std::string date = timestamp();
-  result["date"] = date;
+  result["date"] = timestamp();
   result["backend"] = backend;
   result["model_id"] = client.model_id();
   result["tokenizer_id"] = tokenizer_id;
@@ -295,37 +311,45 @@ Status run_and_report(const Flags& flags, bench::BenchClient& client, const Work
   result["max_concurrency"] = load.max_concurrency > 0 ? Json(load.max_concurrency) : Json();
   result["dataset_name"] = flags.get("dataset-name", workload.conversations.empty() ? "random"
                                                                                    : "sharegpt");
-  std::fputs(bench::format_summary(result, report).c_str(), stdout);
   const int64_t failed = result["failed"].get<int64_t>();
-  if (failed > 0) {
-    for (const Json& error : result["errors"]) {
-      if (error.get<std::string>().empty()) continue;
-      std::fprintf(stderr, "%lld requests failed; the first error: %s\n",
-                   static_cast<long long>(failed), error.get<std::string>().c_str());
-      break;
-    }
+  for (const Json& error : result["errors"]) {
+    if (failed == 0 || error.get<std::string>().empty()) continue;
+    std::fprintf(stderr, "%lld requests failed; the first error: %s\n",
+                 static_cast<long long>(failed), error.get<std::string>().c_str());
+    break;
   }
-  if (flags.has("save-result")) {
-    std::string name = flags.get("result-filename", "");
-    if (name.empty()) {
-      std::string model = client.model_id();
-      for (char& c : model) {
-        if (c == '/') c = '_';
-      }
-      const std::string rate = std::isfinite(load.request_rate)
-                                   ? Json(load.request_rate).dump()
-                                   : std::string("inf");
-      name = backend + "-" + rate + "qps" +
-             (load.max_concurrency > 0 ? "-concurrency" + std::to_string(load.max_concurrency)
-                                       : "") +
-             "-" + model + "-" + date + ".json";
-    }
-    const std::string path = flags.get("result-dir", ".") + "/" + name;
-    std::ofstream out(path);
-    out << result.dump(2) << "\n";
-    if (!out) return internal_error("cannot write the result file " + path);
-    std::fprintf(stderr, "saved %s\n", path.c_str());
+  return result;
+}
+
+Status write_file(const std::string& path, const std::string& text) {
+  std::ofstream out(path);
+  out << text;
+  out.close();
+  if (!out) return internal_error("cannot write " + path);
+  return Status();
+}
+
+// Runs the workload on `client`, prints the summary and saves the result if asked.
+Status run_and_report(const Flags& flags, bench::BenchClient& client, const Workload& workload,
+                      const std::string& backend, const std::string& tokenizer_id) {
+  STRATA_ASSIGN_OR_RETURN(bench::LoadOptions load, load_options(flags));
+  STRATA_ASSIGN_OR_RETURN(bench::ReportOptions report, report_options(flags));
+  STRATA_ASSIGN_OR_RETURN(Json result,
+                          run_workload(flags, client, workload, load, report, backend, tokenizer_id));
+  std::fputs(bench::format_summary(result, report).c_str(), stdout);
+  if (!flags.has("save-result")) return Status();
+  std::string name = flags.get("result-filename", "");
+  if (name.empty()) {
+    std::string model = client.model_id();
+    std::replace(model.begin(), model.end(), '/', '_');
+    name = backend + "-" + result["request_rate"].dump() + "qps" +
+           (load.max_concurrency > 0 ? "-concurrency" + std::to_string(load.max_concurrency) : "") +
+           "-" + model + "-" + result["date"].get<std::string>() + ".json";
+    std::erase(name, '"');
   }
+  const std::string path = flags.get("result-dir", ".") + "/" + name;
+  STRATA_RETURN_IF_ERROR(write_file(path, result.dump(2) + "\n"));
+  std::fprintf(stderr, "saved %s\n", path.c_str());
   return Status();
 }
 
@@ -376,6 +400,203 @@ Status bench_offline(const Flags& flags) {
   return run_and_report(flags, *client, workload, "offline", deployment.model.path);
 }
 
+// "NAME[:section.key=value,...]" -> name and overrides.
+struct Variant {
+  std::string name;
+  std::vector<std::pair<std::string, std::string>> overrides;
+};
+
+StatusOr<Variant> parse_variant(const std::string& spec) {
+  Variant variant;
+  const size_t colon = spec.find(':');
+  variant.name = spec.substr(0, colon);
+  if (variant.name.empty()) return invalid_argument_error("--variant " + spec + ": no name");
+  if (colon == std::string::npos) return variant;
+  std::stringstream in(spec.substr(colon + 1));
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos) {
+      return invalid_argument_error("--variant " + spec + ": '" + item +
+                                    "' is not section.key=value");
+    }
+    variant.overrides.emplace_back(item.substr(0, eq), item.substr(eq + 1));
+  }
+  return variant;
+}
+
+StatusOr<std::vector<double>> parse_rates(const Flags& flags) {
+  std::vector<double> rates;
+  std::stringstream in(flags.get("request-rates", flags.get("request-rate", "inf")));
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    char* end = nullptr;
+    const double rate = item == "inf" ? std::numeric_limits<double>::infinity()
+                                      : std::strtod(item.c_str(), &end);
+    if (item != "inf" && (item.empty() || *end != '\0' || !(rate > 0))) {
+      return invalid_argument_error("--request-rates: '" + item + "' is not a rate > 0 or inf");
+    }
+    rates.push_back(rate);
+  }
+  return rates;
+}
+
+std::string format_ms(double ms) {
+  char buffer[32];
+  std::snprintf(buffer, sizeof(buffer), "%.1f", ms);
+  return buffer;
+}
+
+// One row of the side-by-side table.
+std::string compare_row(const std::string& variant, const Json& r) {
+  auto ms = [&](const char* key) { return r.value(key, 0.0); };
+  double later_sum = 0, later_count = 0;  // turns after the first, weighted by requests
+  if (r.contains("turns")) {
+    for (const Json& turn : r["turns"]) {
+      if (turn["turn"].get<int64_t>() < 2) continue;
+      const double n = static_cast<double>(turn["requests"].get<int64_t>() -
+                                           turn["failed"].get<int64_t>());
+      later_sum += turn["mean_ttft_ms"].get<double>() * n;
+      later_count += n;
+    }
+  }
+  auto tier = [&](const char* name) -> std::string {
+    if (!r["tier_hit_tokens"].is_object() || !r["tier_hit_tokens"].contains(name)) return "-";
+    return std::to_string(static_cast<int64_t>(r["tier_hit_tokens"][name].get<double>()));
+  };
+  char line[512];
+  std::snprintf(line, sizeof(line),
+                "| %s | %s | %lld/%lld | %.2f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %s | %s "
+                "| %s | %s |\n",
+                variant.c_str(), r["request_rate"].dump().c_str(),
+                static_cast<long long>(r["completed"].get<int64_t>()),
+                static_cast<long long>(r["completed"].get<int64_t>() + r["failed"].get<int64_t>()),
+                r["request_throughput"].get<double>(), r["output_throughput"].get<double>(),
+                ms("mean_ttft_ms"), ms("median_ttft_ms"), ms("p90_ttft_ms"), ms("p99_ttft_ms"),
+                ms("mean_tpot_ms"),
+                later_count > 0 ? format_ms(later_sum / later_count).c_str() : "-",
+                tier("gpu").c_str(), tier("dram").c_str(), tier("ssd").c_str());
+  return line;
+}
+
+Status bench_compare(const Flags& flags, const std::vector<std::string>& args) {
+  const std::string kind = flags.get("workload", "serve");
+  if (kind != "serve" && kind != "multiturn") {
+    return invalid_argument_error("--workload must be serve or multiturn, got \"" + kind + "\"");
+  }
+  const bool multiturn = kind == "multiturn";
+  const std::vector<std::string>& variant_specs = flags.get_all("variant");
+  const std::vector<std::string>& peer_specs = flags.get_all("peer");
+  if (variant_specs.empty() && peer_specs.empty()) {
+    return invalid_argument_error("give at least one --variant NAME[:key=value,...] or "
+                                  "--peer NAME=URL");
+  }
+  STRATA_ASSIGN_OR_RETURN(std::vector<double> rates, parse_rates(flags));
+  STRATA_ASSIGN_OR_RETURN(bench::LoadOptions load, load_options(flags));
+  STRATA_ASSIGN_OR_RETURN(bench::ReportOptions report, report_options(flags));
+  STRATA_ASSIGN_OR_RETURN(config::DeploymentConfig base, deployment_from_flags(flags));
+  std::vector<Variant> variants;
+  for (const std::string& spec : variant_specs) {
+    STRATA_ASSIGN_OR_RETURN(Variant variant, parse_variant(spec));
+    config::DeploymentConfig d = base;
+    for (const auto& [key, value] : variant.overrides) {
+      const Status status = config::apply_override(d, key, value);
+      if (!status.ok()) return invalid_argument_error("--variant " + spec + ": " + status.message());
+    }
+    STRATA_RETURN_IF_ERROR(d.validate());
+    variants.push_back(std::move(variant));
+  }
+  const std::string out_dir = flags.get("output-dir", "bench-compare");
+  ::mkdir(out_dir.c_str(), 0755);
+  // One workload for every run, counted with the model's tokenizer.
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<tokenizer::Tokenizer> tok,
+                          load_tokenizer(base.model.path));
+  STRATA_ASSIGN_OR_RETURN(Workload workload, build_workload(flags, multiturn, *tok));
+  STRATA_ASSIGN_OR_RETURN(double temperature, flags.get_double("temperature", 0));
+
+  Json runs = Json::array();
+  std::string table =
+      "| variant | rate (req/s) | completed | req/s | output tok/s | TTFT mean (ms) | p50 | p90 "
+      "| p99 | TPOT mean (ms) | TTFT turns >= 2 (ms) | gpu hit tokens | dram | ssd |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+  auto record = [&](const std::string& name, Json setup, double rate, const Json& result) {
+    table += compare_row(name, result);
+    setup["variant"] = name;
+    setup["request_rate"] = std::isfinite(rate) ? Json(rate) : Json("inf");
+    setup["result"] = result;
+    runs.push_back(std::move(setup));
+  };
+  for (const Variant& variant : variants) {
+    config::DeploymentConfig d = base;
+    Json overrides = Json::object();
+    for (const auto& [key, value] : variant.overrides) {
+      STRATA_RETURN_IF_ERROR(config::apply_override(d, key, value));
+      overrides[key] = value;
+    }
+    for (double rate : rates) {
+      // A fresh engine per run: no run inherits another's cached KV.
+      std::fprintf(stderr, "[%s @ %g/s] loading %s ...\n", variant.name.c_str(), rate,
+                   d.model.path.c_str());
+      STRATA_ASSIGN_OR_RETURN(LoadedEngine loaded, load_engine(d));
+      if (multiturn && !loaded.chat_template) return loaded.chat_template_error;
+      std::unique_ptr<bench::BenchClient> client = bench::make_engine_client(
+          *loaded.engine, loaded.chat_template ? &*loaded.chat_template : nullptr,
+          loaded.engine->model_config().name, temperature);
+      bench::LoadOptions run_load = load;
+      run_load.request_rate = rate;
+      STRATA_ASSIGN_OR_RETURN(Json result, run_workload(flags, *client, workload, run_load,
+                                                         report, "offline", d.model.path));
+      record(variant.name, {{"kind", "offline"}, {"overrides", overrides}}, rate, result);
+    }
+  }
+  for (const std::string& spec : peer_specs) {
+    const size_t eq = spec.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      return invalid_argument_error("--peer " + spec + ": expected NAME=URL");
+    }
+    bench::ClientOptions options;
+    options.backend = multiturn ? "openai-chat" : "openai";
+    options.base_url = spec.substr(eq + 1);
+    options.temperature = temperature;
+    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<bench::BenchClient> client,
+                            bench::make_remote_client(options, *tok));
+    STRATA_RETURN_IF_ERROR(client->probe());
+    for (double rate : rates) {
+      bench::LoadOptions run_load = load;
+      run_load.request_rate = rate;
+      STRATA_ASSIGN_OR_RETURN(Json result, run_workload(flags, *client, workload, run_load,
+                                                         report, options.backend, base.model.path));
+      record(spec.substr(0, eq), {{"kind", "peer"}, {"base_url", options.base_url}}, rate, result);
+    }
+  }
+
+  std::string command = "strata bench compare";
+  for (const std::string& arg : args) {
+    command += arg.find_first_of(" ,;:") == std::string::npos ? " " + arg : " '" + arg + "'";
+  }
+  STRATA_RETURN_IF_ERROR(
+      write_file(out_dir + "/compare.json", Json{{"command", command}, {"runs", runs}}.dump(1)));
+  STRATA_RETURN_IF_ERROR(write_file(out_dir + "/compare.md", "Command: `" + command + "`\n\n" + table));
+  std::fputs(table.c_str(), stdout);
+  std::fprintf(stderr, "wrote %s/compare.json and %s/compare.md\n", out_dir.c_str(),
+               out_dir.c_str());
+  if (flags.has("no-plots")) return Status();
+  // Plots with matplotlib, in the project's Python environment.
+  const std::string python = flags.get("plot-python", STRATA_PLOT_PYTHON);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::execl(python.c_str(), python.c_str(), STRATA_PLOT_SCRIPT, out_dir.c_str(), nullptr);
+    std::_Exit(127);
+  }
+  int wait_status = 0;
+  if (pid < 0 || ::waitpid(pid, &wait_status, 0) < 0 || !WIFEXITED(wait_status) ||
+      WEXITSTATUS(wait_status) != 0) {
+    std::fprintf(stderr, "warning: no plots: %s %s failed (install matplotlib, or pass "
+                 "--plot-python PYTHON or --no-plots)\n", python.c_str(), STRATA_PLOT_SCRIPT);
+  }
+  return Status();
+}
+
 Status bench(const std::vector<std::string>& args) {
   if (args.empty() || args[0] == "--help" || args[0] == "help") {
     std::fputs(kUsage, args.empty() ? stderr : stdout);
@@ -386,23 +607,29 @@ Status bench(const std::vector<std::string>& args) {
   const std::vector<std::string> rest(args.begin() + 1, args.end());
   std::set<std::string> value_flags = workload_flag_names();
   std::set<std::string> repeated;
-  if (mode == "offline") {
+  std::set<std::string> switches = switch_flag_names();
+  if (mode == "offline" || mode == "compare") {
     value_flags.insert(deployment_flag_names().begin(), deployment_flag_names().end());
     repeated = deployment_repeated_flag_names();
+    if (mode == "compare") {
+      value_flags.insert({"request-rates", "output-dir", "plot-python"});
+      repeated.insert({"variant", "peer"});
+      switches.insert("no-plots");
+    }
   } else if (mode == "serve" || mode == "multiturn") {
     value_flags.insert(endpoint_flag_names().begin(), endpoint_flag_names().end());
     value_flags.erase("workload");
   } else {
     return invalid_argument_error("unknown bench mode \"" + mode +
-                                  "\" (serve, multiturn or offline; see strata bench --help)");
+                                  "\" (serve, multiturn, offline or compare; see --help)");
   }
-  STRATA_ASSIGN_OR_RETURN(Flags flags, Flags::parse(rest, value_flags, switch_flag_names(),
-                                                    repeated));
+  STRATA_ASSIGN_OR_RETURN(Flags flags, Flags::parse(rest, value_flags, switches, repeated));
   if (flags.has("help")) {
     std::fputs(kUsage, stdout);
     return Status();
   }
   if (mode == "offline") return bench_offline(flags);
+  if (mode == "compare") return bench_compare(flags, rest);
   return bench_remote(flags, mode == "multiturn");
 }
 

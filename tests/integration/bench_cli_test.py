@@ -3,7 +3,8 @@
 
 Starts the server on loopback with the default model and runs the benchmark CLI as a user would:
 `serve` over OpenAI HTTP (random prompts) and over gRPC (a ShareGPT file), `multiturn` over chat
-completions, `offline`. Each saved result is checked independently: the summary statistics are
+completions, `offline`, and `compare` (two engine variants and the server as a peer, two rates,
+with its table and PNG plots). Each saved result is checked independently: the summary statistics are
 recomputed with numpy from the per-request lists in the same file, ShareGPT prompt lengths are
 recounted with HF transformers' tokenizer of the same GGUF, output lengths match what was asked
 (ignore_eos), and vLLM's field names are all present. Also: an unreachable server and a malformed
@@ -198,7 +199,33 @@ def main():
                          "--save-result", "--goodput", "--think-time"):
                 assert flag in help_text, flag
 
+        def test_compare_variants_and_a_peer():
+            out = os.path.join(work, "compare")
+            done = bench("compare", "--model", args.model, "--dataset-name", "random",
+                         "--random-input-len", "16", "--random-output-len", "3", "--num-prompts",
+                         "3", "--variant", "recompute:kv_cache.enable_prefix_caching=false",
+                         "--variant", "default", "--peer", f"served={base}",
+                         "--request-rates", "20,50", "--output-dir", out, "--disable-tqdm")
+            with open(os.path.join(out, "compare.json")) as f:
+                compare = json.load(f)
+            runs = [(r["variant"], r["request_rate"]) for r in compare["runs"]]
+            assert runs == [(v, rate) for v in ("recompute", "default", "served")
+                            for rate in (20.0, 50.0)], runs
+            for run in compare["runs"]:
+                assert run["result"]["completed"] == 3, run["result"]["errors"]
+                assert run["result"]["output_lens"] == [3] * 3
+                check_statistics(run["result"])
+            assert compare["runs"][0]["overrides"] == {"kv_cache.enable_prefix_caching": "false"}
+            assert compare["runs"][4]["kind"] == "peer"
+            table = open(os.path.join(out, "compare.md")).read()
+            assert table.count("| recompute |") == 2 and table.count("| served |") == 2, table
+            assert "| recompute |" in done.stdout
+            for png in ("ttft_cdf.png", "throughput_vs_rate.png"):
+                with open(os.path.join(out, png), "rb") as f:
+                    assert f.read(8) == b"\x89PNG\r\n\x1a\n", png
+
         check("serve: random prompts over OpenAI HTTP", test_serve_random_over_http)
+        check("compare: engine variants and a peer server", test_compare_variants_and_a_peer)
         check("serve: ShareGPT over gRPC", test_serve_sharegpt_over_grpc)
         check("multiturn: TTFT by turn and tier hits", test_multiturn_reports_turns_and_tier_hits)
         check("unreachable server and bad data fail clearly",
