@@ -16,6 +16,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 
+def save(fig, ax, title, path):
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def main():
     out_dir = sys.argv[1]
     with open(os.path.join(out_dir, "compare.json")) as f:
@@ -36,11 +44,7 @@ def main():
     ax.set_xscale("log")
     ax.set_xlabel("TTFT (ms)")
     ax.set_ylabel("fraction of requests")
-    ax.set_title("TTFT CDF")
-    ax.grid(True, alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, "ttft_cdf.png"), dpi=120)
+    save(fig, ax, "TTFT CDF", os.path.join(out_dir, "ttft_cdf.png"))
     written.append("ttft_cdf.png")
 
     if any("turns" in r["result"] for r in runs):
@@ -53,11 +57,7 @@ def main():
         ax.set_xlabel("turn")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel("mean TTFT (ms)")
-        ax.set_title("TTFT by turn")
-        ax.grid(True, alpha=0.3)
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(os.path.join(out_dir, "ttft_by_turn.png"), dpi=120)
+        save(fig, ax, "TTFT by turn", os.path.join(out_dir, "ttft_by_turn.png"))
         written.append("ttft_by_turn.png")
 
     numeric = [r for r in runs if isinstance(r["request_rate"], (int, float))]
@@ -69,11 +69,7 @@ def main():
             ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
         ax.set_xlabel("request rate (req/s)")
         ax.set_ylabel("output tokens/s")
-        ax.set_title("Throughput vs request rate")
-        ax.grid(True, alpha=0.3)
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(os.path.join(out_dir, "throughput_vs_rate.png"), dpi=120)
+        save(fig, ax, "Throughput vs request rate", os.path.join(out_dir, "throughput_vs_rate.png"))
         written.append("throughput_vs_rate.png")
     print(" ".join(os.path.join(out_dir, w) for w in written))
 

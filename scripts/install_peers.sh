@@ -16,6 +16,10 @@ fi
 echo "[peers] building $LLAMA_CPP_PYTHON from source into $VENV" >&2
 [[ -x "$VENV/bin/python" ]] || python3 -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --upgrade pip
-CMAKE_ARGS="-DGGML_NATIVE=ON" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
-  "$VENV/bin/python" -m pip install -q --no-binary llama-cpp-python "$LLAMA_CPP_PYTHON"
+# Not GGML_NATIVE: on CPUs that report AMX (Sapphire Rapids and later) a native build uses AMX
+# tiles, and where the kernel has not granted them (VMs) llama_decode segfaults. The portable
+# x86-64 build keeps AVX2/FMA/F16C.
+CMAKE_ARGS="-DGGML_NATIVE=OFF" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
+  "$VENV/bin/python" -m pip install -q --force-reinstall --no-cache-dir \
+  --no-binary llama-cpp-python "$LLAMA_CPP_PYTHON"
 echo "$LLAMA_CPP_PYTHON" >"$VENV/.installed"
