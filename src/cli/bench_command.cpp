@@ -495,7 +495,8 @@ Status bench_compare(const Flags& flags, const std::vector<std::string>& args) {
   STRATA_ASSIGN_OR_RETURN(bench::LoadOptions load, load_options(flags));
   STRATA_ASSIGN_OR_RETURN(bench::ReportOptions report, report_options(flags));
   STRATA_ASSIGN_OR_RETURN(config::DeploymentConfig base, deployment_from_flags(flags));
-  std::vector<Variant> variants;
+  // Every variant's deployment is checked before anything runs.
+  std::vector<std::pair<Variant, config::DeploymentConfig>> variants;
   for (const std::string& spec : variant_specs) {
     STRATA_ASSIGN_OR_RETURN(Variant variant, parse_variant(spec));
     config::DeploymentConfig d = base;
@@ -504,7 +505,7 @@ Status bench_compare(const Flags& flags, const std::vector<std::string>& args) {
       if (!status.ok()) return invalid_argument_error("--variant " + spec + ": " + status.message());
     }
     STRATA_RETURN_IF_ERROR(d.validate());
-    variants.push_back(std::move(variant));
+    variants.emplace_back(std::move(variant), std::move(d));
   }
   const std::string out_dir = flags.get("output-dir", "bench-compare");
   ::mkdir(out_dir.c_str(), 0755);
@@ -526,13 +527,9 @@ Status bench_compare(const Flags& flags, const std::vector<std::string>& args) {
     setup["result"] = result;
     runs.push_back(std::move(setup));
   };
-  for (const Variant& variant : variants) {
-    config::DeploymentConfig d = base;
+  for (const auto& [variant, d] : variants) {
     Json overrides = Json::object();
-    for (const auto& [key, value] : variant.overrides) {
-      STRATA_RETURN_IF_ERROR(config::apply_override(d, key, value));
-      overrides[key] = value;
-    }
+    for (const auto& [key, value] : variant.overrides) overrides[key] = value;
     for (double rate : rates) {
       // A fresh engine per run: no run inherits another's cached KV.
       std::fprintf(stderr, "[%s @ %g/s] loading %s ...\n", variant.name.c_str(), rate,
