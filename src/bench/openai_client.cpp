@@ -167,7 +167,7 @@ class OpenAiClient final : public BenchClient {
     } else if (status != 200) {
       result.error = "HTTP " + std::to_string(status) + ": " + raw_body.substr(0, 300);
     } else if (!timing.first_seen()) {
-      result.error = "the stream ended without generated text";
+      result.error = "the stream ended without generated text (the server stopped at once)";
     } else {
       result.success = true;
       (void)done;  // some servers end the stream without [DONE]; the connection closing is enough

@@ -468,7 +468,9 @@ std::string compare_row(const std::string& variant, const Json& r) {
   std::snprintf(line, sizeof(line),
                 "| %s | %s | %lld/%lld | %.2f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %s | %s "
                 "| %s | %s |\n",
-                variant.c_str(), r["request_rate"].dump().c_str(),
+                variant.c_str(),
+                r["request_rate"].is_string() ? r["request_rate"].get<std::string>().c_str()
+                                              : r["request_rate"].dump().c_str(),
                 static_cast<long long>(r["completed"].get<int64_t>()),
                 static_cast<long long>(r["completed"].get<int64_t>() + r["failed"].get<int64_t>()),
                 r["request_throughput"].get<double>(), r["output_throughput"].get<double>(),
