@@ -105,7 +105,6 @@ class OpenAiClient final : public BenchClient {
     int status = 0;
     std::string pending;   // SSE bytes not yet split into events
     std::string raw_body;  // kept for error messages
-    bool done = false;
     StreamTiming timing;
     std::optional<int64_t> usage_tokens;
     http.response_handler = [&](const httplib::Response& response) {
@@ -125,10 +124,8 @@ class OpenAiClient final : public BenchClient {
         if (!line.empty() && line.back() == '\r') line.pop_back();
         if (!line.starts_with("data:")) continue;
         std::string payload = line.substr(line.size() > 5 && line[5] == ' ' ? 6 : 5);
-        if (payload == "[DONE]") {
-          done = true;
-          continue;
-        }
+        // Some servers end without [DONE]; the connection closing ends the stream either way.
+        if (payload == "[DONE]") continue;
         Json event = Json::parse(payload, nullptr, false);
         if (event.is_discarded()) {
           result.error = "malformed stream event: " + payload.substr(0, 200);
@@ -170,7 +167,6 @@ class OpenAiClient final : public BenchClient {
       result.error = "the stream ended without generated text (the server stopped at once)";
     } else {
       result.success = true;
-      (void)done;  // some servers end the stream without [DONE]; the connection closing is enough
       result.output_len = usage_tokens ? *usage_tokens
                                        : static_cast<int64_t>(
                                              tokenizer_.encode(result.generated_text, false).size());
