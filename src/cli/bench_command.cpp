@@ -1,7 +1,7 @@
 // `strata bench`: load generation against a server (serve, multiturn) or the in-process engine
 // (offline), with vLLM-compatible flags and result files.
 
-#include <sys/stat.h>
+#include <sys/stat.h>  // mkdir
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -23,7 +23,7 @@
 #include "strata/bench/report.h"
 #include "strata/bench/workload.h"
 #include "strata/config/config_loader.h"
-#include "strata/model/gguf_file.h"
+#include "strata/model/model_source.h"
 #include "strata/tokenizer/tokenizer.h"
 
 namespace strata::cli {
@@ -63,7 +63,7 @@ Endpoint (serve, multiturn):
   --metrics-url URL       Strata's /metrics, for KV cache hits per tier (default
                           {base-url}/metrics for openai*; none for grpc)
   --request-timeout S     seconds one request may take (default 600)
-  --tokenizer PATH        GGUF file, HF model directory or tokenizer.json that counts tokens
+  --tokenizer PATH        the served model's GGUF file or HF directory, to count tokens
                           (default: .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf)
 
 Workload:
@@ -133,17 +133,11 @@ const std::set<std::string>& switch_flag_names() {
   return kNames;
 }
 
+// The tokenizer of the model file or HF directory at `path`.
 StatusOr<std::unique_ptr<tokenizer::Tokenizer>> load_tokenizer(const std::string& path) {
-  struct stat info{};
-  if (::stat(path.c_str(), &info) != 0) {
-    return Status(StatusCode::kNotFound,
-                  "--tokenizer " + path + ": no such file (give the served model's GGUF file, "
-                  "HF directory or tokenizer.json)");
-  }
-  if (S_ISDIR(info.st_mode)) return tokenizer::Tokenizer::from_tokenizer_json(path + "/tokenizer.json");
-  if (path.ends_with(".json")) return tokenizer::Tokenizer::from_tokenizer_json(path);
-  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<model::GgufFile> gguf, model::GgufFile::open(path));
-  return tokenizer::Tokenizer::from_gguf(*gguf);
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<model::ModelSource> source,
+                          model::open_model_source(path));
+  return open_tokenizer(*source);
 }
 
 StatusOr<std::vector<double>> parse_doubles(const std::string& flag, const std::string& text) {

@@ -172,17 +172,16 @@ StatusOr<sampling::SamplingParams> parse_sampling(const Flags& flags, double def
   return p;
 }
 
+StatusOr<std::unique_ptr<tokenizer::Tokenizer>> open_tokenizer(const model::ModelSource& source) {
+  if (const model::GgufFile* gguf = source.gguf()) return tokenizer::Tokenizer::from_gguf(*gguf);
+  return tokenizer::Tokenizer::from_tokenizer_json(source.tokenizer_json_path());
+}
+
 StatusOr<LoadedEngine> load_engine(const config::DeploymentConfig& deployment) {
   STRATA_ASSIGN_OR_RETURN(engine::EngineOptions options, engine_options(deployment));
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<model::ModelSource> source,
                           model::open_model_source(deployment.model.path));
-  std::unique_ptr<tokenizer::Tokenizer> tok;
-  if (const model::GgufFile* gguf = source->gguf()) {
-    STRATA_ASSIGN_OR_RETURN(tok, tokenizer::Tokenizer::from_gguf(*gguf));
-  } else {
-    STRATA_ASSIGN_OR_RETURN(tok, tokenizer::Tokenizer::from_tokenizer_json(
-                                     source->tokenizer_json_path()));
-  }
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<tokenizer::Tokenizer> tok, open_tokenizer(*source));
   LoadedEngine loaded;
   StatusOr<tokenizer::ChatTemplate> chat = tokenizer::ChatTemplate::from_source(
       tok->chat_template_source(), to_template_kind(deployment.model.chat_template));

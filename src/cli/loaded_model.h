@@ -32,6 +32,9 @@ struct LoadedEngine {
   Status chat_template_error;  // why chat_template is empty
 };
 
+// The tokenizer of a model: its GGUF metadata, or the HF directory's tokenizer.json.
+StatusOr<std::unique_ptr<tokenizer::Tokenizer>> open_tokenizer(const model::ModelSource& source);
+
 // Opens the model and tokenizer and builds the engine. UNIMPLEMENTED for
 // devices.tensor_parallel_size > 1.
 StatusOr<LoadedEngine> load_engine(const config::DeploymentConfig& deployment);

@@ -191,9 +191,18 @@ def main():
             done = bench("serve", "--base-url", base, "--tokenizer", args.model,
                          "--dataset-name", "sharegpt", "--dataset-path", bad, expect_rc=2)
             assert "bad.json: record 0" in done.stderr, done.stderr
+            done = bench("serve", "--backend", "grpc", "--base-url", f"127.0.0.1:{free_port()}",
+                         "--tokenizer", args.model, "--num-prompts", "1", expect_rc=1)
+            assert "cannot reach a Strata gRPC server" in done.stderr, done.stderr
             done = bench("serve", "--request-rate", "-1", "--tokenizer", args.model,
                          "--base-url", base, expect_rc=2)
             assert "--request-rate" in done.stderr, done.stderr
+            done = bench("serve", "--goodput", "ttft", "--tokenizer", args.model, "--base-url",
+                         base, "--num-prompts", "1", expect_rc=2)
+            assert "--goodput" in done.stderr, done.stderr
+            done = bench("serve", "--tokenizer", os.path.join(work, "missing.gguf"),
+                         "--base-url", base, expect_rc=1)
+            assert "missing.gguf" in done.stderr, done.stderr
             help_text = bench("--help").stdout
             for flag in ("--base-url", "--dataset-name", "--request-rate", "--max-concurrency",
                          "--save-result", "--goodput", "--think-time"):
