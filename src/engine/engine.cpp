@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <future>
 
@@ -28,6 +29,28 @@ std::string store_session_key(const std::string& session) {
   std::snprintf(hex, sizeof(hex), "%016llx%016llx", static_cast<unsigned long long>(h.high64),
                 static_cast<unsigned long long>(h.low64));
   return hex;
+}
+
+// The raw logprob of `target` under one row of logits, with the `num_top` most likely tokens
+// (descending, lowest id first among equals).
+TokenOutput score_token(std::span<const float> logits, TokenId target, int32_t num_top) {
+  const float max = *std::max_element(logits.begin(), logits.end());
+  double sum = 0;
+  for (float x : logits) sum += std::exp(static_cast<double>(x - max));
+  const double log_z = max + std::log(sum);
+  TokenOutput out{target, static_cast<float>(logits[target] - log_z), {}};
+  if (num_top > 0) {
+    std::vector<TokenId> ids(logits.size());
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<TokenId>(i);
+    const auto top = ids.begin() + std::min<size_t>(num_top, ids.size());
+    std::partial_sort(ids.begin(), top, ids.end(), [&](TokenId a, TokenId b) {
+      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    });
+    for (auto it = ids.begin(); it != top; ++it) {
+      out.top_logprobs.push_back({*it, static_cast<float>(logits[*it] - log_z)});
+    }
+  }
+  return out;
 }
 
 }  // namespace
@@ -97,6 +120,10 @@ struct Engine::Active {
     std::vector<int64_t> chunks;
   };
   std::optional<StoredPrefix> stored;
+  // With SamplingParams::prompt_logprobs: entry i scores prompt token i + 1; sent with the first
+  // token.
+  std::vector<TokenOutput> prompt_logprobs;
+  bool scores_prompt() const { return sampler.params().prompt_logprobs.has_value(); }
 };
 
 StatusOr<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<model::ModelSource> source,
@@ -204,6 +231,12 @@ StatusOr<std::shared_ptr<RequestStream>> Engine::submit(GenerateRequest request)
                                   std::to_string(config.max_context_tokens));
   }
   STRATA_RETURN_IF_ERROR(request.sampling.validate(config.vocab_size));
+  if (request.sampling.prompt_logprobs && prompt_len >= config.max_context_tokens) {
+    return invalid_argument_error("prompt_logprobs: the " + std::to_string(prompt_len) +
+                                  "-token prompt must fit in the context window of " +
+                                  std::to_string(config.max_context_tokens) +
+                                  " to be scored (it would be truncated)");
+  }
   std::shared_ptr<RequestStream> stream;
   {
     std::scoped_lock lock(mutex_);
@@ -288,11 +321,14 @@ void Engine::admit(std::vector<std::pair<GenerateRequest, std::shared_ptr<Reques
         sampling::SequenceSampler(request.sampling, vocab, request.prompt_token_ids),
         sampling::StopChecker(request.sampling), tokenizer::StreamDecoder(*tokenizer_),
         std::move(stop_ids), Clock::now(), {}, false, request.tenant,
-        store_session_key(request.session), 0, std::nullopt});
+        store_session_key(request.session), 0, std::nullopt, {}});
     std::vector<TokenId>& prompt = request.prompt_token_ids;
     active->usage.prompt_tokens = static_cast<int64_t>(prompt.size());
     std::optional<store::StoreMatch> match;
-    if (store_) {
+    const bool scores_prompt = request.sampling.prompt_logprobs.has_value();
+    if (scores_prompt) {
+      active->prompt_logprobs.resize(std::max<size_t>(prompt.size(), 1) - 1);
+    } else if (store_) {
       match = store_->find(prompt, store_root(request.tenant), active->session);
     }
     const int64_t drop = tokens_to_drop(prompt, match);
@@ -303,7 +339,7 @@ void Engine::admit(std::vector<std::pair<GenerateRequest, std::shared_ptr<Reques
       active->usage.truncated_prompt_tokens = drop;
     }
     Status added = scheduler_->add(seq, std::move(prompt), request.priority,
-                                   std::move(request.tenant));
+                                   std::move(request.tenant), /*cacheable=*/!scores_prompt);
     Active& ref = *active;
     active_.emplace(seq, std::move(active));
     if (!added.ok()) {
@@ -446,6 +482,19 @@ void Engine::save_to_store(Active& active) {
   store_->commit_save(*std::move(ticket), *std::move(written));
 }
 
+void Engine::record_prompt_logprobs(Active& active, int64_t start_position, const float* logits,
+                                    int64_t num_rows, int64_t vocab) {
+  const std::vector<TokenId>& tokens = kv_->tokens(SeqId{active.id.value});
+  const int32_t num_top = *active.sampler.params().prompt_logprobs;
+  // Row r is the distribution after position start_position + r: it scores the token after it.
+  for (int64_t r = 0; r < num_rows; ++r) {
+    const int64_t target = start_position + r + 1;
+    if (target >= active.usage.prompt_tokens) break;
+    active.prompt_logprobs[target - 1] =
+        score_token(std::span<const float>(logits + r * vocab, vocab), tokens[target], num_top);
+  }
+}
+
 void Engine::publish_store_queue() {
   std::vector<store::ItemId> queue;
   for (SeqId seq : scheduler_->waiting()) {
@@ -482,6 +531,7 @@ void Engine::emit_token(Active& active, const sampling::SampleResult& sample) {
   }
   RequestOutput out;
   out.tokens.push_back({sample.token, sample.logprob, sample.top_logprobs});
+  if (usage.completion_tokens == 1) out.prompt_logprobs = std::move(active.prompt_logprobs);
   const sampling::SamplingParams& params = active.sampler.params();
   const bool is_stop_token = std::find(active.stop_ids.begin(), active.stop_ids.end(),
                                        sample.token) != active.stop_ids.end();
@@ -523,7 +573,8 @@ void Engine::step() {
       Active& active = *active_.at(seq);
       active.stored.reset();
       // Swapped out, or already admitted again in this step (it holds blocks), or truncated.
-      if (kv_->is_swapped(seq) || !kv_->tables(seq).empty() || active.dropped_tokens > 0) {
+      if (kv_->is_swapped(seq) || !kv_->tables(seq).empty() || active.dropped_tokens > 0 ||
+          active.scores_prompt()) {
         continue;
       }
       if (std::optional<store::StoreMatch> match =
@@ -551,6 +602,11 @@ void Engine::step() {
     c.tables = kv_->tables(chunk.seq);
     c.logits = chunk.samples ? executor::LogitsMode::kLast : executor::LogitsMode::kNone;
     Active& active = *active_.at(chunk.seq);
+    // Until the first token is out, a scored prompt needs every position's logits (a sequence
+    // recomputed after preemption has them already).
+    if (active.scores_prompt() && active.usage.completion_tokens == 0) {
+      c.logits = executor::LogitsMode::kAll;
+    }
     if (!active.prefix_hit_recorded) {
       active.usage.cached_prompt_tokens += kv_->num_prefix_hit_tokens(chunk.seq);
       if (active.usage.cached_tier.empty() && kv_->num_prefix_hit_tokens(chunk.seq) > 0) {
@@ -572,10 +628,17 @@ void Engine::step() {
   scheduler_->on_batch_done(batch);
   const int64_t vocab = result->vocab_size;
   for (size_t i = 0; i < batch.chunks.size(); ++i) {
-    if (!batch.chunks[i].samples) continue;
-    Active& active = *active_.at(batch.chunks[i].seq);
-    const float* row = result->logits.data() + result->row_offsets[i] * vocab;
-    emit_token(active, active.sampler.sample(std::span<const float>(row, vocab)));
+    const scheduler::ScheduledChunk& chunk = batch.chunks[i];
+    const int64_t num_rows = result->row_offsets[i + 1] - result->row_offsets[i];
+    if (num_rows == 0) continue;
+    Active& active = *active_.at(chunk.seq);
+    const float* rows = result->logits.data() + result->row_offsets[i] * vocab;
+    if (forward.chunks[i].logits == executor::LogitsMode::kAll) {
+      record_prompt_logprobs(active, chunk.start_position, rows, num_rows, vocab);
+    }
+    if (!chunk.samples) continue;
+    const float* last = rows + (num_rows - 1) * vocab;  // the distribution of the next token
+    emit_token(active, active.sampler.sample(std::span<const float>(last, vocab)));
   }
   std::scoped_lock lock(mutex_);
   ++stats_.num_steps;

@@ -45,7 +45,7 @@ KvCacheManager::Sequence& KvCacheManager::get(SeqId seq) {
 }
 
 Status KvCacheManager::add_sequence(SeqId seq, std::vector<TokenId> prompt,
-                                    std::string tenant_salt) {
+                                    std::string tenant_salt, bool cacheable) {
   if (sequences_.contains(seq)) {
     return invalid_argument_error("sequence " + std::to_string(seq.value) + " already exists");
   }
@@ -53,6 +53,7 @@ Status KvCacheManager::add_sequence(SeqId seq, std::vector<TokenId> prompt,
   Sequence s;
   s.tokens = std::move(prompt);
   s.tenant_salt = std::move(tenant_salt);
+  s.cacheable = cacheable;
   s.last_hash = prefix_root(prefix_.model_fingerprint, format_, geometry_.block_size_tokens,
                             s.tenant_salt);
   sequences_.emplace(seq, std::move(s));

@@ -54,6 +54,9 @@ Status SamplingParams::validate(int64_t vocab_size) const {
   if (num_logprobs < 0 || num_logprobs > kMaxNumLogprobs) {
     return field_error("num_logprobs", "in [0, 20]", num_logprobs);
   }
+  if (prompt_logprobs && (*prompt_logprobs < 0 || *prompt_logprobs > kMaxNumLogprobs)) {
+    return field_error("prompt_logprobs", "in [0, 20]", *prompt_logprobs);
+  }
 
   for (size_t i = 0; i < stop_token_ids.size(); ++i) {
     const TokenId id = stop_token_ids[i];

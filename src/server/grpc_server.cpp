@@ -53,7 +53,18 @@ sampling::SamplingParams to_sampling(const pb::SamplingParams& p) {
   s.stop_token_ids.assign(p.stop_token_ids().begin(), p.stop_token_ids().end());
   s.ignore_eos = p.ignore_eos();
   s.num_logprobs = p.logprobs();
+  if (p.has_prompt_logprobs()) s.prompt_logprobs = p.prompt_logprobs();
   return s;
+}
+
+void set_logprobs(const engine::TokenOutput& token, pb::TokenLogprobs* out) {
+  out->set_token_id(token.token);
+  out->set_logprob(token.logprob);
+  for (const sampling::TokenLogprob& alt : token.top_logprobs) {
+    pb::TokenLogprob* a = out->add_top();
+    a->set_token_id(alt.token);
+    a->set_logprob(alt.logprob);
+  }
 }
 
 pb::FinishReason to_proto(engine::FinishReason reason) {
@@ -259,14 +270,10 @@ class GenerationService final : public pb::Generation::Service {
       }
       for (const engine::TokenOutput& t : out.tokens) {
         response.add_token_ids(t.token);
-        pb::TokenLogprobs* lp = response.add_logprobs();
-        lp->set_token_id(t.token);
-        lp->set_logprob(t.logprob);
-        for (const sampling::TokenLogprob& alt : t.top_logprobs) {
-          pb::TokenLogprob* a = lp->add_top();
-          a->set_token_id(alt.token);
-          a->set_logprob(alt.logprob);
-        }
+        set_logprobs(t, response.add_logprobs());
+      }
+      for (const engine::TokenOutput& t : out.prompt_logprobs) {
+        set_logprobs(t, response.add_prompt_logprobs());
       }
       response.set_text(out.text);
       *reply += out.text;

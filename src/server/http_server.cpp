@@ -350,6 +350,23 @@ class Service {
       request.sampling.max_tokens = chat ? room : std::min(kDefaultCompletionMaxTokens, room);
     }
     request.tenant = tenant_salt(bearer_key(req), parsed->user);
+    openai::ResponseBuilder::Options response_options;
+    response_options.endpoint = endpoint;
+    response_options.id = chat ? "chatcmpl-" : "cmpl-";
+    response_options.model = options_.served_name;
+    response_options.created = std::chrono::duration_cast<std::chrono::seconds>(
+                                   std::chrono::system_clock::now().time_since_epoch())
+                                   .count();
+    response_options.logprobs = parsed->logprobs;
+    response_options.include_usage = parsed->include_usage;
+    if (parsed->echo) {
+      response_options.echo = true;
+      response_options.prompt_token_ids = request.prompt_token_ids;
+      response_options.prompt_text =
+          parsed->prompt_text ? *parsed->prompt_text
+                              : engine_.tokenizer().decode(request.prompt_token_ids,
+                                                           /*skip_special=*/false);
+    }
     StatusOr<std::shared_ptr<engine::RequestStream>> submitted = engine_.submit(std::move(request));
     if (!submitted.ok()) {
       // The engine names the prompt "prompt"; a chat's prompt is its messages.
@@ -365,14 +382,8 @@ class Service {
     in.socket = find_connection_socket(req);
     in.received = received;
     if (options_.request_timeout.count() > 0) in.timeout_at = received + options_.request_timeout;
-    openai::ResponseBuilder builder(
-        {endpoint, (chat ? "chatcmpl-" : "cmpl-") + std::to_string(in.stream->id().value),
-         options_.served_name,
-         std::chrono::duration_cast<std::chrono::seconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-             .count(),
-         parsed->logprobs, parsed->include_usage},
-        engine_.tokenizer());
+    response_options.id += std::to_string(in.stream->id().value);
+    openai::ResponseBuilder builder(std::move(response_options), engine_.tokenizer());
     if (parsed->stream) {
       auto state = std::make_shared<StreamState>(
           StreamState{std::move(in), std::move(builder), parsed->include_usage, false});

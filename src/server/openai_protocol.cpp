@@ -133,8 +133,6 @@ Status check_unsupported(const Json& root) {
   if (n && *n != 1) return field_error("n", "only n = 1 is supported, got " + std::to_string(*n));
   STRATA_ASSIGN_OR_RETURN(std::optional<int64_t> best_of, integer_field(root, "best_of"));
   if (best_of && *best_of != 1) return field_error("best_of", "only best_of = 1 is supported");
-  STRATA_ASSIGN_OR_RETURN(std::optional<bool> echo, bool_field(root, "echo"));
-  if (echo.value_or(false)) return field_error("echo", "is not supported");
   STRATA_ASSIGN_OR_RETURN(std::optional<std::string> suffix, string_field(root, "suffix"));
   if (suffix && !suffix->empty()) return field_error("suffix", "is not supported");
   if (const Json* v = find_field(root, "logit_bias")) {
@@ -264,6 +262,10 @@ Status parse_sampling(const Json& root, Endpoint endpoint, ParsedRequest* out) {
     }
     out->logprobs = logprobs.has_value();
     s.num_logprobs = static_cast<int32_t>(logprobs.value_or(0));
+    STRATA_ASSIGN_OR_RETURN(std::optional<bool> echo, bool_field(root, "echo"));
+    out->echo = echo.value_or(false);
+    // Echoed with logprobs, the prompt is scored as well (loglikelihood, perplexity).
+    if (out->echo && out->logprobs) s.prompt_logprobs = s.num_logprobs;
   }
   return Status::ok_status();
 }
@@ -447,8 +449,9 @@ StatusOr<ParsedRequest> parse_request(Endpoint endpoint, std::string_view body,
 
   // max_tokens was checked above under the name the request used.
   const bool chat = endpoint == Endpoint::kChatCompletions;
-  STRATA_RETURN_IF_ERROR(rename_field(out.sampling.validate(vocab_size), "num_logprobs",
-                                      chat ? "top_logprobs" : "logprobs"));
+  STRATA_RETURN_IF_ERROR(rename_field(
+      rename_field(out.sampling.validate(vocab_size), "num_logprobs", chat ? "top_logprobs" : "logprobs"),
+      "prompt_logprobs", "logprobs"));
   return out;
 }
 
@@ -526,28 +529,50 @@ Json chat_logprobs(const tokenizer::Tokenizer& tokenizer,
   return Json{{"content", std::move(content)}, {"refusal", nullptr}};
 }
 
-// Completions: {"tokens", "token_logprobs", "top_logprobs": [{token: logprob}], "text_offset"}.
-Json completion_logprobs(const tokenizer::Tokenizer& tokenizer,
-                         std::span<const engine::TokenOutput> tokens, int64_t* text_offset) {
-  Json strings = Json::array(), logprobs = Json::array(), tops = Json::array(),
-       offsets = Json::array();
-  for (const engine::TokenOutput& t : tokens) {
-    std::string text = token_text(tokenizer, t.token).text;
-    Json top = Json::object();
-    for (const sampling::TokenLogprob& alt : t.top_logprobs) {
-      top[token_text(tokenizer, alt.token).text] = finite_logprob(alt.logprob);
+}  // namespace
+
+// Completions: {"tokens", "token_logprobs", "top_logprobs": [{token: logprob}], "text_offset"},
+// built token by token; `text_offset` counts characters across calls. An echoed prompt's first
+// token has null for its logprob and its alternatives (nothing comes before it).
+class CompletionLogprobs {
+ public:
+  CompletionLogprobs(const tokenizer::Tokenizer& tokenizer, int64_t* text_offset)
+      : tokenizer_(tokenizer), text_offset_(text_offset) {}
+
+  void add_unscored(TokenId token) { add_entry(token, nullptr, nullptr); }
+  void add(std::span<const engine::TokenOutput> tokens) {
+    for (const engine::TokenOutput& t : tokens) {
+      Json top = Json::object();
+      for (const sampling::TokenLogprob& alt : t.top_logprobs) {
+        top[token_text(tokenizer_, alt.token).text] = finite_logprob(alt.logprob);
+      }
+      add_entry(t.token, finite_logprob(t.logprob), std::move(top));
     }
-    offsets.push_back(*text_offset);
-    *text_offset += num_chars(text);
-    strings.push_back(std::move(text));
-    logprobs.push_back(finite_logprob(t.logprob));
-    tops.push_back(std::move(top));
   }
-  return Json{{"tokens", std::move(strings)},
-              {"token_logprobs", std::move(logprobs)},
-              {"top_logprobs", std::move(tops)},
-              {"text_offset", std::move(offsets)}};
-}
+  Json take() {
+    return Json{{"tokens", std::move(strings_)},
+                {"token_logprobs", std::move(logprobs_)},
+                {"top_logprobs", std::move(tops_)},
+                {"text_offset", std::move(offsets_)}};
+  }
+
+ private:
+  void add_entry(TokenId token, Json logprob, Json top) {
+    std::string text = token_text(tokenizer_, token).text;
+    offsets_.push_back(*text_offset_);
+    *text_offset_ += num_chars(text);
+    strings_.push_back(std::move(text));
+    logprobs_.push_back(std::move(logprob));
+    tops_.push_back(std::move(top));
+  }
+
+  const tokenizer::Tokenizer& tokenizer_;
+  int64_t* text_offset_;
+  Json strings_ = Json::array(), logprobs_ = Json::array(), tops_ = Json::array(),
+       offsets_ = Json::array();
+};
+
+namespace {
 
 Json finish_json(const std::optional<engine::FinishReason>& reason) {
   return reason ? Json(finish_reason_string(*reason)) : Json(nullptr);
@@ -574,12 +599,20 @@ std::vector<std::string> ResponseBuilder::stream_chunks(const engine::RequestOut
                             {"finish_reason", nullptr}}));
     sent_role_ = true;
   }
-  const bool has_logprobs = options_.logprobs && !delta.tokens.empty();
-  if (delta.text.empty() && !has_logprobs && !delta.finish_reason) return chunks;
+  // An echoed prompt goes out with the first delta, before its text.
+  const bool echo_now = options_.echo && !echoed_;
+  echoed_ = true;
+  const std::string text = echo_now ? options_.prompt_text + delta.text : delta.text;
+  const bool has_logprobs = options_.logprobs && (echo_now || !delta.tokens.empty());
+  if (text.empty() && !has_logprobs && !delta.finish_reason) return chunks;
   Json logprobs = nullptr;
-  if (has_logprobs) {
-    logprobs = chat ? chat_logprobs(tokenizer_, delta.tokens)
-                    : completion_logprobs(tokenizer_, delta.tokens, &text_offset_);
+  if (has_logprobs && chat) {
+    logprobs = chat_logprobs(tokenizer_, delta.tokens);
+  } else if (has_logprobs) {
+    CompletionLogprobs completion(tokenizer_, &text_offset_);
+    if (echo_now) add_echoed_prompt(completion, delta.prompt_logprobs);
+    completion.add(delta.tokens);
+    logprobs = completion.take();
   }
   if (chat) {
     Json message = Json::object();
@@ -590,7 +623,7 @@ std::vector<std::string> ResponseBuilder::stream_chunks(const engine::RequestOut
                             {"finish_reason", finish_json(delta.finish_reason)}}));
   } else {
     chunks.push_back(chunk({{"index", 0},
-                            {"text", delta.text},
+                            {"text", text},
                             {"logprobs", std::move(logprobs)},
                             {"finish_reason", finish_json(delta.finish_reason)}}));
   }
@@ -607,8 +640,16 @@ std::string ResponseBuilder::usage_chunk(const engine::Usage& usage) const {
                    {"usage", usage_json(usage)}});
 }
 
+void ResponseBuilder::add_echoed_prompt(CompletionLogprobs& logprobs,
+                                        std::span<const engine::TokenOutput> prompt_logprobs) const {
+  if (!options_.prompt_token_ids.empty()) logprobs.add_unscored(options_.prompt_token_ids[0]);
+  logprobs.add(prompt_logprobs);
+}
+
 void ResponseBuilder::add(const engine::RequestOutput& delta) {
   text_ += delta.text;
+  prompt_logprobs_.insert(prompt_logprobs_.end(), delta.prompt_logprobs.begin(),
+                          delta.prompt_logprobs.end());
   if (options_.logprobs) tokens_.insert(tokens_.end(), delta.tokens.begin(), delta.tokens.end());
   if (delta.finish_reason) finish_reason_ = delta.finish_reason;
   usage_ = delta.usage;
@@ -617,10 +658,14 @@ void ResponseBuilder::add(const engine::RequestOutput& delta) {
 std::string ResponseBuilder::response() const {
   const bool chat = options_.endpoint == Endpoint::kChatCompletions;
   Json logprobs = nullptr;
-  if (options_.logprobs) {
+  if (options_.logprobs && chat) {
+    logprobs = chat_logprobs(tokenizer_, tokens_);
+  } else if (options_.logprobs) {
     int64_t text_offset = 0;
-    logprobs = chat ? chat_logprobs(tokenizer_, tokens_)
-                    : completion_logprobs(tokenizer_, tokens_, &text_offset);
+    CompletionLogprobs completion(tokenizer_, &text_offset);
+    if (options_.echo) add_echoed_prompt(completion, prompt_logprobs_);
+    completion.add(tokens_);
+    logprobs = completion.take();
   }
   Json choice = {{"index", 0},
                  {"logprobs", std::move(logprobs)},
@@ -628,7 +673,7 @@ std::string ResponseBuilder::response() const {
   if (chat) {
     choice["message"] = {{"role", "assistant"}, {"content", text_}};
   } else {
-    choice["text"] = text_;
+    choice["text"] = options_.echo ? options_.prompt_text + text_ : text_;
   }
   return dump(Json{{"id", options_.id},
                    {"object", chat ? "chat.completion" : "text_completion"},

@@ -21,6 +21,8 @@ class Tokenizer;
 
 namespace strata::server::openai {
 
+class CompletionLogprobs;
+
 enum class Endpoint { kChatCompletions, kCompletions };
 
 // OpenAI's error body: {"error": {"message", "type", "param", "code"}}.
@@ -51,6 +53,9 @@ struct ParsedRequest {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   bool logprobs = false;       // return per-token logprobs (sampling.num_logprobs alternatives)
+  // kCompletions: return the prompt before the completion; with logprobs the prompt is scored too
+  // (sampling.prompt_logprobs is set), as OpenAI's legacy echo does.
+  bool echo = false;
   std::string user;            // the tenant for prefix-cache isolation; may be empty
 };
 
@@ -79,6 +84,11 @@ class ResponseBuilder {
     int64_t created = 0;  // Unix seconds
     bool logprobs = false;
     bool include_usage = false;  // stream: every chunk has "usage": null, then a usage chunk
+    // kCompletions echo: the prompt's text and tokens come first in the text and the logprobs
+    // (its first token unscored, the rest from the engine's prompt_logprobs).
+    bool echo = false;
+    std::string prompt_text;
+    std::vector<TokenId> prompt_token_ids;
   };
   ResponseBuilder(Options options, const tokenizer::Tokenizer& tokenizer);
 
@@ -93,13 +103,18 @@ class ResponseBuilder {
   std::string response() const;
 
  private:
+  void add_echoed_prompt(CompletionLogprobs& logprobs,
+                         std::span<const engine::TokenOutput> prompt_logprobs) const;
+
   Options options_;
   const tokenizer::Tokenizer& tokenizer_;
   bool sent_role_ = false;
+  bool echoed_ = false;
   int64_t text_offset_ = 0;  // kCompletions logprobs: characters of text so far
   // Accumulated by add().
   std::string text_;
   std::vector<engine::TokenOutput> tokens_;
+  std::vector<engine::TokenOutput> prompt_logprobs_;
   std::optional<engine::FinishReason> finish_reason_;
   engine::Usage usage_;
 };

@@ -10,6 +10,9 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
 
@@ -324,6 +327,72 @@ TEST(EngineTest, StopStringsAndStopTokensOnTheDefaultModel) {
   EXPECT_EQ(answer.last.finish_reason, FinishReason::kStop);
   EXPECT_EQ(answer.text.find("<|im_end|>"), std::string::npos);
   expect_pool_fully_free(*engine);
+}
+
+// Prompt scoring (perplexity): the engine's prompt logprobs, computed over chunked prefill, equal
+// HF transformers' log-softmax of one full forward (tests/reference/model_reference.py).
+TEST(EngineTest, PromptLogprobsMatchHfOverChunkedPrefill) {
+  std::ifstream in(std::string(STRATA_TEST_DATA_DIR) + "/model/smollm2/prompt_logprobs.json");
+  ASSERT_TRUE(in) << "run the model_reference fixture first";
+  const nlohmann::json reference = nlohmann::json::parse(in);
+  const auto ids = reference["prompt_ids"].get<std::vector<TokenId>>();
+  const auto hf = reference["logprobs"].get<std::vector<double>>();
+  ASSERT_EQ(hf.size() + 1, ids.size());
+
+  EngineOptions options;
+  options.scheduler.max_num_batched_tokens = 128;  // ~6 prefill chunks
+  std::unique_ptr<Engine> engine = make_engine(STRATA_TEST_MODEL, options);
+  ASSERT_TRUE(engine);
+  GenerateRequest request;
+  request.prompt_token_ids = ids;
+  request.sampling.temperature = 0;
+  request.sampling.max_tokens = 2;
+  request.sampling.prompt_logprobs = 3;
+  // Twice: the second run's prompt is in the prefix cache, and must be scored all the same.
+  for (int run = 0; run < 2; ++run) {
+    StatusOr<std::shared_ptr<RequestStream>> stream = engine->submit(request);
+    ASSERT_TRUE(stream.ok()) << stream.status().to_string();
+    std::vector<TokenOutput> scored;
+    int deltas_with_prompt = 0;
+    while (std::optional<RequestOutput> out = (*stream)->next()) {
+      if (!out->prompt_logprobs.empty()) ++deltas_with_prompt;
+      scored.insert(scored.end(), out->prompt_logprobs.begin(), out->prompt_logprobs.end());
+    }
+    EXPECT_EQ(deltas_with_prompt, 1) << "prompt logprobs come once, with the first token";
+    ASSERT_EQ(scored.size(), hf.size());
+    double max_diff = 0, nll = 0, hf_nll = 0;
+    for (size_t i = 0; i < hf.size(); ++i) {
+      EXPECT_EQ(scored[i].token, ids[i + 1]);
+      max_diff = std::max(max_diff, std::abs(scored[i].logprob - hf[i]));
+      nll -= scored[i].logprob;
+      hf_nll -= hf[i];
+      ASSERT_EQ(scored[i].top_logprobs.size(), 3u);
+      EXPECT_GE(scored[i].top_logprobs[0].logprob, scored[i].top_logprobs[1].logprob);
+      EXPECT_GE(scored[i].top_logprobs[0].logprob + 1e-6, scored[i].logprob);
+    }
+    EXPECT_LE(max_diff, 1e-3) << "run " << run;
+    EXPECT_NEAR(std::exp(nll / hf.size()), std::exp(hf_nll / hf.size()), 1e-3) << "perplexity";
+  }
+  EXPECT_EQ(engine->stats().prefix_hit_tokens, 0) << "scored prompts compute every token";
+  expect_pool_fully_free(*engine);
+}
+
+TEST(EngineTest, PromptLogprobsAreRejectedOutOfRangeOrForAPromptThatWouldBeTruncated) {
+  EngineOptions options = small_engine_options();
+  options.overflow_truncation_fraction = 0.5;
+  std::unique_ptr<Engine> engine = make_engine(tiny_qwen2_path(), options);
+  ASSERT_TRUE(engine);
+  GenerateRequest request;
+  request.prompt_token_ids = {1, 2, 3};
+  request.sampling.prompt_logprobs = 21;
+  StatusOr<std::shared_ptr<RequestStream>> stream = engine->submit(request);
+  ASSERT_FALSE(stream.ok());
+  EXPECT_TRUE(stream.status().message().starts_with("prompt_logprobs")) << stream.status().message();
+  request.sampling.prompt_logprobs = 0;
+  request.prompt_token_ids.assign(engine->model_config().max_context_tokens, 5);
+  stream = engine->submit(request);
+  ASSERT_FALSE(stream.ok());
+  EXPECT_TRUE(stream.status().message().starts_with("prompt_logprobs")) << stream.status().message();
 }
 
 }  // namespace

@@ -5,6 +5,9 @@ Writes into <out-dir>/model/:
   smollm2/index.json       20 prompts run through HF transformers on the default GGUF (fp32, CPU):
                            prompt ids, 32 greedy tokens, top-2 logit gap at each step
   smollm2/<case>.f32       last-prompt-position logits [vocab] (float32) per case
+  smollm2/prompt_logprobs.json
+                           a ~700-token WikiText passage: its ids and the logprob HF gives each
+                           token after the first (log-softmax of the logits before it)
   tiny_qwen2.gguf          a random-weight qwen2 model written here with gguf-py (F32/F16/Q8_0
                            tensors), with tiny_qwen2/index.json + .f32 like above
   tiny_qwen2_1layer.gguf   the same with one layer (for exact checks of truncated KV reuse)
@@ -52,6 +55,17 @@ def greedy_reference(model, prompts, out_dir: Path):
         cases.append({"name": name, "prompt_ids": ids, "generated_ids": generated,
                       "top2_gaps": gaps})
     (out_dir / "index.json").write_text(json.dumps({"cases": cases}))
+
+
+def prompt_logprob_reference(model, tokenizer, data_dir: Path, out_dir: Path):
+    """Scores a real passage in one full forward: the reference for the engine's prompt_logprobs."""
+    wiki = (data_dir / "ppl" / "wikitext-2-raw-v1_test.raw").read_text(encoding="utf-8")
+    ids = tokenizer.encode(wiki[20000:23000])[:700]
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids])).logits[0].float()
+    logprobs = torch.log_softmax(logits, dim=-1)[:-1].gather(1, torch.tensor(ids[1:])[:, None])
+    (out_dir / "prompt_logprobs.json").write_text(
+        json.dumps({"prompt_ids": ids, "logprobs": logprobs[:, 0].tolist()}))
 
 
 def smollm2_prompts(tokenizer, data_dir: Path):
@@ -196,6 +210,7 @@ def main():
     model = AutoModelForCausalLM.from_pretrained(model_dir, gguf_file=model_file,
                                                  dtype=torch.float32).eval()
     greedy_reference(model, smollm2_prompts(tokenizer, args.data_dir), out / "smollm2")
+    prompt_logprob_reference(model, tokenizer, args.data_dir, out / "smollm2")
 
     # qwen2 path: NeoX RoPE on unpermuted GGUF rows, QKV biases.
     qwen_path = out / "tiny_qwen2.gguf"

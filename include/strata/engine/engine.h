@@ -13,6 +13,10 @@
 // the device pool's prefix cache, host DRAM, SSD. A load that fails (a corrupt or vanished chunk,
 // or no DRAM room to read it into) sends the request back to the queue to recompute its whole
 // prompt, and is counted.
+//
+// A request with SamplingParams::prompt_logprobs computes its whole prompt (no prefix cache, no
+// store, no truncation) with logits at every position, and gets the prompt's logprobs with its
+// first token: how perplexity and loglikelihood scoring are measured.
 #pragma once
 
 #include <chrono>
@@ -81,6 +85,9 @@ struct TokenOutput {
 // One streamed delta. The last one of a request has finish_reason set.
 struct RequestOutput {
   std::vector<TokenOutput> tokens;  // tokens sampled since the previous delta
+  // With SamplingParams::prompt_logprobs, in the first delta only: entry i scores prompt token
+  // i + 1 (raw logprobs; the first token has nothing before it to be scored by).
+  std::vector<TokenOutput> prompt_logprobs;
   std::string text;                 // text that became final since the previous delta
   std::optional<FinishReason> finish_reason;
   std::string error;  // with kError
@@ -207,6 +214,10 @@ class Engine {
   // context window needs, and at least what `match` (an item made from truncated history) dropped.
   int64_t tokens_to_drop(std::span<const TokenId> prompt,
                          const std::optional<store::StoreMatch>& match) const;
+  // Records the prompt logprobs of rows [0, num_rows) of `logits` (chunk positions from
+  // `start_position`) for a request that asked for them.
+  void record_prompt_logprobs(Active& active, int64_t start_position, const float* logits,
+                              int64_t num_rows, int64_t vocab);
   // Lets the sequence's first commit load what `match` holds of its (truncated) prompt.
   void attach_stored_prefix(Active& active, const store::StoreMatch& match);
   // Pins the stored chunks of the batch's loads into `forward`; a sequence whose load fails goes

@@ -73,7 +73,10 @@ class KvCacheManager {
   BlockFormat format() const { return format_; }
 
   // Registers a sequence with no blocks. INVALID_ARGUMENT if the id is in use or prompt is empty.
-  Status add_sequence(SeqId seq, std::vector<TokenId> prompt, std::string tenant_salt);
+  // A sequence that is not `cacheable` neither uses nor publishes to the prefix cache (it must
+  // compute every token, e.g. to score its prompt).
+  Status add_sequence(SeqId seq, std::vector<TokenId> prompt, std::string tenant_salt,
+                      bool cacheable = true);
   // Appends tokens (e.g. the sampled one) whose KV a later step computes.
   void append_tokens(SeqId seq, std::span<const TokenId> tokens);
   // Declares that the first num_blocks token blocks of a sequence without blocks can be loaded

@@ -58,6 +58,11 @@ struct SamplingParams {
   // Number of top alternatives whose logprobs are returned with each sampled token, in
   // [0, kMaxNumLogprobs]. The sampled token's own logprob is always returned.
   int32_t num_logprobs = 0;
+  // Also score the prompt: the raw model logprob (log-softmax of the logits, no temperature or
+  // penalties) of every prompt token after the first given the tokens before it, with this many
+  // top alternatives each, in [0, kMaxNumLogprobs] (vLLM's prompt_logprobs; OpenAI's echo). Unset
+  // = off. The prompt is then computed in full: it neither reads cached KV nor is truncated.
+  std::optional<int32_t> prompt_logprobs;
   // Whether the matched stop string is part of the output text.
   bool include_stop_str_in_output = false;
 
