@@ -291,6 +291,37 @@ def main():
         assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
         assert complete(temperature=0, max_tokens=2).choices[0].logprobs is None
 
+    def test_completion_echo_scores_the_prompt():
+        # The prompt's logprobs (prefill, every position) must equal the logprobs the same
+        # tokens got when they were generated one by one (decode): two code paths, one answer.
+        generated = complete(temperature=0, max_tokens=12, logprobs=0,
+                             extra_body={"ignore_eos": True})
+        prompt_ids = client.completions.create(model=SERVED_NAME, prompt="The capital of France is",
+                                               max_tokens=1, echo=True, logprobs=0,
+                                               temperature=0).usage.prompt_tokens
+        gen_lp = generated.choices[0].logprobs.token_logprobs
+        text = "The capital of France is" + generated.choices[0].text
+        for attempt in range(2):  # the second finds the prompt in the prefix cache
+            r = complete(prompt=text, temperature=0, max_tokens=1, echo=True, logprobs=2)
+            lp = r.choices[0].logprobs
+            assert r.choices[0].text.startswith(text), r.choices[0].text
+            assert r.usage.prompt_tokens == prompt_ids + 12, (r.usage, prompt_ids)
+            assert len(lp.tokens) == len(lp.token_logprobs) == r.usage.prompt_tokens + 1
+            assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None, lp
+            assert "".join(lp.tokens) == r.choices[0].text
+            assert all(x <= 0 for x in lp.token_logprobs[1:])
+            scored = lp.token_logprobs[prompt_ids:prompt_ids + 12]
+            diff = max(abs(a - b) for a, b in zip(scored, gen_lp))
+            assert diff < 1e-3, (attempt, diff, scored, gen_lp)
+        # Streamed: the prompt comes once, in the first chunk.
+        chunks = list(complete(prompt=text, temperature=0, max_tokens=4, echo=True, logprobs=0,
+                               stream=True, extra_body={"ignore_eos": True}))
+        assert chunks[0].choices[0].text.startswith(text)
+        assert "".join(c.choices[0].text for c in chunks).count(text) == 1
+        streamed = [x for c in chunks if c.choices[0].logprobs
+                    for x in c.choices[0].logprobs.token_logprobs]
+        assert len(streamed) == prompt_ids + 12 + 4 and streamed[0] is None, len(streamed)
+
     def test_seed_reproducible_at_temperature_1():
         def sample(seed):
             return complete(prompt="Once upon a time", temperature=1.0, max_tokens=24, seed=seed,
@@ -371,7 +402,7 @@ def main():
         expect_api_error(lambda: complete(prompt=""), bad, 400, "prompt")
         expect_api_error(lambda: complete(prompt=[1, 10**9]), bad, 400, "prompt")
         expect_api_error(lambda: complete(logprobs=21), bad, 400, "logprobs")
-        expect_api_error(lambda: complete(echo=True), bad, 400, "echo")
+        expect_api_error(lambda: complete(echo=1), bad, 400, "echo")
         expect_api_error(lambda: complete(best_of=2), bad, 400, "best_of")
 
     def test_unknown_model_is_404():
@@ -586,6 +617,7 @@ def main():
         check("stop strings", test_stop_strings)
         check("chat logprobs", test_chat_logprobs)
         check("completion logprobs", test_completion_logprobs)
+        check("completion echo scores the prompt", test_completion_echo_scores_the_prompt)
         check("seed reproducible at temperature 1", test_seed_reproducible_at_temperature_1)
         check("extension fields", test_extension_fields)
         check("32 concurrent clients", test_32_concurrent_clients)

@@ -232,6 +232,18 @@ std::vector<ValidCase> valid_cases() {
       {"CompletionsOffFeatures", completions,
        completion_body({{"best_of", 1}, {"echo", false}, {"suffix", ""}}),
        [](const ParsedRequest& r) { EXPECT_EQ(r.prompt_text, "Once upon"); }},
+      {"EchoWithLogprobsScoresThePrompt", completions,
+       completion_body({{"echo", true}, {"logprobs", 2}}),
+       [](const ParsedRequest& r) {
+         EXPECT_TRUE(r.echo);
+         EXPECT_EQ(r.sampling.prompt_logprobs, 2);
+         EXPECT_EQ(r.sampling.num_logprobs, 2);
+       }},
+      {"EchoWithoutLogprobsScoresNothing", completions, completion_body({{"echo", true}}),
+       [](const ParsedRequest& r) {
+         EXPECT_TRUE(r.echo);
+         EXPECT_FALSE(r.sampling.prompt_logprobs.has_value());
+       }},
   };
 }
 
@@ -329,7 +341,7 @@ std::vector<InvalidCase> invalid_cases() {
       {"NTwo", chat, chat_body({{"n", 2}}), "n"},
       {"CompletionsNThree", completions, completion_body({{"n", 3}}), "n"},
       {"BestOfTwo", completions, completion_body({{"best_of", 2}}), "best_of"},
-      {"Echo", completions, completion_body({{"echo", true}}), "echo"},
+      {"EchoNotABoolean", completions, completion_body({{"echo", 1}}), "echo"},
       {"Suffix", completions, completion_body({{"suffix", "end"}}), "suffix"},
       {"LogitBias", chat, chat_body({{"logit_bias", {{"5", 10}}}}), "logit_bias"},
       {"Tools", chat, chat_body({{"tools", {{{"type", "function"}}}}}), "tools"},
@@ -706,6 +718,44 @@ TEST_F(ResponseBuilderTest, CompletionLogprobsTextOffsetsRunAcrossChunks) {
   ASSERT_EQ(chunks.size(), 1u);
   EXPECT_EQ(chunks[0]["choices"][0]["logprobs"]["tokens"], Json::parse(R"([""])"));
   EXPECT_EQ(chunks[0]["choices"][0]["logprobs"]["text_offset"], Json::parse("[4]"));
+}
+
+// echo: the prompt's text comes first, and its tokens lead the logprobs, the first one unscored.
+TEST_F(ResponseBuilderTest, CompletionEchoPrependsThePromptStreamedAndWhole) {
+  auto echo_builder = [] {
+    ResponseBuilder::Options options;
+    options.endpoint = Endpoint::kCompletions;
+    options.id = "cmpl-1";
+    options.logprobs = true;
+    options.echo = true;
+    options.prompt_text = "Hi!";
+    options.prompt_token_ids = {kHi, 3};
+    return ResponseBuilder(options, *tokenizer_);
+  };
+  engine::RequestOutput first = delta(" \u00e9", {{kSpace, -1.0f, {}}});
+  first.prompt_logprobs = {{3, -0.5f, {{kHi, -0.25f}}}};
+  const Json expected_first = Json::parse(R"({
+      "tokens": ["Hi", "!", " "], "token_logprobs": [null, -0.5, -1.0],
+      "top_logprobs": [null, {"Hi": -0.25}, {}], "text_offset": [0, 2, 3]})");
+
+  ResponseBuilder streamed = echo_builder();
+  std::vector<Json> chunks = parse_all(streamed.stream_chunks(first));
+  ASSERT_EQ(chunks.size(), 1u);
+  EXPECT_EQ(chunks[0]["choices"][0]["text"], "Hi! \u00e9");
+  EXPECT_EQ(chunks[0]["choices"][0]["logprobs"], expected_first);
+  chunks = parse_all(streamed.stream_chunks(
+      delta("\u00e9", {{kEAcute, -2.0f, {}}}, engine::FinishReason::kLength)));
+  ASSERT_EQ(chunks.size(), 1u);
+  EXPECT_EQ(chunks[0]["choices"][0]["text"], "\u00e9") << "the prompt is echoed once";
+  EXPECT_EQ(chunks[0]["choices"][0]["logprobs"]["text_offset"], Json::parse("[4]"));
+
+  ResponseBuilder whole = echo_builder();
+  whole.add(first);
+  whole.add(delta("\u00e9", {{kEAcute, -2.0f, {}}}, engine::FinishReason::kLength));
+  const Json body = Json::parse(whole.response());
+  EXPECT_EQ(body["choices"][0]["text"], "Hi! \u00e9\u00e9");
+  EXPECT_EQ(body["choices"][0]["logprobs"]["token_logprobs"],
+            Json::parse("[null, -0.5, -1.0, -2.0]"));
 }
 
 TEST_F(ResponseBuilderTest, LogprobsOffLeavesThemNull) {
