@@ -79,6 +79,28 @@ class EngineClient final : public BenchClient {
     return result;
   }
 
+  StatusOr<std::vector<double>> score(const std::vector<TokenId>& prompt_token_ids) override {
+    engine::GenerateRequest generate;
+    generate.prompt_token_ids = prompt_token_ids;
+    generate.sampling.temperature = 0;
+    generate.sampling.max_tokens = 1;
+    generate.sampling.prompt_logprobs = 0;
+    STRATA_ASSIGN_OR_RETURN(std::shared_ptr<engine::RequestStream> stream,
+                            engine_.submit(std::move(generate)));
+    std::vector<double> logprobs;
+    std::optional<engine::FinishReason> finish;
+    std::string error;
+    while (std::optional<engine::RequestOutput> out = stream->next()) {
+      for (const engine::TokenOutput& t : out->prompt_logprobs) logprobs.push_back(t.logprob);
+      finish = out->finish_reason;
+      error = out->error;
+    }
+    if (finish == engine::FinishReason::kError || finish == engine::FinishReason::kAbort) {
+      return internal_error(std::string(engine::finish_reason_name(*finish)) + ": " + error);
+    }
+    return logprobs;
+  }
+
   std::optional<TierTokens> tier_hit_tokens() override {
     const engine::EngineStats stats = engine_.stats();
     return TierTokens{{"gpu", static_cast<double>(stats.prefix_hit_tokens)},

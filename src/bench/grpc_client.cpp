@@ -84,6 +84,31 @@ class GrpcClient final : public BenchClient {
     return result;
   }
 
+  StatusOr<std::vector<double>> score(const std::vector<TokenId>& prompt_token_ids) override {
+    v1::GenerateRequest generate;
+    generate.mutable_prompt_token_ids()->mutable_ids()->Assign(prompt_token_ids.begin(),
+                                                                prompt_token_ids.end());
+    v1::SamplingParams* sampling = generate.mutable_sampling();
+    sampling->set_temperature(0);
+    sampling->set_max_tokens(1);
+    sampling->set_prompt_logprobs(0);
+    grpc::ClientContext context;
+    prepare(context, options_.request_timeout_s);
+    std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader =
+        stub_->Generate(&context, generate);
+    std::vector<double> logprobs;
+    v1::GenerateResponse response;
+    while (reader->Read(&response)) {
+      for (const v1::TokenLogprobs& t : response.prompt_logprobs()) logprobs.push_back(t.logprob());
+    }
+    const grpc::Status status = reader->Finish();
+    if (!status.ok()) {
+      return internal_error("gRPC " + std::to_string(status.error_code()) + ": " +
+                            status.error_message());
+    }
+    return logprobs;
+  }
+
   std::optional<TierTokens> tier_hit_tokens() override {
     if (options_.metrics_url.empty()) return std::nullopt;
     return scrape_tier_hit_tokens(options_.metrics_url);

@@ -174,6 +174,44 @@ class OpenAiClient final : public BenchClient {
     return result;
   }
 
+  StatusOr<std::vector<double>> score(const std::vector<TokenId>& prompt_token_ids) override {
+    // OpenAI's legacy scoring request: the prompt echoed back with its tokens' logprobs (the
+    // first one null); the one generated token after it is not part of the score.
+    const Json body = {{"model", options_.model},      {"prompt", prompt_token_ids},
+                       {"max_tokens", 1},              {"temperature", 0},
+                       {"echo", true},                 {"logprobs", 0}};
+    auto client = http_client(url_.origin, options_.request_timeout_s);
+    httplib::Result response = client->Post(url_.path_prefix + "/v1/completions", headers(),
+                                            body.dump(), "application/json");
+    if (!response) return internal_error("scoring request failed: " + describe_error(response.error()));
+    if (response->status != 200) {
+      return internal_error("scoring request: HTTP " + std::to_string(response->status) + ": " +
+                            response->body.substr(0, 300));
+    }
+    const Json answer = Json::parse(response->body, nullptr, false);
+    const Json* logprobs = nullptr;
+    if (!answer.is_discarded() && answer.contains("choices") && answer["choices"].is_array() &&
+        !answer["choices"].empty() && answer["choices"][0].contains("logprobs") &&
+        answer["choices"][0]["logprobs"].is_object() &&
+        answer["choices"][0]["logprobs"].contains("token_logprobs")) {
+      logprobs = &answer["choices"][0]["logprobs"]["token_logprobs"];
+    }
+    if (logprobs == nullptr || !logprobs->is_array() ||
+        logprobs->size() < prompt_token_ids.size()) {
+      return internal_error("the server did not echo the prompt's logprobs (it needs "
+                            "/v1/completions with echo and logprobs): " +
+                            response->body.substr(0, 300));
+    }
+    std::vector<double> out;
+    for (size_t i = 1; i < prompt_token_ids.size(); ++i) {
+      if (!(*logprobs)[i].is_number()) {
+        return internal_error("prompt token " + std::to_string(i) + " has no logprob");
+      }
+      out.push_back((*logprobs)[i].get<double>());
+    }
+    return out;
+  }
+
   std::optional<TierTokens> tier_hit_tokens() override {
     return scrape_tier_hit_tokens(options_.metrics_url);
   }

@@ -18,7 +18,7 @@ namespace {
 using Json = nlohmann::json;
 using tokenizer::TokenId;
 
-StatusOr<std::string> read_file(const std::string& path) {
+StatusOr<std::string> read_raw_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return Status(StatusCode::kNotFound, path + ": cannot open the data file");
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -102,11 +102,14 @@ int64_t Conversation::num_user_turns() const {
                        [](const Message& m) { return m.role == "user"; });
 }
 
+StatusOr<std::string> read_data_file(const std::string& path) {
+  STRATA_ASSIGN_OR_RETURN(std::string bytes, read_raw_file(path));
+  if (!path.ends_with(".xz")) return bytes;
+  return xz_decompress(path, bytes);
+}
+
 StatusOr<std::vector<Conversation>> load_sharegpt(const std::string& path) {
-  STRATA_ASSIGN_OR_RETURN(std::string bytes, read_file(path));
-  if (path.ends_with(".xz")) {
-    STRATA_ASSIGN_OR_RETURN(bytes, xz_decompress(path, bytes));
-  }
+  STRATA_ASSIGN_OR_RETURN(std::string bytes, read_data_file(path));
   Json root = Json::parse(bytes, nullptr, /*allow_exceptions=*/false);
   if (root.is_discarded()) {
     return invalid_argument_error(path + ": not valid JSON (expected a ShareGPT list of "

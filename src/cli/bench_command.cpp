@@ -20,6 +20,7 @@
 #include "loaded_model.h"
 #include "strata/bench/client.h"
 #include "strata/bench/load.h"
+#include "strata/bench/quality.h"
 #include "strata/bench/report.h"
 #include "strata/bench/workload.h"
 #include "strata/config/config_loader.h"
@@ -31,7 +32,7 @@ namespace {
 
 using Json = nlohmann::json;
 
-constexpr const char* kUsage = R"(usage: strata bench <serve|multiturn|offline|compare> [options]
+constexpr const char* kUsage = R"(usage: strata bench <serve|multiturn|ppl|longqa|offline|compare> [options]
 
 Measures a serving endpoint the way `vllm bench serve` does (same flags where the concept is the
 same, same JSON result fields), so results diff against other engines.
@@ -40,6 +41,10 @@ same, same JSON result fields), so results diff against other engines.
               HTTP server: Strata, vLLM, llama.cpp, SGLang...)
   multiturn   real multi-turn conversations: each turn resends the history and waits for the
               answer plus a think time; reports TTFT by turn and KV cache hits per tier
+  ppl         perplexity of long real text (WikiText-2), scored in strided windows through the
+              server's prompt logprobs (OpenAI echo + logprobs, or Strata's prompt_logprobs)
+  longqa      long-document QA (L-Eval, BAMBOO): greedy answers scored against the gold ones by
+              token F1, ROUGE-L and, for multiple choice, exact match of the option letter
   offline     the serve or multiturn workload against an engine in this process (no network)
   compare     one workload across several engine configurations (in process) and peer servers,
               at one or more request rates: a side-by-side table and PNG plots
@@ -50,10 +55,12 @@ Quick start (a server from scripts/run.sh listens on HTTP port 8000 and gRPC por
       --dataset-path ../shared/data/sharegpt/sharegpt_v3_sample1000.json.xz --request-rate 2
   strata bench multiturn --dataset-path CONVERSATIONS.json.xz --num-prompts 20 --request-rate 0.5
   strata bench offline --model .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf --num-prompts 20
+  strata bench ppl --dataset-path ../shared/data/ppl/wikitext-2-raw-v1_test.raw --num-prompts 20
+  strata bench longqa --dataset-path ../shared/data/longctx/bamboo/altqa_4k.jsonl.xz
 
-Endpoint (serve, multiturn):
-  --backend B             openai (/v1/completions; serve default), openai-chat
-                          (/v1/chat/completions; multiturn default) or grpc (Strata's gRPC)
+Endpoint (serve, multiturn, ppl, longqa):
+  --backend B             openai (/v1/completions; serve and ppl default), openai-chat
+                          (/v1/chat/completions; multiturn and longqa default) or grpc
   --base-url URL          http://HOST:PORT for openai*, HOST:PORT for grpc
                           (default http://127.0.0.1:8000, or 127.0.0.1:50051 for grpc)
   --host H, --port P      instead of --base-url
@@ -75,9 +82,17 @@ Workload:
   --random-range-ratio R  lengths uniform in [len*(1-R), len*(1+R)] (default 0)
   --random-prefix-len N   random tokens shared by every prompt (default 0)
   --max-turns N           multiturn: at most N turns per conversation (default all)
-  --max-output-len N      multiturn: cap on each turn's output tokens (default: the reply's length)
+  --max-output-len N      multiturn: cap on each turn's output tokens (default: the reply's
+                          length); longqa: answer tokens at most (default 64)
   --think-time S          multiturn: seconds between an answer and the next turn (default 0)
   --temperature T         default 0 (greedy)
+  --context-len N         ppl: tokens per scoring window (default 1024)
+  --stride N              ppl: tokens between window starts (default context-len / 2); each
+                          window scores only the tokens no earlier one did
+  --max-input-len N       longqa: prompt tokens at most; longer documents lose their middle
+                          (default 3072)
+  (ppl: --num-prompts caps the windows, default 40; longqa: the questions, default 50, in the
+  file's order)
   --ignore-eos            generate exactly the asked output length (always on for random)
 
 Load:
@@ -95,7 +110,8 @@ Results:
   --result-filename F     default {backend}-{rate}qps[-concurrency{N}]-{model}-{date}.json
   --disable-tqdm          no progress bar
 
-Offline and compare (in-process engine): --workload serve|multiturn (default serve), and the
+Offline and compare (in-process engine): --workload serve|multiturn|ppl|longqa (default serve),
+and the
 deployment flags of `strata serve`: --model PATH, --config FILE, --device, --dtype,
 --set section.key=value, ...
 
@@ -116,7 +132,7 @@ const std::set<std::string>& workload_flag_names() {
       "random-output-len", "random-range-ratio", "random-prefix-len", "max-turns",
       "max-output-len", "think-time", "temperature", "request-rate", "burstiness",
       "max-concurrency", "seed", "metric-percentiles", "goodput", "result-dir",
-      "result-filename", "workload"};
+      "result-filename", "workload", "context-len", "stride", "max-input-len"};
   return kNames;
 }
 
@@ -347,9 +363,142 @@ Status run_and_report(const Flags& flags, bench::BenchClient& client, const Work
   return Status();
 }
 
-Status bench_remote(const Flags& flags, bool multiturn) {
+bool is_quality(const std::string& kind) { return kind == "ppl" || kind == "longqa"; }
+
+// A quality workload: the text's tokens and windows (ppl), or the questions and their requests
+// (longqa); `setup` is recorded in the result.
+struct QualityWorkload {
+  std::string kind;
+  std::vector<TokenId> tokens;
+  std::vector<bench::PplWindow> windows;
+  std::vector<bench::QaItem> items;
+  std::vector<bench::BenchRequest> requests;
+  Json setup;
+};
+
+StatusOr<QualityWorkload> build_quality_workload(const Flags& flags, const std::string& kind,
+                                                 const tokenizer::Tokenizer& tok) {
+  if (!flags.has("dataset-path")) {
+    return invalid_argument_error(kind == "ppl" ? "ppl needs --dataset-path FILE (plain text, e.g. "
+                                                  "../shared/data/ppl/wikitext-2-raw-v1_test.raw)"
+                                                : "longqa needs --dataset-path FILE (L-Eval or "
+                                                  "BAMBOO .jsonl[.xz])");
+  }
+  QualityWorkload w;
+  w.kind = kind;
+  const std::string path = flags.get("dataset-path", "");
+  w.setup = {{"task", kind}, {"dataset_path", path}};
+  if (kind == "ppl") {
+    STRATA_ASSIGN_OR_RETURN(int64_t context_len, flags.get_int("context-len", 1024));
+    STRATA_ASSIGN_OR_RETURN(int64_t stride, flags.get_int("stride", std::max<int64_t>(1, context_len / 2)));
+    STRATA_ASSIGN_OR_RETURN(int64_t max_windows, flags.get_int("num-prompts", 40));
+    if (context_len < 2) return invalid_argument_error("--context-len must be >= 2");
+    if (max_windows < 1) return invalid_argument_error("--num-prompts must be >= 1");
+    STRATA_ASSIGN_OR_RETURN(std::string text, bench::read_data_file(path));
+    w.tokens = tok.encode(text, false);
+    StatusOr<std::vector<bench::PplWindow>> windows =
+        bench::ppl_windows(static_cast<int64_t>(w.tokens.size()), context_len, stride, max_windows);
+    if (!windows.ok()) return invalid_argument_error("ppl: " + windows.status().message());
+    w.windows = *std::move(windows);
+    w.setup["context_len"] = context_len;
+    w.setup["stride"] = stride;
+    return w;
+  }
+  STRATA_ASSIGN_OR_RETURN(int64_t num, flags.get_int("num-prompts", 50));
+  STRATA_ASSIGN_OR_RETURN(int64_t max_input_len, flags.get_int("max-input-len", 3072));
+  STRATA_ASSIGN_OR_RETURN(int64_t max_output_len, flags.get_int("max-output-len", 64));
+  if (num < 1) return invalid_argument_error("--num-prompts must be >= 1");
+  if (max_input_len < 64) return invalid_argument_error("--max-input-len must be >= 64");
+  if (max_output_len < 1) return invalid_argument_error("--max-output-len must be >= 1");
+  STRATA_ASSIGN_OR_RETURN(bench::QaDataset dataset, bench::load_longqa(path));
+  if (dataset.skipped_lines > 0) {
+    std::fprintf(stderr, "%s: skipped %lld lines that are not JSON\n", path.c_str(),
+                 static_cast<long long>(dataset.skipped_lines));
+  }
+  if (static_cast<int64_t>(dataset.items.size()) > num) dataset.items.resize(num);
+  w.items = std::move(dataset.items);
+  for (const bench::QaItem& item : w.items) {
+    w.requests.push_back(bench::longqa_request(item, tok, max_input_len, max_output_len));
+  }
+  w.setup["max_input_len"] = max_input_len;
+  w.setup["max_output_len"] = max_output_len;
+  return w;
+}
+
+// Runs a quality workload on `client`: ppl windows one after another, longqa questions at
+// --max-concurrency.
+StatusOr<Json> run_quality(const Flags& flags, bench::BenchClient& client, const QualityWorkload& w) {
+  std::fprintf(stderr, "%s on %s, model %s\n", w.kind.c_str(), client.describe().c_str(),
+               client.model_id().c_str());
+  const bool progress = !flags.has("disable-tqdm");
+  Json result;
+  if (w.kind == "ppl") {
+    STRATA_ASSIGN_OR_RETURN(result, bench::run_perplexity(client, w.tokens, w.windows, progress));
+  } else {
+    bench::LoadOptions load;
+    STRATA_ASSIGN_OR_RETURN(load.max_concurrency, flags.get_int("max-concurrency", 0));
+    load.ignore_eos = false;
+    load.progress = progress;
+    result = bench::longqa_metrics(w.items, bench::run_requests(client, w.requests, load));
+  }
+  result.update(w.setup);
+  result["date"] = timestamp();
+  result["model_id"] = client.model_id();
+  return result;
+}
+
+std::string quality_summary(const Json& r) {
+  char text[512];
+  char exact[32] = "-";
+  if (r.contains("exact_match") && r["exact_match"].is_number()) {
+    std::snprintf(exact, sizeof(exact), "%.4f", r["exact_match"].get<double>());
+  }
+  if (r["task"] == "ppl") {
+    std::snprintf(text, sizeof(text),
+                  "============ Perplexity ============\n"
+                  "%-32s %s\n%-32s %lld / %lld\n%-32s %lld\n%-32s %.4f\n%-32s %.4f\n"
+                  "%-32s %.2f\n",
+                  "Text:", r["dataset_path"].get<std::string>().c_str(), "Window / stride:",
+                  static_cast<long long>(r["context_len"].get<int64_t>()),
+                  static_cast<long long>(r["stride"].get<int64_t>()), "Scored tokens:",
+                  static_cast<long long>(r["num_scored_tokens"].get<int64_t>()), "Mean NLL (nats):",
+                  r["mean_nll"].get<double>(), "Perplexity:", r["perplexity"].get<double>(),
+                  "Duration (s):", r["duration_s"].get<double>());
+    return text;
+  }
+  std::snprintf(text, sizeof(text),
+                "============ Long-document QA ============\n"
+                "%-32s %s\n%-32s %lld / %lld\n%-32s %.1f\n%-32s %.4f\n%-32s %.4f\n%-32s %s\n"
+                "%-32s %.1f\n",
+                "Data:", r["dataset_path"].get<std::string>().c_str(), "Answered / questions:",
+                static_cast<long long>(r["completed"].get<int64_t>()),
+                static_cast<long long>(r["num_questions"].get<int64_t>()), "Mean prompt tokens:",
+                r["mean_prompt_len"].get<double>(), "Token F1:", r["f1"].get<double>(),
+                "ROUGE-L:", r["rouge_l"].get<double>(), "Exact match (choice):", exact,
+                "Mean latency (ms):", r["mean_latency_ms"].get<double>());
+  return text;
+}
+
+// Prints a quality result and saves it when asked.
+Status report_quality(const Flags& flags, const Json& result, const std::string& backend) {
+  std::fputs(quality_summary(result).c_str(), stdout);
+  if (!flags.has("save-result")) return Status();
+  std::string model = result["model_id"].get<std::string>();
+  std::replace(model.begin(), model.end(), '/', '_');
+  const std::string name = flags.get("result-filename", backend + "-" + result["task"].get<std::string>() +
+                                                            "-" + model + "-" +
+                                                            result["date"].get<std::string>() + ".json");
+  const std::string path = flags.get("result-dir", ".") + "/" + name;
+  STRATA_RETURN_IF_ERROR(write_file(path, result.dump(2) + "\n"));
+  std::fprintf(stderr, "saved %s\n", path.c_str());
+  return Status();
+}
+
+Status bench_remote(const Flags& flags, const std::string& mode) {
+  const bool multiturn = mode == "multiturn";
   bench::ClientOptions options;
-  options.backend = flags.get("backend", multiturn ? "openai-chat" : "openai");
+  options.backend =
+      flags.get("backend", multiturn || mode == "longqa" ? "openai-chat" : "openai");
   const bool grpc = options.backend == "grpc";
   const std::string host = flags.get("host", "127.0.0.1");
   const std::string port = flags.get("port", grpc ? "50051" : "8000");
@@ -371,20 +520,43 @@ Status bench_remote(const Flags& flags, bool multiturn) {
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<bench::BenchClient> client,
                           bench::make_remote_client(options, *tok));
   STRATA_RETURN_IF_ERROR(client->probe());
+  if (is_quality(mode)) {
+    STRATA_ASSIGN_OR_RETURN(QualityWorkload workload, build_quality_workload(flags, mode, *tok));
+    STRATA_ASSIGN_OR_RETURN(Json result, run_quality(flags, *client, workload));
+    result["backend"] = options.backend;
+    return report_quality(flags, result, options.backend);
+  }
   STRATA_ASSIGN_OR_RETURN(Workload workload, build_workload(flags, multiturn, *tok));
   return run_and_report(flags, *client, workload, options.backend, tokenizer_path);
 }
 
-Status bench_offline(const Flags& flags) {
+// --workload of offline and compare.
+StatusOr<std::string> workload_kind(const Flags& flags) {
   const std::string kind = flags.get("workload", "serve");
-  if (kind != "serve" && kind != "multiturn") {
-    return invalid_argument_error("--workload must be serve or multiturn, got \"" + kind + "\"");
+  if (kind != "serve" && kind != "multiturn" && !is_quality(kind)) {
+    return invalid_argument_error("--workload must be serve, multiturn, ppl or longqa, got \"" +
+                                  kind + "\"");
   }
+  return kind;
+}
+
+Status bench_offline(const Flags& flags) {
+  STRATA_ASSIGN_OR_RETURN(const std::string kind, workload_kind(flags));
   STRATA_ASSIGN_OR_RETURN(config::DeploymentConfig deployment, deployment_from_flags(flags));
   std::fprintf(stderr, "loading %s ...\n", deployment.model.path.c_str());
   STRATA_ASSIGN_OR_RETURN(LoadedEngine loaded, load_engine(deployment));
   const bool multiturn = kind == "multiturn";
-  if (multiturn && !loaded.chat_template) return loaded.chat_template_error;
+  if ((multiturn || kind == "longqa") && !loaded.chat_template) return loaded.chat_template_error;
+  if (is_quality(kind)) {
+    STRATA_ASSIGN_OR_RETURN(QualityWorkload workload,
+                            build_quality_workload(flags, kind, loaded.engine->tokenizer()));
+    std::unique_ptr<bench::BenchClient> client = bench::make_engine_client(
+        *loaded.engine, loaded.chat_template ? &*loaded.chat_template : nullptr,
+        loaded.engine->model_config().name, 0);
+    STRATA_ASSIGN_OR_RETURN(Json result, run_quality(flags, *client, workload));
+    result["backend"] = "offline";
+    return report_quality(flags, result, "offline");
+  }
   STRATA_ASSIGN_OR_RETURN(Workload workload,
                           build_workload(flags, multiturn, loaded.engine->tokenizer()));
   STRATA_ASSIGN_OR_RETURN(double temperature, flags.get_double("temperature", 0));
@@ -435,7 +607,7 @@ StatusOr<std::vector<double>> parse_rates(const Flags& flags) {
   return rates;
 }
 
-std::string format_ms(double ms) {
+std::string one_decimal(double ms) {
   char buffer[32];
   std::snprintf(buffer, sizeof(buffer), "%.1f", ms);
   return buffer;
@@ -470,17 +642,36 @@ std::string compare_row(const std::string& variant, const Json& r) {
                 r["request_throughput"].get<double>(), r["output_throughput"].get<double>(),
                 ms("mean_ttft_ms"), ms("median_ttft_ms"), ms("p90_ttft_ms"), ms("p99_ttft_ms"),
                 ms("mean_tpot_ms"),
-                later_count > 0 ? format_ms(later_sum / later_count).c_str() : "-",
+                later_count > 0 ? one_decimal(later_sum / later_count).c_str() : "-",
                 tier("gpu").c_str(), tier("dram").c_str(), tier("ssd").c_str());
   return line;
 }
 
-Status bench_compare(const Flags& flags, const std::vector<std::string>& args) {
-  const std::string kind = flags.get("workload", "serve");
-  if (kind != "serve" && kind != "multiturn") {
-    return invalid_argument_error("--workload must be serve or multiturn, got \"" + kind + "\"");
+// One row of the side-by-side table of a quality workload.
+std::string quality_row(const std::string& variant, const Json& r) {
+  char line[256];
+  if (r["task"] == "ppl") {
+    std::snprintf(line, sizeof(line), "| %s | %.4f | %.4f | %lld | %lld | %.1f |\n", variant.c_str(),
+                  r["perplexity"].get<double>(), r["mean_nll"].get<double>(),
+                  static_cast<long long>(r["num_scored_tokens"].get<int64_t>()),
+                  static_cast<long long>(r["num_windows"].get<int64_t>()),
+                  r["duration_s"].get<double>());
+    return line;
   }
+  const std::string exact =
+      r["exact_match"].is_null() ? "-" : one_decimal(100 * r["exact_match"].get<double>()) + "%";
+  std::snprintf(line, sizeof(line), "| %s | %.4f | %.4f | %s | %lld/%lld | %.0f | %.0f |\n",
+                variant.c_str(), r["f1"].get<double>(), r["rouge_l"].get<double>(), exact.c_str(),
+                static_cast<long long>(r["completed"].get<int64_t>()),
+                static_cast<long long>(r["num_questions"].get<int64_t>()),
+                r["mean_prompt_len"].get<double>(), r["mean_latency_ms"].get<double>());
+  return line;
+}
+
+Status bench_compare(const Flags& flags, const std::vector<std::string>& args) {
+  STRATA_ASSIGN_OR_RETURN(const std::string kind, workload_kind(flags));
   const bool multiturn = kind == "multiturn";
+  const bool quality = is_quality(kind);
   const std::vector<std::string>& variant_specs = flags.get_all("variant");
   const std::vector<std::string>& peer_specs = flags.get_all("peer");
   if (variant_specs.empty() && peer_specs.empty()) {
@@ -508,16 +699,35 @@ Status bench_compare(const Flags& flags, const std::vector<std::string>& args) {
   // One workload for every run, counted with the model's tokenizer.
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<tokenizer::Tokenizer> tok,
                           load_tokenizer(base.model.path));
-  STRATA_ASSIGN_OR_RETURN(Workload workload, build_workload(flags, multiturn, *tok));
+  Workload workload;
+  QualityWorkload quality_workload;
+  if (quality) {
+    STRATA_ASSIGN_OR_RETURN(quality_workload, build_quality_workload(flags, kind, *tok));
+    rates = {std::numeric_limits<double>::infinity()};  // scores do not depend on the load
+  } else {
+    STRATA_ASSIGN_OR_RETURN(workload, build_workload(flags, multiturn, *tok));
+  }
   STRATA_ASSIGN_OR_RETURN(double temperature, flags.get_double("temperature", 0));
+  // Runs the workload on one client.
+  auto run = [&](bench::BenchClient& client, double rate, const std::string& backend,
+                 const std::string& tokenizer_id) -> StatusOr<Json> {
+    if (quality) return run_quality(flags, client, quality_workload);
+    bench::LoadOptions run_load = load;
+    run_load.request_rate = rate;
+    return run_workload(flags, client, workload, run_load, report, backend, tokenizer_id);
+  };
 
   Json runs = Json::array();
   std::string table =
-      "| variant | rate (req/s) | completed | req/s | output tok/s | TTFT mean (ms) | p50 | p90 "
-      "| p99 | TPOT mean (ms) | TTFT turns >= 2 (ms) | gpu hit tokens | dram | ssd |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+      kind == "ppl"      ? "| variant | perplexity | mean NLL | scored tokens | windows | duration (s) |\n"
+                           "|---|---|---|---|---|---|\n"
+      : kind == "longqa" ? "| variant | token F1 | ROUGE-L | exact match (choice) | answered | "
+                           "mean prompt tokens | mean latency (ms) |\n|---|---|---|---|---|---|---|\n"
+                         : "| variant | rate (req/s) | completed | req/s | output tok/s | TTFT mean (ms) "
+                           "| p50 | p90 | p99 | TPOT mean (ms) | TTFT turns >= 2 (ms) | gpu hit tokens "
+                           "| dram | ssd |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   auto record = [&](const std::string& name, Json setup, double rate, const Json& result) {
-    table += compare_row(name, result);
+    table += quality ? quality_row(name, result) : compare_row(name, result);
     setup["variant"] = name;
     setup["request_rate"] = std::isfinite(rate) ? Json(rate) : Json("inf");
     setup["result"] = result;
@@ -535,10 +745,7 @@ Status bench_compare(const Flags& flags, const std::vector<std::string>& args) {
       std::unique_ptr<bench::BenchClient> client = bench::make_engine_client(
           *loaded.engine, loaded.chat_template ? &*loaded.chat_template : nullptr,
           loaded.engine->model_config().name, temperature);
-      bench::LoadOptions run_load = load;
-      run_load.request_rate = rate;
-      STRATA_ASSIGN_OR_RETURN(Json result, run_workload(flags, *client, workload, run_load,
-                                                         report, "offline", d.model.path));
+      STRATA_ASSIGN_OR_RETURN(Json result, run(*client, rate, "offline", d.model.path));
       record(variant.name, {{"kind", "offline"}, {"overrides", overrides}}, rate, result);
     }
   }
@@ -548,17 +755,14 @@ Status bench_compare(const Flags& flags, const std::vector<std::string>& args) {
       return invalid_argument_error("--peer " + spec + ": expected NAME=URL");
     }
     bench::ClientOptions options;
-    options.backend = multiturn ? "openai-chat" : "openai";
+    options.backend = multiturn || kind == "longqa" ? "openai-chat" : "openai";
     options.base_url = spec.substr(eq + 1);
     options.temperature = temperature;
     STRATA_ASSIGN_OR_RETURN(std::unique_ptr<bench::BenchClient> client,
                             bench::make_remote_client(options, *tok));
     STRATA_RETURN_IF_ERROR(client->probe());
     for (double rate : rates) {
-      bench::LoadOptions run_load = load;
-      run_load.request_rate = rate;
-      STRATA_ASSIGN_OR_RETURN(Json result, run_workload(flags, *client, workload, run_load,
-                                                         report, options.backend, base.model.path));
+      STRATA_ASSIGN_OR_RETURN(Json result, run(*client, rate, options.backend, base.model.path));
       record(spec.substr(0, eq), {{"kind", "peer"}, {"base_url", options.base_url}}, rate, result);
     }
   }
@@ -573,7 +777,7 @@ Status bench_compare(const Flags& flags, const std::vector<std::string>& args) {
   std::fputs(table.c_str(), stdout);
   std::fprintf(stderr, "wrote %s/compare.json and %s/compare.md\n", out_dir.c_str(),
                out_dir.c_str());
-  if (flags.has("no-plots")) return Status();
+  if (flags.has("no-plots") || quality) return Status();
   // Plots with matplotlib, in the project's Python environment.
   const std::string python = flags.get("plot-python", STRATA_PLOT_PYTHON);
   const pid_t pid = ::fork();
@@ -593,7 +797,8 @@ Status bench_compare(const Flags& flags, const std::vector<std::string>& args) {
 Status bench(const std::vector<std::string>& args) {
   if (args.empty() || args[0] == "--help" || args[0] == "help") {
     std::fputs(kUsage, args.empty() ? stderr : stdout);
-    return args.empty() ? invalid_argument_error("give a bench mode: serve, multiturn or offline")
+    return args.empty() ? invalid_argument_error("give a bench mode: serve, multiturn, ppl, "
+                                                 "longqa, offline or compare")
                         : Status();
   }
   const std::string mode = args[0];
@@ -609,12 +814,13 @@ Status bench(const std::vector<std::string>& args) {
       repeated.insert({"variant", "peer"});
       switches.insert("no-plots");
     }
-  } else if (mode == "serve" || mode == "multiturn") {
+  } else if (mode == "serve" || mode == "multiturn" || is_quality(mode)) {
     value_flags.insert(endpoint_flag_names().begin(), endpoint_flag_names().end());
     value_flags.erase("workload");
   } else {
     return invalid_argument_error("unknown bench mode \"" + mode +
-                                  "\" (serve, multiturn, offline or compare; see --help)");
+                                  "\" (serve, multiturn, ppl, longqa, offline or compare; see "
+                                  "--help)");
   }
   STRATA_ASSIGN_OR_RETURN(Flags flags, Flags::parse(rest, value_flags, switches, repeated));
   if (flags.has("help")) {
@@ -623,7 +829,7 @@ Status bench(const std::vector<std::string>& args) {
   }
   if (mode == "offline") return bench_offline(flags);
   if (mode == "compare") return bench_compare(flags, rest);
-  return bench_remote(flags, mode == "multiturn");
+  return bench_remote(flags, mode);
 }
 
 }  // namespace

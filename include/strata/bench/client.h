@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "strata/bench/workload.h"
+#include "strata/common/ids.h"
 #include "strata/common/status.h"
 
 namespace strata::engine {
@@ -54,6 +55,11 @@ class BenchClient {
   virtual Status probe() = 0;
   // Sends one request and streams its answer; thread-safe. Greedy when `temperature` is 0.
   virtual RequestResult send(const BenchRequest& request, bool ignore_eos) = 0;
+  // Scores a prompt (perplexity): the natural-log probability of each token after the first given
+  // the tokens before it, one full forward over the whole prompt. OpenAI servers are asked for
+  // `echo` with `logprobs` on /v1/completions (llama.cpp's server needs logits_all for it),
+  // Strata's gRPC and engine for prompt_logprobs. Thread-safe.
+  virtual StatusOr<std::vector<double>> score(const std::vector<TokenId>& prompt_token_ids) = 0;
   // Cumulative prompt tokens served per KV tier, when the endpoint exposes them (Strata's
   // /metrics or engine stats); nullopt for peers that do not.
   virtual std::optional<TierTokens> tier_hit_tokens() { return std::nullopt; }

@@ -40,6 +40,10 @@ struct Conversation {
   int64_t num_user_turns() const;
 };
 
+// The contents of a data file, xz-decompressed when its name ends with .xz. NOT_FOUND for a
+// missing file, INVALID_ARGUMENT naming it for a corrupt .xz.
+StatusOr<std::string> read_data_file(const std::string& path);
+
 // Reads a ShareGPT file. Records are normalised to Conversation: leading assistant messages (a
 // segment continuing an earlier one) are dropped, consecutive messages of one role are merged,
 // records without a user message are skipped. INVALID_ARGUMENT naming the file and the record for

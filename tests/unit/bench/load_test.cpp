@@ -39,6 +39,9 @@ class FakeClient final : public BenchClient {
     result.generated_text = "answer to " + request.prompt;
     return result;
   }
+  StatusOr<std::vector<double>> score(const std::vector<TokenId>&) override {
+    return unimplemented_error("not scored here");
+  }
 
   int max_in_flight() const { return max_in_flight_; }
   std::vector<std::pair<std::string, Clock::time_point>> sent() const {
