@@ -129,7 +129,9 @@ StatusOr<std::vector<PplWindow>> ppl_windows(int64_t num_tokens, int64_t context
   for (int64_t begin = 0; scored_until < num_tokens; begin += stride) {
     if (max_windows > 0 && static_cast<int64_t>(windows.size()) == max_windows) break;
     const int64_t end = std::min(begin + context_len, num_tokens);
-    windows.push_back({begin, end, scored_until});
+    // A window's first token has nothing before it in the window: with stride == context_len it
+    // goes unscored.
+    windows.push_back({begin, end, std::max(scored_until, begin + 1)});
     scored_until = end;
   }
   return windows;
@@ -217,12 +219,19 @@ BenchRequest longqa_request(const QaItem& item, const tokenizer::Tokenizer& toke
     // Keep the document's head and tail, whole tokens, as LongBench cuts long inputs.
     const int64_t overhead = static_cast<int64_t>(tokenizer.encode(render(""), false).size());
     const std::vector<TokenId> doc = tokenizer.encode(item.context, false);
-    const int64_t keep = std::max<int64_t>(0, max_prompt_tokens - overhead);
     const std::span<const TokenId> all(doc);
-    const std::string head = tokenizer.decode(all.first(keep / 2), false);
-    const std::string tail = tokenizer.decode(all.last(keep - keep / 2), false);
-    request.prompt = render(head + tail);
-    ids = tokenizer.encode(request.prompt, false);
+    int64_t keep = std::min(static_cast<int64_t>(doc.size()),
+                            std::max<int64_t>(0, max_prompt_tokens - overhead));
+    // Text re-encoded at the seams may take a token or two more: cut again until it fits.
+    while (true) {
+      const std::string head = tokenizer.decode(all.first(keep / 2), false);
+      const std::string tail = tokenizer.decode(all.last(keep - keep / 2), false);
+      request.prompt = render(head + tail);
+      ids = tokenizer.encode(request.prompt, false);
+      const int64_t excess = static_cast<int64_t>(ids.size()) - max_prompt_tokens;
+      if (excess <= 0 || keep == 0) break;
+      keep = std::max<int64_t>(0, keep - excess);
+    }
   }
   request.prompt_len = static_cast<int64_t>(ids.size());
   request.messages = {{"user", request.prompt}};

@@ -34,8 +34,9 @@ struct PplWindow {
 
 // Strided evaluation (as HF's perplexity guide): windows of context_len tokens start every
 // `stride` tokens; each scores the tokens no earlier window scored (the first one from its second
-// token), so every token but the first is scored once with at least context_len - stride tokens
-// of context (fewer in the first window). At most max_windows windows (0 = all).
+// token), so with stride < context_len every token but the first is scored once, with at least
+// context_len - stride tokens of context (fewer in the first window); with stride == context_len
+// (disjoint windows) each window's first token goes unscored. At most max_windows (0 = all).
 // INVALID_ARGUMENT unless 0 < stride <= context_len and num_tokens >= 2.
 StatusOr<std::vector<PplWindow>> ppl_windows(int64_t num_tokens, int64_t context_len,
                                              int64_t stride, int64_t max_windows);
