@@ -14,14 +14,18 @@ usage: bench_cli_test.py --binary build/bin/strata --model MODEL.gguf
 Prints "N passed, N failed" and exits non-zero on any failure.
 """
 import argparse
+import collections
 import json
+import math
 import os
 import socket
+import string
 import subprocess
 import sys
 import tempfile
 import time
 import traceback
+from pathlib import Path
 
 import numpy as np
 
@@ -62,6 +66,10 @@ SHAREGPT = [
 ]
 
 
+# ../shared/data beside the project root.
+DATA_DIR = Path(__file__).resolve().parents[3] / "shared" / "data"
+
+
 def check(name, fn):
     try:
         fn()
@@ -100,6 +108,44 @@ def check_statistics(result):
         assert key in result, f"missing vLLM field {key}"
 
 
+def squad_f1(prediction, gold):
+    """SQuAD's token F1, written out independently of the C++ scorer."""
+    def words(text):
+        text = "".join(c for c in text.lower() if c not in string.punctuation)
+        return [w for w in text.split() if w not in ("a", "an", "the")]
+    p, g = words(prediction), words(gold)
+    common = sum((collections.Counter(p) & collections.Counter(g)).values())
+    if common == 0:
+        return 0.0
+    precision, recall = common / len(p), common / len(g)
+    return 2 * precision * recall / (precision + recall)
+
+
+def hf_window_nlls(model_path, text, context_len, stride, max_windows):
+    """Strided-window NLL sums of `text` from HF transformers running the same GGUF."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    directory, name = os.path.dirname(model_path), os.path.basename(model_path)
+    tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=name)
+    model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name,
+                                                 dtype=torch.float32).eval()
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    nlls, scored_until = [], 1
+    for begin in range(0, len(ids), stride):
+        if len(nlls) == max_windows or scored_until >= len(ids):
+            break
+        end = min(begin + context_len, len(ids))
+        window = torch.tensor([ids[begin:end]])
+        with torch.no_grad():
+            logprobs = torch.log_softmax(model(input_ids=window).logits[0].float(), dim=-1)
+        first = max(scored_until, begin + 1)
+        targets = torch.tensor(ids[first:end])
+        nlls.append(-float(logprobs[first - begin - 1:end - begin - 1].gather(
+            1, targets[:, None]).sum()))
+        scored_until = end
+    return nlls
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--binary", required=True)
@@ -109,6 +155,12 @@ def main():
     sharegpt = os.path.join(work, "conversations.json")
     with open(sharegpt, "w") as f:
         json.dump(SHAREGPT, f)
+    # Real text for perplexity: 3,000 characters of WikiText-2.
+    wiki = (DATA_DIR / "ppl" / "wikitext-2-raw-v1_test.raw").read_text(encoding="utf-8")
+    wiki_excerpt = wiki[30000:33000]
+    excerpt = os.path.join(work, "wiki.txt")
+    with open(excerpt, "w", encoding="utf-8") as f:
+        f.write(wiki_excerpt)
 
     def bench(*flags, expect_rc=0):
         command = [args.binary, "bench", *flags]
@@ -208,6 +260,57 @@ def main():
                          "--save-result", "--goodput", "--think-time"):
                 assert flag in help_text, flag
 
+        def test_ppl_matches_hf_over_http_grpc_and_in_process():
+            # Three overlapping windows, scored by Strata three ways and by HF.
+            window = ["--dataset-path", excerpt, "--context-len", "256", "--stride", "128",
+                      "--num-prompts", "3", "--disable-tqdm", "--save-result", "--result-dir",
+                      work]
+            bench("ppl", "--base-url", base, "--tokenizer", args.model, *window,
+                  "--result-filename", "ppl_http.json")
+            bench("ppl", "--backend", "grpc", "--base-url", f"127.0.0.1:{grpc_port}",
+                  "--tokenizer", args.model, *window, "--result-filename", "ppl_grpc.json")
+            bench("offline", "--workload", "ppl", "--model", args.model, *window,
+                  "--result-filename", "ppl_offline.json")
+            expected = hf_window_nlls(args.model, wiki_excerpt, 256, 128, 3)
+            assert len(expected) == 3
+            for name in ("ppl_http.json", "ppl_grpc.json", "ppl_offline.json"):
+                result = saved(name)
+                assert result["task"] == "ppl" and result["num_windows"] == 3, result
+                ours = [w["nll"] for w in result["windows"]]
+                for a, b in zip(ours, expected):
+                    assert abs(a - b) <= 1e-3 * abs(b), (name, ours, expected)
+                scored = sum(w["scored_tokens"] for w in result["windows"])
+                assert scored == result["num_scored_tokens"] == 255 + 128 + 128, result
+                hf_ppl = math.exp(sum(expected) / scored)
+                assert abs(result["perplexity"] - hf_ppl) <= 1e-3 * hf_ppl, (name, hf_ppl, result)
+
+        def test_longqa_scores_answers():
+            data = os.path.join(work, "qa.jsonl")
+            with open(data, "w") as f:
+                f.write(json.dumps({"content": "The meeting was chaired by Ann. Bob took notes.",
+                                    "question": "Who chaired the meeting?",
+                                    "options": ["A. Bob", "B. Ann", "C. Carl", "D. Dora"],
+                                    "answer": "B"}) + "\n")
+                f.write('{"content": "cut off\n')  # BAMBOO ships a few broken lines
+                f.write(json.dumps({"content": "Answer the question based on the document.\n\n"
+                                               "Document:\nThe bridge opened in 1964.\n\n"
+                                               "Question:\nwhen did the bridge open\n",
+                                    "answer": "1964"}) + "\n")
+            done = bench("longqa", "--base-url", base, "--tokenizer", args.model,
+                         "--dataset-path", data, "--max-output-len", "12", "--disable-tqdm",
+                         "--save-result", "--result-dir", work, "--result-filename", "qa.json")
+            assert "skipped 1 lines" in done.stderr, done.stderr
+            assert "Long-document QA" in done.stdout, done.stdout
+            result = saved("qa.json")
+            assert result["completed"] == 2 and result["num_multiple_choice"] == 1, result
+            for item in result["items"]:
+                expected = max(squad_f1(item["prediction"], gold) for gold in item["answers"])
+                close(item["f1"], expected, item["id"])
+            close(result["f1"], sum(i["f1"] for i in result["items"]) / 2, "mean f1")
+            letter = result["items"][0]["prediction"].strip().lstrip("(")[:1]
+            assert result["exact_match"] == (1.0 if letter == "B" else 0.0), result["items"][0]
+            assert result["items"][1]["exact_match"] is None
+
         def test_compare_variants_and_a_peer():
             out = os.path.join(work, "compare")
             done = bench("compare", "--model", args.model, "--dataset-name", "random",
@@ -234,7 +337,29 @@ def main():
                     assert f.read(8) == b"\x89PNG\r\n\x1a\n", png
 
         check("serve: random prompts over OpenAI HTTP", test_serve_random_over_http)
+        def test_compare_perplexity_across_variants():
+            # The KV block size and the prefill chunking change how the prompt is computed,
+            # not what it scores.
+            out = os.path.join(work, "compare_ppl")
+            bench("compare", "--model", args.model, "--workload", "ppl", "--dataset-path",
+                  excerpt, "--context-len", "200", "--num-prompts", "2",
+                  "--variant", "default",
+                  "--variant", "small:kv_cache.block_size_tokens=4,scheduler.max_num_batched_tokens=64",
+                  "--peer", f"served={base}", "--output-dir", out, "--disable-tqdm")
+            with open(os.path.join(out, "compare.json")) as f:
+                runs = json.load(f)["runs"]
+            assert [r["variant"] for r in runs] == ["default", "small", "served"], runs
+            ppl = [r["result"]["perplexity"] for r in runs]
+            assert max(ppl) - min(ppl) <= 1e-3 * min(ppl), ppl
+            table = open(os.path.join(out, "compare.md")).read()
+            assert "| perplexity |" in table and table.count("| small |") == 1, table
+
         check("compare: engine variants and a peer server", test_compare_variants_and_a_peer)
+        check("ppl: equals HF over HTTP, gRPC and in process",
+              test_ppl_matches_hf_over_http_grpc_and_in_process)
+        check("longqa: answers scored", test_longqa_scores_answers)
+        check("compare: perplexity across variants and a peer",
+              test_compare_perplexity_across_variants)
         check("serve: ShareGPT over gRPC", test_serve_sharegpt_over_grpc)
         check("multiturn: TTFT by turn and tier hits", test_multiturn_reports_turns_and_tier_hits)
         check("unreachable server and bad data fail clearly",
