@@ -18,18 +18,16 @@ import collections
 import json
 import math
 import os
-import socket
 import string
 import subprocess
 import sys
 import tempfile
 import time
-import traceback
 from pathlib import Path
 
 import numpy as np
 
-RESULTS = {"passed": 0, "failed": 0}
+from harness import check, free_port, summary
 
 # The keys `vllm bench serve --save-result` writes (percentile keys for the defaults we use).
 VLLM_KEYS = [
@@ -68,22 +66,6 @@ SHAREGPT = [
 
 # ../shared/data beside the project root.
 DATA_DIR = Path(__file__).resolve().parents[3] / "shared" / "data"
-
-
-def check(name, fn):
-    try:
-        fn()
-        RESULTS["passed"] += 1
-        print(f"PASS {name}", flush=True)
-    except Exception:  # noqa: BLE001 - report every failure and go on
-        RESULTS["failed"] += 1
-        print(f"FAIL {name}\n{traceback.format_exc()}", flush=True)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def close(a, b, what):
@@ -378,8 +360,7 @@ def main():
         check_statistics(result)
 
     check("offline: the in-process engine", test_offline)
-    print(f"{RESULTS['passed']} passed, {RESULTS['failed']} failed")
-    return 1 if RESULTS["failed"] else 0
+    return summary()
 
 
 if __name__ == "__main__":

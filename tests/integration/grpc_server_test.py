@@ -15,29 +15,17 @@ Prints "N passed, N failed" and exits non-zero on any failure.
 import argparse
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import traceback
 import urllib.error
 import urllib.request
 
 import grpc
 
-RESULTS = {"passed": 0, "failed": 0}
-
-
-def check(name, fn):
-    try:
-        fn()
-        RESULTS["passed"] += 1
-        print(f"PASS {name}", flush=True)
-    except Exception:  # noqa: BLE001 - report every failure and go on
-        RESULTS["failed"] += 1
-        print(f"FAIL {name}\n{traceback.format_exc()}", flush=True)
+from harness import check, free_port, summary
 
 
 def main():
@@ -55,11 +43,7 @@ def main():
 
     def start_server(*overrides):
         """Starts `strata serve` on free ports; returns (process, grpc port, http port)."""
-        ports = []
-        for _ in range(2):
-            with socket.socket() as probe:
-                probe.bind(("127.0.0.1", 0))
-                ports.append(probe.getsockname()[1])
+        ports = [free_port(), free_port()]
         config = os.path.join(out_dir, f"deployment-{ports[0]}.yaml")
         with open(config, "w") as f:
             f.write(f"model:\n  path: {args.model}\nserver:\n  grpc_port: {ports[0]}\n"
@@ -308,7 +292,16 @@ def main():
             blockers = [threading.Thread(target=client) for _ in range(4)]
             for t in blockers:
                 t.start()
-            time.sleep(0.3)
+            # Wait until the queue is full (a fixed sleep flakes on a loaded machine).
+            deadline = time.time() + 60
+            while time.time() < deadline:
+                metrics = urllib.request.urlopen(f"http://127.0.0.1:{busy_http}/metrics",
+                                                 timeout=10).read().decode()
+                waiting = [line for line in metrics.splitlines()
+                           if line.startswith("strata_num_requests_waiting ")]
+                if waiting and float(waiting[0].split()[1]) >= 2:
+                    break
+                time.sleep(0.02)
             body = b'{"prompt": "Count:", "max_tokens": 4}'
             statuses = []
             for _ in range(4):
@@ -430,8 +423,7 @@ def main():
     check("SIGTERM drains in-flight requests", test_sigterm_drains_in_flight_requests)
     if server.poll() is None:
         server.kill()
-    print(f"{RESULTS['passed']} passed, {RESULTS['failed']} failed")
-    return 1 if RESULTS["failed"] else 0
+    return summary()
 
 
 if __name__ == "__main__":

@@ -28,33 +28,13 @@ import urllib.request
 
 import openai
 
-RESULTS = {"passed": 0, "failed": 0, "skipped": 0}
+from harness import check, free_port, skip, summary
+
 SERVED_NAME = "strata-test"
 API_KEY = "sk-strata-test-key"
 GREEDY_FRANCE = " Paris."  # SmolLM2-135M-Instruct, greedy, after "The capital of France is"
 FRANCE_IDS = [504, 3575, 282, 4649, 314]  # "The capital of France is"
 IDLE_TIMEOUT_S = 180  # how long abandoned requests may take to be cancelled before we fail
-
-
-def check(name, fn):
-    try:
-        fn()
-        RESULTS["passed"] += 1
-        print(f"PASS {name}", flush=True)
-    except Exception:  # noqa: BLE001 - report every failure and go on
-        RESULTS["failed"] += 1
-        print(f"FAIL {name}\n{traceback.format_exc()}", flush=True)
-
-
-def skip(name, why):
-    RESULTS["skipped"] += 1
-    print(f"SKIP {name}: {why}", flush=True)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:
@@ -635,9 +615,7 @@ def main():
         check("SIGTERM drains in-flight streams", test_sigterm_drains_in_flight_streams)
     finally:
         server.stop()
-    print(f"{RESULTS['passed']} passed, {RESULTS['failed']} failed"
-          + (f", {RESULTS['skipped']} skipped" if RESULTS["skipped"] else ""))
-    return 1 if RESULTS["failed"] else 0
+    return summary()
 
 
 if __name__ == "__main__":
