@@ -87,7 +87,7 @@ class GrpcClient final : public BenchClient {
   StatusOr<std::vector<double>> score(const std::vector<TokenId>& prompt_token_ids) override {
     v1::GenerateRequest generate;
     generate.mutable_prompt_token_ids()->mutable_ids()->Assign(prompt_token_ids.begin(),
-                                                                prompt_token_ids.end());
+                                                               prompt_token_ids.end());
     v1::SamplingParams* sampling = generate.mutable_sampling();
     sampling->set_temperature(0);
     sampling->set_max_tokens(1);

@@ -1,7 +1,5 @@
 #include "strata/bench/load.h"
 
-#include "progress.h"
-
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -11,6 +9,8 @@
 #include <random>
 #include <string>
 #include <thread>
+
+#include "progress.h"
 
 namespace strata::bench {
 

@@ -177,13 +177,17 @@ class OpenAiClient final : public BenchClient {
   StatusOr<std::vector<double>> score(const std::vector<TokenId>& prompt_token_ids) override {
     // OpenAI's legacy scoring request: the prompt echoed back with its tokens' logprobs (the
     // first one null); the one generated token after it is not part of the score.
-    const Json body = {{"model", options_.model},      {"prompt", prompt_token_ids},
-                       {"max_tokens", 1},              {"temperature", 0},
-                       {"echo", true},                 {"logprobs", 0}};
+    const Json body = {{"model", options_.model},
+                       {"prompt", prompt_token_ids},
+                       {"max_tokens", 1},
+                       {"temperature", 0},
+                       {"echo", true},
+                       {"logprobs", 0}};
     auto client = http_client(url_.origin, options_.request_timeout_s);
     httplib::Result response = client->Post(url_.path_prefix + "/v1/completions", headers(),
                                             body.dump(), "application/json");
-    if (!response) return internal_error("scoring request failed: " + describe_error(response.error()));
+    if (!response)
+      return internal_error("scoring request failed: " + describe_error(response.error()));
     if (response->status != 200) {
       return internal_error("scoring request: HTTP " + std::to_string(response->status) + ": " +
                             response->body.substr(0, 300));
@@ -198,9 +202,10 @@ class OpenAiClient final : public BenchClient {
     }
     if (logprobs == nullptr || !logprobs->is_array() ||
         logprobs->size() < prompt_token_ids.size()) {
-      return internal_error("the server did not echo the prompt's logprobs (it needs "
-                            "/v1/completions with echo and logprobs): " +
-                            response->body.substr(0, 300));
+      return internal_error(
+          "the server did not echo the prompt's logprobs (it needs "
+          "/v1/completions with echo and logprobs): " +
+          response->body.substr(0, 300));
     }
     std::vector<double> out;
     for (size_t i = 1; i < prompt_token_ids.size(); ++i) {

@@ -17,8 +17,11 @@ class Progress {
   using Clock = std::chrono::steady_clock;
 
   Progress(const char* label, int64_t total, bool enabled)
-      : label_(label), total_(total), enabled_(enabled && total > 0),
-        tty_(isatty(STDERR_FILENO) == 1), start_(Clock::now()) {
+      : label_(label),
+        total_(total),
+        enabled_(enabled && total > 0),
+        tty_(isatty(STDERR_FILENO) == 1),
+        start_(Clock::now()) {
     if (enabled_ && tty_) draw();
   }
   ~Progress() {
@@ -40,8 +43,8 @@ class Progress {
     const std::string bar = std::string(filled, '#') + std::string(kWidth - filled, '.');
     const double eta = done_ > 0 ? elapsed * static_cast<double>(total_ - done_) / done_ : 0;
     std::fprintf(stderr, "%s%s [%s] %lld/%lld  %.1fs elapsed, ~%.0fs left%s", tty_ ? "\r" : "",
-                 label_, bar.c_str(), static_cast<long long>(done_),
-                 static_cast<long long>(total_), elapsed, eta, tty_ ? "   " : "\n");
+                 label_, bar.c_str(), static_cast<long long>(done_), static_cast<long long>(total_),
+                 elapsed, eta, tty_ ? "   " : "\n");
     std::fflush(stderr);
   }
 

@@ -52,7 +52,8 @@ Status parse_record(const Json& record, const std::string& id, QaDataset& out) {
     if (!record.contains("input") || !record["input"].is_string() || !record.contains("outputs")) {
       return invalid_argument_error("L-Eval record needs \"input\" and \"outputs\"");
     }
-    STRATA_ASSIGN_OR_RETURN(std::vector<std::string> questions, string_list(record["instructions"]));
+    STRATA_ASSIGN_OR_RETURN(std::vector<std::string> questions,
+                            string_list(record["instructions"]));
     STRATA_ASSIGN_OR_RETURN(std::vector<std::string> answers, string_list(record["outputs"]));
     if (questions.size() != answers.size()) {
       return invalid_argument_error("has " + std::to_string(questions.size()) +
@@ -78,7 +79,8 @@ Status parse_record(const Json& record, const std::string& id, QaDataset& out) {
     item.context = record["content"].get<std::string>();
     item.answers = {record["answer"].get<std::string>()};
     if (record.contains("question")) {
-      if (!record["question"].is_string()) return invalid_argument_error("\"question\" is not a string");
+      if (!record["question"].is_string())
+        return invalid_argument_error("\"question\" is not a string");
       item.question = record["question"].get<std::string>();
       if (record.contains("options")) {
         STRATA_ASSIGN_OR_RETURN(std::vector<std::string> options, string_list(record["options"]));
@@ -149,8 +151,8 @@ StatusOr<Json> run_perplexity(BenchClient& client, const std::vector<TokenId>& t
     StatusOr<std::vector<double>> logprobs = client.score(ids);
     if (!logprobs.ok()) {
       return Status(logprobs.status().code(), "window [" + std::to_string(w.begin) + ", " +
-                                                  std::to_string(w.end) + "): " +
-                                                  logprobs.status().message());
+                                                  std::to_string(w.end) +
+                                                  "): " + logprobs.status().message());
     }
     if (static_cast<int64_t>(logprobs->size()) != w.end - w.begin - 1) {
       return internal_error("window [" + std::to_string(w.begin) + ", " + std::to_string(w.end) +
@@ -160,7 +162,9 @@ StatusOr<Json> run_perplexity(BenchClient& client, const std::vector<TokenId>& t
     double nll = 0;
     // (*logprobs)[i] scores token begin + 1 + i.
     for (int64_t t = w.score_begin; t < w.end; ++t) nll -= (*logprobs)[t - w.begin - 1];
-    rows.push_back({{"begin", w.begin}, {"end", w.end}, {"scored_tokens", w.end - w.score_begin},
+    rows.push_back({{"begin", w.begin},
+                    {"end", w.end},
+                    {"scored_tokens", w.end - w.score_begin},
                     {"nll", nll}});
     total_nll += nll;
     total_scored += w.end - w.score_begin;
@@ -172,8 +176,8 @@ StatusOr<Json> run_perplexity(BenchClient& client, const std::vector<TokenId>& t
               {"num_scored_tokens", total_scored},
               {"mean_nll", mean_nll},
               {"perplexity", std::exp(mean_nll)},
-              {"duration_s", std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                                           start).count()},
+              {"duration_s",
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()},
               {"windows", std::move(rows)}};
 }
 
@@ -209,8 +213,8 @@ BenchRequest longqa_request(const QaItem& item, const tokenizer::Tokenizer& toke
             ? "Read the document and answer the multiple-choice question after it with the "
               "letter of the correct option only."
             : "Read the document and answer the question after it concisely.";
-    return std::string(instruction) + "\n\nDocument:\n" + document + "\n\nQuestion: " +
-           item.question + "\nAnswer:";
+    return std::string(instruction) + "\n\nDocument:\n" + document +
+           "\n\nQuestion: " + item.question + "\nAnswer:";
   };
   BenchRequest request;
   request.prompt = render(item.context);
@@ -355,8 +359,8 @@ Json longqa_metrics(const std::vector<QaItem>& items, const LoadRun& run) {
               {"f1", f1 / n},
               {"rouge_l", rouge / n},
               {"num_multiple_choice", multiple_choice},
-              {"exact_match", completed_choice > 0 ? Json(exact / static_cast<double>(completed_choice))
-                                                   : Json()},
+              {"exact_match",
+               completed_choice > 0 ? Json(exact / static_cast<double>(completed_choice)) : Json()},
               {"mean_prompt_len", prompt_len / n},
               {"mean_latency_ms", latency / n * 1e3},
               {"duration_s", run.duration_s},

@@ -32,7 +32,8 @@ namespace {
 
 using Json = nlohmann::json;
 
-constexpr const char* kUsage = R"(usage: strata bench <serve|multiturn|ppl|longqa|offline|compare> [options]
+constexpr const char* kUsage =
+    R"(usage: strata bench <serve|multiturn|ppl|longqa|offline|compare> [options]
 
 Measures a serving endpoint the way `vllm bench serve` does (same flags where the concept is the
 same, same JSON result fields), so results diff against other engines.
@@ -127,12 +128,30 @@ Compare:
 )";
 
 const std::set<std::string>& workload_flag_names() {
-  static const std::set<std::string> kNames = {
-      "dataset-name", "dataset-path", "num-prompts", "sharegpt-output-len", "random-input-len",
-      "random-output-len", "random-range-ratio", "random-prefix-len", "max-turns",
-      "max-output-len", "think-time", "temperature", "request-rate", "burstiness",
-      "max-concurrency", "seed", "metric-percentiles", "goodput", "result-dir",
-      "result-filename", "workload", "context-len", "stride", "max-input-len"};
+  static const std::set<std::string> kNames = {"dataset-name",
+                                               "dataset-path",
+                                               "num-prompts",
+                                               "sharegpt-output-len",
+                                               "random-input-len",
+                                               "random-output-len",
+                                               "random-range-ratio",
+                                               "random-prefix-len",
+                                               "max-turns",
+                                               "max-output-len",
+                                               "think-time",
+                                               "temperature",
+                                               "request-rate",
+                                               "burstiness",
+                                               "max-concurrency",
+                                               "seed",
+                                               "metric-percentiles",
+                                               "goodput",
+                                               "result-dir",
+                                               "result-filename",
+                                               "workload",
+                                               "context-len",
+                                               "stride",
+                                               "max-input-len"};
   return kNames;
 }
 
@@ -390,7 +409,8 @@ StatusOr<QualityWorkload> build_quality_workload(const Flags& flags, const std::
   w.setup = {{"task", kind}, {"dataset_path", path}};
   if (kind == "ppl") {
     STRATA_ASSIGN_OR_RETURN(int64_t context_len, flags.get_int("context-len", 1024));
-    STRATA_ASSIGN_OR_RETURN(int64_t stride, flags.get_int("stride", std::max<int64_t>(1, context_len / 2)));
+    STRATA_ASSIGN_OR_RETURN(int64_t stride,
+                            flags.get_int("stride", std::max<int64_t>(1, context_len / 2)));
     STRATA_ASSIGN_OR_RETURN(int64_t max_windows, flags.get_int("num-prompts", 40));
     if (context_len < 2) return invalid_argument_error("--context-len must be >= 2");
     if (max_windows < 1) return invalid_argument_error("--num-prompts must be >= 1");
@@ -427,7 +447,8 @@ StatusOr<QualityWorkload> build_quality_workload(const Flags& flags, const std::
 
 // Runs a quality workload on `client`: ppl windows one after another, longqa questions at
 // --max-concurrency.
-StatusOr<Json> run_quality(const Flags& flags, bench::BenchClient& client, const QualityWorkload& w) {
+StatusOr<Json> run_quality(const Flags& flags, bench::BenchClient& client,
+                           const QualityWorkload& w) {
   std::fprintf(stderr, "%s on %s, model %s\n", w.kind.c_str(), client.describe().c_str(),
                client.model_id().c_str());
   const bool progress = !flags.has("disable-tqdm");
@@ -458,11 +479,12 @@ std::string quality_summary(const Json& r) {
                   "============ Perplexity ============\n"
                   "%-32s %s\n%-32s %lld / %lld\n%-32s %lld\n%-32s %.4f\n%-32s %.4f\n"
                   "%-32s %.2f\n",
-                  "Text:", r["dataset_path"].get<std::string>().c_str(), "Window / stride:",
-                  static_cast<long long>(r["context_len"].get<int64_t>()),
-                  static_cast<long long>(r["stride"].get<int64_t>()), "Scored tokens:",
-                  static_cast<long long>(r["num_scored_tokens"].get<int64_t>()), "Mean NLL (nats):",
-                  r["mean_nll"].get<double>(), "Perplexity:", r["perplexity"].get<double>(),
+                  "Text:", r["dataset_path"].get<std::string>().c_str(),
+                  "Window / stride:", static_cast<long long>(r["context_len"].get<int64_t>()),
+                  static_cast<long long>(r["stride"].get<int64_t>()),
+                  "Scored tokens:", static_cast<long long>(r["num_scored_tokens"].get<int64_t>()),
+                  "Mean NLL (nats):", r["mean_nll"].get<double>(),
+                  "Perplexity:", r["perplexity"].get<double>(),
                   "Duration (s):", r["duration_s"].get<double>());
     return text;
   }
@@ -470,11 +492,12 @@ std::string quality_summary(const Json& r) {
                 "============ Long-document QA ============\n"
                 "%-32s %s\n%-32s %lld / %lld\n%-32s %.1f\n%-32s %.4f\n%-32s %.4f\n%-32s %s\n"
                 "%-32s %.1f\n",
-                "Data:", r["dataset_path"].get<std::string>().c_str(), "Answered / questions:",
-                static_cast<long long>(r["completed"].get<int64_t>()),
-                static_cast<long long>(r["num_questions"].get<int64_t>()), "Mean prompt tokens:",
-                r["mean_prompt_len"].get<double>(), "Token F1:", r["f1"].get<double>(),
-                "ROUGE-L:", r["rouge_l"].get<double>(), "Exact match (choice):", exact,
+                "Data:", r["dataset_path"].get<std::string>().c_str(),
+                "Answered / questions:", static_cast<long long>(r["completed"].get<int64_t>()),
+                static_cast<long long>(r["num_questions"].get<int64_t>()),
+                "Mean prompt tokens:", r["mean_prompt_len"].get<double>(),
+                "Token F1:", r["f1"].get<double>(), "ROUGE-L:", r["rouge_l"].get<double>(),
+                "Exact match (choice):", exact,
                 "Mean latency (ms):", r["mean_latency_ms"].get<double>());
   return text;
 }
@@ -485,9 +508,9 @@ Status report_quality(const Flags& flags, const Json& result, const std::string&
   if (!flags.has("save-result")) return Status();
   std::string model = result["model_id"].get<std::string>();
   std::replace(model.begin(), model.end(), '/', '_');
-  const std::string name = flags.get("result-filename", backend + "-" + result["task"].get<std::string>() +
-                                                            "-" + model + "-" +
-                                                            result["date"].get<std::string>() + ".json");
+  const std::string name =
+      flags.get("result-filename", backend + "-" + result["task"].get<std::string>() + "-" + model +
+                                       "-" + result["date"].get<std::string>() + ".json");
   const std::string path = flags.get("result-dir", ".") + "/" + name;
   STRATA_RETURN_IF_ERROR(write_file(path, result.dump(2) + "\n"));
   std::fprintf(stderr, "saved %s\n", path.c_str());
@@ -497,8 +520,7 @@ Status report_quality(const Flags& flags, const Json& result, const std::string&
 Status bench_remote(const Flags& flags, const std::string& mode) {
   const bool multiturn = mode == "multiturn";
   bench::ClientOptions options;
-  options.backend =
-      flags.get("backend", multiturn || mode == "longqa" ? "openai-chat" : "openai");
+  options.backend = flags.get("backend", multiturn || mode == "longqa" ? "openai-chat" : "openai");
   const bool grpc = options.backend == "grpc";
   const std::string host = flags.get("host", "127.0.0.1");
   const std::string port = flags.get("port", grpc ? "50051" : "8000");
@@ -651,8 +673,8 @@ std::string compare_row(const std::string& variant, const Json& r) {
 std::string quality_row(const std::string& variant, const Json& r) {
   char line[256];
   if (r["task"] == "ppl") {
-    std::snprintf(line, sizeof(line), "| %s | %.4f | %.4f | %lld | %lld | %.1f |\n", variant.c_str(),
-                  r["perplexity"].get<double>(), r["mean_nll"].get<double>(),
+    std::snprintf(line, sizeof(line), "| %s | %.4f | %.4f | %lld | %lld | %.1f |\n",
+                  variant.c_str(), r["perplexity"].get<double>(), r["mean_nll"].get<double>(),
                   static_cast<long long>(r["num_scored_tokens"].get<int64_t>()),
                   static_cast<long long>(r["num_windows"].get<int64_t>()),
                   r["duration_s"].get<double>());
@@ -719,13 +741,15 @@ Status bench_compare(const Flags& flags, const std::vector<std::string>& args) {
 
   Json runs = Json::array();
   std::string table =
-      kind == "ppl"      ? "| variant | perplexity | mean NLL | scored tokens | windows | duration (s) |\n"
-                           "|---|---|---|---|---|---|\n"
-      : kind == "longqa" ? "| variant | token F1 | ROUGE-L | exact match (choice) | answered | "
-                           "mean prompt tokens | mean latency (ms) |\n|---|---|---|---|---|---|---|\n"
-                         : "| variant | rate (req/s) | completed | req/s | output tok/s | TTFT mean (ms) "
-                           "| p50 | p90 | p99 | TPOT mean (ms) | TTFT turns >= 2 (ms) | gpu hit tokens "
-                           "| dram | ssd |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+      kind == "ppl"
+          ? "| variant | perplexity | mean NLL | scored tokens | windows | duration (s) |\n"
+            "|---|---|---|---|---|---|\n"
+      : kind == "longqa"
+          ? "| variant | token F1 | ROUGE-L | exact match (choice) | answered | "
+            "mean prompt tokens | mean latency (ms) |\n|---|---|---|---|---|---|---|\n"
+          : "| variant | rate (req/s) | completed | req/s | output tok/s | TTFT mean (ms) "
+            "| p50 | p90 | p99 | TPOT mean (ms) | TTFT turns >= 2 (ms) | gpu hit tokens "
+            "| dram | ssd |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   auto record = [&](const std::string& name, Json setup, double rate, const Json& result) {
     table += quality ? quality_row(name, result) : compare_row(name, result);
     setup["variant"] = name;
@@ -797,8 +821,9 @@ Status bench_compare(const Flags& flags, const std::vector<std::string>& args) {
 Status bench(const std::vector<std::string>& args) {
   if (args.empty() || args[0] == "--help" || args[0] == "help") {
     std::fputs(kUsage, args.empty() ? stderr : stdout);
-    return args.empty() ? invalid_argument_error("give a bench mode: serve, multiturn, ppl, "
-                                                 "longqa, offline or compare")
+    return args.empty() ? invalid_argument_error(
+                              "give a bench mode: serve, multiturn, ppl, "
+                              "longqa, offline or compare")
                         : Status();
   }
   const std::string mode = args[0];

@@ -316,12 +316,21 @@ void Engine::admit(std::vector<std::pair<GenerateRequest, std::shared_ptr<Reques
         if (t < vocab) stop_ids.push_back(t);
       }
     }
-    auto active = std::unique_ptr<Active>(new Active{
-        stream->id(), stream,
-        sampling::SequenceSampler(request.sampling, vocab, request.prompt_token_ids),
-        sampling::StopChecker(request.sampling), tokenizer::StreamDecoder(*tokenizer_),
-        std::move(stop_ids), Clock::now(), {}, false, request.tenant,
-        store_session_key(request.session), 0, std::nullopt, {}});
+    auto active = std::unique_ptr<Active>(
+        new Active{stream->id(),
+                   stream,
+                   sampling::SequenceSampler(request.sampling, vocab, request.prompt_token_ids),
+                   sampling::StopChecker(request.sampling),
+                   tokenizer::StreamDecoder(*tokenizer_),
+                   std::move(stop_ids),
+                   Clock::now(),
+                   {},
+                   false,
+                   request.tenant,
+                   store_session_key(request.session),
+                   0,
+                   std::nullopt,
+                   {}});
     std::vector<TokenId>& prompt = request.prompt_token_ids;
     active->usage.prompt_tokens = static_cast<int64_t>(prompt.size());
     std::optional<store::StoreMatch> match;
@@ -572,7 +581,8 @@ void Engine::step() {
     for (SeqId seq : batch.preempted) {
       Active& active = *active_.at(seq);
       active.stored.reset();
-      // Swapped out, or already admitted again in this step (it holds blocks), or truncated.
+      // Swapped out, or already admitted again in this step (it holds blocks), or truncated, or
+      // scoring its prompt (which is always computed).
       if (kv_->is_swapped(seq) || !kv_->tables(seq).empty() || active.dropped_tokens > 0 ||
           active.scores_prompt()) {
         continue;

@@ -44,8 +44,8 @@ KvCacheManager::Sequence& KvCacheManager::get(SeqId seq) {
   return it->second;
 }
 
-Status KvCacheManager::add_sequence(SeqId seq, std::vector<TokenId> prompt,
-                                    std::string tenant_salt, bool cacheable) {
+Status KvCacheManager::add_sequence(SeqId seq, std::vector<TokenId> prompt, std::string tenant_salt,
+                                    bool cacheable) {
   if (sequences_.contains(seq)) {
     return invalid_argument_error("sequence " + std::to_string(seq.value) + " already exists");
   }

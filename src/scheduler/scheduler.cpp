@@ -90,7 +90,8 @@ void Scheduler::requeue(SeqId seq) {
   std::vector<TokenId> tokens = kv_.tokens(seq);
   kv_.free(seq);
   const Entry& entry = entries_.at(seq);
-  const Status status = kv_.add_sequence(seq, std::move(tokens), entry.tenant_salt, entry.cacheable);
+  const Status status =
+      kv_.add_sequence(seq, std::move(tokens), entry.tenant_salt, entry.cacheable);
   STRATA_CHECK(status.ok()) << status.to_string();
   insert_sorted(waiting_, seq);
 }

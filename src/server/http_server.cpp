@@ -362,10 +362,10 @@ class Service {
     if (parsed->echo) {
       response_options.echo = true;
       response_options.prompt_token_ids = request.prompt_token_ids;
-      response_options.prompt_text =
-          parsed->prompt_text ? *parsed->prompt_text
-                              : engine_.tokenizer().decode(request.prompt_token_ids,
-                                                           /*skip_special=*/false);
+      response_options.prompt_text = parsed->prompt_text
+                                         ? *parsed->prompt_text
+                                         : engine_.tokenizer().decode(request.prompt_token_ids,
+                                                                      /*skip_special=*/false);
     }
     StatusOr<std::shared_ptr<engine::RequestStream>> submitted = engine_.submit(std::move(request));
     if (!submitted.ok()) {

@@ -449,9 +449,9 @@ StatusOr<ParsedRequest> parse_request(Endpoint endpoint, std::string_view body,
 
   // max_tokens was checked above under the name the request used.
   const bool chat = endpoint == Endpoint::kChatCompletions;
-  STRATA_RETURN_IF_ERROR(rename_field(
-      rename_field(out.sampling.validate(vocab_size), "num_logprobs", chat ? "top_logprobs" : "logprobs"),
-      "prompt_logprobs", "logprobs"));
+  const Status valid = rename_field(out.sampling.validate(vocab_size), "num_logprobs",
+                                    chat ? "top_logprobs" : "logprobs");
+  STRATA_RETURN_IF_ERROR(rename_field(valid, "prompt_logprobs", "logprobs"));
   return out;
 }
 
@@ -640,8 +640,8 @@ std::string ResponseBuilder::usage_chunk(const engine::Usage& usage) const {
                    {"usage", usage_json(usage)}});
 }
 
-void ResponseBuilder::add_echoed_prompt(CompletionLogprobs& logprobs,
-                                        std::span<const engine::TokenOutput> prompt_logprobs) const {
+void ResponseBuilder::add_echoed_prompt(
+    CompletionLogprobs& logprobs, std::span<const engine::TokenOutput> prompt_logprobs) const {
   if (!options_.prompt_token_ids.empty()) logprobs.add_unscored(options_.prompt_token_ids[0]);
   logprobs.add(prompt_logprobs);
 }

@@ -326,7 +326,8 @@ def main():
             bench("compare", "--model", args.model, "--workload", "ppl", "--dataset-path",
                   excerpt, "--context-len", "200", "--num-prompts", "2",
                   "--variant", "default",
-                  "--variant", "small:kv_cache.block_size_tokens=4,scheduler.max_num_batched_tokens=64",
+                  "--variant",
+                  "small:kv_cache.block_size_tokens=4,scheduler.max_num_batched_tokens=64",
                   "--peer", f"served={base}", "--output-dir", out, "--disable-tqdm")
             with open(os.path.join(out, "compare.json")) as f:
                 runs = json.load(f)["runs"]

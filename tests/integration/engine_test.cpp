@@ -387,12 +387,14 @@ TEST(EngineTest, PromptLogprobsAreRejectedOutOfRangeOrForAPromptThatWouldBeTrunc
   request.sampling.prompt_logprobs = 21;
   StatusOr<std::shared_ptr<RequestStream>> stream = engine->submit(request);
   ASSERT_FALSE(stream.ok());
-  EXPECT_TRUE(stream.status().message().starts_with("prompt_logprobs")) << stream.status().message();
+  EXPECT_TRUE(stream.status().message().starts_with("prompt_logprobs"))
+      << stream.status().message();
   request.sampling.prompt_logprobs = 0;
   request.prompt_token_ids.assign(engine->model_config().max_context_tokens, 5);
   stream = engine->submit(request);
   ASSERT_FALSE(stream.ok());
-  EXPECT_TRUE(stream.status().message().starts_with("prompt_logprobs")) << stream.status().message();
+  EXPECT_TRUE(stream.status().message().starts_with("prompt_logprobs"))
+      << stream.status().message();
 }
 
 }  // namespace

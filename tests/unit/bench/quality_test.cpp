@@ -5,8 +5,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "strata/model/gguf_file.h"
-#include "strata/tokenizer/tokenizer.h"
+#include "default_tokenizer_test.h"
 #include "support/temp_dir.h"
 
 namespace strata::bench {
@@ -20,7 +19,8 @@ TEST(PplWindowsTest, StridedWindowsScoreEveryTokenButTheFirstOnce) {
   StatusOr<std::vector<PplWindow>> w = ppl_windows(10, 4, 2, 0);
   ASSERT_TRUE(w.ok()) << w.status().to_string();
   ASSERT_EQ(w->size(), 4u);
-  const std::vector<std::array<int64_t, 3>> expected = {{0, 4, 1}, {2, 6, 4}, {4, 8, 6}, {6, 10, 8}};
+  const std::vector<std::array<int64_t, 3>> expected = {
+      {0, 4, 1}, {2, 6, 4}, {4, 8, 6}, {6, 10, 8}};
   for (size_t i = 0; i < expected.size(); ++i) {
     EXPECT_EQ((*w)[i].begin, expected[i][0]) << i;
     EXPECT_EQ((*w)[i].end, expected[i][1]) << i;
@@ -103,42 +103,31 @@ TEST(QaScoreTest, BestOverGoldAnswersAndExactMatchOnlyForChoices) {
 
 // ---- Data sets and prompts --------------------------------------------------------------------
 
-class LongQaTest : public ::testing::Test {
+class LongQaTest : public DefaultTokenizerTest {
  protected:
-  static void SetUpTestSuite() {
-    auto gguf = model::GgufFile::open(STRATA_TEST_MODEL);
-    ASSERT_TRUE(gguf.ok()) << gguf.status().to_string();
-    auto tok = tokenizer::Tokenizer::from_gguf(**gguf);
-    ASSERT_TRUE(tok.ok()) << tok.status().to_string();
-    tokenizer_ = std::move(tok).value().release();
-  }
-  static void TearDownTestSuite() { delete tokenizer_; }
-
   std::string write(const std::string& name, const std::string& text) {
     const std::string path = (dir_.path() / name).string();
     std::ofstream(path, std::ios::binary) << text;
     return path;
   }
 
-  static tokenizer::Tokenizer* tokenizer_;
   TempDir dir_;
 };
-tokenizer::Tokenizer* LongQaTest::tokenizer_ = nullptr;
 
 TEST_F(LongQaTest, ReadsLEvalAndBambooAndSkipsLinesThatAreNotJson) {
   using Json = nlohmann::json;
-  const std::string leval_exam =
-      Json{{"input", "doc one"},
-           {"instructions", {"Why? (A) x (B) y", "How? (A) p (B) q"}},
-           {"outputs", {"(B) y", "(A) p"}},
-           {"evaluation", "exam"}}
-          .dump();
-  const std::string leval_open = Json{{"input", "doc two"},
-                                      {"instructions", {"Summarise."}},
-                                      {"outputs", {"A summary."}},
-                                      {"evaluation", "rouge"}}
-                                     .dump();
-  StatusOr<QaDataset> leval = load_longqa(write("leval.jsonl", leval_exam + "\n" + leval_open + "\n"));
+  const std::string leval_exam = Json{
+      {"input", "doc one"},
+      {"instructions", {"Why? (A) x (B) y", "How? (A) p (B) q"}},
+      {"outputs", {"(B) y", "(A) p"}},
+      {"evaluation", "exam"}}.dump();
+  const std::string leval_open = Json{
+      {"input", "doc two"},
+      {"instructions", {"Summarise."}},
+      {"outputs", {"A summary."}},
+      {"evaluation", "rouge"}}.dump();
+  StatusOr<QaDataset> leval =
+      load_longqa(write("leval.jsonl", leval_exam + "\n" + leval_open + "\n"));
   ASSERT_TRUE(leval.ok()) << leval.status().to_string();
   ASSERT_EQ(leval->items.size(), 3u);
   EXPECT_EQ(leval->items[0].id, "leval.jsonl:1.0");
@@ -148,12 +137,13 @@ TEST_F(LongQaTest, ReadsLEvalAndBambooAndSkipsLinesThatAreNotJson) {
   EXPECT_FALSE(leval->items[2].multiple_choice) << "\"A summary.\" is no option letter";
   EXPECT_EQ(leval->items[2].context, "doc two");
 
-  const std::string meeting = Json{{"content", "minutes"},
-                                   {"question", "Who?"},
-                                   {"options", {"A. Ann", "B. Bob"}},
-                                   {"answer", "B"}}
-                                  .dump();
-  const std::string altqa = Json{{"content", "Document: x\n\nQuestion:\nwhen?\n"}, {"answer", "1964"}}.dump();
+  const std::string meeting = Json{
+      {"content", "minutes"},
+      {"question", "Who?"},
+      {"options", {"A. Ann", "B. Bob"}},
+      {"answer", "B"}}.dump();
+  const std::string altqa =
+      Json{{"content", "Document: x\n\nQuestion:\nwhen?\n"}, {"answer", "1964"}}.dump();
   StatusOr<QaDataset> bamboo =
       load_longqa(write("bamboo.jsonl", meeting + "\n{\"content\": \"cut off\n" + altqa + "\n\n"));
   ASSERT_TRUE(bamboo.ok()) << bamboo.status().to_string();
@@ -169,13 +159,14 @@ TEST_F(LongQaTest, ReadsLEvalAndBambooAndSkipsLinesThatAreNotJson) {
 TEST_F(LongQaTest, BadFilesAreClearErrors) {
   EXPECT_EQ(load_longqa((dir_.path() / "missing.jsonl").string()).status().code(),
             StatusCode::kNotFound);
-  StatusOr<QaDataset> other = load_longqa(write("other.jsonl", "{\"content\": \"x\", \"answer\": \"y\"}\n"
-                                                               "{\"text\": \"neither\"}\n"));
+  StatusOr<QaDataset> other = load_longqa(write("other.jsonl",
+                                                "{\"content\": \"x\", \"answer\": \"y\"}\n"
+                                                "{\"text\": \"neither\"}\n"));
   ASSERT_FALSE(other.ok());
   EXPECT_NE(other.status().message().find("other.jsonl: line 2"), std::string::npos)
       << other.status().message();
-  StatusOr<QaDataset> mismatched = load_longqa(write(
-      "mismatch.jsonl", R"({"input": "d", "instructions": ["q1", "q2"], "outputs": ["a"]})"));
+  StatusOr<QaDataset> mismatched = load_longqa(
+      write("mismatch.jsonl", R"({"input": "d", "instructions": ["q1", "q2"], "outputs": ["a"]})"));
   ASSERT_FALSE(mismatched.ok());
   EXPECT_NE(mismatched.status().message().find("2 instructions but 1 outputs"), std::string::npos);
   StatusOr<QaDataset> garbage = load_longqa(write("garbage.jsonl", "not json\n"));

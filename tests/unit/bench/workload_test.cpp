@@ -6,26 +6,16 @@
 #include <fstream>
 #include <set>
 
+#include "default_tokenizer_test.h"
 #include "support/temp_dir.h"
-#include "strata/model/gguf_file.h"
-#include "strata/tokenizer/tokenizer.h"
 
 namespace strata::bench {
 namespace {
 
 using test_util::TempDir;
 
-class WorkloadTest : public ::testing::Test {
+class WorkloadTest : public DefaultTokenizerTest {
  protected:
-  static void SetUpTestSuite() {
-    auto gguf = model::GgufFile::open(STRATA_TEST_MODEL);
-    ASSERT_TRUE(gguf.ok()) << gguf.status().to_string();
-    auto tok = tokenizer::Tokenizer::from_gguf(**gguf);
-    ASSERT_TRUE(tok.ok()) << tok.status().to_string();
-    tokenizer_ = std::move(tok).value().release();
-  }
-  static void TearDownTestSuite() { delete tokenizer_; }
-
   std::string write(const std::string& name, const std::string& bytes) {
     const std::string path = (dir_.path() / name).string();
     std::ofstream(path, std::ios::binary) << bytes;
@@ -35,10 +25,8 @@ class WorkloadTest : public ::testing::Test {
     return static_cast<int64_t>(tokenizer_->encode(text, false).size());
   }
 
-  static tokenizer::Tokenizer* tokenizer_;
   TempDir dir_;
 };
-tokenizer::Tokenizer* WorkloadTest::tokenizer_ = nullptr;
 
 constexpr const char* kConversations = R"([
   {"id": "continues", "conversations": [
