@@ -461,6 +461,13 @@ StatusOr<Json> run_quality(const Flags& flags, bench::BenchClient& client,
     load.ignore_eos = false;
     load.progress = progress;
     result = bench::longqa_metrics(w.items, bench::run_requests(client, w.requests, load));
+    for (const Json& item : result["items"]) {
+      if (item["error"].get<std::string>().empty()) continue;
+      std::fprintf(stderr, "%lld questions failed; the first error: %s\n",
+                   static_cast<long long>(result["failed"].get<int64_t>()),
+                   item["error"].get<std::string>().c_str());
+      break;
+    }
   }
   result.update(w.setup);
   result["date"] = timestamp();
