@@ -216,26 +216,25 @@ BenchRequest longqa_request(const QaItem& item, const tokenizer::Tokenizer& toke
     return std::string(instruction) + "\n\nDocument:\n" + document +
            "\n\nQuestion: " + item.question + "\nAnswer:";
   };
+  // Encodes the (possibly very long) document once; only prompts near the budget are encoded
+  // whole.
+  const std::vector<TokenId> doc = tokenizer.encode(item.context, false);
+  const std::span<const TokenId> all(doc);
+  const auto num_doc = static_cast<int64_t>(doc.size());
+  const int64_t overhead = static_cast<int64_t>(tokenizer.encode(render(""), false).size());
+  int64_t keep = std::min(num_doc, std::max<int64_t>(0, max_prompt_tokens - overhead));
   BenchRequest request;
-  request.prompt = render(item.context);
-  std::vector<TokenId> ids = tokenizer.encode(request.prompt, false);
-  if (static_cast<int64_t>(ids.size()) > max_prompt_tokens) {
+  std::vector<TokenId> ids;
+  while (true) {
     // Keep the document's head and tail, whole tokens, as LongBench cuts long inputs.
-    const int64_t overhead = static_cast<int64_t>(tokenizer.encode(render(""), false).size());
-    const std::vector<TokenId> doc = tokenizer.encode(item.context, false);
-    const std::span<const TokenId> all(doc);
-    int64_t keep = std::min(static_cast<int64_t>(doc.size()),
-                            std::max<int64_t>(0, max_prompt_tokens - overhead));
+    request.prompt = keep == num_doc ? render(item.context)
+                                     : render(tokenizer.decode(all.first(keep / 2), false) +
+                                              tokenizer.decode(all.last(keep - keep / 2), false));
+    ids = tokenizer.encode(request.prompt, false);
     // Text re-encoded at the seams may take a token or two more: cut again until it fits.
-    while (true) {
-      const std::string head = tokenizer.decode(all.first(keep / 2), false);
-      const std::string tail = tokenizer.decode(all.last(keep - keep / 2), false);
-      request.prompt = render(head + tail);
-      ids = tokenizer.encode(request.prompt, false);
-      const int64_t excess = static_cast<int64_t>(ids.size()) - max_prompt_tokens;
-      if (excess <= 0 || keep == 0) break;
-      keep = std::max<int64_t>(0, keep - excess);
-    }
+    const int64_t excess = static_cast<int64_t>(ids.size()) - max_prompt_tokens;
+    if (excess <= 0 || keep == 0) break;
+    keep = std::max<int64_t>(0, keep - excess);
   }
   request.prompt_len = static_cast<int64_t>(ids.size());
   request.messages = {{"user", request.prompt}};
@@ -322,16 +321,17 @@ QaScore score_answer(const QaItem& item, std::string_view prediction) {
 
 Json longqa_metrics(const std::vector<QaItem>& items, const LoadRun& run) {
   Json rows = Json::array();
+  Json errors = Json::array();
   double f1 = 0, rouge = 0, exact = 0, prompt_len = 0, latency = 0;
-  int64_t completed = 0, multiple_choice = 0;
+  int64_t completed = 0, multiple_choice = 0, completed_choice = 0;
   for (size_t i = 0; i < items.size() && i < run.results.size(); ++i) {
     const QaItem& item = items[i];
     const RequestResult& r = run.results[i];
     Json row = {{"id", item.id},
                 {"prompt_len", r.prompt_len},
                 {"prediction", r.generated_text},
-                {"answers", item.answers},
-                {"error", r.error}};
+                {"answers", item.answers}};
+    errors.push_back(r.error);
     multiple_choice += item.multiple_choice ? 1 : 0;
     if (r.success) {
       const QaScore score = score_answer(item, r.generated_text);
@@ -344,14 +344,11 @@ Json longqa_metrics(const std::vector<QaItem>& items, const LoadRun& run) {
       prompt_len += static_cast<double>(r.prompt_len);
       latency += r.latency_s;
       ++completed;
+      completed_choice += item.multiple_choice ? 1 : 0;
     }
     rows.push_back(std::move(row));
   }
   const double n = std::max<double>(1, static_cast<double>(completed));
-  int64_t completed_choice = 0;
-  for (size_t i = 0; i < items.size() && i < run.results.size(); ++i) {
-    completed_choice += items[i].multiple_choice && run.results[i].success ? 1 : 0;
-  }
   return Json{{"task", "longqa"},
               {"num_questions", items.size()},
               {"completed", completed},
@@ -364,6 +361,7 @@ Json longqa_metrics(const std::vector<QaItem>& items, const LoadRun& run) {
               {"mean_prompt_len", prompt_len / n},
               {"mean_latency_ms", latency / n * 1e3},
               {"duration_s", run.duration_s},
+              {"errors", std::move(errors)},
               {"items", std::move(rows)}};
 }
 

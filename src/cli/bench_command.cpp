@@ -310,6 +310,17 @@ std::string timestamp() {
   return buffer;
 }
 
+// Says how many requests of a result failed, and the first one's error.
+void print_first_error(const Json& result) {
+  const int64_t failed = result["failed"].get<int64_t>();
+  for (const Json& error : result["errors"]) {
+    if (failed == 0 || error.get<std::string>().empty()) continue;
+    std::fprintf(stderr, "%lld requests failed; the first error: %s\n",
+                 static_cast<long long>(failed), error.get<std::string>().c_str());
+    break;
+  }
+}
+
 // Runs the workload on `client` with `load`: the result with vLLM's fields and the run's setup.
 StatusOr<Json> run_workload(const Flags& flags, bench::BenchClient& client,
                             const Workload& workload, const bench::LoadOptions& load,
@@ -340,13 +351,7 @@ StatusOr<Json> run_workload(const Flags& flags, bench::BenchClient& client,
   result["max_concurrency"] = load.max_concurrency > 0 ? Json(load.max_concurrency) : Json();
   result["dataset_name"] = flags.get("dataset-name", workload.conversations.empty() ? "random"
                                                                                    : "sharegpt");
-  const int64_t failed = result["failed"].get<int64_t>();
-  for (const Json& error : result["errors"]) {
-    if (failed == 0 || error.get<std::string>().empty()) continue;
-    std::fprintf(stderr, "%lld requests failed; the first error: %s\n",
-                 static_cast<long long>(failed), error.get<std::string>().c_str());
-    break;
-  }
+  print_first_error(result);
   return result;
 }
 
@@ -358,28 +363,37 @@ Status write_file(const std::string& path, const std::string& text) {
   return Status();
 }
 
-// Runs the workload on `client`, prints the summary and saves the result if asked.
-Status run_and_report(const Flags& flags, bench::BenchClient& client, const Workload& workload,
-                      const std::string& backend, const std::string& tokenizer_id) {
-  STRATA_ASSIGN_OR_RETURN(bench::LoadOptions load, load_options(flags));
-  STRATA_ASSIGN_OR_RETURN(bench::ReportOptions report, report_options(flags));
-  STRATA_ASSIGN_OR_RETURN(Json result,
-                          run_workload(flags, client, workload, load, report, backend, tokenizer_id));
-  std::fputs(bench::format_summary(result, report).c_str(), stdout);
+// With --save-result, writes `result` (which has backend, model_id and date) to --result-dir as
+// --result-filename, by default {backend}-{what}-{model}-{date}.json.
+Status save_result(const Flags& flags, const Json& result, const std::string& what) {
   if (!flags.has("save-result")) return Status();
   std::string name = flags.get("result-filename", "");
   if (name.empty()) {
-    std::string model = client.model_id();
+    std::string model = result["model_id"].get<std::string>();
     std::replace(model.begin(), model.end(), '/', '_');
-    name = backend + "-" + result["request_rate"].dump() + "qps" +
-           (load.max_concurrency > 0 ? "-concurrency" + std::to_string(load.max_concurrency) : "") +
-           "-" + model + "-" + result["date"].get<std::string>() + ".json";
-    std::erase(name, '"');
+    name = result["backend"].get<std::string>() + "-" + what + "-" + model + "-" +
+           result["date"].get<std::string>() + ".json";
   }
   const std::string path = flags.get("result-dir", ".") + "/" + name;
   STRATA_RETURN_IF_ERROR(write_file(path, result.dump(2) + "\n"));
   std::fprintf(stderr, "saved %s\n", path.c_str());
   return Status();
+}
+
+// Runs the workload on `client`, prints the summary and saves the result if asked.
+Status run_and_report(const Flags& flags, bench::BenchClient& client, const Workload& workload,
+                      const std::string& backend, const std::string& tokenizer_id) {
+  STRATA_ASSIGN_OR_RETURN(bench::LoadOptions load, load_options(flags));
+  STRATA_ASSIGN_OR_RETURN(bench::ReportOptions report, report_options(flags));
+  STRATA_ASSIGN_OR_RETURN(
+      Json result, run_workload(flags, client, workload, load, report, backend, tokenizer_id));
+  std::fputs(bench::format_summary(result, report).c_str(), stdout);
+  std::string rate = result["request_rate"].dump();
+  std::erase(rate, '"');
+  return save_result(
+      flags, result,
+      rate + "qps" +
+          (load.max_concurrency > 0 ? "-concurrency" + std::to_string(load.max_concurrency) : ""));
 }
 
 bool is_quality(const std::string& kind) { return kind == "ppl" || kind == "longqa"; }
@@ -447,8 +461,8 @@ StatusOr<QualityWorkload> build_quality_workload(const Flags& flags, const std::
 
 // Runs a quality workload on `client`: ppl windows one after another, longqa questions at
 // --max-concurrency.
-StatusOr<Json> run_quality(const Flags& flags, bench::BenchClient& client,
-                           const QualityWorkload& w) {
+StatusOr<Json> run_quality(const Flags& flags, bench::BenchClient& client, const QualityWorkload& w,
+                           const std::string& backend) {
   std::fprintf(stderr, "%s on %s, model %s\n", w.kind.c_str(), client.describe().c_str(),
                client.model_id().c_str());
   const bool progress = !flags.has("disable-tqdm");
@@ -461,16 +475,11 @@ StatusOr<Json> run_quality(const Flags& flags, bench::BenchClient& client,
     load.ignore_eos = false;
     load.progress = progress;
     result = bench::longqa_metrics(w.items, bench::run_requests(client, w.requests, load));
-    for (const Json& item : result["items"]) {
-      if (item["error"].get<std::string>().empty()) continue;
-      std::fprintf(stderr, "%lld questions failed; the first error: %s\n",
-                   static_cast<long long>(result["failed"].get<int64_t>()),
-                   item["error"].get<std::string>().c_str());
-      break;
-    }
+    print_first_error(result);
   }
   result.update(w.setup);
   result["date"] = timestamp();
+  result["backend"] = backend;
   result["model_id"] = client.model_id();
   return result;
 }
@@ -510,18 +519,9 @@ std::string quality_summary(const Json& r) {
 }
 
 // Prints a quality result and saves it when asked.
-Status report_quality(const Flags& flags, const Json& result, const std::string& backend) {
+Status report_quality(const Flags& flags, const Json& result) {
   std::fputs(quality_summary(result).c_str(), stdout);
-  if (!flags.has("save-result")) return Status();
-  std::string model = result["model_id"].get<std::string>();
-  std::replace(model.begin(), model.end(), '/', '_');
-  const std::string name =
-      flags.get("result-filename", backend + "-" + result["task"].get<std::string>() + "-" + model +
-                                       "-" + result["date"].get<std::string>() + ".json");
-  const std::string path = flags.get("result-dir", ".") + "/" + name;
-  STRATA_RETURN_IF_ERROR(write_file(path, result.dump(2) + "\n"));
-  std::fprintf(stderr, "saved %s\n", path.c_str());
-  return Status();
+  return save_result(flags, result, result["task"].get<std::string>());
 }
 
 Status bench_remote(const Flags& flags, const std::string& mode) {
@@ -551,9 +551,8 @@ Status bench_remote(const Flags& flags, const std::string& mode) {
   STRATA_RETURN_IF_ERROR(client->probe());
   if (is_quality(mode)) {
     STRATA_ASSIGN_OR_RETURN(QualityWorkload workload, build_quality_workload(flags, mode, *tok));
-    STRATA_ASSIGN_OR_RETURN(Json result, run_quality(flags, *client, workload));
-    result["backend"] = options.backend;
-    return report_quality(flags, result, options.backend);
+    STRATA_ASSIGN_OR_RETURN(Json result, run_quality(flags, *client, workload, options.backend));
+    return report_quality(flags, result);
   }
   STRATA_ASSIGN_OR_RETURN(Workload workload, build_workload(flags, multiturn, *tok));
   return run_and_report(flags, *client, workload, options.backend, tokenizer_path);
@@ -582,9 +581,8 @@ Status bench_offline(const Flags& flags) {
     std::unique_ptr<bench::BenchClient> client = bench::make_engine_client(
         *loaded.engine, loaded.chat_template ? &*loaded.chat_template : nullptr,
         loaded.engine->model_config().name, 0);
-    STRATA_ASSIGN_OR_RETURN(Json result, run_quality(flags, *client, workload));
-    result["backend"] = "offline";
-    return report_quality(flags, result, "offline");
+    STRATA_ASSIGN_OR_RETURN(Json result, run_quality(flags, *client, workload, "offline"));
+    return report_quality(flags, result);
   }
   STRATA_ASSIGN_OR_RETURN(Workload workload,
                           build_workload(flags, multiturn, loaded.engine->tokenizer()));
@@ -740,7 +738,7 @@ Status bench_compare(const Flags& flags, const std::vector<std::string>& args) {
   // Runs the workload on one client.
   auto run = [&](bench::BenchClient& client, double rate, const std::string& backend,
                  const std::string& tokenizer_id) -> StatusOr<Json> {
-    if (quality) return run_quality(flags, client, quality_workload);
+    if (quality) return run_quality(flags, client, quality_workload, backend);
     bench::LoadOptions run_load = load;
     run_load.request_rate = rate;
     return run_workload(flags, client, workload, run_load, report, backend, tokenizer_id);

@@ -359,6 +359,21 @@ def main():
         assert result["completed"] == 3 and result["output_lens"] == [4] * 3, result
         assert result["backend"] == "offline"
         check_statistics(result)
+        # Without --result-filename: {backend}-{rate or task}-{model}-{date}.json.
+        named = os.path.join(work, "named")
+        os.mkdir(named)
+        bench("offline", "--model", args.model, "--dataset-name", "random", "--random-input-len",
+              "8", "--random-output-len", "2", "--num-prompts", "1", "--max-concurrency", "1",
+              "--save-result", "--result-dir", named, "--disable-tqdm")
+        bench("offline", "--model", args.model, "--workload", "ppl", "--dataset-path", excerpt,
+              "--context-len", "64", "--num-prompts", "1", "--save-result", "--result-dir",
+              named, "--disable-tqdm")
+        names = sorted(os.listdir(named))
+        assert len(names) == 2, names
+        assert names[0].startswith("offline-inf") and "-concurrency1-" in names[0], names
+        assert names[1].startswith("offline-ppl-") and names[1].endswith(".json"), names
+        with open(os.path.join(named, names[1])) as f:
+            assert json.load(f)["task"] == "ppl"
 
     check("offline: the in-process engine", test_offline)
     return summary()

@@ -100,8 +100,8 @@ QaScore score_answer(const QaItem& item, std::string_view prediction);
 // The answers of run_requests() over longqa_request()s of `items`, scored: {"task": "longqa",
 // "num_questions", "completed", "failed", "f1", "rouge_l" (means over completed answers),
 // "num_multiple_choice", "exact_match" (mean over those; null without any), "mean_prompt_len",
-// "mean_latency_ms", "duration_s", "items": [{"id", "prompt_len", "prediction", "answers",
-// "f1", "rouge_l", "exact_match", "error"}]}.
+// "mean_latency_ms", "duration_s", "errors" (one per question, "" when answered, as vLLM's),
+// "items": [{"id", "prompt_len", "prediction", "answers", "f1", "rouge_l", "exact_match"}]}.
 nlohmann::json longqa_metrics(const std::vector<QaItem>& items, const LoadRun& run);
 
 }  // namespace strata::bench
