@@ -293,7 +293,7 @@ Result simulate(const Options& o, const std::vector<Conversation>& conversations
       auto ticket = kv_store.begin_save(save);
       if (ticket.ok()) {
         session.item = ticket->item;
-        if (!ticket->destinations.empty()) kv_store.commit_save(*std::move(ticket), nullptr);
+        if (!ticket->destinations.empty()) kv_store.commit_save(*std::move(ticket), nullptr, 0);
         session.stored_drop = drop;
         session.stored_end = full_blocks * kBlockTokens + (full_blocks > 1 ? drop : 0);
       }

@@ -120,10 +120,24 @@ struct Engine::Active {
     std::vector<int64_t> chunks;
   };
   std::optional<StoredPrefix> stored;
+  // This turn's save (CachedAttention's asynchronous saving): each token block is copied out layer
+  // by layer by the forward pass that completes it (blocks already resident when the save starts,
+  // by the next pass) into chunks the store reserved, published when the turn ends.
+  struct Saving {
+    store::SaveTicket ticket;
+    std::vector<kv::ChunkHash> chain;  // hashes of the sequence's blocks [0, chain.size())
+    int64_t written = 0;               // destinations handed to forward passes
+    bool capped = false;               // the store had no room for more: the save ends there
+    std::vector<std::function<void()>> copies;  // device-to-host copies that may be in flight
+    double seconds = 0;                         // executor time on its copies
+  };
+  std::optional<Saving> saving;
   // With SamplingParams::prompt_logprobs: entry i scores prompt token i + 1; sent with the first
   // token.
   std::vector<TokenOutput> prompt_logprobs;
   bool scores_prompt() const { return sampler.params().prompt_logprobs.has_value(); }
+  // Scored prompts are not stored; truncated history is found by session only.
+  bool saves_kv() const { return !scores_prompt() && (dropped_tokens == 0 || !session.empty()); }
 };
 
 StatusOr<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<model::ModelSource> source,
@@ -330,6 +344,7 @@ void Engine::admit(std::vector<std::pair<GenerateRequest, std::shared_ptr<Reques
                    store_session_key(request.session),
                    0,
                    std::nullopt,
+                   std::nullopt,
                    {}});
     std::vector<TokenId>& prompt = request.prompt_token_ids;
     active->usage.prompt_tokens = static_cast<int64_t>(prompt.size());
@@ -459,36 +474,108 @@ std::vector<store::StoreLease> Engine::acquire_loads(scheduler::ScheduledBatch& 
   return leases;
 }
 
-void Engine::save_to_store(Active& active) {
-  const SeqId seq{active.id.value};
+void Engine::plan_saves(executor::ForwardBatch& forward) {
   const int64_t block = kv_->geometry().block_size_tokens;
-  const int64_t num_blocks = kv_->num_computed_tokens(seq) / block;
-  if (num_blocks == 0) return;
-  // Truncated history is found by session only.
-  if (active.dropped_tokens > 0 && active.session.empty()) return;
-  const std::vector<TokenId>& tokens = kv_->tokens(seq);
-  store::SaveRequest request;
-  request.session = active.session;
-  request.exact = active.dropped_tokens == 0;
-  request.token_offset = active.dropped_tokens;
-  kv::ChunkHash hash = store_root(active.tenant);
-  for (int64_t i = 0; i < num_blocks; ++i) {
-    hash = kv::chain_hash(hash, std::span<const TokenId>(tokens).subspan(i * block, block));
-    request.chain.push_back(hash);
+  for (const executor::SequenceChunk& chunk : forward.chunks) {
+    Active& active = *active_.at(chunk.seq);
+    if (!active.saves_kv()) continue;
+    const std::vector<TokenId>& tokens = kv_->tokens(chunk.seq);
+    const auto end_block =
+        (chunk.start_position + static_cast<int64_t>(chunk.tokens.size())) / block;
+    auto hash_up_to = [&](std::vector<kv::ChunkHash>& chain, int64_t blocks) {
+      kv::ChunkHash hash = chain.empty() ? store_root(active.tenant) : chain.back();
+      for (auto b = static_cast<int64_t>(chain.size()); b < blocks; ++b) {
+        hash = kv::chain_hash(hash, std::span<const TokenId>(tokens).subspan(b * block, block));
+        chain.push_back(hash);
+      }
+    };
+    if (!active.saving) {
+      // Starts with the first pass that completes a block, reserving every full block the
+      // sequence has (the prompt's, computed over this and the next passes).
+      if (end_block == 0) continue;
+      Active::Saving saving;
+      hash_up_to(saving.chain, static_cast<int64_t>(tokens.size()) / block);
+      StatusOr<store::SaveTicket> ticket = store_->begin_save(
+          {active.session, active.dropped_tokens == 0, active.dropped_tokens, saving.chain});
+      if (ticket.ok()) {
+        saving.ticket = *std::move(ticket);
+      } else {
+        saving.capped = true;  // no DRAM room now (counted by the store)
+      }
+      active.saving = std::move(saving);
+    }
+    Active::Saving& saving = *active.saving;
+    store::SaveTicket& ticket = saving.ticket;
+    int64_t reserved_end = ticket.first_chunk + static_cast<int64_t>(ticket.destinations.size());
+    if (!saving.capped && end_block > reserved_end) {
+      hash_up_to(saving.chain, end_block);
+      const int64_t wanted = end_block - reserved_end;
+      const int64_t got = store_->extend_save(
+          &ticket, std::span<const kv::ChunkHash>(saving.chain).subspan(reserved_end, wanted));
+      saving.capped = got < wanted;
+      reserved_end += got;
+    }
+    const int64_t first = ticket.first_chunk + saving.written;
+    const int64_t count = std::min(end_block, reserved_end) - first;
+    if (count <= 0) continue;
+    executor::KvSave& save = forward.saves.emplace_back();
+    save.seq = chunk.seq;
+    save.first_block = first;
+    save.chunks.assign(ticket.destinations.begin() + saving.written,
+                       ticket.destinations.begin() + saving.written + count);
+    saving.written += count;
   }
-  StatusOr<store::SaveTicket> ticket = store_->begin_save(request);
-  if (!ticket.ok() || ticket->destinations.empty()) return;  // no room now, or already stored
-  StatusOr<std::function<void()>> written =
-      executor_->save_chunks(kv_->tables(seq), ticket->first_chunk, ticket->destinations);
-  if (!written.ok()) {
-    store_->abort_save(*ticket);
+}
+
+void Engine::record_pool_copies(const executor::ForwardBatch& forward,
+                                const executor::ForwardResult& result) {
+  const int64_t chunk_bytes = executor_->kv_chunk_bytes();
+  int64_t loaded = 0, saved = 0;
+  for (const executor::KvLoad& load : forward.loads) loaded += std::ssize(load.chunks);
+  for (const executor::KvSave& save : forward.saves) saved += std::ssize(save.chunks);
+  for (const executor::KvSave& save : forward.saves) {
+    Active::Saving& saving = *active_.at(save.seq)->saving;
+    if (result.saves_written) saving.copies.push_back(result.saves_written);
+    saving.seconds += result.save_seconds * static_cast<double>(std::ssize(save.chunks)) /
+                      static_cast<double>(saved);
+  }
+  std::scoped_lock lock(mutex_);
+  if (loaded > 0) {
+    stats_.pool_bytes_loaded += loaded * chunk_bytes;
+    stats_.pool_load_seconds += result.load_seconds;
+    ++stats_.pool_loads;
+  }
+  if (saved > 0) {
+    stats_.pool_bytes_saved += saved * chunk_bytes;
+    stats_.pool_save_seconds += result.save_seconds;
+    ++stats_.pool_saves;
+  }
+}
+
+void Engine::end_save(Active& active, bool publish) {
+  if (!active.saving) return;
+  Active::Saving saving = *std::move(active.saving);
+  active.saving.reset();
+  store::SaveTicket& ticket = saving.ticket;
+  // A finished turn has computed every block it reserved; anything else gives the chunks back,
+  // after the copies into them are done.
+  if (!publish || saving.written != static_cast<int64_t>(ticket.destinations.size())) {
+    for (const auto& wait : saving.copies) wait();
+    store_->abort_save(ticket);
     return;
   }
   {
     std::scoped_lock lock(mutex_);
-    stats_.store_saved_tokens += static_cast<int64_t>(ticket->destinations.size()) * block;
+    stats_.store_saved_tokens +=
+        static_cast<int64_t>(ticket.destinations.size()) * kv_->geometry().block_size_tokens;
   }
-  store_->commit_save(*std::move(ticket), *std::move(written));
+  std::function<void()> wait;
+  if (!saving.copies.empty()) {
+    wait = [copies = std::move(saving.copies)] {
+      for (const auto& c : copies) c();
+    };
+  }
+  store_->commit_save(std::move(ticket), std::move(wait), saving.seconds);
 }
 
 void Engine::record_prompt_logprobs(Active& active, int64_t start_position, const float* logits,
@@ -520,10 +607,7 @@ void Engine::finish(Active& active, RequestOutput output, FinishReason reason, s
   output.error = std::move(error);
   output.usage = active.usage;
   const SeqId seq{active.id.value};
-  const bool completed = reason == FinishReason::kStop || reason == FinishReason::kLength;
-  if (store_ && completed && kv_->has_sequence(seq) && !kv_->is_swapped(seq)) {
-    save_to_store(active);
-  }
+  end_save(active, reason == FinishReason::kStop || reason == FinishReason::kLength);
   active.stream->push(std::move(output));
   scheduler_->remove(seq);
   active_.erase(seq);  // destroys `active`
@@ -618,17 +702,22 @@ void Engine::step() {
       c.logits = executor::LogitsMode::kAll;
     }
     if (!active.prefix_hit_recorded) {
-      active.usage.cached_prompt_tokens += kv_->num_prefix_hit_tokens(chunk.seq);
-      if (active.usage.cached_tier.empty() && kv_->num_prefix_hit_tokens(chunk.seq) > 0) {
-        active.usage.cached_tier = "gpu";
-      }
+      const int64_t hit = kv_->num_prefix_hit_tokens(chunk.seq);
+      active.usage.cached_prompt_tokens += hit;
+      if (active.usage.cached_tier.empty() && hit > 0) active.usage.cached_tier = "gpu";
       active.prefix_hit_recorded = true;
+      if (!active.scores_prompt()) {
+        std::scoped_lock lock(mutex_);
+        ++(hit > 0 ? stats_.pool_prefix_hits : stats_.pool_prefix_misses);
+      }
     }
   }
+  if (store_) plan_saves(forward);
   StatusOr<executor::ForwardResult> result = executor_->forward(forward);
   for (const store::StoreLease& lease : leases) {
     store_->release(lease, result.ok() ? result->load_seconds / leases.size() : 0.0);
   }
+  if (result.ok()) record_pool_copies(forward, *result);
   if (!result.ok()) {
     for (const scheduler::ScheduledChunk& chunk : batch.chunks) {
       finish(*active_.at(chunk.seq), {}, FinishReason::kError, result.status().to_string());

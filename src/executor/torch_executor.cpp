@@ -17,12 +17,14 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <memory>
+#include <optional>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "layers.h"
-#include "strata/kernels/torch_ops.h"
 #include "strata/executor/executor.h"
+#include "strata/kernels/torch_ops.h"
 #include "strata/model/model_source.h"
 
 namespace strata::executor {
@@ -63,9 +65,6 @@ class TorchExecutor final : public Executor {
   const kv::KvGeometry& kv_geometry() const override { return kv_geometry_; }
   kv::BlockFormat kv_format() const override { return kv_format_; }
   int64_t kv_chunk_bytes() const override { return kv_geometry_.num_layers * block_bytes_; }
-  StatusOr<std::function<void()>> save_chunks(std::span<const std::vector<kv::BlockId>> tables,
-                                              int64_t first_block,
-                                              std::span<std::byte* const> destinations) override;
   void register_host_memory(void* data, size_t bytes) const override;
   void unregister_host_memory(void* data) const override;
   StatusOr<ForwardResult> forward(const ForwardBatch& batch) override;
@@ -82,6 +81,18 @@ class TorchExecutor final : public Executor {
   StagedLoads stage_loads(const ForwardBatch& batch);
   // Writes layer `layer` of every staged chunk into its pool block, keys rotated to position.
   void insert_loaded_layer(StagedLoads& loads, int64_t layer);
+  // The batch's saves, staged for layer-by-layer copies out of the pool.
+  struct StagedSaves {
+    std::vector<std::byte*> destinations;        // one host chunk per saved block
+    at::Tensor sources;                          // [num_layers, num_chunks] pool block ids (device)
+    at::Tensor first_positions;                  // [num_chunks] first position of each block
+    at::Tensor write_buffer;                     // CUDA: [num_layers, num_chunks, 2, Hkv, B, D]
+    std::optional<c10::cuda::CUDAStream> write;  // CUDA: the stream of the device-to-host copies
+  };
+  StagedSaves stage_saves(const ForwardBatch& batch);
+  // Copies layer `layer` of every staged block out of the pool into its host chunk, keys rotated
+  // back to before RoPE (on CUDA: into the write buffer, then an asynchronous copy to the host).
+  void save_layer(StagedSaves& saves, int64_t layer);
   // blocks: [n, 2, Hkv, B, D]; rotates the keys of block i by the positions
   // first_positions[i] + [0, B) (inverse: by their negation, undoing RoPE). In place.
   void rotate_keys(at::Tensor& blocks, const at::Tensor& first_positions, bool inverse) const;
@@ -278,6 +289,21 @@ Status TorchExecutor::validate(const ForwardBatch& batch) const {
       return invalid_argument_error(seq + ": null load source");
     }
   }
+  for (const KvSave& save : batch.saves) {
+    const std::string seq = "sequence " + std::to_string(save.seq.value);
+    auto chunk = std::find_if(batch.chunks.begin(), batch.chunks.end(),
+                              [&](const SequenceChunk& c) { return c.seq == save.seq; });
+    if (chunk == batch.chunks.end()) return invalid_argument_error(seq + ": save without a chunk");
+    const int64_t end = chunk->start_position + static_cast<int64_t>(chunk->tokens.size());
+    const int64_t end_block = save.first_block + static_cast<int64_t>(save.chunks.size());
+    if (save.first_block < 0 || end_block * block > end) {
+      return invalid_argument_error(seq + ": saved blocks must end by position " +
+                                    std::to_string(end));
+    }
+    if (std::find(save.chunks.begin(), save.chunks.end(), nullptr) != save.chunks.end()) {
+      return invalid_argument_error(seq + ": null save destination");
+    }
+  }
   // Each copy's source and destination must lie in their pools (device or host).
   auto check = [&](const std::vector<kv::BlockCopy>& copies, int32_t source_blocks,
                    int32_t destination_blocks, const char* what) -> Status {
@@ -404,6 +430,8 @@ ForwardResult TorchExecutor::run(const ForwardBatch& batch) {
   result.load_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
 
+  StagedSaves saves = stage_saves(batch);
+
   at::Tensor x = at::embedding(embedding_, ids);  // [num_tokens, hidden]
   for (int64_t l = 0; l < num_layers; ++l) {
     const LayerWeights& w = layers_[l];
@@ -420,6 +448,12 @@ ForwardResult TorchExecutor::run(const ForwardBatch& batch) {
     q = apply_rotary(q, rope);
     k = apply_rotary(k, rope);
     kernels::reshape_and_cache(kv_cache_, k, v, slots[l]);
+    if (!saves.destinations.empty()) {
+      const auto start = std::chrono::steady_clock::now();
+      save_layer(saves, l);
+      result.save_seconds +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
     at::Tensor attn = kernels::paged_attention(q, kv_cache_, tables[l], seq_lens_t, cu_q_lens_t,
                                                max_q_len, scale);  // [num_tokens, H, D]
     x = x + at::linear(attn.view({num_tokens, num_heads * head_dim}), w.wo);
@@ -429,6 +463,13 @@ ForwardResult TorchExecutor::run(const ForwardBatch& batch) {
     const int64_t ffn = config_.intermediate_size;
     x = x + at::linear(at::silu(gate_up.narrow(1, 0, ffn)) * gate_up.narrow(1, ffn, ffn),
                        w.w_down);
+  }
+
+  if (saves.write) {
+    auto done = std::make_shared<at::cuda::CUDAEvent>();
+    done->record(*saves.write);
+    // Keeps the write buffer alive until its copies have finished.
+    result.saves_written = [buffer = saves.write_buffer, done] { done->synchronize(); };
   }
 
   if (logit_rows.empty()) return result;
@@ -525,64 +566,64 @@ void TorchExecutor::insert_loaded_layer(StagedLoads& loads, int64_t layer) {
   kv_cache_.index_copy_(0, loads.destinations[layer], blocks);
 }
 
-StatusOr<std::function<void()>> TorchExecutor::save_chunks(
-    std::span<const std::vector<kv::BlockId>> tables, int64_t first_block,
-    std::span<std::byte* const> destinations) {
-  const int64_t n = static_cast<int64_t>(destinations.size());
-  if (n == 0) return std::function<void()>();
+TorchExecutor::StagedSaves TorchExecutor::stage_saves(const ForwardBatch& batch) {
+  StagedSaves staged;
+  const int64_t block = kv_geometry_.block_size_tokens;
   const int64_t num_layers = config_.num_layers;
-  if (tables.size() != static_cast<size_t>(num_layers)) {
-    return invalid_argument_error("save_chunks: " + std::to_string(tables.size()) +
-                                  " page tables for " + std::to_string(num_layers) + " layers");
-  }
-  for (const auto& table : tables) {
-    if (first_block < 0 || static_cast<int64_t>(table.size()) < first_block + n) {
-      return invalid_argument_error("save_chunks: page tables do not cover the blocks to save");
-    }
-  }
-  try {
-    c10::InferenceMode inference_mode;
-    const int64_t block = kv_geometry_.block_size_tokens;
-    const auto long_opts = at::TensorOptions().dtype(at::kLong);
-    // The write buffer: [n, num_layers, 2, Hkv, B, D], i.e. n chunks back to back.
-    at::Tensor staging = at::empty({n, num_layers, 2, config_.num_kv_heads, block, config_.head_dim},
-                                   at::TensorOptions().dtype(dtype_).device(device_));
-    at::Tensor first_positions =
-        (at::arange(first_block, first_block + n, long_opts) * block).to(device_);
-    for (int64_t l = 0; l < num_layers; ++l) {
-      std::vector<int64_t> ids;
-      for (int64_t j = 0; j < n; ++j) ids.push_back(tables[l][first_block + j].value);
-      at::Tensor blocks = kv_cache_.index_select(0, at::tensor(ids, long_opts).to(device_));
-      rotate_keys(blocks, first_positions, /*inverse=*/true);
-      staging.select(1, l).copy_(blocks);
-    }
-    const int64_t chunk_bytes = kv_chunk_bytes();
-    const auto* base = static_cast<const std::byte*>(staging.data_ptr());
-    if (!device_.is_cuda()) {
-      for (int64_t j = 0; j < n; ++j) {
-        std::memcpy(destinations[j], base + j * chunk_bytes, static_cast<size_t>(chunk_bytes));
+  std::vector<int64_t> first_positions;
+  std::vector<std::vector<int64_t>> sources(num_layers);
+  for (const KvSave& save : batch.saves) {
+    auto chunk = std::find_if(batch.chunks.begin(), batch.chunks.end(),
+                              [&](const SequenceChunk& c) { return c.seq == save.seq; });
+    for (size_t j = 0; j < save.chunks.size(); ++j) {
+      const int64_t token_block = save.first_block + static_cast<int64_t>(j);
+      staged.destinations.push_back(save.chunks[j]);
+      first_positions.push_back(token_block * block);
+      for (int64_t l = 0; l < num_layers; ++l) {
+        sources[l].push_back(chunk->tables[l][token_block].value);
       }
-      return std::function<void()>();
     }
-    const c10::cuda::CUDAStream compute = c10::cuda::getCurrentCUDAStream(device_.index());
-    const c10::cuda::CUDAStream write = c10::cuda::getStreamFromPool(false, device_.index());
-    at::cuda::CUDAEvent gathered;
-    gathered.record(compute);
-    gathered.block(write);
+  }
+  if (staged.destinations.empty()) return staged;
+  const int64_t n = static_cast<int64_t>(staged.destinations.size());
+  std::vector<int64_t> flat;
+  for (const auto& s : sources) flat.insert(flat.end(), s.begin(), s.end());
+  const auto long_opts = at::TensorOptions().dtype(at::kLong);
+  staged.sources = at::tensor(flat, long_opts).view({num_layers, n}).to(device_);
+  staged.first_positions = at::tensor(first_positions, long_opts).to(device_);
+  if (device_.is_cuda()) {
+    staged.write_buffer =
+        at::empty({num_layers, n, 2, config_.num_kv_heads, block, config_.head_dim},
+                  at::TensorOptions().dtype(dtype_).device(device_));
+    staged.write = c10::cuda::getStreamFromPool(false, device_.index());
+  }
+  return staged;
+}
+
+void TorchExecutor::save_layer(StagedSaves& saves, int64_t layer) {
+  const int64_t n = static_cast<int64_t>(saves.destinations.size());
+  at::Tensor blocks = kv_cache_.index_select(0, saves.sources[layer]);  // [n, 2, Hkv, B, D]
+  rotate_keys(blocks, saves.first_positions, /*inverse=*/true);
+  if (!device_.is_cuda()) {
+    const auto* base = static_cast<const std::byte*>(blocks.data_ptr());
     for (int64_t j = 0; j < n; ++j) {
-      const cudaError_t rc = cudaMemcpyAsync(destinations[j], base + j * chunk_bytes,
-                                             static_cast<size_t>(chunk_bytes),
-                                             cudaMemcpyDeviceToHost, write.stream());
-      if (rc != cudaSuccess) {
-        return internal_error(std::string("KV save copy failed: ") + cudaGetErrorString(rc));
-      }
+      std::memcpy(saves.destinations[j] + layer * block_bytes_, base + j * block_bytes_,
+                  static_cast<size_t>(block_bytes_));
     }
-    auto done = std::make_shared<at::cuda::CUDAEvent>();
-    done->record(write);
-    // The lambda keeps the write buffer alive until the copies have finished.
-    return std::function<void()>([staging, done] { done->synchronize(); });
-  } catch (const std::exception& e) {
-    return internal_error(std::string("save_chunks failed: ") + e.what());
+    return;
+  }
+  // The gather and un-rotation run on the compute stream into the write buffer; the host copies
+  // wait for them on the write stream, overlapping the layers that follow.
+  saves.write_buffer[layer].copy_(blocks);
+  at::cuda::CUDAEvent gathered;
+  gathered.record(c10::cuda::getCurrentCUDAStream(device_.index()));
+  gathered.block(*saves.write);
+  const auto* base = static_cast<const std::byte*>(saves.write_buffer[layer].data_ptr());
+  for (int64_t j = 0; j < n; ++j) {
+    const cudaError_t rc = cudaMemcpyAsync(
+        saves.destinations[j] + layer * block_bytes_, base + j * block_bytes_,
+        static_cast<size_t>(block_bytes_), cudaMemcpyDeviceToHost, saves.write->stream());
+    TORCH_CHECK(rc == cudaSuccess, "KV save copy failed: ", cudaGetErrorString(rc));
   }
 }
 

@@ -100,28 +100,46 @@ void render_tier_hits(const engine::EngineStats& engine, std::string* out) {
           {"ssd", static_cast<double>(engine.store_loaded_tokens_ssd)}});
 }
 
-// The KV store's tiers (CachedAttention): host DRAM and SSD.
+// The KV store's tiers (CachedAttention): the device pool ("gpu": its prefix cache, and the
+// store's loads into it and saves out of it), host DRAM and SSD.
 void render_store(const engine::EngineStats& engine, std::string* out) {
   const store::StoreStats& s = *engine.store;
   auto d = [](int64_t v) { return static_cast<double>(v); };
-  tiered(out, "strata_kv_store_hits_total", "counter", "Store loads served from each tier.",
-         {{"dram", d(s.dram.hits)}, {"ssd", d(s.ssd.hits)}});
-  tiered(out, "strata_kv_store_misses_total", "counter",
-         "Store lookups each tier could not serve.",
-         {{"dram", d(s.dram.misses)}, {"ssd", d(s.ssd.misses)}});
+  tiered(out, "strata_kv_store_hits_total", "counter",
+         "Requests served from each tier (gpu: prompts that found blocks in the prefix cache; "
+         "dram, ssd: store loads).",
+         {{"gpu", d(engine.pool_prefix_hits)}, {"dram", d(s.dram.hits)}, {"ssd", d(s.ssd.hits)}});
+  tiered(out, "strata_kv_store_misses_total", "counter", "Lookups each tier could not serve.",
+         {{"gpu", d(engine.pool_prefix_misses)},
+          {"dram", d(s.dram.misses)},
+          {"ssd", d(s.ssd.misses)}});
   tiered(out, "strata_kv_store_bytes_in_total", "counter",
-         "Bytes written into each tier (saves, prefetches, demotions).",
-         {{"dram", d(s.dram.bytes_in)}, {"ssd", d(s.ssd.bytes_in)}});
+         "Bytes written into each tier (gpu: loads from the store; dram: saves and prefetches; "
+         "ssd: demotions).",
+         {{"gpu", d(engine.pool_bytes_loaded)},
+          {"dram", d(s.dram.bytes_in)},
+          {"ssd", d(s.ssd.bytes_in)}});
   tiered(out, "strata_kv_store_bytes_out_total", "counter",
-         "Bytes read out of each tier (loads, demotions).",
-         {{"dram", d(s.dram.bytes_out)}, {"ssd", d(s.ssd.bytes_out)}});
-  tiered(out, "strata_kv_store_evictions_total", "counter", "Items moved out of each tier.",
-         {{"dram", d(s.dram.evictions)}, {"ssd", d(s.ssd.evictions)}});
-  tiered_summary(out, "strata_kv_store_load_seconds", "Time of loads out of each tier.",
-                 {{"dram", s.dram.load_seconds, d(s.dram.loads)},
+         "Bytes read out of each tier (gpu: saves to the store; dram, ssd: loads and demotions).",
+         {{"gpu", d(engine.pool_bytes_saved)},
+          {"dram", d(s.dram.bytes_out)},
+          {"ssd", d(s.ssd.bytes_out)}});
+  tiered(out, "strata_kv_store_evictions_total", "counter",
+         "Moved out of each tier (gpu: prefix cache blocks; dram, ssd: items).",
+         {{"gpu", d(engine.prefix_evicted_blocks)},
+          {"dram", d(s.dram.evictions)},
+          {"ssd", d(s.ssd.evictions)}});
+  tiered_summary(out, "strata_kv_store_load_seconds",
+                 "Time of loads out of each tier (gpu: per forward pass, inserting loaded KV into "
+                 "the pool).",
+                 {{"gpu", engine.pool_load_seconds, d(engine.pool_loads)},
+                  {"dram", s.dram.load_seconds, d(s.dram.loads)},
                   {"ssd", s.ssd.load_seconds, d(s.ssd.loads)}});
-  tiered_summary(out, "strata_kv_store_save_seconds", "Time of writes into each tier.",
-                 {{"dram", s.dram.save_seconds, d(s.dram.saves)},
+  tiered_summary(out, "strata_kv_store_save_seconds",
+                 "Time of writes into each tier (gpu: per forward pass, copying KV out of the "
+                 "pool; dram: per saved turn).",
+                 {{"gpu", engine.pool_save_seconds, d(engine.pool_saves)},
+                  {"dram", s.dram.save_seconds, d(s.dram.saves)},
                   {"ssd", s.ssd.save_seconds, d(s.ssd.saves)}});
   tiered(out, "strata_kv_store_chunks", "gauge", "Chunks held per tier.",
          {{"dram", d(s.dram_chunks_used)}, {"ssd", d(s.ssd_chunks_used)}});

@@ -368,7 +368,6 @@ StatusOr<SaveTicket> KvStore::begin_save(const SaveRequest& request) {
     by_session_[request.session] = target->id;
   }
   target->pending.assign(request.chain.begin() + first, request.chain.begin() + first + count);
-  target->save_started = Clock::now();
   touch(*target);
   for (int64_t i = 0; i < count; ++i) {
     ticket.destinations.push_back(dram(free_dram_.back()));
@@ -377,7 +376,33 @@ StatusOr<SaveTicket> KvStore::begin_save(const SaveRequest& request) {
   return ticket;
 }
 
-void KvStore::publish(const SaveTicket& ticket) {
+int64_t KvStore::extend_save(SaveTicket* ticket, std::span<const kv::ChunkHash> hashes) {
+  std::scoped_lock lock(mutex_);
+  auto it = items_.find(ticket->item);
+  if (it == items_.end() || it->second.doomed || hashes.empty()) return 0;
+  Item& item = it->second;
+  if (ticket->destinations.empty() &&
+      (item.busy || !item.pending.empty() ||
+       static_cast<int64_t>(item.chunks.size()) != ticket->first_chunk)) {
+    return 0;
+  }
+  const auto wanted = static_cast<int64_t>(hashes.size());
+  if (free_dram_slots() < wanted) reclaim_clean_dram(wanted);
+  const int64_t count = std::min(wanted, free_dram_slots());
+  if (count < wanted) {
+    ++stats_.saves_partial;
+    work_.notify_all();
+  }
+  for (int64_t i = 0; i < count; ++i) {
+    item.pending.push_back(hashes[i]);
+    ticket->destinations.push_back(dram(free_dram_.back()));
+    free_dram_.pop_back();
+  }
+  touch(item);
+  return count;
+}
+
+void KvStore::publish(const SaveTicket& ticket, double write_seconds) {
   Item& item = items_.at(ticket.item);
   count_chunks(static_cast<int64_t>(ticket.destinations.size()),
                item.chunks.empty() && !ticket.destinations.empty() ? 1 : 0);
@@ -390,19 +415,21 @@ void KvStore::publish(const SaveTicket& ticket) {
   item.pending.clear();
   const int64_t bytes = static_cast<int64_t>(ticket.destinations.size()) * options_.chunk_bytes;
   stats_.dram.bytes_in += bytes;
-  stats_.dram.save_seconds += seconds_since(item.save_started);
+  stats_.dram.save_seconds += write_seconds;
   ++stats_.dram.saves;
   touch(item);
+  // Its session ended while the save ran: truncated history is reachable by session only.
+  if (!item.exact && item.session.empty()) drop_item(item.id);
 }
 
-void KvStore::commit_save(SaveTicket ticket, std::function<void()> wait) {
+void KvStore::commit_save(SaveTicket ticket, std::function<void()> wait, double write_seconds) {
   if (ticket.destinations.empty()) return;
   {
     std::scoped_lock lock(mutex_);
     if (wait) {
-      commits_.push_back({std::move(ticket), std::move(wait)});
+      commits_.push_back({std::move(ticket), std::move(wait), write_seconds});
     } else {
-      publish(ticket);
+      publish(ticket, write_seconds);
     }
   }
   work_.notify_all();
@@ -702,9 +729,10 @@ void KvStore::io_loop() {
       commits_.pop_back();
       ++active_actions_;
       lock.unlock();
+      const auto start = Clock::now();
       commit.wait();
       lock.lock();
-      publish(commit.ticket);
+      publish(commit.ticket, commit.write_seconds + seconds_since(start));
       --active_actions_;
       idle_.notify_all();
       continue;

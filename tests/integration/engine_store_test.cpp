@@ -186,8 +186,66 @@ TEST_F(EngineStoreTest, ResumedTurnFromDramMatchesRecompute) {
   EXPECT_EQ(stats.store->dram.hits, 1);
 }
 
-// The CUDA paths: saves gathered into a device write buffer and copied to pinned DRAM on a side
-// stream, loads copied up front with one event per layer. Float32, against recomputing on CUDA.
+// KV is copied out by the forward passes that compute it (CachedAttention's layer-wise saving)
+// while the turn runs, published when the turn ends (each block once), and given back when the
+// turn is cancelled.
+TEST_F(EngineStoreTest, SavesRunWithTheTurnAndPublishAtItsEnd) {
+  std::unique_ptr<Engine> engine = make_engine(options_with(store_options(""), false));
+  ASSERT_TRUE(engine);
+  const int64_t chunk_bytes = engine->executor().kv_chunk_bytes();
+  GenerateRequest request;
+  request.prompt_token_ids = *history_;
+  request.sampling.temperature = 0;
+  request.sampling.max_tokens = 2000;
+  request.sampling.ignore_eos = true;
+  StatusOr<std::shared_ptr<RequestStream>> stream = engine->submit(std::move(request));
+  ASSERT_TRUE(stream.ok()) << stream.status().to_string();
+  // After 20 tokens, 219 positions are computed: 13 full blocks, saved by the passes so far.
+  size_t generated = 0;
+  while (generated < 20) {
+    std::optional<RequestOutput> out = (*stream)->next();
+    ASSERT_TRUE(out && !out->finish_reason);
+    generated += out->tokens.size();
+  }
+  EngineStats during = engine->stats();
+  for (int i = 0; i < 200 && during.pool_bytes_saved < 13 * chunk_bytes; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    during = engine->stats();
+  }
+  EXPECT_GE(during.pool_bytes_saved, 13 * chunk_bytes);
+  EXPECT_GE(during.store->dram_chunks_used, 13) << "the chunks are reserved";
+  EXPECT_EQ(during.store->dram.saves, 0) << "and not published before the turn ends";
+  EXPECT_EQ(during.store_saved_tokens, 0);
+  engine->cancel((*stream)->id());
+  while (std::optional<RequestOutput> out = (*stream)->next()) {
+    if (out->finish_reason) {
+      EXPECT_EQ(*out->finish_reason, FinishReason::kAbort);
+    }
+  }
+  EngineStats cancelled = engine->stats();
+  for (int i = 0; i < 200 && cancelled.store->dram_chunks_used > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    cancelled = engine->stats();
+  }
+  EXPECT_EQ(cancelled.store->dram_chunks_used, 0);
+  EXPECT_EQ(cancelled.store->items, 0);
+
+  run_first_turn(*engine, "");
+  EngineStats done = engine->stats();  // refreshed after the step that ended the turn
+  for (int i = 0; i < 200 && done.store->dram.saves == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    done = engine->stats();
+  }
+  EXPECT_EQ(done.store_saved_tokens, kStoredTokens);
+  EXPECT_EQ(done.store->dram.saves, 1);
+  EXPECT_EQ(done.pool_bytes_saved - cancelled.pool_bytes_saved, kStoredTokens / 16 * chunk_bytes)
+      << "each block saved once";
+  EXPECT_GT(done.pool_save_seconds, 0);
+}
+
+// The CUDA paths: saves gathered layer by layer into a device write buffer and copied to pinned
+// DRAM on a side stream, loads copied up front with one event per layer. Float32, against
+// recomputing on CUDA.
 TEST_F(EngineStoreTest, OnCudaAResumedTurnMatchesRecompute) {
   EngineOptions cuda = options_with(std::nullopt, false);
   cuda.executor.device = executor::Device{executor::DeviceKind::kCuda, 0};

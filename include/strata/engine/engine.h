@@ -6,13 +6,14 @@
 // a delta carries only complete UTF-8, never a partial stop string, and never the text of a stop
 // token.
 //
-// With a KV store (EngineOptions::store, CachedAttention), a request that finishes with kStop or
-// kLength saves the KV of its full token blocks to the store, under its session key and the
-// chained content hash of its tokens; a later request whose prompt starts with those tokens (the
-// next turn of the conversation) loads them instead of computing them. Tiers, nearest first:
-// the device pool's prefix cache, host DRAM, SSD. A load that fails (a corrupt or vanished chunk,
-// or no DRAM room to read it into) sends the request back to the queue to recompute its whole
-// prompt, and is counted.
+// With a KV store (EngineOptions::store, CachedAttention), a request saves the KV of its full
+// token blocks to the store as it computes them (layer by layer, by the forward pass that
+// completes each block) and publishes them when it finishes with kStop or kLength, under its
+// session key and the chained content hash of its tokens; a later request whose prompt starts
+// with those tokens (the next turn of the conversation) loads them instead of computing them.
+// Tiers, nearest first: the device pool's prefix cache, host DRAM, SSD. A load that fails (a
+// corrupt or vanished chunk, or no DRAM room to read it into) sends the request back to the queue
+// to recompute its whole prompt, and is counted.
 //
 // A request with SamplingParams::prompt_logprobs computes its whole prompt (no prefix cache, no
 // store, no truncation) with logits at every position, and gets the prompt's logprobs with its
@@ -167,6 +168,17 @@ struct EngineStats {
   int64_t store_load_failures = 0;  // loads of corrupt or vanished chunks: the prompt recomputed
   int64_t store_loads_skipped = 0;  // loads DRAM had no room for at the time: likewise
   int64_t store_saved_tokens = 0;        // tokens whose KV finished requests saved
+  // The device pool as the store's top tier: requests whose prompt found blocks in its prefix
+  // cache (hits) or none (misses), KV bytes it received from the store (loads) and sent to it
+  // (saves), and the executor's time on those copies.
+  int64_t pool_prefix_hits = 0;
+  int64_t pool_prefix_misses = 0;
+  int64_t pool_bytes_loaded = 0;
+  int64_t pool_bytes_saved = 0;
+  double pool_load_seconds = 0;
+  int64_t pool_loads = 0;  // forward passes with loads
+  double pool_save_seconds = 0;
+  int64_t pool_saves = 0;  // forward passes with saves
 };
 
 class Engine {
@@ -188,7 +200,7 @@ class Engine {
   // Unknown or finished ids are ignored. Thread-safe.
   void cancel(RequestId id);
   // Drops a session's stored KV; false if the store holds none for it (or there is no store).
-  // A turn of the session still running saves its KV when it finishes. Thread-safe.
+  // A turn of the session still running keeps saving, findable by content only. Thread-safe.
   bool end_session(const std::string& session);
 
   const model::ModelConfig& model_config() const;
@@ -224,8 +236,15 @@ class Engine {
   // back to waiting and its chunk leaves the batch.
   std::vector<store::StoreLease> acquire_loads(scheduler::ScheduledBatch& batch,
                                                executor::ForwardBatch& forward);
-  // Saves the KV of the sequence's full computed blocks (REQUIRES it holds device blocks).
-  void save_to_store(Active& active);
+  // Adds to `forward` the saves of the token blocks its chunks complete (and of blocks resident
+  // when a sequence's save starts), reserving their store chunks.
+  void plan_saves(executor::ForwardBatch& forward);
+  // Hands the pass's save copies to their sequences and counts the pool's loads and saves.
+  void record_pool_copies(const executor::ForwardBatch& forward,
+                          const executor::ForwardResult& result);
+  // Ends the sequence's save: publishes its chunks, or gives them back once the copies into them
+  // are done.
+  void end_save(Active& active, bool publish);
   // Tells the store which items the waiting requests will load, next first.
   void publish_store_queue();
 

@@ -75,28 +75,20 @@ class Executor {
   virtual const kv::KvGeometry& kv_geometry() const = 0;
   virtual kv::BlockFormat kv_format() const = 0;
 
-  // Bytes of one KV chunk, the KV store's unit: one token block of every layer,
-  //   [num_layers][2 (K, V)][num_kv_heads][block_size_tokens][head_dim] in the pool's dtype,
-  // keys before RoPE (so they can be re-rotated to other positions).
+  // Bytes of one KV chunk, the KV store's unit (ForwardBatch::loads and saves): one token block of
+  // every layer, [num_layers][2 (K, V)][num_kv_heads][block_size_tokens][head_dim] in the pool's
+  // dtype, keys before RoPE (so they can be re-rotated to other positions).
   virtual int64_t kv_chunk_bytes() const = 0;
-  // Copies token blocks [first_block, first_block + destinations.size()) of a sequence (its
-  // per-layer page tables) into host chunks, un-rotating the keys of each position. Returns a
-  // function that blocks until the bytes are in place, or nullptr when they already are: on CUDA
-  // the blocks are gathered into a device write buffer on the compute stream (so the pool blocks
-  // may be reused by the next step) and copied to the host on a separate stream.
-  virtual StatusOr<std::function<void()>> save_chunks(
-      std::span<const std::vector<kv::BlockId>> tables, int64_t first_block,
-      std::span<std::byte* const> destinations) = 0;
   // Page-locks host memory that chunks are loaded from and saved to (no-op on the CPU).
   virtual void register_host_memory(void* data, size_t bytes) const = 0;
   virtual void unregister_host_memory(void* data) const = 0;
 
   // Runs one forward pass: performs the batch's copies and loads, writes the chunks' KV into the
-  // pool and returns the requested logits; a batch without chunks performs only its block
-  // copies. INVALID_ARGUMENT (naming the sequence) for an empty
+  // pool, copies the saves out layer by layer and returns the requested logits; a batch without
+  // chunks performs only its block copies. INVALID_ARGUMENT (naming the sequence) for an empty
   // chunk, a token id outside the vocabulary, a chunk past max_context_tokens, page tables that do
-  // not cover it, or a load that is not below its sequence's chunk; nothing is written then.
-  // INTERNAL if libtorch fails.
+  // not cover it, a load that is not below its sequence's chunk or a save that does not end by
+  // its end; nothing is written then. INTERNAL if libtorch fails.
   virtual StatusOr<ForwardResult> forward(const ForwardBatch& batch) = 0;
 };
 

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -43,9 +44,23 @@ struct KvLoad {
   std::vector<const std::byte*> chunks;
 };
 
+// KV of whole token blocks that a sequence of the batch writes out to host chunks (the KV store's
+// asynchronous saving): chunk j receives token block first_block + j of every layer, as soon as
+// the forward pass has written that layer's KV, with its keys rotated back to before RoPE (the
+// chunk layout of Executor::kv_chunk_bytes()). The blocks lie below the end of the sequence's
+// chunk: computed by this pass, by earlier ones, or loaded by this one.
+struct KvSave {
+  SeqId seq;
+  int64_t first_block = 0;
+  // Executor::kv_chunk_bytes() each, in host memory (pinned when the device is a GPU) that stays
+  // valid until ForwardResult::saves_written has returned.
+  std::vector<std::byte*> chunks;
+};
+
 struct ForwardBatch {
   std::vector<SequenceChunk> chunks;  // at most one chunk per sequence
   std::vector<KvLoad> loads;
+  std::vector<KvSave> saves;
   // Block moves performed before any KV is written: swap-outs (device -> host pool), swap-ins
   // (host pool -> device), then device copies (copy-on-write).
   kv::StepCopies copies;
@@ -59,6 +74,11 @@ struct ForwardResult {
   // First row of each chunk; row_offsets[i + 1] - row_offsets[i] rows belong to chunk i.
   std::vector<int64_t> row_offsets;
   double load_seconds = 0;  // host time spent on the batch's loads (their copies overlap on CUDA)
+  double save_seconds = 0;  // host time spent on the batch's saves (likewise)
+  // Blocks until the saves' bytes are in their chunks; empty when they already are (CPU). On CUDA
+  // each layer's blocks are gathered into a device write buffer on the compute stream (the pool
+  // blocks may be reused by the next pass at once) and copied to the host on a separate stream.
+  std::function<void()> saves_written;
 };
 
 }  // namespace strata::executor

@@ -161,9 +161,17 @@ class KvStore {
   // room for only some of them (after dropping DRAM copies of items also on SSD), the leading
   // ones (counted); RESOURCE_EXHAUSTED (counted) when DRAM has no room at all now.
   StatusOr<SaveTicket> begin_save(const SaveRequest& request);
+  // Reserves DRAM for `hashes`, the chunks that follow the ticket's, so that a save can grow with
+  // the sequence it copies (the engine writes each block as it is computed). Appends as many
+  // destinations as there is room for, leading ones first (fewer are counted as partial), and
+  // returns how many. A ticket without destinations extends its item only while nothing else is
+  // changing it and it still ends where the ticket does; otherwise, or if the item is gone, 0.
+  int64_t extend_save(SaveTicket* ticket, std::span<const kv::ChunkHash> hashes);
   // Publishes the ticket's chunks once `wait` (if set) returns: their bytes are written then.
   // With `wait` the publication happens on an I/O thread and the caller is never blocked.
-  void commit_save(SaveTicket ticket, std::function<void()> wait);
+  // `write_seconds`: the caller's time copying the bytes (the DRAM tier's save time, to which the
+  // time `wait` blocks is added).
+  void commit_save(SaveTicket ticket, std::function<void()> wait, double write_seconds);
   void abort_save(const SaveTicket& ticket);
 
   // The items the waiting jobs will load, head first: drives prefetching and eviction.
@@ -191,7 +199,6 @@ class KvStore {
     int64_t dram_chunks = 0;    // of those, with a DRAM slot
     int64_t ssd_chunks = 0;     // ... with an SSD slot
     std::vector<kv::ChunkHash> pending;  // hashes of chunks a save reserved, not yet published
-    std::chrono::steady_clock::time_point save_started;
     int32_t pins = 0;
     bool busy = false;    // an I/O thread is moving it
     bool doomed = false;  // dropped while pinned: unreachable, removed at the last release
@@ -203,6 +210,7 @@ class KvStore {
   struct PendingCommit {
     SaveTicket ticket;
     std::function<void()> wait;
+    double write_seconds = 0;
   };
 
   explicit KvStore(const StoreOptions& options);
@@ -230,7 +238,7 @@ class KvStore {
   // Writes chunks lacking an SSD copy to SSD (REQUIRES busy, mutex_ held via `lock`, which is
   // released during the I/O); false if the SSD has no room or failed.
   bool write_to_ssd(ItemId id, std::unique_lock<std::mutex>& lock);
-  void publish(const SaveTicket& ticket);  // REQUIRES mutex_
+  void publish(const SaveTicket& ticket, double write_seconds);  // REQUIRES mutex_
   std::vector<ItemView> views() const;
   int64_t dram_slots_total() const { return arena_bytes_ / slot_bytes_; }
   int64_t free_dram_slots() const { return static_cast<int64_t>(free_dram_.size()); }

@@ -255,6 +255,14 @@ TEST(MetricsTest, KvTiersReportHitsBytesEvictionsAndLatency) {
             .load_seconds = 0.5, .loads = 5, .save_seconds = 0.25, .saves = 4};
   s.ssd = {.hits = 1, .misses = 6, .bytes_in = 1024, .bytes_out = 2048, .evictions = 2,
            .load_seconds = 1.5, .loads = 1, .save_seconds = 0.75, .saves = 2};
+  stats.pool_prefix_hits = 11;
+  stats.pool_prefix_misses = 12;
+  stats.pool_bytes_loaded = 13;
+  stats.pool_bytes_saved = 14;
+  stats.pool_load_seconds = 0.125;
+  stats.pool_loads = 15;
+  stats.pool_save_seconds = 0.0625;
+  stats.pool_saves = 16;
   s.items = 7;
   s.corrupt_chunks = 1;
   s.ssd_available = true;
@@ -274,6 +282,16 @@ TEST(MetricsTest, KvTiersReportHitsBytesEvictionsAndLatency) {
   EXPECT_EQ(samples.at("strata_kv_store_load_seconds_count{tier=\"dram\"}"), "5");
   EXPECT_EQ(samples.at("strata_kv_store_save_seconds_sum{tier=\"dram\"}"), "0.25");
   EXPECT_EQ(samples.at("strata_kv_store_save_seconds_count{tier=\"ssd\"}"), "2");
+  // The device pool is the hierarchy's top tier.
+  EXPECT_EQ(samples.at("strata_kv_store_hits_total{tier=\"gpu\"}"), "11");
+  EXPECT_EQ(samples.at("strata_kv_store_misses_total{tier=\"gpu\"}"), "12");
+  EXPECT_EQ(samples.at("strata_kv_store_bytes_in_total{tier=\"gpu\"}"), "13");
+  EXPECT_EQ(samples.at("strata_kv_store_bytes_out_total{tier=\"gpu\"}"), "14");
+  EXPECT_EQ(samples.at("strata_kv_store_evictions_total{tier=\"gpu\"}"), "9");
+  EXPECT_EQ(samples.at("strata_kv_store_load_seconds_sum{tier=\"gpu\"}"), "0.125");
+  EXPECT_EQ(samples.at("strata_kv_store_load_seconds_count{tier=\"gpu\"}"), "15");
+  EXPECT_EQ(samples.at("strata_kv_store_save_seconds_sum{tier=\"gpu\"}"), "0.0625");
+  EXPECT_EQ(samples.at("strata_kv_store_save_seconds_count{tier=\"gpu\"}"), "16");
   EXPECT_EQ(samples.at("strata_kv_store_items"), "7");
   EXPECT_EQ(samples.at("strata_kv_store_corrupt_chunks_total"), "1");
   EXPECT_EQ(samples.at("strata_kv_store_load_failures_total"), "1");

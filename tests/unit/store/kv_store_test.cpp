@@ -91,7 +91,7 @@ Status save(KvStore& store, std::span<const TokenId> t, const std::string& sessi
   for (size_t i = 0; i < ticket.destinations.size(); ++i) {
     fill(ticket.destinations[i], request.chain[ticket.first_chunk + i]);
   }
-  store.commit_save(std::move(ticket), nullptr);
+  store.commit_save(std::move(ticket), nullptr, 0);
   return Status();
 }
 
@@ -148,7 +148,7 @@ TEST(KvStoreTest, ANextTurnExtendsTheSameItem) {
   EXPECT_EQ(ticket.destinations.size(), 2u);
   for (size_t i = 0; i < ticket.destinations.size(); ++i) fill(ticket.destinations[i], request.chain[2 + i]);
   const ItemId item = ticket.item;
-  store->commit_save(std::move(ticket), nullptr);
+  store->commit_save(std::move(ticket), nullptr, 0);
   std::vector<TokenId> turn3 = turn2;
   turn3.push_back(1);
   std::optional<StoreMatch> m = load_and_check(*store, turn3);
@@ -210,6 +210,57 @@ TEST(KvStoreTest, ItemsUnusedForTheTtlExpire) {
   EXPECT_EQ(store->stats().dram_chunks_used, 0);
 }
 
+TEST(KvStoreTest, ASaveGrowsWithItsSequenceAndPublishesAtCommit) {
+  auto store = KvStore::open(options(nullptr, 5)).value();
+  const std::vector<TokenId> prompt = tokens(12, 8);  // 2 blocks
+  std::vector<TokenId> turn = prompt;
+  for (TokenId t : tokens(13, 16)) turn.push_back(t);  // 6 blocks in all
+  const std::vector<kv::ChunkHash> hashes = chain(turn);
+  SaveTicket ticket =
+      store
+          ->begin_save(
+              {"s", true, 0, std::vector<kv::ChunkHash>(hashes.begin(), hashes.begin() + 2)})
+          .value();
+  ASSERT_EQ(ticket.destinations.size(), 2u);
+  // Blocks the sequence computes later join the same ticket.
+  EXPECT_EQ(store->extend_save(&ticket, std::span(hashes).subspan(2, 2)), 2);
+  // Unpublished chunks are not found.
+  EXPECT_FALSE(store->find(turn, root(), "s"));
+  // DRAM has room for one of the next two: partial.
+  EXPECT_EQ(store->extend_save(&ticket, std::span(hashes).subspan(4, 2)), 1);
+  EXPECT_EQ(store->stats().saves_partial, 1);
+  ASSERT_EQ(ticket.destinations.size(), 5u);
+  for (size_t i = 0; i < 5; ++i) fill(ticket.destinations[i], hashes[i]);
+  store->commit_save(std::move(ticket), nullptr, 0.25);
+  std::optional<StoreMatch> m = load_and_check(*store, turn);
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->num_chunks, 5);
+  EXPECT_EQ(store->stats().dram.saves, 1);
+  EXPECT_DOUBLE_EQ(store->stats().dram.save_seconds, 0.25);
+}
+
+TEST(KvStoreTest, ASaveWithNothingNewExtendsItsItemWhileItEndsThere) {
+  auto store = KvStore::open(options(nullptr, 8)).value();
+  const std::vector<TokenId> turn = tokens(14, 13);  // 3 blocks + 1 token
+  const std::vector<kv::ChunkHash> hashes = chain(turn);
+  ASSERT_TRUE(save(*store, std::span(turn).first(8), "s").ok());
+  // Everything asked is stored: no destinations, and the item still ends where the ticket does.
+  SaveTicket ticket = store->begin_save({"s", true, 0, {hashes[0], hashes[1]}}).value();
+  EXPECT_TRUE(ticket.destinations.empty());
+  EXPECT_EQ(ticket.first_chunk, 2);
+  EXPECT_EQ(store->extend_save(&ticket, std::span(hashes).subspan(2, 1)), 1);
+  // An aborted extension leaves the item as it was.
+  store->abort_save(ticket);
+  EXPECT_EQ(store->find(turn, root(), "s")->num_chunks, 2);
+  // Not once the item has grown past the ticket, nor after it left the store.
+  SaveTicket stale = store->begin_save({"s", true, 0, {hashes[0], hashes[1]}}).value();
+  ASSERT_TRUE(save(*store, turn, "s").ok());
+  EXPECT_EQ(store->extend_save(&stale, std::span(hashes).subspan(2, 1)), 0);
+  ASSERT_TRUE(store->erase_session("s"));
+  SaveTicket gone{stale.item, 3, {}};
+  EXPECT_EQ(store->extend_save(&gone, std::span(hashes).subspan(2, 1)), 0);
+}
+
 TEST(KvStoreTest, AsynchronousCommitPublishesAfterTheDataIsWritten) {
   auto store = KvStore::open(options(nullptr, 8)).value();
   const std::vector<TokenId> conv = tokens(7, 9);
@@ -217,11 +268,14 @@ TEST(KvStoreTest, AsynchronousCommitPublishesAfterTheDataIsWritten) {
   SaveTicket ticket = store->begin_save(request).value();
   std::vector<std::byte*> destinations = ticket.destinations;
   std::atomic<bool> written = false;
-  store->commit_save(std::move(ticket), [&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // a device copy in flight
-    for (size_t i = 0; i < destinations.size(); ++i) fill(destinations[i], request.chain[i]);
-    written = true;
-  });
+  store->commit_save(
+      std::move(ticket),
+      [&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));  // a device copy in flight
+        for (size_t i = 0; i < destinations.size(); ++i) fill(destinations[i], request.chain[i]);
+        written = true;
+      },
+      0.001);
   store->wait_idle();
   EXPECT_TRUE(written);
   EXPECT_TRUE(load_and_check(*store, conv));

@@ -1,0 +1,172 @@
+#include "strata/bench/truncation.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "strata/executor/executor.h"
+#include "strata/kv/kv_cache_manager.h"
+
+namespace strata::bench {
+namespace {
+
+using Chunks = std::vector<std::vector<std::byte>>;
+
+class Experiment {
+ public:
+  explicit Experiment(executor::Executor& executor)
+      : executor_(executor),
+        kv_(executor.kv_geometry(), executor.kv_format(), kv::PrefixCacheOptions{false, 0}),
+        block_(executor.kv_geometry().block_size_tokens) {}
+
+  int64_t block() const { return block_; }
+
+  Chunks chunks(int64_t n) const {
+    return Chunks(n, std::vector<std::byte>(executor_.kv_chunk_bytes()));
+  }
+
+  // Runs tokens [computed, computed + n) of `seq` with `loads`, saving token blocks
+  // [0, saved->size()) when `saved` is given; returns the logits of `mode`.
+  StatusOr<std::vector<float>> run(SeqId seq, int64_t n, executor::LogitsMode mode,
+                                   std::vector<executor::KvLoad> loads = {},
+                                   Chunks* saved = nullptr) {
+    STRATA_ASSIGN_OR_RETURN(kv::KvPlan plan, kv_.prepare({{seq, n}}));
+    executor::ForwardBatch batch;
+    kv_.commit(std::move(plan), &batch.copies);
+    const int64_t start = kv_.num_computed_tokens(seq);
+    const std::vector<TokenId>& t = kv_.tokens(seq);
+    batch.chunks.push_back({seq, std::vector<TokenId>(t.begin() + start, t.begin() + start + n),
+                            start, kv_.tables(seq), mode});
+    batch.loads = std::move(loads);
+    if (saved != nullptr) batch.saves.push_back(save_of(seq, 0, *saved));
+    STRATA_ASSIGN_OR_RETURN(executor::ForwardResult result, executor_.forward(batch));
+    if (result.saves_written) result.saves_written();
+    kv_.mark_computed(seq, n);
+    return std::move(result.logits);
+  }
+
+  static executor::KvSave save_of(SeqId seq, int64_t first_block, Chunks& destinations) {
+    executor::KvSave save{seq, first_block, {}};
+    for (auto& c : destinations) save.chunks.push_back(c.data());
+    return save;
+  }
+
+  kv::KvCacheManager& kv() { return kv_; }
+  executor::Executor& executor() { return executor_; }
+
+ private:
+  executor::Executor& executor_;
+  kv::KvCacheManager kv_;
+  int64_t block_;
+};
+
+// -log p(target) of one row of logits, in double.
+double token_nll(const float* row, int64_t vocab, TokenId target) {
+  const float max = *std::max_element(row, row + vocab);
+  double sum = 0;
+  for (int64_t v = 0; v < vocab; ++v) sum += std::exp(static_cast<double>(row[v] - max));
+  return std::log(sum) + max - row[target];
+}
+
+}  // namespace
+
+StatusOr<TruncationResult> measure_truncation(executor::Executor& executor,
+                                              std::span<const TokenId> text,
+                                              const TruncationOptions& options) {
+  Experiment x(executor);
+  const int64_t b = x.block();
+  const int64_t history = options.history_tokens, drop = options.drop_tokens;
+  const int64_t eval = options.eval_tokens;
+  const int64_t head = options.keep_first_block ? b : 0;  // tokens kept before the dropped ones
+  if (history % b != 0 || drop % b != 0 || drop <= 0 || head + drop >= history) {
+    return invalid_argument_error(
+        "truncation: history (" + std::to_string(history) + ") and drop (" + std::to_string(drop) +
+        ") must be multiples of the block size " + std::to_string(b) + " that keep some history");
+  }
+  if (eval < 2 || options.eval_chunk_tokens < 1 ||
+      static_cast<int64_t>(text.size()) < history + eval) {
+    return invalid_argument_error("truncation: the text has " + std::to_string(text.size()) +
+                                  " tokens, " + std::to_string(history + eval) + " needed");
+  }
+  const int64_t stored = history / b;
+  // The history's blocks that stay, in order: block 0 (with keep_first_block), then the newest.
+  std::vector<int64_t> kept_blocks;
+  if (head > 0) kept_blocks.push_back(0);
+  for (int64_t j = (head + drop) / b; j < stored; ++j) kept_blocks.push_back(j);
+  const auto kept = static_cast<int64_t>(kept_blocks.size());
+  std::vector<TokenId> truncated(text.begin(), text.begin() + head);
+  truncated.insert(truncated.end(), text.begin() + head + drop, text.begin() + history + eval);
+  const std::span<const TokenId> continuation = text.subspan(history, eval);
+
+  // The previous turn computes the history and saves every block (keys before RoPE).
+  const SeqId previous{1}, scratch{2};
+  STRATA_RETURN_IF_ERROR(x.kv().add_sequence(
+      previous, std::vector<TokenId>(text.begin(), text.begin() + history), ""));
+  Chunks saved = x.chunks(stored);
+  STRATA_RETURN_IF_ERROR(
+      x.run(previous, history, executor::LogitsMode::kNone, {}, &saved).status());
+  Chunks ca;
+  for (int64_t j : kept_blocks) ca.push_back(saved[j]);
+
+  // NKVT: the kept blocks saved as if they sat at their new positions, so that loading leaves
+  // their keys rotated for the old ones. A hand-made pass whose page tables put kept block j at
+  // index j saves them; its one token writes into a scratch block.
+  STRATA_RETURN_IF_ERROR(
+      x.kv().add_sequence(scratch, std::vector<TokenId>(text.begin(), text.begin() + b), ""));
+  STRATA_RETURN_IF_ERROR(x.run(scratch, b, executor::LogitsMode::kNone).status());
+  std::vector<std::vector<kv::BlockId>> shifted = x.kv().tables(previous);
+  for (size_t l = 0; l < shifted.size(); ++l) {
+    std::vector<kv::BlockId> table;
+    for (int64_t j : kept_blocks) table.push_back(shifted[l][j]);
+    table.push_back(x.kv().tables(scratch)[l][0]);
+    shifted[l] = std::move(table);
+  }
+  Chunks nkvt = x.chunks(kept);
+  executor::ForwardBatch shifted_pass;
+  shifted_pass.chunks.push_back(
+      {scratch, {text[0]}, kept * b, shifted, executor::LogitsMode::kNone});
+  shifted_pass.saves.push_back(Experiment::save_of(scratch, 0, nkvt));
+  STRATA_ASSIGN_OR_RETURN(executor::ForwardResult shifted_result, executor.forward(shifted_pass));
+  if (shifted_result.saves_written) shifted_result.saves_written();
+  x.kv().free(previous);
+  x.kv().free(scratch);
+
+  // Scores the continuation after the kept history, recomputed (no chunks) or loaded.
+  const int64_t vocab = executor.config().vocab_size;
+  auto score = [&](SeqId seq, const Chunks* source) -> StatusOr<TruncationScore> {
+    STRATA_RETURN_IF_ERROR(x.kv().add_sequence(seq, truncated, ""));
+    std::vector<executor::KvLoad> loads;
+    if (source != nullptr) {
+      x.kv().set_external_prefix(seq, kept, /*exact=*/false);
+      executor::KvLoad load{seq, 0, {}};
+      for (const auto& c : *source) load.chunks.push_back(c.data());
+      loads.push_back(std::move(load));
+    } else {
+      STRATA_RETURN_IF_ERROR(x.run(seq, kept * b, executor::LogitsMode::kNone).status());
+    }
+    TruncationScore scores;
+    // Row r of a pass starting at continuation token i predicts continuation token i + r + 1.
+    for (int64_t i = 0; i < eval - 1;) {
+      const int64_t n = std::min(options.eval_chunk_tokens, eval - 1 - i);
+      STRATA_ASSIGN_OR_RETURN(std::vector<float> logits,
+                              x.run(seq, n, executor::LogitsMode::kAll, std::move(loads)));
+      loads.clear();
+      for (int64_t r = 0; r < n; ++r) {
+        scores.nll += token_nll(logits.data() + r * vocab, vocab, continuation[i + r + 1]);
+      }
+      i += n;
+    }
+    x.kv().free(seq);
+    scores.perplexity = std::exp(scores.nll / static_cast<double>(eval - 1));
+    return scores;
+  };
+  TruncationResult result;
+  result.scored_tokens = eval - 1;
+  STRATA_ASSIGN_OR_RETURN(result.tt, score(SeqId{3}, nullptr));
+  STRATA_ASSIGN_OR_RETURN(result.ca, score(SeqId{4}, &ca));
+  STRATA_ASSIGN_OR_RETURN(result.nkvt, score(SeqId{5}, &nkvt));
+  return result;
+}
+
+}  // namespace strata::bench
