@@ -96,6 +96,7 @@ StatusOr<engine::EngineOptions> engine_options(const config::DeploymentConfig& d
     s.io_threads = k.io_threads;
     s.ttl = std::chrono::seconds(k.ttl_seconds);
     s.dram_reserve_fraction = k.dram_reserve_fraction;
+    o.read_buffer_layers = k.read_buffer_layers;
   }
   return o;
 }

@@ -371,7 +371,8 @@ Status read_kv_store(Context& ctx, const YAML::Node& node, KvStoreSection& out) 
   }));
   STRATA_RETURN_IF_ERROR(m.get("io_threads", into(ctx, out.io_threads)));
   STRATA_RETURN_IF_ERROR(m.get("ttl_seconds", into(ctx, out.ttl_seconds)));
-  return m.get("dram_reserve_fraction", into(ctx, out.dram_reserve_fraction));
+  STRATA_RETURN_IF_ERROR(m.get("dram_reserve_fraction", into(ctx, out.dram_reserve_fraction)));
+  return m.get("read_buffer_layers", into(ctx, out.read_buffer_layers));
 }
 
 Status read_scheduler(Context& ctx, const YAML::Node& node, SchedulerSection& out) {
@@ -610,6 +611,7 @@ std::string to_yaml(const DeploymentConfig& config) {
   emit_plain(out, "io_threads", std::to_string(store.io_threads));
   emit_plain(out, "ttl_seconds", std::to_string(store.ttl_seconds));
   emit_plain(out, "dram_reserve_fraction", format_double(store.dram_reserve_fraction));
+  emit_plain(out, "read_buffer_layers", std::to_string(store.read_buffer_layers));
   out << YAML::EndMap;
 
   const SchedulerSection& sched = config.scheduler;

@@ -170,6 +170,10 @@ const KeyCheck<KvStoreSection> kKvStoreKeys[] = {
        return invalid_argument_error("kv_store.dram_reserve_fraction must be in [0, 0.9], got " +
                                      format_number(k.dram_reserve_fraction));
      }},
+    {"kv_store.read_buffer_layers",
+     [](const KvStoreSection& k) {
+       return in_range("kv_store.read_buffer_layers", k.read_buffer_layers, -1, 1024);
+     }},
 };
 
 const KeyCheck<SchedulerSection> kSchedulerKeys[] = {

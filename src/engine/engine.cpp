@@ -120,6 +120,8 @@ struct Engine::Active {
     std::vector<int64_t> chunks;
   };
   std::optional<StoredPrefix> stored;
+  // Its stored chunks, pinned while it waits because the executor pre-loaded their first layers.
+  std::optional<store::StoreLease> preloaded;
   // This turn's save (CachedAttention's asynchronous saving): each token block is copied out layer
   // by layer by the forward pass that completes it (blocks already resident when the save starts,
   // by the next pass) into chunks the store reserved, published when the turn ends.
@@ -345,6 +347,7 @@ void Engine::admit(std::vector<std::pair<GenerateRequest, std::shared_ptr<Reques
                    0,
                    std::nullopt,
                    std::nullopt,
+                   std::nullopt,
                    {}});
     std::vector<TokenId>& prompt = request.prompt_token_ids;
     active->usage.prompt_tokens = static_cast<int64_t>(prompt.size());
@@ -427,7 +430,16 @@ std::vector<store::StoreLease> Engine::acquire_loads(scheduler::ScheduledBatch& 
     std::vector<store::StoreLease> pinned;
     std::optional<Status> failure;
     bool from_ssd = false;
-    for (int64_t j = load.first_block; j < load.first_block + load.num_blocks;) {
+    if (active.preloaded) {
+      // Pinned since its pre-load: chunk i of the lease holds block i.
+      const std::vector<const std::byte*>& held = active.preloaded->chunks;
+      kv_load.chunks.assign(held.begin() + load.first_block,
+                            held.begin() + load.first_block + load.num_blocks);
+      pinned.push_back(*std::move(active.preloaded));
+      active.preloaded.reset();
+    }
+    for (int64_t j = load.first_block + std::ssize(kv_load.chunks);
+         j < load.first_block + load.num_blocks;) {
       int64_t run = 1;
       while (j + run < load.first_block + load.num_blocks &&
              stored.chunks[j + run] == stored.chunks[j] + run) {
@@ -472,6 +484,44 @@ std::vector<store::StoreLease> Engine::acquire_loads(scheduler::ScheduledBatch& 
                   std::make_move_iterator(pinned.end()));
   }
   return leases;
+}
+
+void Engine::plan_preload(executor::ForwardBatch& forward) {
+  if (options_.read_buffer_layers == 0) return;
+  for (SeqId seq : scheduler_->waiting()) {
+    Active& active = *active_.at(seq);
+    if (!active.stored) continue;
+    if (active.preloaded) return;  // the read buffer holds the next request already
+    // A truncated prefix (chunks not consecutive) loads as usual.
+    const std::vector<int64_t>& chunks = active.stored->chunks;
+    if (chunks.back() - chunks.front() + 1 != std::ssize(chunks) || chunks.front() != 0) return;
+    std::optional<store::StoreLease> lease =
+        store_->try_acquire_in_dram(active.stored->item, 0, std::ssize(chunks));
+    if (!lease) return;  // still on SSD (a prefetch may bring it) or being moved
+    const int64_t block = kv_->geometry().block_size_tokens;
+    const int64_t layers =
+        preload_layers(std::ssize(chunks), active.usage.prompt_tokens - std::ssize(chunks) * block);
+    forward.preloads.push_back({seq, lease->chunks, layers});
+    active.preloaded = std::move(lease);
+    std::scoped_lock lock(mutex_);
+    ++stats_.preloads;
+    stats_.preloaded_layers += layers;
+    return;
+  }
+}
+
+int64_t Engine::preload_layers(int64_t chunks, int64_t new_tokens) const {
+  const int64_t num_layers = executor_->config().num_layers;
+  if (options_.read_buffer_layers > 0) return std::min(options_.read_buffer_layers, num_layers);
+  // Unmeasured yet: half the layers.
+  if (load_bytes_per_second_ <= 0 || prefill_seconds_per_token_layer_ <= 0) {
+    return std::max<int64_t>(1, num_layers / 2);
+  }
+  const double t_load = static_cast<double>(chunks * executor_->kv_chunk_bytes()) /
+                        static_cast<double>(num_layers) / load_bytes_per_second_;
+  const double t_compute =
+      static_cast<double>(std::max<int64_t>(new_tokens, 1)) * prefill_seconds_per_token_layer_;
+  return store::read_buffer_layers(num_layers, t_compute, t_load);
 }
 
 void Engine::plan_saves(executor::ForwardBatch& forward) {
@@ -552,6 +602,27 @@ void Engine::record_pool_copies(const executor::ForwardBatch& forward,
   }
 }
 
+void Engine::measure_pass(const executor::ForwardBatch& forward,
+                          const executor::ForwardResult& result, double seconds) {
+  constexpr double kWeight = 0.2;  // of the newest sample in the moving averages
+  auto update = [&](double& average, double sample) {
+    average = average > 0 ? (1 - kWeight) * average + kWeight * sample : sample;
+  };
+  int64_t loaded = 0, tokens = 0;
+  for (const executor::KvLoad& load : forward.loads) loaded += std::ssize(load.chunks);
+  for (const executor::SequenceChunk& chunk : forward.chunks) tokens += std::ssize(chunk.tokens);
+  if (loaded > 0 && result.load_copy_seconds > 0) {
+    update(load_bytes_per_second_,
+           static_cast<double>(loaded * executor_->kv_chunk_bytes()) / result.load_copy_seconds);
+  }
+  // Prefill-sized passes only: a few decode tokens measure the per-pass overhead instead.
+  constexpr int64_t kMinPrefillTokens = 64;
+  if (tokens >= kMinPrefillTokens) {
+    update(prefill_seconds_per_token_layer_,
+           seconds / static_cast<double>(tokens * executor_->config().num_layers));
+  }
+}
+
 void Engine::end_save(Active& active, bool publish) {
   if (!active.saving) return;
   Active::Saving saving = *std::move(active.saving);
@@ -608,6 +679,10 @@ void Engine::finish(Active& active, RequestOutput output, FinishReason reason, s
   output.usage = active.usage;
   const SeqId seq{active.id.value};
   end_save(active, reason == FinishReason::kStop || reason == FinishReason::kLength);
+  if (active.preloaded) {
+    store_->release(*active.preloaded, 0);
+    executor_->drop_preload(seq);
+  }
   active.stream->push(std::move(output));
   scheduler_->remove(seq);
   active_.erase(seq);  // destroys `active`
@@ -712,12 +787,29 @@ void Engine::step() {
       }
     }
   }
-  if (store_) plan_saves(forward);
+  if (store_) {
+    plan_saves(forward);
+    plan_preload(forward);
+  }
+  const auto forward_start = Clock::now();
   StatusOr<executor::ForwardResult> result = executor_->forward(forward);
+  const double forward_seconds =
+      std::chrono::duration<double>(Clock::now() - forward_start).count();
   for (const store::StoreLease& lease : leases) {
     store_->release(lease, result.ok() ? result->load_seconds / leases.size() : 0.0);
   }
-  if (result.ok()) record_pool_copies(forward, *result);
+  // A request that ran keeps no pre-load (the pass used or dropped it).
+  for (const executor::SequenceChunk& chunk : forward.chunks) {
+    Active& active = *active_.at(chunk.seq);
+    if (active.preloaded) {
+      store_->release(*active.preloaded, 0);
+      active.preloaded.reset();
+    }
+  }
+  if (result.ok() && store_) {
+    record_pool_copies(forward, *result);
+    measure_pass(forward, *result, forward_seconds);
+  }
   if (!result.ok()) {
     for (const scheduler::ScheduledChunk& chunk : batch.chunks) {
       finish(*active_.at(chunk.seq), {}, FinishReason::kError, result.status().to_string());

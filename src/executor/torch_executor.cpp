@@ -8,6 +8,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/core/InferenceMode.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -65,20 +66,36 @@ class TorchExecutor final : public Executor {
   const kv::KvGeometry& kv_geometry() const override { return kv_geometry_; }
   kv::BlockFormat kv_format() const override { return kv_format_; }
   int64_t kv_chunk_bytes() const override { return kv_geometry_.num_layers * block_bytes_; }
+  void drop_preload(SeqId seq) override { read_buffers_.erase(seq); }
   void register_host_memory(void* data, size_t bytes) const override;
   void unregister_host_memory(void* data) const override;
   StatusOr<ForwardResult> forward(const ForwardBatch& batch) override;
 
  private:
+  // Pre-loaded first layers of a sequence's chunks (CachedAttention's read buffer).
+  struct ReadBuffer {
+    std::vector<const std::byte*> chunks;  // the host chunks, in block order
+    at::Tensor layers;  // [num_layers, num_chunks, 2, Hkv, B, D] on the device: layers 0.. of them
+  };
+  // Copies the batch's preloads into read buffers (on CUDA: on the read stream, after the batch's
+  // own loads).
+  void preload(const ForwardBatch& batch);
   // The batch's loads, staged for layer-by-layer insertion into the pool.
   struct StagedLoads {
     std::vector<const std::byte*> sources;  // one host chunk per loaded block
+    // Per loaded block: the read buffer holding its first layers (undefined if none) and its row.
+    std::vector<std::pair<at::Tensor, int64_t>> preloaded;
     at::Tensor destinations;                // [num_layers, num_chunks] pool block ids (device)
     at::Tensor first_positions;             // [num_chunks] first position of each block
     at::Tensor device_staging;              // CUDA: [num_layers, num_chunks, 2, Hkv, B, D]
     std::vector<at::cuda::CUDAEvent> layer_ready;  // CUDA: layer l's copies are done
+    std::optional<at::cuda::CUDAEvent> copies_start, copies_end;  // CUDA: timing the copies
   };
   StagedLoads stage_loads(const ForwardBatch& batch);
+  // Bytes of layer `layer` of staged block j: from its read buffer, or from its host chunk.
+  const std::byte* load_source(const StagedLoads& loads, int64_t j, int64_t layer) const;
+  // CUDA: the stream of every load and pre-load, so pre-loads are ordered before their use.
+  c10::cuda::CUDAStream read_stream();
   // Writes layer `layer` of every staged chunk into its pool block, keys rotated to position.
   void insert_loaded_layer(StagedLoads& loads, int64_t layer);
   // The batch's saves, staged for layer-by-layer copies out of the pool.
@@ -118,6 +135,8 @@ class TorchExecutor final : public Executor {
   // [num_host_blocks, 2, num_kv_heads, block_size, head_dim] on the host (pinned with CUDA);
   // undefined when swapping is off.
   at::Tensor host_kv_cache_;
+  std::unordered_map<SeqId, ReadBuffer> read_buffers_;
+  std::optional<c10::cuda::CUDAStream> read_stream_;
 };
 
 StatusOr<at::Tensor> TorchExecutor::load_weight(const model::ModelSource& source,
@@ -304,6 +323,18 @@ Status TorchExecutor::validate(const ForwardBatch& batch) const {
       return invalid_argument_error(seq + ": null save destination");
     }
   }
+  for (const KvPreload& p : batch.preloads) {
+    const std::string seq = "sequence " + std::to_string(p.seq.value);
+    if (std::any_of(batch.chunks.begin(), batch.chunks.end(),
+                    [&](const SequenceChunk& c) { return c.seq == p.seq; })) {
+      return invalid_argument_error(seq + ": pre-load for a sequence of the same pass");
+    }
+    if (p.num_layers < 1 || p.num_layers > config_.num_layers || p.chunks.empty() ||
+        std::find(p.chunks.begin(), p.chunks.end(), nullptr) != p.chunks.end()) {
+      return invalid_argument_error(seq + ": pre-load needs chunks and 1.." +
+                                    std::to_string(config_.num_layers) + " layers");
+    }
+  }
   // Each copy's source and destination must lie in their pools (device or host).
   auto check = [&](const std::vector<kv::BlockCopy>& copies, int32_t source_blocks,
                    int32_t destination_blocks, const char* what) -> Status {
@@ -427,6 +458,7 @@ ForwardResult TorchExecutor::run(const ForwardBatch& batch) {
 
   const auto load_start = std::chrono::steady_clock::now();
   StagedLoads loads = stage_loads(batch);
+  preload(batch);
   result.load_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
 
@@ -465,6 +497,9 @@ ForwardResult TorchExecutor::run(const ForwardBatch& batch) {
                        w.w_down);
   }
 
+  result.load_copy_seconds = loads.copies_start
+                                 ? loads.copies_start->elapsed_time(*loads.copies_end) / 1000.0
+                                 : result.load_seconds;
   if (saves.write) {
     auto done = std::make_shared<at::cuda::CUDAEvent>();
     done->record(*saves.write);
@@ -503,15 +538,30 @@ TorchExecutor::StagedLoads TorchExecutor::stage_loads(const ForwardBatch& batch)
   for (const KvLoad& load : batch.loads) {
     auto chunk = std::find_if(batch.chunks.begin(), batch.chunks.end(),
                               [&](const SequenceChunk& c) { return c.seq == load.seq; });
+    // The read buffer serves the load if it holds the same chunks, from some row on.
+    at::Tensor buffer;
+    int64_t row = 0;
+    if (auto it = read_buffers_.find(load.seq); it != read_buffers_.end()) {
+      const std::vector<const std::byte*>& held = it->second.chunks;
+      auto first = std::find(held.begin(), held.end(), load.chunks.front());
+      if (first != held.end() && held.end() - first >= std::ssize(load.chunks) &&
+          std::equal(load.chunks.begin(), load.chunks.end(), first)) {
+        buffer = it->second.layers;
+        row = first - held.begin();
+      }
+    }
     for (size_t j = 0; j < load.chunks.size(); ++j) {
       const int64_t token_block = load.first_block + static_cast<int64_t>(j);
       staged.sources.push_back(load.chunks[j]);
+      staged.preloaded.emplace_back(buffer, row + static_cast<int64_t>(j));
       first_positions.push_back(token_block * block);
       for (int64_t l = 0; l < num_layers; ++l) {
         destinations[l].push_back(chunk->tables[l][token_block].value);
       }
     }
   }
+  // A pre-load is for the sequence's next pass only.
+  for (const SequenceChunk& c : batch.chunks) read_buffers_.erase(c.seq);
   if (staged.sources.empty()) return staged;
   const int64_t n = static_cast<int64_t>(staged.sources.size());
   std::vector<int64_t> flat;
@@ -525,25 +575,82 @@ TorchExecutor::StagedLoads TorchExecutor::stage_loads(const ForwardBatch& batch)
     staged.device_staging = at::empty({num_layers, n, 2, config_.num_kv_heads, block,
                                        config_.head_dim},
                                       at::TensorOptions().dtype(dtype_).device(device_));
+    // Layers held by a read buffer are device-to-device copies, queued behind that buffer's
+    // pre-load on the same stream.
     const c10::cuda::CUDAStream compute = c10::cuda::getCurrentCUDAStream(device_.index());
-    const c10::cuda::CUDAStream read = c10::cuda::getStreamFromPool(false, device_.index());
+    const c10::cuda::CUDAStream read = read_stream();
     at::cuda::CUDAEvent staging_ready;
     staging_ready.record(compute);
     staging_ready.block(read);
+    staged.copies_start.emplace(cudaEventDefault);
+    staged.copies_end.emplace(cudaEventDefault);
+    staged.copies_start->record(read);
     auto* base = static_cast<std::byte*>(staged.device_staging.data_ptr());
     staged.layer_ready.resize(static_cast<size_t>(num_layers));
     for (int64_t l = 0; l < num_layers; ++l) {
       for (int64_t j = 0; j < n; ++j) {
-        const cudaError_t rc = cudaMemcpyAsync(base + (l * n + j) * block_bytes_,
-                                               staged.sources[j] + l * block_bytes_,
-                                               static_cast<size_t>(block_bytes_),
-                                               cudaMemcpyHostToDevice, read.stream());
+        const std::byte* source = load_source(staged, j, l);
+        const cudaError_t rc = cudaMemcpyAsync(
+            base + (l * n + j) * block_bytes_, source, static_cast<size_t>(block_bytes_),
+            source == staged.sources[j] + l * block_bytes_ ? cudaMemcpyHostToDevice
+                                                           : cudaMemcpyDeviceToDevice,
+            read.stream());
         TORCH_CHECK(rc == cudaSuccess, "KV load copy failed: ", cudaGetErrorString(rc));
       }
       staged.layer_ready[l].record(read);
     }
+    staged.copies_end->record(read);
   }
   return staged;
+}
+
+const std::byte* TorchExecutor::load_source(const StagedLoads& loads, int64_t j,
+                                            int64_t layer) const {
+  const auto& [buffer, row] = loads.preloaded[j];
+  if (buffer.defined() && layer < buffer.size(0)) {
+    return static_cast<const std::byte*>(buffer.data_ptr()) +
+           (layer * buffer.size(1) + row) * block_bytes_;
+  }
+  return loads.sources[j] + layer * block_bytes_;
+}
+
+c10::cuda::CUDAStream TorchExecutor::read_stream() {
+  if (!read_stream_) read_stream_ = c10::cuda::getStreamFromPool(false, device_.index());
+  return *read_stream_;
+}
+
+void TorchExecutor::preload(const ForwardBatch& batch) {
+  for (const KvPreload& p : batch.preloads) {
+    const auto n = std::ssize(p.chunks);
+    ReadBuffer buffer{p.chunks, at::empty({p.num_layers, n, 2, config_.num_kv_heads,
+                                           kv_geometry_.block_size_tokens, config_.head_dim},
+                                          at::TensorOptions().dtype(dtype_).device(device_))};
+    auto* base = static_cast<std::byte*>(buffer.layers.data_ptr());
+    if (!device_.is_cuda()) {
+      for (int64_t l = 0; l < p.num_layers; ++l) {
+        for (int64_t j = 0; j < n; ++j) {
+          std::memcpy(base + (l * n + j) * block_bytes_, p.chunks[j] + l * block_bytes_,
+                      static_cast<size_t>(block_bytes_));
+        }
+      }
+    } else {
+      const c10::cuda::CUDAStream read = read_stream();
+      at::cuda::CUDAEvent buffer_ready;  // its memory may have been in use on the compute stream
+      buffer_ready.record(c10::cuda::getCurrentCUDAStream(device_.index()));
+      buffer_ready.block(read);
+      for (int64_t l = 0; l < p.num_layers; ++l) {
+        for (int64_t j = 0; j < n; ++j) {
+          const cudaError_t rc = cudaMemcpyAsync(
+              base + (l * n + j) * block_bytes_, p.chunks[j] + l * block_bytes_,
+              static_cast<size_t>(block_bytes_), cudaMemcpyHostToDevice, read.stream());
+          TORCH_CHECK(rc == cudaSuccess, "KV pre-load copy failed: ", cudaGetErrorString(rc));
+        }
+      }
+      // Dropped before use, its memory must not be reused while the copies run.
+      c10::cuda::CUDACachingAllocator::recordStream(buffer.layers.storage().data_ptr(), read);
+    }
+    read_buffers_[p.seq] = std::move(buffer);
+  }
 }
 
 void TorchExecutor::insert_loaded_layer(StagedLoads& loads, int64_t layer) {
@@ -558,7 +665,7 @@ void TorchExecutor::insert_loaded_layer(StagedLoads& loads, int64_t layer) {
                        at::TensorOptions().dtype(dtype_));
     auto* out = static_cast<std::byte*>(blocks.data_ptr());
     for (int64_t j = 0; j < n; ++j) {
-      std::memcpy(out + j * block_bytes_, loads.sources[j] + layer * block_bytes_,
+      std::memcpy(out + j * block_bytes_, load_source(loads, j, layer),
                   static_cast<size_t>(block_bytes_));
     }
   }

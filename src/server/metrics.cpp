@@ -170,6 +170,12 @@ void render_store(const engine::EngineStats& engine, std::string* out) {
          "Tokens whose KV finished requests saved to the store.", d(engine.store_saved_tokens));
   single("strata_kv_store_expired_total", "counter", "Items dropped after the TTL.",
          d(s.expired));
+  single("strata_kv_store_preloads_total", "counter",
+         "Waiting requests whose first layers of stored KV were pre-loaded (the read buffer).",
+         d(engine.preloads));
+  single("strata_kv_store_preloaded_layers_total", "counter",
+         "Layers those pre-loads held, summed (over preloads: the mean read-buffer size).",
+         d(engine.preloaded_layers));
   single("strata_kv_store_ssd_available", "gauge",
          "1 while the SSD tier is in use; 0 without one or after it failed.",
          s.ssd_available ? 1.0 : 0.0);

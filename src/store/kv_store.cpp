@@ -275,6 +275,25 @@ StatusOr<StoreLease> KvStore::acquire(ItemId id, int64_t first, int64_t count) {
   return lease;
 }
 
+std::optional<StoreLease> KvStore::try_acquire_in_dram(ItemId id, int64_t first, int64_t count) {
+  std::scoped_lock lock(mutex_);
+  auto it = items_.find(id);
+  if (it == items_.end()) return std::nullopt;
+  Item& item = it->second;
+  if (item.doomed || item.busy || static_cast<int64_t>(item.chunks.size()) < first + count) {
+    return std::nullopt;
+  }
+  StoreLease lease{id, {}, Tier::kDram};
+  for (int64_t i = first; i < first + count; ++i) {
+    if (item.chunks[i].dram_slot < 0) return std::nullopt;
+    lease.chunks.push_back(dram(item.chunks[i].dram_slot));
+  }
+  ++item.pins;
+  ++stats_.dram.hits;
+  touch(item);
+  return lease;
+}
+
 void KvStore::release(const StoreLease& lease, double load_seconds) {
   {
     std::scoped_lock lock(mutex_);

@@ -134,4 +134,13 @@ std::optional<ItemId> choose_ssd_victim(EvictionPolicy policy, std::span<const I
       [&](const ItemView& a, const ItemView& b) { return position(a.id) > position(b.id); });
 }
 
+int64_t read_buffer_layers(int64_t num_layers, double t_compute, double t_load) {
+  if (num_layers <= 0) return 0;
+  if (!(t_load > 0)) return 1;
+  // (A hair below whole numbers rounds down: 40 - 39 / 1.56 is 15 in exact arithmetic.)
+  const double k = std::ceil(static_cast<double>(num_layers) -
+                             static_cast<double>(num_layers - 1) * t_compute / t_load - 1e-9);
+  return std::clamp<int64_t>(static_cast<int64_t>(k), 1, num_layers);
+}
+
 }  // namespace strata::store

@@ -186,6 +186,32 @@ TEST_F(EngineStoreTest, ResumedTurnFromDramMatchesRecompute) {
   EXPECT_EQ(stats.store->dram.hits, 1);
 }
 
+// CachedAttention's read buffer: a request waiting behind another has the first layers of its
+// stored KV pre-loaded during the other's passes, and computes what recomputing computes.
+TEST_F(EngineStoreTest, APreloadedTurnMatchesRecompute) {
+  EngineOptions options = options_with(store_options(""), false);
+  options.scheduler.max_num_seqs = 1;  // the second request waits while the first decodes
+  options.read_buffer_layers = 7;
+  std::unique_ptr<Engine> engine = make_engine(options);
+  ASSERT_TRUE(engine);
+  run_first_turn(*engine, "");
+  GenerateRequest busy;
+  busy.prompt_token_ids = wikitext(90000, 50);
+  busy.sampling.temperature = 0;
+  busy.sampling.max_tokens = 24;
+  busy.sampling.ignore_eos = true;
+  StatusOr<std::shared_ptr<RequestStream>> busy_stream = engine->submit(std::move(busy));
+  ASSERT_TRUE(busy_stream.ok()) << busy_stream.status().to_string();
+  const Turn second = run_turn(*engine, *second_prompt_, "");
+  while ((*busy_stream)->next()) {
+  }
+  EXPECT_EQ(second.usage.loaded_prompt_tokens, kStoredTokens);
+  expect_same_as_recompute(*recomputed_second_, second);
+  const EngineStats stats = engine->stats();
+  EXPECT_EQ(stats.preloads, 1);
+  EXPECT_EQ(stats.preloaded_layers, 7);
+}
+
 // KV is copied out by the forward passes that compute it (CachedAttention's layer-wise saving)
 // while the turn runs, published when the turn ends (each block once), and given back when the
 // turn is cancelled.

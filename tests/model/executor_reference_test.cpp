@@ -166,28 +166,41 @@ TEST(ExecutorReferenceTest, BatchedEqualsSoloAndRejectsBadInput) {
 
   // Bad input is rejected before anything is written.
   const std::vector<std::vector<kv::BlockId>>& tables = runner.kv().tables(SeqId{2});
-  ForwardBatch bad{{{SeqId{2}, {static_cast<TokenId>(vocab)}, 2, tables}}, {}, {}, {}};
+  auto batch_of = [](SequenceChunk chunk) {
+    ForwardBatch batch;
+    batch.chunks.push_back(std::move(chunk));
+    return batch;
+  };
+  ForwardBatch bad = batch_of({SeqId{2}, {static_cast<TokenId>(vocab)}, 2, tables});
   StatusOr<ForwardResult> rejected = ex.forward(bad);
   ASSERT_FALSE(rejected.ok());
   EXPECT_EQ(rejected.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(rejected.status().message().find("outside the vocabulary"), std::string::npos);
 
-  ForwardBatch uncovered{{{SeqId{2}, {11, 12, 13}, 2, tables}}, {}, {}, {}};  // needs a 2nd block
+  ForwardBatch uncovered = batch_of({SeqId{2}, {11, 12, 13}, 2, tables});  // needs a 2nd block
   StatusOr<ForwardResult> not_covered = ex.forward(uncovered);
   ASSERT_FALSE(not_covered.ok());
   EXPECT_NE(not_covered.status().message().find("do not cover"), std::string::npos);
 
-  ForwardBatch overflow{{{SeqId{2}, {11}, ex.config().max_context_tokens, tables}}, {}, {}, {}};
+  ForwardBatch overflow = batch_of({SeqId{2}, {11}, ex.config().max_context_tokens, tables});
   StatusOr<ForwardResult> too_long = ex.forward(overflow);
   ASSERT_FALSE(too_long.ok());
   EXPECT_NE(too_long.status().message().find("context window"), std::string::npos);
 
   // A save of a block the pass does not complete (positions 2..3 computed, block 0 ends at 16).
   std::vector<std::byte> chunk(static_cast<size_t>(ex.kv_chunk_bytes()));
-  ForwardBatch early_save{{{SeqId{2}, {11}, 2, tables}}, {}, {{SeqId{2}, 0, {chunk.data()}}}, {}};
+  ForwardBatch early_save = batch_of({SeqId{2}, {11}, 2, tables});
+  early_save.saves.push_back({SeqId{2}, 0, {chunk.data()}});
   StatusOr<ForwardResult> unfinished = ex.forward(early_save);
   ASSERT_FALSE(unfinished.ok());
   EXPECT_NE(unfinished.status().message().find("must end by position 3"), std::string::npos);
+
+  // A pre-load for a sequence that runs in the same pass.
+  ForwardBatch own_preload = batch_of({SeqId{2}, {11}, 2, tables});
+  own_preload.preloads.push_back({SeqId{2}, {chunk.data()}, 1});
+  StatusOr<ForwardResult> preloaded = ex.forward(own_preload);
+  ASSERT_FALSE(preloaded.ok());
+  EXPECT_NE(preloaded.status().message().find("same pass"), std::string::npos);
 }
 
 }  // namespace

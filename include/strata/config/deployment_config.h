@@ -120,6 +120,9 @@ struct KvStoreSection {
   int64_t ttl_seconds = 3600;  // items unused this long leave the store; 0: never
   // Share of DRAM the I/O threads keep free for saves and prefetches, in [0, 0.9].
   double dram_reserve_fraction = 0.1;
+  // Layers of the next waiting request's stored KV pre-loaded to the device during the current
+  // pass (the read buffer): -1 sized from measured load and prefill times, 0 off, n fixed.
+  int32_t read_buffer_layers = -1;
 
   bool enabled() const { return dram_bytes > 0; }
 

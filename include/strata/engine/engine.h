@@ -145,6 +145,11 @@ struct EngineOptions {
   // The host DRAM / SSD KV store; none when unset. The engine fills in chunk_bytes,
   // block_size_tokens, layout_tag and the host-memory hooks from the executor.
   std::optional<store::StoreOptions> store;
+  // With a store: layers of the next waiting request's stored KV copied to the device while the
+  // current pass runs (CachedAttention's read buffer). -1 sizes it per request from the measured
+  // load and prefill times (store::read_buffer_layers); 0 turns pre-loading off (layer-wise
+  // loading within the pass only); n > 0 pre-loads min(n, layers).
+  int64_t read_buffer_layers = -1;
 };
 
 struct EngineStats {
@@ -179,6 +184,8 @@ struct EngineStats {
   int64_t pool_loads = 0;  // forward passes with loads
   double pool_save_seconds = 0;
   int64_t pool_saves = 0;  // forward passes with saves
+  int64_t preloads = 0;    // requests whose first layers were pre-loaded
+  int64_t preloaded_layers = 0;  // layers those pre-loads held, summed
 };
 
 class Engine {
@@ -242,9 +249,17 @@ class Engine {
   // Hands the pass's save copies to their sequences and counts the pool's loads and saves.
   void record_pool_copies(const executor::ForwardBatch& forward,
                           const executor::ForwardResult& result);
+  // Updates the load bandwidth and prefill time that size the read buffer.
+  void measure_pass(const executor::ForwardBatch& forward, const executor::ForwardResult& result,
+                    double seconds);
   // Ends the sequence's save: publishes its chunks, or gives them back once the copies into them
   // are done.
   void end_save(Active& active, bool publish);
+  // Pins the stored chunks of the next waiting request with a stored prefix and adds the
+  // pre-load of their first layers to `forward` (one request at a time).
+  void plan_preload(executor::ForwardBatch& forward);
+  // Read-buffer layers for a request loading `chunks` chunks and computing `new_tokens`.
+  int64_t preload_layers(int64_t chunks, int64_t new_tokens) const;
   // Tells the store which items the waiting requests will load, next first.
   void publish_store_queue();
 
@@ -270,6 +285,10 @@ class Engine {
   // Step-loop state (loop thread only).
   std::unordered_map<SeqId, std::unique_ptr<Active>> active_;
   std::vector<store::ItemId> store_queue_;  // last queue given to the store
+  // Measured for sizing the read buffer (0 until measured): load bandwidth into the pool, and
+  // prefill time per token per layer; moving averages.
+  double load_bytes_per_second_ = 0;
+  double prefill_seconds_per_token_layer_ = 0;
   std::thread thread_;
 };
 

@@ -79,6 +79,8 @@ class Executor {
   // every layer, [num_layers][2 (K, V)][num_kv_heads][block_size_tokens][head_dim] in the pool's
   // dtype, keys before RoPE (so they can be re-rotated to other positions).
   virtual int64_t kv_chunk_bytes() const = 0;
+  // Forgets a sequence's pre-loaded layers (ForwardBatch::preloads) that no pass will use.
+  virtual void drop_preload(SeqId seq) = 0;
   // Page-locks host memory that chunks are loaded from and saved to (no-op on the CPU).
   virtual void register_host_memory(void* data, size_t bytes) const = 0;
   virtual void unregister_host_memory(void* data) const = 0;

@@ -57,10 +57,21 @@ struct KvSave {
   std::vector<std::byte*> chunks;
 };
 
+// The first layers of chunks that a sequence not in the batch will load in a later pass
+// (CachedAttention's read buffer): copied to the device now, overlapping this pass, and used by
+// the later pass's KvLoad of the same chunks (any consecutive run of them) for those layers. A
+// pre-load is dropped when its sequence next runs a chunk, used or not.
+struct KvPreload {
+  SeqId seq;
+  std::vector<const std::byte*> chunks;  // in block order; valid until the pass that loads them
+  int64_t num_layers = 0;                // layers [0, num_layers) are copied ahead
+};
+
 struct ForwardBatch {
   std::vector<SequenceChunk> chunks;  // at most one chunk per sequence
   std::vector<KvLoad> loads;
   std::vector<KvSave> saves;
+  std::vector<KvPreload> preloads;
   // Block moves performed before any KV is written: swap-outs (device -> host pool), swap-ins
   // (host pool -> device), then device copies (copy-on-write).
   kv::StepCopies copies;
@@ -74,6 +85,9 @@ struct ForwardResult {
   // First row of each chunk; row_offsets[i + 1] - row_offsets[i] rows belong to chunk i.
   std::vector<int64_t> row_offsets;
   double load_seconds = 0;  // host time spent on the batch's loads (their copies overlap on CUDA)
+  // Time the loads' copies took (CUDA: on the read stream, timed by events; CPU: load_seconds):
+  // with their bytes, the load bandwidth that sizes the read buffer.
+  double load_copy_seconds = 0;
   double save_seconds = 0;  // host time spent on the batch's saves (likewise)
   // Blocks until the saves' bytes are in their chunks; empty when they already are (CPU). On CUDA
   // each layer's blocks are gathered into a device write buffer on the compute stream (the pool

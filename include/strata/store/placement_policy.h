@@ -75,4 +75,11 @@ std::optional<ItemId> choose_ssd_victim(EvictionPolicy policy, std::span<const I
                                         std::span<const ItemId> queue, int64_t window,
                                         std::optional<ItemId> exclude);
 
+// Layers of a job's stored KV to pre-load into the read buffer before the job runs
+// (CachedAttention §3.2.1): with per-layer load time t_load and per-layer compute time t_compute
+// of the job's new tokens, layer j waits for nothing if (j - k) t_load <= (j - 1) t_compute for
+// every j in 1..L, i.e. k >= L - (L - 1) t_compute / t_load. Rounded up, clamped to [1, L]: at
+// least the first layer, whose load is otherwise a gap before the job's first layer.
+int64_t read_buffer_layers(int64_t num_layers, double t_compute, double t_load);
+
 }  // namespace strata::store

@@ -141,6 +141,7 @@ TEST(ConfigLoaderTest, OnlyAModelPathGivesEveryDefault) {
   EXPECT_EQ(c.kv_store.io_threads, 2);
   EXPECT_EQ(c.kv_store.ttl_seconds, 3600);
   EXPECT_EQ(c.kv_store.dram_reserve_fraction, 0.1);
+  EXPECT_EQ(c.kv_store.read_buffer_layers, -1);
   EXPECT_EQ(c.scheduler.max_num_seqs, 64);
   EXPECT_EQ(c.scheduler.max_num_batched_tokens, 512);
   EXPECT_EQ(c.scheduler.preemption_mode, PreemptionMode::kRecompute);
@@ -347,7 +348,7 @@ TEST(ConfigLoaderTest, UnknownKeysNameTheFullPathAndListTheAllowedOnes) {
       {"kv_store", "kv_store:\n  ssd_path: /x\n", kInvalid,
        "t.yaml:4:3: unknown key 'kv_store.ssd_path'; allowed keys in 'kv_store': dram_bytes, "
        "ssd_dir, ssd_bytes, ssd_file_bytes, direct_io, eviction_policy, io_threads, ttl_seconds, "
-       "dram_reserve_fraction"},
+       "dram_reserve_fraction, read_buffer_layers"},
       {"scheduler", "scheduler: {max_num_seq: 3}\n", kInvalid,
        "unknown key 'scheduler.max_num_seq'; allowed keys in 'scheduler': max_num_seqs, "
        "max_num_batched_tokens, preemption_mode, max_queued_requests, "
@@ -528,7 +529,8 @@ TEST(ConfigLoaderTest, KvStoreSectionIsRead) {
       "  eviction_policy: lru\n"
       "  io_threads: 16\n"
       "  ttl_seconds: 0\n"
-      "  dram_reserve_fraction: 0.25\n",
+      "  dram_reserve_fraction: 0.25\n"
+      "  read_buffer_layers: 15\n",
       "t.yaml");
   ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
   const KvStoreSection& store = loaded->kv_store;
@@ -542,6 +544,7 @@ TEST(ConfigLoaderTest, KvStoreSectionIsRead) {
   EXPECT_EQ(store.io_threads, 16);
   EXPECT_EQ(store.ttl_seconds, 0);
   EXPECT_EQ(store.dram_reserve_fraction, 0.25);
+  EXPECT_EQ(store.read_buffer_layers, 15);
   // The other sections keep their defaults.
   DeploymentConfig expected = with_path("m");
   expected.kv_store = store;
@@ -595,6 +598,8 @@ TEST(ConfigLoaderTest, KvStoreValidationErrorsNameTheKeyAndItsPosition) {
        "kv_store.dram_reserve_fraction must be in [0, 0.9], got -0.1"},
       {"reserve nan", "kv_store: {dram_reserve_fraction: nan}\n", kInvalid,
        "kv_store.dram_reserve_fraction must be in [0, 0.9], got nan"},
+      {"read buffer -2", "kv_store: {read_buffer_layers: -2}\n", kInvalid,
+       "kv_store.read_buffer_layers must be in [-1, 1024], got -2"},
       {"reserve 0", "kv_store: {dram_reserve_fraction: 0}\n", kOk, ""},
       {"reserve 0.9", "kv_store: {dram_reserve_fraction: 0.9}\n", kOk, ""},
       {"ssd dir with a newline", "kv_store: {ssd_dir: \"/mnt/a\\nb\"}\n", kInvalid,
@@ -722,11 +727,11 @@ TEST(ConfigLoaderTest, KvStoreOverrides) {
       {"kv_store.ssd_path", "/x",
        "unknown key 'kv_store.ssd_path'; allowed keys in 'kv_store': dram_bytes, ssd_dir, "
        "ssd_bytes, ssd_file_bytes, direct_io, eviction_policy, io_threads, ttl_seconds, "
-       "dram_reserve_fraction"},
+       "dram_reserve_fraction, read_buffer_layers"},
       {"kv_store", "1",
        "'kv_store' is a section; override one of its keys: dram_bytes, ssd_dir, ssd_bytes, "
        "ssd_file_bytes, direct_io, eviction_policy, io_threads, ttl_seconds, "
-       "dram_reserve_fraction"},
+       "dram_reserve_fraction, read_buffer_layers"},
   };
   for (const auto& c : bad) {
     DeploymentConfig changed = original;

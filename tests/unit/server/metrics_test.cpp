@@ -263,6 +263,8 @@ TEST(MetricsTest, KvTiersReportHitsBytesEvictionsAndLatency) {
   stats.pool_loads = 15;
   stats.pool_save_seconds = 0.0625;
   stats.pool_saves = 16;
+  stats.preloads = 3;
+  stats.preloaded_layers = 45;
   s.items = 7;
   s.corrupt_chunks = 1;
   s.ssd_available = true;
@@ -293,6 +295,8 @@ TEST(MetricsTest, KvTiersReportHitsBytesEvictionsAndLatency) {
   EXPECT_EQ(samples.at("strata_kv_store_save_seconds_sum{tier=\"gpu\"}"), "0.0625");
   EXPECT_EQ(samples.at("strata_kv_store_save_seconds_count{tier=\"gpu\"}"), "16");
   EXPECT_EQ(samples.at("strata_kv_store_items"), "7");
+  EXPECT_EQ(samples.at("strata_kv_store_preloads_total"), "3");
+  EXPECT_EQ(samples.at("strata_kv_store_preloaded_layers_total"), "45");
   EXPECT_EQ(samples.at("strata_kv_store_corrupt_chunks_total"), "1");
   EXPECT_EQ(samples.at("strata_kv_store_load_failures_total"), "1");
   EXPECT_EQ(samples.at("strata_kv_store_ssd_available"), "1");

@@ -293,6 +293,14 @@ TEST(KvStoreTest, DemotesToSsdAndPrefetchesQueuedConversations) {
   EXPECT_EQ(store->find(a, root(), {})->tier, Tier::kSsd);
   EXPECT_EQ(store->find(b, root(), {})->tier, Tier::kDram);
   EXPECT_EQ(store->stats().dram.evictions, 1);
+  // Pre-loading pins only what DRAM holds now, without reading the disk.
+  EXPECT_FALSE(store->try_acquire_in_dram(store->find(a, root(), {})->item, 0, 2));
+  std::optional<StoreLease> pinned =
+      store->try_acquire_in_dram(store->find(b, root(), {})->item, 0, 2);
+  ASSERT_TRUE(pinned);
+  EXPECT_TRUE(holds(pinned->chunks[1], chain(b)[1]));
+  EXPECT_FALSE(store->try_acquire_in_dram(pinned->item, 0, 3)) << "the item has 2 chunks";
+  store->release(*pinned, 0);
 
   // a's job is queued: it is fetched into DRAM, and b (no queued job) makes room.
   store->set_queue({store->find(a, root(), {})->item});

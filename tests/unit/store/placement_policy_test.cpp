@@ -134,6 +134,38 @@ TEST(PlacementPolicyTest, WindowLengths) {
   EXPECT_EQ(window_length(50, 0.0, 7), 7);   // unknown item size: the fallback
 }
 
+TEST(PlacementPolicyTest, ReadBufferLayersFollowThePapersBound) {
+  struct Case {
+    int64_t layers;
+    double t_compute, t_load;
+    int64_t k;
+  };
+  for (const Case& c : std::vector<Case>{
+           // The paper's check (§4.3.2, LLaMA-13B): loading takes 1.56x computing -> B15.
+           {40, 1.0, 1.56, 15},
+           {40, 1.0, 1.0, 1},   // perfect overlap: only the first layer's gap
+           {40, 2.0, 1.0, 1},   // compute-bound: likewise
+           {40, 0.0, 1.0, 40},  // nothing to compute: pre-load everything
+           {30, 1.0, 3.0, 21},  // 30 - 29 / 3 = 20.33
+           {1, 1.0, 5.0, 1},
+           {40, 1.0, 0.0, 1},  // no load time measured yet
+       }) {
+    EXPECT_EQ(read_buffer_layers(c.layers, c.t_compute, c.t_load), c.k)
+        << c.layers << " layers, t_c " << c.t_compute << ", t_l " << c.t_load;
+  }
+  // Brute force: the smallest k with (j - k) t_l <= (j - 1) t_c for all j.
+  for (double ratio : {0.1, 0.3, 0.64, 0.9}) {
+    int64_t smallest = 1;
+    while (true) {
+      bool stalls = false;
+      for (int64_t j = 1; j <= 40; ++j) stalls |= (j - smallest) * 1.0 > (j - 1) * ratio + 1e-12;
+      if (!stalls) break;
+      ++smallest;
+    }
+    EXPECT_EQ(read_buffer_layers(40, ratio, 1.0), smallest) << "t_c / t_l = " << ratio;
+  }
+}
+
 TEST(PlacementPolicyTest, ParsesPolicyNames) {
   for (EvictionPolicy p : {EvictionPolicy::kSchedulerAware, EvictionPolicy::kLru, EvictionPolicy::kFifo}) {
     EXPECT_EQ(parse_eviction_policy(eviction_policy_name(p)).value(), p);
