@@ -1,6 +1,7 @@
 // `strata bench`: load generation against a server (serve, multiturn) or the in-process engine
 // (offline), with vLLM-compatible flags and result files.
 
+#include <dirent.h>
 #include <sys/stat.h>  // mkdir
 #include <sys/wait.h>
 #include <unistd.h>
@@ -10,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -695,6 +697,19 @@ std::string quality_row(const std::string& variant, const Json& r) {
   return line;
 }
 
+// Removes a directory of plain files (an SSD tier's); errors are ignored. POSIX calls: libtorch
+// ships its own std::filesystem::remove_all, which crashes when it wins symbol resolution.
+void remove_flat_directory(const std::string& dir) {
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (const dirent* entry = ::readdir(d)) {
+      const std::string name = entry->d_name;
+      if (name != "." && name != "..") ::unlink((dir + "/" + name).c_str());
+    }
+    ::closedir(d);
+  }
+  ::rmdir(dir.c_str());
+}
+
 Status bench_compare(const Flags& flags, const std::vector<std::string>& args) {
   STRATA_ASSIGN_OR_RETURN(const std::string kind, workload_kind(flags));
   const bool multiturn = kind == "multiturn";
@@ -766,16 +781,36 @@ Status bench_compare(const Flags& flags, const std::vector<std::string>& args) {
     Json overrides = Json::object();
     for (const auto& [key, value] : variant.overrides) overrides[key] = value;
     for (double rate : rates) {
-      // A fresh engine per run: no run inherits another's cached KV.
+      // A fresh engine per run: no run inherits another's cached KV, not even the SSD tier's,
+      // which survives restarts: each run gets an empty directory inside kv_store.ssd_dir,
+      // removed afterwards.
       std::fprintf(stderr, "[%s @ %g/s] loading %s ...\n", variant.name.c_str(), rate,
                    d.model.path.c_str());
-      STRATA_ASSIGN_OR_RETURN(LoadedEngine loaded, load_engine(d));
+      config::DeploymentConfig run_config = d;
+      std::string ssd_dir;
+      if (!d.kv_store.ssd_dir.empty()) {
+        char suffix[64];
+        std::snprintf(suffix, sizeof(suffix), "@%g", rate);
+        ssd_dir = d.kv_store.ssd_dir + "/compare-" + variant.name + suffix;
+        std::error_code error;
+        if (std::filesystem::exists(ssd_dir, error)) {
+          return failed_precondition_error(ssd_dir +
+                                           " exists (from an interrupted compare?): "
+                                           "remove it first");
+        }
+        run_config.kv_store.ssd_dir = ssd_dir;
+      }
+      STRATA_ASSIGN_OR_RETURN(LoadedEngine loaded, load_engine(run_config));
       if (multiturn && !loaded.chat_template) return loaded.chat_template_error;
       std::unique_ptr<bench::BenchClient> client = bench::make_engine_client(
           *loaded.engine, loaded.chat_template ? &*loaded.chat_template : nullptr,
           loaded.engine->model_config().name, temperature);
-      STRATA_ASSIGN_OR_RETURN(Json result, run(*client, rate, "offline", d.model.path));
-      record(variant.name, {{"kind", "offline"}, {"overrides", overrides}}, rate, result);
+      StatusOr<Json> result = run(*client, rate, "offline", d.model.path);
+      client.reset();
+      loaded = {};  // the engine and its store are gone: the directory may go
+      if (!ssd_dir.empty()) remove_flat_directory(ssd_dir);
+      if (!result.ok()) return result.status();
+      record(variant.name, {{"kind", "offline"}, {"overrides", overrides}}, rate, *result);
     }
   }
   for (const std::string& spec : peer_specs) {
