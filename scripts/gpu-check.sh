@@ -42,4 +42,18 @@ labels=(-L gpu -LE model)
 for bench in kernels_bench attention_bench; do
   build-gpu/bench/$bench --json "$out/$bench.json" | tee "$out/$bench.txt" || status=1
 done
+# CachedAttention's loading paths on the GPU: requests share a 2,048-token prefix and the prefix
+# cache is off, so every reuse is a load from the store's DRAM tier; 4 sequences run at a time and
+# the rest wait, so the read buffer can pre-load them. recompute vs layer-wise loading within the
+# pass (PL-B0, read_buffer_layers=0) vs the read buffer sized from measurements.
+model=.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf
+if [[ -f $model ]]; then
+  build-gpu/bin/strata bench compare --model "$model" --device cuda --dataset-name random \
+    --random-prefix-len 2048 --random-input-len 128 --random-output-len 16 --num-prompts 64 \
+    --set kv_cache.enable_prefix_caching=false --set scheduler.max_num_seqs=4 \
+    --variant recompute \
+    --variant pl-b0:kv_store.dram_bytes=2GiB,kv_store.read_buffer_layers=0 \
+    --variant read-buffer:kv_store.dram_bytes=2GiB \
+    --no-plots --disable-tqdm --output-dir "$out/preload-compare" || status=1
+fi
 exit $status

@@ -110,14 +110,15 @@ void expect_same_as_recompute(const Turn& recompute, const Turn& resumed) {
   }
 }
 
-// Waits until the store has published every pending save.
-void wait_for_saves(Engine& engine, int64_t min_chunks) {
+// Waits until the store has published `saves` saves (turns): on CUDA a turn's chunks are
+// published once its device-to-host copies are done, after the turn has ended.
+void wait_for_saves(Engine& engine, int64_t saves) {
   for (int i = 0; i < 500; ++i) {
     const EngineStats stats = engine.stats();
-    if (stats.store && stats.store->dram_chunks_used >= min_chunks) return;
+    if (stats.store && stats.store->dram.saves >= saves) return;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  ADD_FAILURE() << "the store never held " << min_chunks << " chunks";
+  ADD_FAILURE() << "the store never published " << saves << " saves";
 }
 
 class EngineStoreTest : public ::testing::Test {
@@ -161,7 +162,7 @@ class EngineStoreTest : public ::testing::Test {
   static void run_first_turn(Engine& engine, const std::string& session) {
     const Turn first = run_turn(engine, *history_, session);
     ASSERT_EQ(first.tokens, *first_reply_);
-    wait_for_saves(engine, kStoredTokens / 16);
+    wait_for_saves(engine, 1);
   }
 
   static inline Engine* recompute_engine_ = nullptr;
@@ -257,11 +258,7 @@ TEST_F(EngineStoreTest, SavesRunWithTheTurnAndPublishAtItsEnd) {
   EXPECT_EQ(cancelled.store->items, 0);
 
   run_first_turn(*engine, "");
-  EngineStats done = engine->stats();  // refreshed after the step that ended the turn
-  for (int i = 0; i < 200 && done.store->dram.saves == 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    done = engine->stats();
-  }
+  const EngineStats done = engine->stats();
   EXPECT_EQ(done.store_saved_tokens, kStoredTokens);
   EXPECT_EQ(done.store->dram.saves, 1);
   EXPECT_EQ(done.pool_bytes_saved - cancelled.pool_bytes_saved, kStoredTokens / 16 * chunk_bytes)
@@ -270,8 +267,9 @@ TEST_F(EngineStoreTest, SavesRunWithTheTurnAndPublishAtItsEnd) {
 }
 
 // The CUDA paths: saves gathered layer by layer into a device write buffer and copied to pinned
-// DRAM on a side stream, loads copied up front with one event per layer. Float32, against
-// recomputing on CUDA.
+// DRAM on a side stream; the second turn waits behind another request, so its first 7 layers
+// are pre-loaded into the read buffer during that request's passes and the other 23 copied up
+// front with one event per layer when it runs. Float32, against recomputing on CUDA.
 TEST_F(EngineStoreTest, OnCudaAResumedTurnMatchesRecompute) {
   EngineOptions cuda = options_with(std::nullopt, false);
   cuda.executor.device = executor::Device{executor::DeviceKind::kCuda, 0};
@@ -288,13 +286,24 @@ TEST_F(EngineStoreTest, OnCudaAResumedTurnMatchesRecompute) {
   recompute->reset();
 
   cuda.store = store_options("");
+  cuda.scheduler.max_num_seqs = 1;
+  cuda.read_buffer_layers = 7;
   std::unique_ptr<Engine> engine = make_engine(cuda);
   ASSERT_TRUE(engine);
   ASSERT_EQ(run_turn(*engine, *history_, "").tokens, first.tokens);
-  wait_for_saves(*engine, kStoredTokens / 16);
+  wait_for_saves(*engine, 1);
+  GenerateRequest busy;
+  busy.prompt_token_ids = wikitext(90000, 50);
+  busy.sampling.max_tokens = 24;
+  busy.sampling.ignore_eos = true;
+  StatusOr<std::shared_ptr<RequestStream>> busy_stream = engine->submit(std::move(busy));
+  ASSERT_TRUE(busy_stream.ok()) << busy_stream.status().to_string();
   const Turn second = run_turn(*engine, second_prompt, "");
+  while ((*busy_stream)->next()) {
+  }
   EXPECT_EQ(second.usage.loaded_prompt_tokens, kStoredTokens);
   EXPECT_EQ(second.usage.cached_tier, "dram");
+  EXPECT_EQ(engine->stats().preloads, 1);
   expect_same_as_recompute(expected, second);
 }
 
@@ -431,7 +440,7 @@ TEST_F(EngineTruncationTest, ASessionKeepsLoadingItsTruncatedHistory) {
   const std::vector<TokenId> first = random_tokens(480, 2);
   const Turn one = run_turn(*e, first, "s");
   EXPECT_EQ(one.usage.truncated_prompt_tokens, 0);
-  wait_for_saves(*e, 30);
+  wait_for_saves(*e, 1);
   // Turn 2: 528 tokens overflow: 272 dropped after block 0. The sequence is block 0 and the
   // stored blocks 18..29 (13 blocks loaded, re-rotated), then 48 computed tokens.
   const std::vector<TokenId> second =
