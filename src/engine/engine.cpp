@@ -122,6 +122,9 @@ struct Engine::Active {
   std::optional<StoredPrefix> stored;
   // Its stored chunks, pinned while it waits because the executor pre-loaded their first layers.
   std::optional<store::StoreLease> preloaded;
+  // KvStore::num_publications() when it last looked its prompt up; a failed load stops lookups.
+  int64_t store_lookup_at = 0;
+  bool store_load_failed = false;
   // This turn's save (CachedAttention's asynchronous saving): each token block is copied out layer
   // by layer by the forward pass that completes it (blocks already resident when the save starts,
   // by the next pass) into chunks the store reserved, published when the turn ends.
@@ -347,6 +350,8 @@ void Engine::admit(std::vector<std::pair<GenerateRequest, std::shared_ptr<Reques
                    0,
                    std::nullopt,
                    std::nullopt,
+                   0,
+                   false,
                    std::nullopt,
                    {}});
     std::vector<TokenId>& prompt = request.prompt_token_ids;
@@ -356,6 +361,7 @@ void Engine::admit(std::vector<std::pair<GenerateRequest, std::shared_ptr<Reques
     if (scores_prompt) {
       active->prompt_logprobs.resize(std::max<size_t>(prompt.size(), 1) - 1);
     } else if (store_) {
+      active->store_lookup_at = store_->num_publications();
       match = store_->find(prompt, store_root(request.tenant), active->session);
     }
     const int64_t drop = tokens_to_drop(prompt, match);
@@ -460,6 +466,7 @@ std::vector<store::StoreLease> Engine::acquire_loads(scheduler::ScheduledBatch& 
       // no room to read them into now: compute the prompt.
       for (const store::StoreLease& lease : pinned) store_->release(lease, 0);
       scheduler_->restart(load.seq);
+      active.store_load_failed = true;
       std::erase_if(batch.chunks, [&](const scheduler::ScheduledChunk& c) {
         return c.seq == load.seq;
       });
@@ -484,6 +491,29 @@ std::vector<store::StoreLease> Engine::acquire_loads(scheduler::ScheduledBatch& 
                   std::make_move_iterator(pinned.end()));
   }
   return leases;
+}
+
+void Engine::look_up_queue_head() {
+  const int64_t publications = store_->num_publications();
+  const int64_t depth = std::min<int64_t>(options_.scheduler.max_num_seqs, kQueueLookupDepth);
+  int64_t seen = 0;
+  for (SeqId seq : scheduler_->waiting()) {
+    if (seen++ == depth) return;
+    Active& active = *active_.at(seq);
+    // Truncated prompts and scored ones do not change what they load; a sequence holding blocks
+    // (swapped, or admitted earlier) is past its first commit.
+    if (active.stored || active.store_lookup_at == publications || active.store_load_failed ||
+        active.dropped_tokens > 0 || active.scores_prompt() || kv_->is_swapped(seq) ||
+        !kv_->tables(seq).empty()) {
+      continue;
+    }
+    active.store_lookup_at = publications;
+    if (std::optional<store::StoreMatch> match =
+            store_->find(kv_->tokens(seq), store_root(active.tenant), active.session);
+        match && match->exact) {
+      attach_stored_prefix(active, *match);
+    }
+  }
 }
 
 void Engine::plan_preload(executor::ForwardBatch& forward) {
@@ -725,6 +755,7 @@ void Engine::emit_token(Active& active, const sampling::SampleResult& sample) {
 }
 
 void Engine::step() {
+  if (store_) look_up_queue_head();
   scheduler::ScheduledBatch batch = scheduler_->schedule();
   for (SeqId seq : batch.aborted) {
     auto it = active_.find(seq);

@@ -436,6 +436,7 @@ void KvStore::publish(const SaveTicket& ticket, double write_seconds) {
   stats_.dram.bytes_in += bytes;
   stats_.dram.save_seconds += write_seconds;
   ++stats_.dram.saves;
+  publications_.fetch_add(1, std::memory_order_relaxed);
   touch(item);
   // Its session ended while the save ran: truncated history is reachable by session only.
   if (!item.exact && item.session.empty()) drop_item(item.id);

@@ -213,6 +213,30 @@ TEST_F(EngineStoreTest, APreloadedTurnMatchesRecompute) {
   EXPECT_EQ(stats.preloaded_layers, 7);
 }
 
+// A request that arrived while the turn holding its history was still running (so its lookup
+// at admission found nothing) looks the store up again at the head of the queue and loads it.
+TEST_F(EngineStoreTest, AQueuedRequestLoadsKvSavedWhileItWaited) {
+  EngineOptions options = options_with(store_options(""), false);
+  options.scheduler.max_num_seqs = 1;
+  std::unique_ptr<Engine> engine = make_engine(options);
+  ASSERT_TRUE(engine);
+  GenerateRequest first;
+  first.prompt_token_ids = *history_;
+  first.sampling.temperature = 0;
+  first.sampling.max_tokens = kNewTokens;
+  first.sampling.ignore_eos = true;
+  StatusOr<std::shared_ptr<RequestStream>> first_stream = engine->submit(std::move(first));
+  ASSERT_TRUE(first_stream.ok()) << first_stream.status().to_string();
+  const Turn second = run_turn(*engine, *second_prompt_, "");
+  std::vector<TokenId> reply;
+  while (std::optional<RequestOutput> out = (*first_stream)->next()) {
+    for (const TokenOutput& t : out->tokens) reply.push_back(t.token);
+  }
+  ASSERT_EQ(reply, *first_reply_);
+  EXPECT_EQ(second.usage.loaded_prompt_tokens, kStoredTokens);
+  expect_same_as_recompute(*recomputed_second_, second);
+}
+
 // KV is copied out by the forward passes that compute it (CachedAttention's layer-wise saving)
 // while the turn runs, published when the turn ends (each block once), and given back when the
 // turn is cancelled.

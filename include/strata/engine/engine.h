@@ -255,6 +255,11 @@ class Engine {
   // Ends the sequence's save: publishes its chunks, or gives them back once the copies into them
   // are done.
   void end_save(Active& active, bool publish);
+  // Looks the prompts of the first waiting requests up again when the store has published saves
+  // since their last lookup: a request queued behind the turn that saves its history (or a
+  // shared prefix) loads it instead of computing it.
+  void look_up_queue_head();
+  static constexpr int64_t kQueueLookupDepth = 16;
   // Pins the stored chunks of the next waiting request with a stored prefix and adds the
   // pre-load of their first layers to `forward` (one request at a time).
   void plan_preload(executor::ForwardBatch& forward);

@@ -22,6 +22,7 @@
 // Thread-safe. Loads pin an item (lease) so it cannot move or vanish while its chunks are read.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -186,6 +187,8 @@ class KvStore {
   void wait_idle();
 
   StoreStats stats() const;
+  // Saves published so far: a lookup that found nothing may find something once it changes.
+  int64_t num_publications() const { return publications_.load(std::memory_order_relaxed); }
 
  private:
   struct Chunk {
@@ -279,6 +282,7 @@ class KvStore {
   int32_t active_actions_ = 0;
   int64_t dram_slots_demoting_ = 0;  // DRAM slots that demotions in flight will free
   std::vector<PendingCommit> commits_;
+  std::atomic<int64_t> publications_ = 0;
   bool stopping_ = false;
   StoreStats stats_;
   std::vector<std::thread> threads_;
