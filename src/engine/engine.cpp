@@ -607,17 +607,33 @@ void Engine::plan_saves(executor::ForwardBatch& forward) {
   }
 }
 
-void Engine::record_pool_copies(const executor::ForwardBatch& forward,
-                                const executor::ForwardResult& result) {
+void Engine::account_pass(const executor::ForwardBatch& forward,
+                          const executor::ForwardResult& result, double seconds) {
   const int64_t chunk_bytes = executor_->kv_chunk_bytes();
-  int64_t loaded = 0, saved = 0;
+  int64_t loaded = 0, saved = 0, tokens = 0;
   for (const executor::KvLoad& load : forward.loads) loaded += std::ssize(load.chunks);
   for (const executor::KvSave& save : forward.saves) saved += std::ssize(save.chunks);
+  for (const executor::SequenceChunk& chunk : forward.chunks) tokens += std::ssize(chunk.tokens);
   for (const executor::KvSave& save : forward.saves) {
     Active::Saving& saving = *active_.at(save.seq)->saving;
     if (result.saves_written) saving.copies.push_back(result.saves_written);
     saving.seconds += result.save_seconds * static_cast<double>(std::ssize(save.chunks)) /
                       static_cast<double>(saved);
+  }
+  // Moving averages that size the read buffer.
+  constexpr double kWeight = 0.2;  // of the newest sample
+  auto update = [&](double& average, double sample) {
+    average = average > 0 ? (1 - kWeight) * average + kWeight * sample : sample;
+  };
+  if (loaded > 0 && result.load_copy_seconds > 0) {
+    update(load_bytes_per_second_,
+           static_cast<double>(loaded * chunk_bytes) / result.load_copy_seconds);
+  }
+  // Prefill-sized passes only: a few decode tokens measure the per-pass overhead instead.
+  constexpr int64_t kMinPrefillTokens = 64;
+  if (tokens >= kMinPrefillTokens) {
+    update(prefill_seconds_per_token_layer_,
+           seconds / static_cast<double>(tokens * executor_->config().num_layers));
   }
   std::scoped_lock lock(mutex_);
   if (loaded > 0) {
@@ -632,25 +648,11 @@ void Engine::record_pool_copies(const executor::ForwardBatch& forward,
   }
 }
 
-void Engine::measure_pass(const executor::ForwardBatch& forward,
-                          const executor::ForwardResult& result, double seconds) {
-  constexpr double kWeight = 0.2;  // of the newest sample in the moving averages
-  auto update = [&](double& average, double sample) {
-    average = average > 0 ? (1 - kWeight) * average + kWeight * sample : sample;
-  };
-  int64_t loaded = 0, tokens = 0;
-  for (const executor::KvLoad& load : forward.loads) loaded += std::ssize(load.chunks);
-  for (const executor::SequenceChunk& chunk : forward.chunks) tokens += std::ssize(chunk.tokens);
-  if (loaded > 0 && result.load_copy_seconds > 0) {
-    update(load_bytes_per_second_,
-           static_cast<double>(loaded * executor_->kv_chunk_bytes()) / result.load_copy_seconds);
-  }
-  // Prefill-sized passes only: a few decode tokens measure the per-pass overhead instead.
-  constexpr int64_t kMinPrefillTokens = 64;
-  if (tokens >= kMinPrefillTokens) {
-    update(prefill_seconds_per_token_layer_,
-           seconds / static_cast<double>(tokens * executor_->config().num_layers));
-  }
+void Engine::release_preload(Active& active) {
+  if (!active.preloaded) return;
+  store_->release(*active.preloaded, 0);
+  active.preloaded.reset();
+  executor_->drop_preload(SeqId{active.id.value});
 }
 
 void Engine::end_save(Active& active, bool publish) {
@@ -709,10 +711,7 @@ void Engine::finish(Active& active, RequestOutput output, FinishReason reason, s
   output.usage = active.usage;
   const SeqId seq{active.id.value};
   end_save(active, reason == FinishReason::kStop || reason == FinishReason::kLength);
-  if (active.preloaded) {
-    store_->release(*active.preloaded, 0);
-    executor_->drop_preload(seq);
-  }
+  release_preload(active);
   active.stream->push(std::move(output));
   scheduler_->remove(seq);
   active_.erase(seq);  // destroys `active`
@@ -830,17 +829,9 @@ void Engine::step() {
     store_->release(lease, result.ok() ? result->load_seconds / leases.size() : 0.0);
   }
   // A request that ran keeps no pre-load (the pass used or dropped it).
-  for (const executor::SequenceChunk& chunk : forward.chunks) {
-    Active& active = *active_.at(chunk.seq);
-    if (active.preloaded) {
-      store_->release(*active.preloaded, 0);
-      active.preloaded.reset();
-    }
-  }
-  if (result.ok() && store_) {
-    record_pool_copies(forward, *result);
-    measure_pass(forward, *result, forward_seconds);
-  }
+  for (const executor::SequenceChunk& chunk : forward.chunks)
+    release_preload(*active_.at(chunk.seq));
+  if (result.ok() && store_) account_pass(forward, *result, forward_seconds);
   if (!result.ok()) {
     for (const scheduler::ScheduledChunk& chunk : batch.chunks) {
       finish(*active_.at(chunk.seq), {}, FinishReason::kError, result.status().to_string());

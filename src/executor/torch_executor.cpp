@@ -591,12 +591,10 @@ TorchExecutor::StagedLoads TorchExecutor::stage_loads(const ForwardBatch& batch)
     staged.layer_ready.resize(static_cast<size_t>(num_layers));
     for (int64_t l = 0; l < num_layers; ++l) {
       for (int64_t j = 0; j < n; ++j) {
-        const std::byte* source = load_source(staged, j, l);
-        const cudaError_t rc = cudaMemcpyAsync(
-            base + (l * n + j) * block_bytes_, source, static_cast<size_t>(block_bytes_),
-            source == staged.sources[j] + l * block_bytes_ ? cudaMemcpyHostToDevice
-                                                           : cudaMemcpyDeviceToDevice,
-            read.stream());
+        // cudaMemcpyDefault: host chunk or read buffer, the runtime tells them apart.
+        const cudaError_t rc =
+            cudaMemcpyAsync(base + (l * n + j) * block_bytes_, load_source(staged, j, l),
+                            static_cast<size_t>(block_bytes_), cudaMemcpyDefault, read.stream());
         TORCH_CHECK(rc == cudaSuccess, "KV load copy failed: ", cudaGetErrorString(rc));
       }
       staged.layer_ready[l].record(read);

@@ -246,12 +246,12 @@ class Engine {
   // Adds to `forward` the saves of the token blocks its chunks complete (and of blocks resident
   // when a sequence's save starts), reserving their store chunks.
   void plan_saves(executor::ForwardBatch& forward);
-  // Hands the pass's save copies to their sequences and counts the pool's loads and saves.
-  void record_pool_copies(const executor::ForwardBatch& forward,
-                          const executor::ForwardResult& result);
-  // Updates the load bandwidth and prefill time that size the read buffer.
-  void measure_pass(const executor::ForwardBatch& forward, const executor::ForwardResult& result,
+  // After a pass: hands its save copies to their sequences, counts the pool's loads and saves,
+  // and updates the load bandwidth and prefill time that size the read buffer.
+  void account_pass(const executor::ForwardBatch& forward, const executor::ForwardResult& result,
                     double seconds);
+  // Unpins a request's pre-loaded chunks and drops the executor's copy (if any is left).
+  void release_preload(Active& active);
   // Ends the sequence's save: publishes its chunks, or gives them back once the copies into them
   // are done.
   void end_save(Active& active, bool publish);
