@@ -1,13 +1,15 @@
 // Reusing stored KV on the default model (fp32, CPU): the executor's KvSave / KvLoad path that
 // the KV store rides on (blocks copied out layer by layer by the pass that computes them).
-//   * A turn resumed from saved chunks (keys un-rotated on save, rotated again on load) gives the
-//     logits and greedy tokens of recomputing its whole history.
+//   * A turn resumed from saved chunks (keys un-rotated on save, rotated again on load; half of
+//     the layers through the read buffer) gives the logits and greedy tokens of recomputing its
+//     whole history.
 //   * Decoupled truncation (CachedAttention §3.4, bench/truncation.h): dropping the oldest half of
 //     a stored history (after its first block) and loading the rest at compacted positions gives
 //     nearly the perplexity of recomputing the truncated text (TT), on WikiText-2. Loading it
 //     without re-rotation (NKVT) is far worse, which shows the check can fail.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -46,10 +48,10 @@ class KvReuseTest : public ::testing::Test {
 
   using Chunks = std::vector<std::vector<std::byte>>;
 
-  // Runs tokens [computed, computed + n) of `seq` (plus `loads`); returns all or last logits.
-  // With `saved`, the pass also saves token blocks [0, saved->size()) into it.
+  // Runs tokens [computed, computed + n) of `seq` (plus `loads` and `preloads`); returns all or
+  // last logits. With `saved`, the pass also saves token blocks [0, saved->size()) into it.
   std::vector<float> run(SeqId seq, int64_t n, LogitsMode mode, std::vector<KvLoad> loads = {},
-                         Chunks* saved = nullptr) {
+                         Chunks* saved = nullptr, std::vector<KvPreload> preloads = {}) {
     StatusOr<kv::KvPlan> plan = kv_->prepare({{seq, n}});
     EXPECT_TRUE(plan.ok()) << plan.status().to_string();
     ForwardBatch batch;
@@ -59,6 +61,7 @@ class KvReuseTest : public ::testing::Test {
     batch.chunks.push_back({seq, std::vector<TokenId>(t.begin() + start, t.begin() + start + n),
                             start, kv_->tables(seq), mode});
     batch.loads = std::move(loads);
+    batch.preloads = std::move(preloads);
     if (saved != nullptr) {
       KvSave& save = batch.saves.emplace_back(KvSave{seq, 0, {}});
       for (auto& c : *saved) save.chunks.push_back(c.data());
@@ -114,11 +117,22 @@ TEST_F(KvReuseTest, AResumedTurnMatchesRecomputingItsHistory) {
   kv_->free(SeqId{1});
 
   // Recompute everything vs. load the stored blocks and compute the rest; then decode greedily.
+  // The recomputing pass also pre-loads the first half of the layers of the stored blocks (the
+  // read buffer); their host bytes are then overwritten with NaNs, so the resumed pass is right
+  // only if it takes those layers from the read buffer and the others from the host chunks.
   ASSERT_TRUE(kv_->add_sequence(SeqId{2}, prompt, "").ok());
   ASSERT_TRUE(kv_->add_sequence(SeqId{3}, prompt, "").ok());
   kv_->set_external_prefix(SeqId{3}, stored, /*exact=*/true);
   const int64_t rest = static_cast<int64_t>(prompt.size()) - stored * block();
-  std::vector<float> full = run(SeqId{2}, static_cast<int64_t>(prompt.size()), LogitsMode::kLast);
+  const int64_t preloaded_layers = executor_->config().num_layers / 2;
+  KvPreload preload{SeqId{3}, load_of(SeqId{3}, saved, 0, static_cast<size_t>(stored)).chunks,
+                    preloaded_layers};
+  std::vector<float> full =
+      run(SeqId{2}, static_cast<int64_t>(prompt.size()), LogitsMode::kLast, {}, nullptr, {preload});
+  const int64_t layer_bytes = executor_->kv_chunk_bytes() / executor_->config().num_layers;
+  for (auto& chunk : saved) {
+    std::fill(chunk.begin(), chunk.begin() + preloaded_layers * layer_bytes, std::byte{0xff});
+  }
   std::vector<float> resumed = run(SeqId{3}, rest, LogitsMode::kLast,
                                    {load_of(SeqId{3}, saved, 0, static_cast<size_t>(stored))});
   EXPECT_EQ(kv_->num_loaded_tokens(SeqId{3}), stored * block());

@@ -261,6 +261,22 @@ TEST(KvStoreTest, ASaveWithNothingNewExtendsItsItemWhileItEndsThere) {
   EXPECT_EQ(store->extend_save(&gone, std::span(hashes).subspan(2, 1)), 0);
 }
 
+// Truncated history is reachable by session only: if the session ends while the save runs, the
+// published item could never be found, so it leaves the store.
+TEST(KvStoreTest, ATruncatedSaveWhoseSessionEndedIsDroppedAtCommit) {
+  auto store = KvStore::open(options(nullptr, 8)).value();
+  const std::vector<TokenId> conv = tokens(15, 17);  // block 0, 8 dropped, then 1 block
+  SaveRequest request{"s", false, 8, chain(conv, 8)};
+  SaveTicket ticket = store->begin_save(request).value();
+  ASSERT_EQ(ticket.destinations.size(), 2u);
+  ASSERT_TRUE(store->erase_session("s"));  // the pending item stays until its save ends
+  for (size_t i = 0; i < ticket.destinations.size(); ++i)
+    fill(ticket.destinations[i], request.chain[i]);
+  store->commit_save(std::move(ticket), nullptr, 0);
+  EXPECT_EQ(store->stats().items, 0);
+  EXPECT_EQ(store->stats().dram_chunks_used, 0);
+}
+
 TEST(KvStoreTest, AsynchronousCommitPublishesAfterTheDataIsWritten) {
   auto store = KvStore::open(options(nullptr, 8)).value();
   const std::vector<TokenId> conv = tokens(7, 9);
