@@ -123,10 +123,12 @@ TEST(RunRequestsTest, ArrivalsFollowTheRate) {
   const auto sent = client.sent();
   ASSERT_EQ(sent.size(), 6u);
   const double span = std::chrono::duration<double>(sent.back().second - sent.front().second).count();
-  // Five gaps of 20 ms: never earlier; later only by scheduling delays (bounded loosely).
-  EXPECT_GE(span, 0.098);
+  // Request i arrives 20 ms x i after the run starts: never earlier, later only by scheduling
+  // delays (bounded loosely). (The first request's own delay can shorten the span between sends,
+  // so the lower bound is on each request's start, which counts from the run's start.)
+  for (int i = 0; i < 6; ++i) EXPECT_GE(run.results[i].start_s, 0.0198 * i) << "request " << i;
+  EXPECT_GT(span, 0.05);
   EXPECT_LT(span, 1.0);
-  EXPECT_GE(run.results[5].start_s - run.results[0].start_s, 0.098);
 }
 
 TEST(RunMultiturnTest, TurnsRunInOrderAfterThinkTimeAndStopAtAFailure) {
