@@ -19,6 +19,7 @@
 #include <cstdlib>
 
 #include "../common/dispatch.cuh"
+#include "../common/ptx.cuh"
 
 namespace strata::kernels {
 namespace {
@@ -29,8 +30,11 @@ constexpr int kRows = 8;                            // query rows per CTA
 constexpr int kTileTokens = 64;                     // keys per pipeline stage
 constexpr int kKeysPerWarp = kTileTokens / kWarps;  // each warp owns 16 keys of a tile
 constexpr int kStages = 2;
-// 3 CTAs of ~70 KB shared memory fit an H100 SM; asking ptxas for it caps registers at 168.
-constexpr int kMinCtasPerSm = 3;
+// CTAs per SM asked of ptxas (__launch_bounds__). head_dim 64: 3 (~37 KB of shared memory each;
+// registers capped at 168, which the variant fits). head_dim 128: 2, because at 3 ptxas spills
+// (168 registers, 8-16 bytes of spills on sm_80/sm_90, which the build rejects) and an A100 SM
+// holds only two of its ~70 KB CTAs anyway.
+constexpr int min_ctas_per_sm(int head_dim) { return head_dim == 128 ? 2 : 3; }
 constexpr int kMinPartitionTokens = 256;  // smallest split-K partition (4 tiles)
 constexpr int kMaxSplits = 256;
 constexpr float kLog2e = 1.4426950408889634f;
@@ -158,23 +162,6 @@ __device__ __forceinline__ void store_float8(float* dst, const float (&f)[8]) {
   reinterpret_cast<float4*>(dst)[1] = make_float4(f[4], f[5], f[6], f[7]);
 }
 
-// 16-byte global -> shared copy that bypasses L1; zero-fills the destination when !valid (the
-// source is then not read).
-__device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src, bool valid) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
-  const int src_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem_src),
-               "r"(src_bytes)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
 // Physical chunk of logical chunk c of key row t in a K/V tile. XOR-ing bits 1-2 with the key's
 // low bits makes both access patterns conflict-free: the score phase (8 lanes of a quarter warp
 // = 4 keys x 2 interleaved halves read 8 distinct bank groups) and the value phase and cp.async
@@ -223,13 +210,13 @@ __device__ __forceinline__ float reduce_over_keys(float v, Op op) {
 // ---- main kernel --------------------------------------------------------------------------------
 
 template <typename T, int HEAD_DIM>
-__global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
+__global__ void __launch_bounds__(kThreads, min_ctas_per_sm(HEAD_DIM))
     paged_attention_kernel(const KernelParams p) {
   using Traits = AttentionTraits<T, HEAD_DIM>;
   constexpr int kVec = Traits::kVec;
   constexpr int kChunks = Traits::kChunks;
 
-  extern __shared__ __align__(16) unsigned char smem[];
+  STRATA_DYNAMIC_SHARED(unsigned char, smem, 16);
   T* k_tiles = reinterpret_cast<T*>(smem);
   T* v_tiles = k_tiles + kStages * Traits::kTileElems;
   float* o_part = reinterpret_cast<float*>(smem);  // after the key loop only
@@ -333,8 +320,8 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
         v_src = k_src + p.kv_stride_kv;
       }
       const int dst = t * HEAD_DIM + swizzle(t, c) * kVec;
-      cp_async_16(k_dst + dst, k_src, in_range);
-      cp_async_16(v_dst + dst, v_src, in_range);
+      ptx::cp_async_16(k_dst + dst, k_src, in_range);
+      ptx::cp_async_16(v_dst + dst, v_src, in_range);
     }
   };
 
@@ -356,11 +343,11 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
 
   const int num_tiles = ceil_div(k_end - k_begin, kTileTokens);
   load_tile(k_begin, 0);
-  cp_async_commit();
+  ptx::cp_async_commit();
   for (int it = 0; it < num_tiles; ++it) {
     if (it + 1 < num_tiles) load_tile(k_begin + (it + 1) * kTileTokens, (it + 1) % kStages);
-    cp_async_commit();  // possibly empty: keeps the group count uniform for wait<1>
-    cp_async_wait<1>();
+    ptx::cp_async_commit();  // possibly empty: keeps the group count uniform for wait<1>
+    ptx::cp_async_wait<1>();
     __syncthreads();
     const T* k_tile = k_tiles + (it % kStages) * Traits::kTileElems;
     const T* v_tile = v_tiles + (it % kStages) * Traits::kTileElems;
@@ -437,7 +424,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
     }
     __syncthreads();  // this stage and p_s are read before they are overwritten
   }
-  cp_async_wait<0>();
+  ptx::cp_async_wait<0>();
 
   // Merge the key groups of each warp (lanes sharing v_chunk) ...
 #pragma unroll
@@ -718,12 +705,13 @@ void launch_paged_attention(const PagedAttentionParams& params, cudaStream_t str
   STRATA_DISPATCH_HALF_SCALAR(params.kind, [&] {
     STRATA_DISPATCH_HEAD_DIM(params.head_dim, [&] {
       using Traits = AttentionTraits<scalar_t, HEAD_DIM>;
-      auto* kernel = paged_attention_kernel<scalar_t, HEAD_DIM>;  // smem limit raised above
-      kernel<<<grid, kThreads, Traits::kSmemBytes, stream>>>(kp);
+      // The shared memory limit of this variant was raised by resident_ctas_per_sm.
+      launch_kernel(paged_attention_kernel<scalar_t, HEAD_DIM>,
+                    {grid, kThreads, Traits::kSmemBytes, stream}, kp);
       STRATA_CUDA_CHECK(cudaGetLastError());
       if (plan.num_splits > 1) {
-        paged_attention_reduce_kernel<scalar_t, HEAD_DIM>
-            <<<reduce_blocks, kThreads, 0, stream>>>(kp);
+        launch_kernel(paged_attention_reduce_kernel<scalar_t, HEAD_DIM>,
+                      {reduce_blocks, kThreads, 0, stream}, kp);
         STRATA_CUDA_CHECK(cudaGetLastError());
       }
     });

@@ -23,8 +23,10 @@ struct CopyParams {
   int units_per_row;  // head_dim in units of U
 };
 
+constexpr int kMaxThreads = 256;
+
 template <typename U>
-__global__ void reshape_and_cache_kernel(const CopyParams p) {
+__global__ void __launch_bounds__(kMaxThreads) reshape_and_cache_kernel(const CopyParams p) {
   const int64_t token = blockIdx.x;
   const int64_t slot = p.slot_mapping[token];
   if (slot < 0) return;  // padding token: nothing to write
@@ -65,9 +67,12 @@ void launch_copy(const ReshapeAndCacheParams& params, cudaStream_t stream) {
   cp.num_kv_heads = static_cast<int>(params.num_kv_heads);
   cp.units_per_row = static_cast<int>(params.head_dim / unit_elems);
   const int64_t work = 2 * params.num_kv_heads * cp.units_per_row;
-  const int threads = work >= 256 ? 256 : static_cast<int>((work + 31) / 32 * 32);
-  reshape_and_cache_kernel<U>
-      <<<static_cast<unsigned>(params.num_tokens), threads, 0, stream>>>(cp);
+  const int threads =
+      work >= kMaxThreads ? kMaxThreads : static_cast<int>((work + 31) / 32 * 32);
+  launch_kernel(reshape_and_cache_kernel<U>,
+                {static_cast<unsigned>(params.num_tokens), static_cast<unsigned>(threads), 0,
+                 stream},
+                cp);
   STRATA_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -1,13 +1,10 @@
 // Shared device helpers: dtype dispatch, float conversion, reductions, error checks.
 #pragma once
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
-
 #include <cstdio>
 #include <cstdlib>
 
+#include "cuda_compat.cuh"
 #include "strata/kernels/ops.h"
 
 #define STRATA_CUDA_CHECK(expr)                                                          \

@@ -4,8 +4,10 @@ namespace strata::kernels {
 namespace {
 
 // One block per row. Each thread accumulates a strided slice of x^2 in float32.
+constexpr int kMaxThreads = 1024;
+
 template <typename T>
-__global__ void rms_norm_kernel(T* __restrict__ out, const T* __restrict__ x,
+__global__ void __launch_bounds__(kMaxThreads) rms_norm_kernel(T* __restrict__ out, const T* __restrict__ x,
                                 const T* __restrict__ weight, int64_t hidden, float eps) {
   const T* row = x + blockIdx.x * hidden;
   T* out_row = out + blockIdx.x * hidden;
@@ -27,11 +29,13 @@ __global__ void rms_norm_kernel(T* __restrict__ out, const T* __restrict__ x,
 void launch_rms_norm(void* out, const void* x, const void* weight, int64_t num_rows,
                      int64_t hidden, float eps, ScalarKind kind, cudaStream_t stream) {
   if (num_rows == 0) return;
-  const int threads = hidden >= 1024 ? 1024 : static_cast<int>((hidden + 31) / 32 * 32);
+  const int threads =
+      hidden >= kMaxThreads ? kMaxThreads : static_cast<int>((hidden + 31) / 32 * 32);
   STRATA_DISPATCH_SCALAR(kind, [&] {
-    rms_norm_kernel<scalar_t><<<static_cast<unsigned>(num_rows), threads, 0, stream>>>(
-        static_cast<scalar_t*>(out), static_cast<const scalar_t*>(x),
-        static_cast<const scalar_t*>(weight), hidden, eps);
+    launch_kernel(rms_norm_kernel<scalar_t>, {static_cast<unsigned>(num_rows),
+                                              static_cast<unsigned>(threads), 0, stream},
+                  static_cast<scalar_t*>(out), static_cast<const scalar_t*>(x),
+                  static_cast<const scalar_t*>(weight), hidden, eps);
   });
   STRATA_CUDA_CHECK(cudaGetLastError());
 }

@@ -5,8 +5,10 @@ namespace {
 
 // One block per token; threads cover (head, i) pairs for i < head_dim / 2, each writing the two
 // elements i and i + head_dim / 2 of that head.
+constexpr int kMaxThreads = 512;
+
 template <typename T>
-__global__ void rotary_kernel(T* __restrict__ out, const T* __restrict__ x,
+__global__ void __launch_bounds__(kMaxThreads) rotary_kernel(T* __restrict__ out, const T* __restrict__ x,
                               const T* __restrict__ cos, const T* __restrict__ sin,
                               int64_t num_heads, int64_t head_dim) {
   const int64_t token = blockIdx.x;
@@ -34,12 +36,14 @@ void launch_rotary(void* out, const void* x, const void* cos, const void* sin, i
                    int64_t num_heads, int64_t head_dim, ScalarKind kind, cudaStream_t stream) {
   if (num_tokens == 0) return;
   const int64_t work = num_heads * head_dim / 2;
-  const int threads = work >= 512 ? 512 : static_cast<int>((work + 31) / 32 * 32);
+  const int threads =
+      work >= kMaxThreads ? kMaxThreads : static_cast<int>((work + 31) / 32 * 32);
   STRATA_DISPATCH_SCALAR(kind, [&] {
-    rotary_kernel<scalar_t><<<static_cast<unsigned>(num_tokens), threads, 0, stream>>>(
-        static_cast<scalar_t*>(out), static_cast<const scalar_t*>(x),
-        static_cast<const scalar_t*>(cos), static_cast<const scalar_t*>(sin), num_heads,
-        head_dim);
+    launch_kernel(rotary_kernel<scalar_t>, {static_cast<unsigned>(num_tokens),
+                                            static_cast<unsigned>(threads), 0, stream},
+                  static_cast<scalar_t*>(out), static_cast<const scalar_t*>(x),
+                  static_cast<const scalar_t*>(cos), static_cast<const scalar_t*>(sin),
+                  num_heads, head_dim);
   });
   STRATA_CUDA_CHECK(cudaGetLastError());
 }

@@ -10,19 +10,11 @@
 
 #include <optional>
 
+#include "launch_params.h"
 #include "strata/kernels/ops.h"
 
 namespace strata::kernels {
 namespace {
-
-ScalarKind scalar_kind(const at::Tensor& t) {
-  switch (t.scalar_type()) {
-    case at::kFloat: return ScalarKind::kFloat32;
-    case at::kHalf: return ScalarKind::kFloat16;
-    case at::kBFloat16: return ScalarKind::kBFloat16;
-    default: TORCH_CHECK(false, "unsupported dtype ", t.scalar_type());
-  }
-}
 
 void check_input(const at::Tensor& t, const char* name, const at::Tensor& like) {
   TORCH_CHECK(t.is_cuda(), name, " must be a CUDA tensor");
@@ -208,29 +200,8 @@ void paged_attention_cuda(at::Tensor& out, const at::Tensor& q, const at::Tensor
   check_vector_aligned(kv_cache, "kv_cache", 4);
   TORCH_CHECK(kv_cache.size(2) <= 65535, "num_kv_heads must be <= 65535");
   const c10::cuda::CUDAGuard guard(q.device());
-  PagedAttentionParams params;
-  params.out = out.data_ptr();
-  params.q = q.data_ptr();
-  params.kv_cache = kv_cache.data_ptr();
-  params.block_tables = block_tables.data_ptr<int32_t>();
-  params.seq_lens = seq_lens.data_ptr<int32_t>();
-  params.cu_q_lens = cu_q_lens.data_ptr<int32_t>();
-  params.q_stride_token = q.stride(0);
-  params.q_stride_head = q.stride(1);
-  params.kv_stride_block = kv_cache.stride(0);
-  params.kv_stride_kv = kv_cache.stride(1);
-  params.kv_stride_head = kv_cache.stride(2);
-  params.kv_stride_token = kv_cache.stride(3);
-  params.num_tokens = q.size(0);
-  params.num_seqs = seq_lens.size(0);
-  params.num_heads = q.size(1);
-  params.num_kv_heads = kv_cache.size(2);
-  params.head_dim = q.size(2);
-  params.block_size = kv_cache.size(3);
-  params.max_blocks_per_seq = block_tables.size(1);
-  params.max_q_len = max_q_len;
-  params.scale = static_cast<float>(scale);
-  params.kind = scalar_kind(q);
+  PagedAttentionParams params =
+      paged_attention_params(out, q, kv_cache, block_tables, seq_lens, cu_q_lens, max_q_len, scale);
   at::Tensor workspace;
   const size_t workspace_bytes = paged_attention_workspace_bytes(params);
   if (workspace_bytes > 0) {
@@ -307,24 +278,7 @@ void reshape_and_cache(at::Tensor& kv_cache, const at::Tensor& key, const at::Te
                 "the last dimension of kv_cache, key and value must be contiguous");
     TORCH_CHECK(slot_mapping.is_contiguous(), "slot_mapping must be contiguous");
     const c10::cuda::CUDAGuard guard(kv_cache.device());
-    ReshapeAndCacheParams params;
-    params.kv_cache = kv_cache.data_ptr();
-    params.key = key.data_ptr();
-    params.value = value.data_ptr();
-    params.slot_mapping = slot_mapping.data_ptr<int64_t>();
-    params.key_stride_token = key.stride(0);
-    params.key_stride_head = key.stride(1);
-    params.value_stride_token = value.stride(0);
-    params.value_stride_head = value.stride(1);
-    params.kv_stride_block = kv_cache.stride(0);
-    params.kv_stride_kv = kv_cache.stride(1);
-    params.kv_stride_head = kv_cache.stride(2);
-    params.kv_stride_token = kv_cache.stride(3);
-    params.num_tokens = key.size(0);
-    params.num_kv_heads = num_kv_heads;
-    params.head_dim = head_dim;
-    params.block_size = block_size;
-    params.elem_size_bytes = static_cast<int64_t>(kv_cache.element_size());
+    const ReshapeAndCacheParams params = reshape_and_cache_params(kv_cache, key, value, slot_mapping);
     launch_reshape_and_cache(params,
                              c10::cuda::getCurrentCUDAStream(kv_cache.get_device()).stream());
     return;

@@ -1,0 +1,75 @@
+#include "launch_params.h"
+
+#include <ATen/core/Tensor.h>
+
+namespace strata::kernels {
+
+ScalarKind scalar_kind(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kFloat:
+      return ScalarKind::kFloat32;
+    case at::kHalf:
+      return ScalarKind::kFloat16;
+    case at::kBFloat16:
+      return ScalarKind::kBFloat16;
+    default:
+      TORCH_CHECK(false, "unsupported dtype ", t.scalar_type());
+  }
+}
+
+PagedAttentionParams paged_attention_params(at::Tensor& out, const at::Tensor& q,
+                                            const at::Tensor& kv_cache,
+                                            const at::Tensor& block_tables,
+                                            const at::Tensor& seq_lens, const at::Tensor& cu_q_lens,
+                                            int64_t max_q_len, double scale) {
+  PagedAttentionParams params;
+  params.out = out.data_ptr();
+  params.q = q.data_ptr();
+  params.kv_cache = kv_cache.data_ptr();
+  params.block_tables = block_tables.data_ptr<int32_t>();
+  params.seq_lens = seq_lens.data_ptr<int32_t>();
+  params.cu_q_lens = cu_q_lens.data_ptr<int32_t>();
+  params.q_stride_token = q.stride(0);
+  params.q_stride_head = q.stride(1);
+  params.kv_stride_block = kv_cache.stride(0);
+  params.kv_stride_kv = kv_cache.stride(1);
+  params.kv_stride_head = kv_cache.stride(2);
+  params.kv_stride_token = kv_cache.stride(3);
+  params.num_tokens = q.size(0);
+  params.num_seqs = seq_lens.size(0);
+  params.num_heads = q.size(1);
+  params.num_kv_heads = kv_cache.size(2);
+  params.head_dim = q.size(2);
+  params.block_size = kv_cache.size(3);
+  params.max_blocks_per_seq = block_tables.size(1);
+  params.max_q_len = max_q_len;
+  params.scale = static_cast<float>(scale);
+  params.kind = scalar_kind(q);
+  return params;
+}
+
+ReshapeAndCacheParams reshape_and_cache_params(at::Tensor& kv_cache, const at::Tensor& key,
+                                               const at::Tensor& value,
+                                               const at::Tensor& slot_mapping) {
+  ReshapeAndCacheParams params;
+  params.kv_cache = kv_cache.data_ptr();
+  params.key = key.data_ptr();
+  params.value = value.data_ptr();
+  params.slot_mapping = slot_mapping.data_ptr<int64_t>();
+  params.key_stride_token = key.stride(0);
+  params.key_stride_head = key.stride(1);
+  params.value_stride_token = value.stride(0);
+  params.value_stride_head = value.stride(1);
+  params.kv_stride_block = kv_cache.stride(0);
+  params.kv_stride_kv = kv_cache.stride(1);
+  params.kv_stride_head = kv_cache.stride(2);
+  params.kv_stride_token = kv_cache.stride(3);
+  params.num_tokens = key.size(0);
+  params.num_kv_heads = kv_cache.size(2);
+  params.head_dim = kv_cache.size(4);
+  params.block_size = kv_cache.size(3);
+  params.elem_size_bytes = static_cast<int64_t>(kv_cache.element_size());
+  return params;
+}
+
+}  // namespace strata::kernels

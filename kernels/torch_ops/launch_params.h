@@ -1,0 +1,31 @@
+// Launcher arguments (ops.h) from at::Tensors: pointers, sizes and strides, for any device. The
+// CUDA adapters (torch_ops.cpp) pass them to the GPU launchers after their checks; the emulator
+// tests (tests/kernels/emulated) pass CPU tensors' to the same launchers compiled for the CPU
+// block emulator. No checks here: callers validate shapes and dtypes first.
+#pragma once
+
+#include <cstdint>
+
+#include "strata/kernels/ops.h"
+
+namespace at {
+class Tensor;
+}
+
+namespace strata::kernels {
+
+// float32 / float16 / bfloat16; throws c10::Error for any other dtype.
+ScalarKind scalar_kind(const at::Tensor& t);
+
+// out: [num_tokens, num_heads, head_dim] contiguous, q's dtype. The workspace is left empty.
+PagedAttentionParams paged_attention_params(at::Tensor& out, const at::Tensor& q,
+                                            const at::Tensor& kv_cache,
+                                            const at::Tensor& block_tables,
+                                            const at::Tensor& seq_lens, const at::Tensor& cu_q_lens,
+                                            int64_t max_q_len, double scale);
+
+ReshapeAndCacheParams reshape_and_cache_params(at::Tensor& kv_cache, const at::Tensor& key,
+                                               const at::Tensor& value,
+                                               const at::Tensor& slot_mapping);
+
+}  // namespace strata::kernels
