@@ -29,3 +29,19 @@ endif()
 add_library(strata_warnings INTERFACE)
 target_compile_options(strata_warnings INTERFACE
   $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-unused-parameter>)
+
+# Warnings for our CUDA sources (linked PRIVATE by strata_kernels; docs/kernels/static-checks.md):
+# the C++ warning set for the host side of .cu files, and ptxas warnings for register spills,
+# local memory and double-precision instructions. With STRATA_CUDA_WERROR (default ON) nvcc's
+# front end, the host compiler and ptxas all treat warnings as errors (--Werror=all-warnings also
+# passes -Werror to the host compiler and --warning-as-error to ptxas; the -Xptxas one says so).
+option(STRATA_CUDA_WERROR "Kernel warnings (nvcc, host compiler, ptxas) are errors" ON)
+set(strata_cuda_warning_flags
+  -Xcompiler=-Wall,-Wextra,-Wno-unused-parameter
+  -Xptxas=-warn-spills,-warn-lmem-usage,-warn-double-usage)
+if(STRATA_CUDA_WERROR)
+  list(APPEND strata_cuda_warning_flags --Werror=all-warnings -Xptxas=--warning-as-error)
+endif()
+add_library(strata_cuda_warnings INTERFACE)
+target_compile_options(strata_cuda_warnings INTERFACE
+  "$<$<COMPILE_LANGUAGE:CUDA>:${strata_cuda_warning_flags}>")
