@@ -1,37 +1,16 @@
-// Shared helpers for CUDA kernel tests (label: gpu): skip without a device, dtype tolerances.
+// Shared helpers for CUDA kernel tests (label: gpu): skip without a device; dtype tolerances come
+// from kernel_tolerance.h.
 #pragma once
 
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <gtest/gtest.h>
 
-#include <string>
+#include "kernel_tolerance.h"
 
 namespace strata::kernels::testing {
 
 #define STRATA_SKIP_WITHOUT_CUDA()                                      \
   if (c10::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device"
-
-struct Tolerance {
-  double atol;
-  double rtol;
-};
-
-// Our kernels round intermediates like the ATen reference but reduce in a different order, so
-// results may differ by about one unit in the last place of the dtype.
-inline Tolerance tolerance_for(at::ScalarType dtype) {
-  switch (dtype) {
-    case at::kFloat: return {1e-5, 1e-5};
-    case at::kHalf: return {2e-3, 2e-3};
-    default: return {1.6e-2, 1.6e-2};  // bfloat16: 8 mantissa bits
-  }
-}
-
-inline std::string dtype_label(at::ScalarType dtype) { return std::string(c10::toString(dtype)); }
-
-// Max |a - b| over elements, in float32.
-inline double max_abs_diff(const at::Tensor& a, const at::Tensor& b) {
-  return (a.to(at::kFloat) - b.to(at::kFloat)).abs().max().item<double>();
-}
 
 }  // namespace strata::kernels::testing

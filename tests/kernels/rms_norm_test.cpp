@@ -2,19 +2,15 @@
 
 #include <tuple>
 
+#include "elementwise_reference.h"
 #include "kernel_test_util.h"
 #include "strata/kernels/torch_ops.h"
 
 namespace strata::kernels {
 namespace {
 
+using testing::reference_rms_norm;
 using testing::tolerance_for;
-
-at::Tensor reference_rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
-  at::Tensor xf = x.to(at::kFloat);
-  at::Tensor normed = xf * at::rsqrt(xf.pow(2).mean(-1, true) + eps);
-  return w * normed.to(x.scalar_type());
-}
 
 class RmsNormTest
     : public ::testing::TestWithParam<std::tuple<at::ScalarType, int64_t, int64_t>> {};

@@ -3,19 +3,15 @@
 
 #include <tuple>
 
+#include "elementwise_reference.h"
 #include "kernel_test_util.h"
 #include "strata/kernels/torch_ops.h"
 
 namespace strata::kernels {
 namespace {
 
+using testing::reference_rotary;
 using testing::tolerance_for;
-
-at::Tensor reference_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  const int64_t half = x.size(-1) / 2;
-  at::Tensor rotated = at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
-  return x * cos.unsqueeze(1) + rotated * sin.unsqueeze(1);
-}
 
 class RotaryTest
     : public ::testing::TestWithParam<std::tuple<at::ScalarType, int64_t, int64_t, int64_t>> {};
@@ -24,16 +20,10 @@ TEST_P(RotaryTest, MatchesLibtorch) {
   STRATA_SKIP_WITHOUT_CUDA();
   const auto [dtype, head_dim, num_heads, num_tokens] = GetParam();
   at::manual_seed(head_dim * 7 + num_heads * 13 + num_tokens);
-  const auto fopts = at::TensorOptions().dtype(at::kFloat).device(at::kCUDA);
-  const double theta = head_dim == 128 ? 1e6 : 1e4;
-  at::Tensor inv_freq =
-      1.0 / at::pow(theta, at::arange(0, head_dim, 2, fopts) / static_cast<double>(head_dim));
-  at::Tensor positions = at::randint(0, 32768, {num_tokens}, fopts);
-  at::Tensor freqs = positions.unsqueeze(1) * inv_freq.unsqueeze(0);
-  at::Tensor emb = at::cat({freqs, freqs}, -1);
-  at::Tensor cos = emb.cos().to(dtype);
-  at::Tensor sin = emb.sin().to(dtype);
-  at::Tensor x = at::randn({num_tokens, num_heads, head_dim}, fopts).to(dtype);
+  const auto [cos, sin] = testing::rope_tables(num_tokens, head_dim, dtype, at::kCUDA);
+  at::Tensor x = at::randn({num_tokens, num_heads, head_dim},
+                           at::TensorOptions().dtype(at::kFloat).device(at::kCUDA))
+                     .to(dtype);
 
   at::Tensor ours = apply_rotary(x, cos, sin);
   at::Tensor ref = reference_rotary(x, cos, sin);

@@ -1,0 +1,64 @@
+// reshape_and_cache_kernel (16-byte and element copies) under the emulator against
+// tests/kernels/reshape_and_cache_test.cpp's token-by-token reference and grid (dtypes x head_dim
+// 64/100 x block size 16 x contiguous or fused-strided K/V, every 7th token skipped) under every
+// schedule; head_dim 100 in 16-bit types takes the element-copy path.
+
+#include <tuple>
+
+#include "emulated_test_util.h"
+#include "kernel_tolerance.h"
+#include "launch_params.h"
+#include "paged_attention_reference.h"
+#include "strata/kernels/ops.h"
+
+namespace strata::kernels {
+namespace {
+
+constexpr int64_t kNumKvHeads = 4;
+constexpr int64_t kNumBlocks = 20;
+constexpr int64_t kNumTokens = 50;
+
+class ReshapeAndCacheEmuTest
+    : public ::testing::TestWithParam<std::tuple<at::ScalarType, int64_t, int64_t, bool>> {};
+
+TEST_P(ReshapeAndCacheEmuTest, MatchesReference) {
+  const auto [dtype, head_dim, block_size, strided] = GetParam();
+  at::manual_seed(head_dim + block_size);
+  const auto opts = at::TensorOptions().dtype(dtype);
+  const at::Tensor kv_cache = at::randn({kNumBlocks, 2, kNumKvHeads, block_size, head_dim}, opts);
+  at::Tensor slots = at::randperm(kNumBlocks * block_size, at::TensorOptions().dtype(at::kLong))
+                         .narrow(0, 0, kNumTokens)
+                         .clone();
+  slots.index_fill_(0, at::arange(0, kNumTokens, 7, at::TensorOptions().dtype(at::kLong)), -1);
+  at::Tensor key, value;
+  if (strided) {  // [T, H + 2 Hkv, D] fused output with H = 2 Hkv; K and V are strided views
+    const at::Tensor fused = at::randn({kNumTokens, 4 * kNumKvHeads, head_dim}, opts);
+    key = fused.narrow(1, 2 * kNumKvHeads, kNumKvHeads);
+    value = fused.narrow(1, 3 * kNumKvHeads, kNumKvHeads);
+  } else {
+    key = at::randn({kNumTokens, kNumKvHeads, head_dim}, opts);
+    value = at::randn({kNumTokens, kNumKvHeads, head_dim}, opts);
+  }
+  const at::Tensor expected = testing::reference_reshape_and_cache(kv_cache, key, value, slots);
+  testing::expect_schedule_invariant_match(
+      [&] {
+        at::Tensor out = kv_cache.clone();
+        launch_reshape_and_cache(reshape_and_cache_params(out, key, value, slots), nullptr);
+        return out;
+      },
+      expected, 0.0, 0.0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Grid, ReshapeAndCacheEmuTest,
+                         ::testing::Combine(::testing::Values(at::kFloat, at::kHalf, at::kBFloat16),
+                                            ::testing::Values<int64_t>(64, 100),
+                                            ::testing::Values<int64_t>(16), ::testing::Bool()),
+                         [](const auto& info) {
+                           return testing::dtype_label(std::get<0>(info.param)) + "_d" +
+                                  std::to_string(std::get<1>(info.param)) + "_b" +
+                                  std::to_string(std::get<2>(info.param)) +
+                                  (std::get<3>(info.param) ? "_strided" : "_contiguous");
+                         });
+
+}  // namespace
+}  // namespace strata::kernels
