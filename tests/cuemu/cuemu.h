@@ -75,7 +75,7 @@ struct DeviceModel {
   size_t max_shared_per_block;        // without cudaFuncAttributeMaxDynamicSharedMemorySize
   size_t max_shared_per_block_optin;  // the most that attribute may grant
   size_t shared_per_sm;
-  size_t reserved_shared_per_block;   // the driver's per-block reservation
+  size_t reserved_shared_per_block;  // the driver's per-block reservation
   int max_threads_per_block;
   int max_threads_per_sm;
   int max_blocks_per_sm;
@@ -97,18 +97,6 @@ class ScopedSchedule {
   ScheduleConfig previous_;
 };
 
-// Counters of the launches since the last reset (for tests that want to see what ran).
-struct Stats {
-  int64_t launches = 0;
-  int64_t blocks = 0;
-  int64_t fiber_switches = 0;
-  int64_t barriers = 0;
-  int64_t warp_ops = 0;
-  int64_t async_copies = 0;
-};
-Stats stats();
-void reset_stats();
-
 namespace detail {
 
 struct ThreadCoords {
@@ -123,8 +111,18 @@ extern dim3 grid_dim;
 void run_grid(const void* kernel, const std::function<void()>& body, dim3 grid, dim3 block,
               size_t dynamic_shared, const char* file, int line);
 
-enum class WarpOp { kShflIdx, kShflUp, kShflDown, kShflXor, kBallot, kAny, kAll, kSyncWarp,
-                    kMma, kLdmatrix };
+enum class WarpOp {
+  kShflIdx,
+  kShflUp,
+  kShflDown,
+  kShflXor,
+  kBallot,
+  kAny,
+  kAll,
+  kSyncWarp,
+  kMma,
+  kLdmatrix
+};
 
 // A warp collective: the caller's lane deposits `in` and receives the lanes' combined result.
 // For shuffles `arg` is the lane/delta/mask operand; payload words are 32-bit.
@@ -148,8 +146,7 @@ void tensor_core_model(const WarpRequest& request, const uint32_t (*in)[16], uin
 // Ends the block with `message` (which names `where` and the calling thread).
 [[noreturn]] void fault(const std::string& what, Where where);
 // Faults unless [p, p + n) lies in the block's shared memory.
-void require_shared(const void* p, size_t n, const char* what,
-                    Where where);
+void require_shared(const void* p, size_t n, const char* what, Where where);
 void* dynamic_shared_base();
 
 }  // namespace detail
@@ -161,8 +158,9 @@ template <typename... Params, typename... Args>
 void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t dynamic_shared,
             cudaStream_t /*stream*/, const char* file, int line, Args&&... args) {
   std::tuple<std::decay_t<Params>...> values(std::forward<Args>(args)...);
-  detail::run_grid(reinterpret_cast<const void*>(kernel), [&] { std::apply(kernel, values); },
-                   grid, block, dynamic_shared, file, line);
+  detail::run_grid(
+      reinterpret_cast<const void*>(kernel), [&] { std::apply(kernel, values); }, grid, block,
+      dynamic_shared, file, line);
 }
 
 // The block's dynamic shared memory.
@@ -177,16 +175,14 @@ T* dynamic_shared() {
 void cp_async(void* dst, const void* src, int cp_size, int src_size,
               ::cuemu::Where where = ::cuemu::Where::here());
 void cp_async_commit();
-void cp_async_wait(int pending_groups,
-                   ::cuemu::Where where = ::cuemu::Where::here());
+void cp_async_wait(int pending_groups, ::cuemu::Where where = ::cuemu::Where::here());
 
 // Tensor-core instructions (kernels/common/ptx.cuh documents the fragment layouts): warp
 // collectives of all 32 lanes.
 void ldmatrix_x4(uint32_t (&r)[4], const void* smem_row, bool trans,
                  ::cuemu::Where where = ::cuemu::Where::here());
 void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],
-                  const float (&c)[4], bool bf16,
-                  ::cuemu::Where where = ::cuemu::Where::here());
+                  const float (&c)[4], bool bf16, ::cuemu::Where where = ::cuemu::Where::here());
 
 // Runtime API of the emulated device (the kernel sources' cudaX calls are redirected here).
 cudaError_t GetLastError();
@@ -244,18 +240,15 @@ cudaError_t OccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, F* kernel, in
 inline void __syncthreads(::cuemu::Where where = ::cuemu::Where::here()) {
   ::cuemu::detail::syncthreads(1, nullptr, where);
 }
-inline int __syncthreads_count(int predicate,
-                               ::cuemu::Where where = ::cuemu::Where::here()) {
+inline int __syncthreads_count(int predicate, ::cuemu::Where where = ::cuemu::Where::here()) {
   int count = 0;
   ::cuemu::detail::syncthreads(predicate, &count, where);
   return count;
 }
-inline int __syncthreads_or(int predicate,
-                            ::cuemu::Where where = ::cuemu::Where::here()) {
+inline int __syncthreads_or(int predicate, ::cuemu::Where where = ::cuemu::Where::here()) {
   return __syncthreads_count(predicate, where) > 0;
 }
-inline int __syncthreads_and(int predicate,
-                             ::cuemu::Where where = ::cuemu::Where::here()) {
+inline int __syncthreads_and(int predicate, ::cuemu::Where where = ::cuemu::Where::here()) {
   int count = 0;
   ::cuemu::detail::syncthreads(predicate, &count, where);
   return count == static_cast<int>(blockDim.x * blockDim.y * blockDim.z);
@@ -270,8 +263,7 @@ inline void __threadfence_system() {}
 namespace cuemu::detail {
 
 template <typename T>
-T shuffle(WarpOp op, unsigned mask, T value, int arg, int width,
-          Where where) {
+T shuffle(WarpOp op, unsigned mask, T value, int arg, int width, Where where) {
   static_assert(std::is_trivially_copyable_v<T> && sizeof(T) <= 8 && sizeof(T) % 2 == 0,
                 "shuffled values are 2, 4 or 8 bytes");
   constexpr int kWords = (sizeof(T) + 3) / 4;
@@ -296,8 +288,8 @@ inline unsigned vote(WarpOp op, unsigned mask, int predicate, Where where) {
 template <typename T>
 T __shfl_sync(unsigned mask, T value, int src_lane, int width = 32,
               ::cuemu::Where where = ::cuemu::Where::here()) {
-  return ::cuemu::detail::shuffle(::cuemu::detail::WarpOp::kShflIdx, mask, value, src_lane,
-                                  width, where);
+  return ::cuemu::detail::shuffle(::cuemu::detail::WarpOp::kShflIdx, mask, value, src_lane, width,
+                                  where);
 }
 template <typename T>
 T __shfl_up_sync(unsigned mask, T value, unsigned delta, int width = 32,
@@ -314,76 +306,66 @@ T __shfl_down_sync(unsigned mask, T value, unsigned delta, int width = 32,
 template <typename T>
 T __shfl_xor_sync(unsigned mask, T value, int lane_mask, int width = 32,
                   ::cuemu::Where where = ::cuemu::Where::here()) {
-  return ::cuemu::detail::shuffle(::cuemu::detail::WarpOp::kShflXor, mask, value, lane_mask,
-                                  width, where);
+  return ::cuemu::detail::shuffle(::cuemu::detail::WarpOp::kShflXor, mask, value, lane_mask, width,
+                                  where);
 }
 inline unsigned __ballot_sync(unsigned mask, int predicate,
                               ::cuemu::Where where = ::cuemu::Where::here()) {
   return ::cuemu::detail::vote(::cuemu::detail::WarpOp::kBallot, mask, predicate, where);
 }
-inline int __any_sync(unsigned mask, int predicate,
-                      ::cuemu::Where where = ::cuemu::Where::here()) {
+inline int __any_sync(unsigned mask, int predicate, ::cuemu::Where where = ::cuemu::Where::here()) {
   return static_cast<int>(
       ::cuemu::detail::vote(::cuemu::detail::WarpOp::kAny, mask, predicate, where));
 }
-inline int __all_sync(unsigned mask, int predicate,
-                      ::cuemu::Where where = ::cuemu::Where::here()) {
+inline int __all_sync(unsigned mask, int predicate, ::cuemu::Where where = ::cuemu::Where::here()) {
   return static_cast<int>(
       ::cuemu::detail::vote(::cuemu::detail::WarpOp::kAll, mask, predicate, where));
 }
-inline void __syncwarp(unsigned mask = 0xffffffffu,
-                       ::cuemu::Where where = ::cuemu::Where::here()) {
+inline void __syncwarp(unsigned mask = 0xffffffffu, ::cuemu::Where where = ::cuemu::Where::here()) {
   ::cuemu::detail::vote(::cuemu::detail::WarpOp::kSyncWarp, mask, 1, where);
 }
 
 // Atomics: fibers of the emulator never run at the same time, so a read-modify-write is atomic.
-template <typename T>
-T atomicAdd(T* address, T value) {
+namespace cuemu::detail {
+template <typename T, typename Op>
+T read_modify_write(T* address, Op op) {
   const T old = *address;
-  *address = old + value;
+  *address = op(old);
   return old;
 }
+}  // namespace cuemu::detail
+
 template <typename T>
-T atomicSub(T* address, T value) {
-  const T old = *address;
-  *address = old - value;
-  return old;
+T atomicAdd(T* a, T v) {
+  return ::cuemu::detail::read_modify_write(a, [v](T o) { return o + v; });
 }
 template <typename T>
-T atomicMax(T* address, T value) {
-  const T old = *address;
-  *address = old < value ? value : old;
-  return old;
+T atomicSub(T* a, T v) {
+  return ::cuemu::detail::read_modify_write(a, [v](T o) { return o - v; });
 }
 template <typename T>
-T atomicMin(T* address, T value) {
-  const T old = *address;
-  *address = value < old ? value : old;
-  return old;
+T atomicMax(T* a, T v) {
+  return ::cuemu::detail::read_modify_write(a, [v](T o) { return o < v ? v : o; });
 }
 template <typename T>
-T atomicExch(T* address, T value) {
-  const T old = *address;
-  *address = value;
-  return old;
+T atomicMin(T* a, T v) {
+  return ::cuemu::detail::read_modify_write(a, [v](T o) { return v < o ? v : o; });
 }
 template <typename T>
-T atomicCAS(T* address, T compare, T value) {
-  const T old = *address;
-  if (old == compare) *address = value;
-  return old;
+T atomicExch(T* a, T v) {
+  return ::cuemu::detail::read_modify_write(a, [v](T) { return v; });
 }
 template <typename T>
-T atomicAnd(T* address, T value) {
-  const T old = *address;
-  *address = old & value;
-  return old;
+T atomicCAS(T* a, T compare, T v) {
+  return ::cuemu::detail::read_modify_write(a, [=](T o) { return o == compare ? v : o; });
 }
 template <typename T>
-T atomicOr(T* address, T value) {
-  const T old = *address;
-  *address = old | value;
-  return old;
+T atomicAnd(T* a, T v) {
+  return ::cuemu::detail::read_modify_write(a, [v](T o) { return o & v; });
+}
+template <typename T>
+T atomicOr(T* a, T v) {
+  return ::cuemu::detail::read_modify_write(a, [v](T o) { return o | v; });
 }
 
 // Device math that has no host declaration.

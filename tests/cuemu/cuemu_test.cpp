@@ -140,6 +140,13 @@ TEST(Cuemu, AsyncCopiesLandByTheirWait) {
   EXPECT_TRUE(std::isnan(out[0]));
 }
 
+TEST(Cuemu, IllegalAsyncCopiesAreReported) {
+  alignas(16) float src[8] = {};
+  alignas(16) float dst[4] = {};
+  expect_fault([&] { cuemu_test::bad_async_copy(dst, src, 0); }, "not in shared memory");
+  expect_fault([&] { cuemu_test::bad_async_copy(dst, src, 1); }, "16-byte aligned");
+}
+
 TEST(Cuemu, SharedMemoryIsPoisonedAtEveryBlockStart) {
   std::vector<float> out(64, 0.0f);
   cuemu_test::read_unwritten_shared(out.data(), 64);
@@ -161,6 +168,11 @@ TEST(Cuemu, LaunchLimitsAreChecked) {
   expect_fault([] { cuemu_test::launch_with(128, 64 * 1024, 0); }, "exceed the kernel's limit");
   cuemu_test::launch_with(128, 64 * 1024, 64 * 1024);                      // allowed once raised
   EXPECT_THROW(cuemu_test::launch_with(128, 0, 400 * 1024), KernelFault);  // above the opt-in
+  // 200 KiB exceeds an A100's opt-in maximum (163 KiB) and fits an H100's (227 KiB).
+  EXPECT_THROW(cuemu_test::launch_with(128, 200 * 1024, 200 * 1024), KernelFault);
+  const cuemu::DeviceModel previous = cuemu::set_device(cuemu::h100());
+  cuemu_test::launch_with(128, 200 * 1024, 200 * 1024);
+  cuemu::set_device(previous);
 }
 
 // Tensor cores: ldmatrix + mma.m16n8k16 against a plain fp64 matmul of the rounded inputs.

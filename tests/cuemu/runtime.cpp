@@ -19,10 +19,10 @@
 #include <random>
 #include <set>
 #include <sstream>
-#include <unordered_map>
 #include <vector>
 
 #include "cuemu/cuemu.h"
+#include "cuemu/device_state.h"
 
 extern "C" {
 // Bounds of every __shared__ variable of the emulated kernels (see cuemu.h); weak, so a binary
@@ -180,10 +180,6 @@ struct Emulator {
   }
   std::set<const void*> launched;
   ScheduleConfig schedule;
-  DeviceModel device = a100();
-  Stats stats;
-  cudaError_t last_error = cudaSuccess;
-  std::unordered_map<const void*, int> max_dynamic_shared;  // per kernel, from FuncSetAttribute
   StackPool stacks;
   SharedArena arena;
   std::mt19937_64 rng;
@@ -247,10 +243,7 @@ void make_ready(Emulator& e, Thread& t) {
 }
 
 // Hands control from the running fiber back to the scheduler.
-void yield(Thread& t) {
-  ++emu().stats.fiber_switches;
-  t.scheduler = std::move(t.scheduler).resume();
-}
+void yield(Thread& t) { t.scheduler = std::move(t.scheduler).resume(); }
 
 // Records the first fault of the block and stops the calling fiber for good (the scheduler
 // unwinds it).
@@ -413,7 +406,6 @@ void run_block(Emulator& e, const std::function<void()>& body, int num_threads) 
         e.fault = out.str();
         break;
       }
-      ++e.stats.barriers;
       int count = 0;
       for (auto& t : e.threads) count += t->predicate != 0;
       std::vector<int> order;
@@ -456,7 +448,6 @@ void run_block(Emulator& e, const std::function<void()>& body, int num_threads) 
 }
 
 void complete_warp_op(Emulator& e, int warp, unsigned mask) {
-  ++e.stats.warp_ops;
   Thread* lanes[32] = {};
   for (int l = 0; l < 32; ++l) {
     if (mask >> l & 1u) lanes[l] = e.threads[warp * 32 + l].get();
@@ -613,11 +604,12 @@ void run_grid(const void* kernel, const std::function<void()>& body, dim3 grid, 
               size_t dynamic_shared, const char* file, int line) {
   const std::string where = where_string({file, line});
   Emulator& e = emu();
-  const DeviceModel& d = e.device;
+  DeviceState& device = device_state();
+  const DeviceModel& d = device.model;
   std::ostringstream problem;
   const uint64_t threads = uint64_t{block.x} * block.y * block.z;
-  const auto limit = e.max_dynamic_shared.find(kernel);
-  const size_t shared_limit = limit != e.max_dynamic_shared.end()
+  const auto limit = device.max_dynamic_shared.find(kernel);
+  const size_t shared_limit = limit != device.max_dynamic_shared.end()
                                   ? static_cast<size_t>(limit->second)
                                   : d.max_shared_per_block;
   if (threads == 0 || threads > static_cast<uint64_t>(d.max_threads_per_block) || block.x > 1024 ||
@@ -632,10 +624,9 @@ void run_grid(const void* kernel, const std::function<void()>& body, dim3 grid, 
             << shared_limit << " (cudaFuncAttributeMaxDynamicSharedMemorySize)";
   }
   if (!problem.str().empty()) {
-    e.last_error = cudaErrorInvalidConfiguration;
+    device.last_error = cudaErrorInvalidConfiguration;
     throw KernelFault("launch at " + where + " on " + d.name + ": " + problem.str());
   }
-  ++e.stats.launches;
   e.launched.insert(kernel);
   e.rng.seed(e.schedule.seed);
   grid_dim = grid;
@@ -652,11 +643,10 @@ void run_grid(const void* kernel, const std::function<void()>& body, dim3 grid, 
     block_idx.z = static_cast<unsigned>(b / (uint64_t{grid.x} * grid.y));
     if (static_bytes > 0) std::memset(__start_cuemu_shared, kPoisonByte, static_bytes);
     e.arena.prepare((dynamic_shared + 15) / 16 * 16);
-    ++e.stats.blocks;
     try {
       run_block(e, body, static_cast<int>(threads));
     } catch (const KernelFault& f) {
-      e.last_error = cudaErrorLaunchFailure;
+      device.last_error = cudaErrorLaunchFailure;
       throw KernelFault("kernel launched at " + where + ": " + f.what());
     }
   }
@@ -680,20 +670,6 @@ const char* schedule_name(Schedule schedule) {
   return "?";
 }
 
-DeviceModel a100() {
-  return {"A100 (sm_80)", 108, 48 * 1024, 163 * 1024, 164 * 1024, 1024, 1024, 2048, 32};
-}
-DeviceModel h100() {
-  return {"H100 (sm_90)", 132, 48 * 1024, 227 * 1024, 228 * 1024, 1024, 1024, 2048, 32};
-}
-
-DeviceModel set_device(const DeviceModel& device) {
-  return std::exchange(detail::emu().device, device);
-}
-
-Stats stats() { return detail::emu().stats; }
-void reset_stats() { detail::emu().stats = Stats{}; }
-
 void cp_async(void* dst, const void* src, int cp_size, int src_size, Where where) {
   using detail::emu;
   auto& t = *emu().running;
@@ -711,7 +687,6 @@ void cp_async(void* dst, const void* src, int cp_size, int src_size, Where where
   } else if (!detail::in_shared(dst, static_cast<size_t>(cp_size))) {
     fail("the destination is not in shared memory");
   }
-  ++emu().stats.async_copies;
   t.open_copies.push_back({dst, src, cp_size, src_size});
 }
 
@@ -731,74 +706,6 @@ void cp_async_wait(int pending_groups, Where where) {
     detail::land(t.groups.front());
     t.groups.pop_front();
   }
-}
-
-cudaError_t GetLastError() { return std::exchange(detail::emu().last_error, cudaSuccess); }
-cudaError_t PeekAtLastError() { return detail::emu().last_error; }
-
-const char* GetErrorString(cudaError_t error) {
-  switch (error) {
-    case cudaSuccess:
-      return "no error (emulated device)";
-    case cudaErrorInvalidConfiguration:
-      return "invalid launch configuration (emulated device)";
-    case cudaErrorLaunchFailure:
-      return "kernel fault (emulated device)";
-    case cudaErrorInvalidValue:
-      return "invalid value (emulated device)";
-    default:
-      return "error (emulated device)";
-  }
-}
-
-cudaError_t GetDevice(int* device) {
-  *device = 0;
-  return cudaSuccess;
-}
-
-cudaError_t DeviceGetAttribute(int* value, cudaDeviceAttr attr, int /*device*/) {
-  const DeviceModel& d = detail::emu().device;
-  switch (attr) {
-    case cudaDevAttrMultiProcessorCount:
-      *value = d.sm_count;
-      return cudaSuccess;
-    case cudaDevAttrMaxThreadsPerBlock:
-      *value = d.max_threads_per_block;
-      return cudaSuccess;
-    case cudaDevAttrMaxSharedMemoryPerBlockOptin:
-      *value = static_cast<int>(d.max_shared_per_block_optin);
-      return cudaSuccess;
-    case cudaDevAttrMaxSharedMemoryPerBlock:
-      *value = static_cast<int>(d.max_shared_per_block);
-      return cudaSuccess;
-    case cudaDevAttrWarpSize:
-      *value = 32;
-      return cudaSuccess;
-    default:
-      return detail::emu().last_error = cudaErrorInvalidValue;
-  }
-}
-
-cudaError_t FuncSetAttributeImpl(const void* kernel, cudaFuncAttribute attr, int value) {
-  auto& e = detail::emu();
-  if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 ||
-      static_cast<size_t>(value) > e.device.max_shared_per_block_optin) {
-    return e.last_error = cudaErrorInvalidValue;
-  }
-  e.max_dynamic_shared[kernel] = value;
-  return cudaSuccess;
-}
-
-cudaError_t OccupancyImpl(int* blocks, const void* /*kernel*/, int block_size, size_t shared) {
-  const DeviceModel& d = detail::emu().device;
-  if (block_size <= 0 || block_size > d.max_threads_per_block) {
-    return detail::emu().last_error = cudaErrorInvalidValue;
-  }
-  const int warps = (block_size + 31) / 32;
-  int n = std::min(d.max_blocks_per_sm, d.max_threads_per_sm / (warps * 32));
-  n = std::min<int>(n, static_cast<int>(d.shared_per_sm / (shared + d.reserved_shared_per_block)));
-  *blocks = n;  // registers are not modelled (ptxas budgets bound them, docs/kernels)
-  return cudaSuccess;
 }
 
 }  // namespace cuemu

@@ -80,6 +80,14 @@ __global__ void __launch_bounds__(64) async_copy_kernel(float* out, const float*
   if (!wait_before_read) strata::kernels::ptx::cp_async_wait<0>();
 }
 
+__global__ void __launch_bounds__(32) bad_async_copy_kernel(float* dst, const float* src,
+                                                             int mode) {
+  __shared__ __align__(16) float s[4];
+  strata::kernels::ptx::cp_async_16(mode == 0 ? dst : s, mode == 0 ? src : src + 1, true);
+  strata::kernels::ptx::cp_async_commit();
+  strata::kernels::ptx::cp_async_wait<0>();
+}
+
 __global__ void __launch_bounds__(64) unwritten_kernel(float* out, bool write) {
   __shared__ float s[64];
   if (write) s[threadIdx.x] = 1.0f;  // never: keeps the compiler from assuming s stays zero
@@ -153,6 +161,10 @@ void warp_semantics(uint32_t* out) {
 
 void async_copy_double(float* out, const float* in, int n, bool wait_before_read) {
   launch_kernel(async_copy_kernel, {1, 64, 0, nullptr}, out, in, n, wait_before_read);
+}
+
+void bad_async_copy(float* dst, const float* src, int mode) {
+  launch_kernel(bad_async_copy_kernel, {1, 32, 0, nullptr}, dst, src, mode);
 }
 
 void read_unwritten_shared(float* out, int n) {

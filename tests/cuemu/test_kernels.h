@@ -34,6 +34,10 @@ void warp_semantics(uint32_t* out);
 // wait_before_read = false reads shared memory before cp.async.wait_group (a bug).
 void async_copy_double(float* out, const float* in, int n, bool wait_before_read);
 
+// A cp.async the PTX ISA forbids: mode 0 copies into global memory `dst`, mode 1 from a source
+// 4 bytes off 16-byte alignment.
+void bad_async_copy(float* dst, const float* src, int mode);
+
 // out[i] = the static __shared__ value thread i reads without anyone writing it.
 void read_unwritten_shared(float* out, int n);
 

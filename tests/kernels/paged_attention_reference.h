@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace strata::kernels::testing {
@@ -41,8 +42,7 @@ constexpr int32_t kPoisonBlockId = 1 << 30;
 // sequence's length (and `extra_columns` spare columns) hold kPoisonBlockId.
 inline PagedBatch make_paged_batch(const std::vector<SeqShape>& seqs, int64_t num_heads,
                                    int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
-                                   at::ScalarType dtype, uint64_t seed,
-                                   int64_t extra_columns = 2) {
+                                   at::ScalarType dtype, uint64_t seed, int64_t extra_columns = 2) {
   at::manual_seed(seed);
   PagedBatch b;
   b.block_size = block_size;
@@ -113,8 +113,8 @@ inline at::Tensor reference_paged_attention(const PagedBatch& b) {
     if (q_len == 0) continue;
     const at::Tensor k = gather_sequence(b, s, 0).repeat_interleave(group, 1);  // [ctx, H, D]
     const at::Tensor v = gather_sequence(b, s, 1).repeat_interleave(group, 1);
-    const at::Tensor qs = qf.narrow(0, begin, q_len);                            // [L, H, D]
-    at::Tensor scores = at::einsum("lhd,chd->hlc", {qs, k}) * b.scale;           // [H, L, ctx]
+    const at::Tensor qs = qf.narrow(0, begin, q_len);                   // [L, H, D]
+    at::Tensor scores = at::einsum("lhd,chd->hlc", {qs, k}) * b.scale;  // [H, L, ctx]
     const auto lopts = at::TensorOptions().dtype(at::kLong);
     const at::Tensor query_pos = at::arange(ctx - q_len, ctx, lopts).unsqueeze(1);
     const at::Tensor key_pos = at::arange(ctx, lopts).unsqueeze(0);
@@ -142,11 +142,48 @@ inline at::Tensor reference_reshape_and_cache(const at::Tensor& kv_cache, const 
   return out;
 }
 
+// Inputs of one reshape_and_cache case (the grid of tests/kernels/reshape_and_cache_test.cpp and
+// its emulator twin): a random pool of kReshapeBlocks blocks, kReshapeTokens tokens of
+// kReshapeKvHeads heads at distinct random slots with every 7th token skipped (slot -1), and K/V
+// contiguous or, when `strided`, views of a fused [T, H + 2 Hkv, D] output with H = 2 Hkv.
+constexpr int64_t kReshapeKvHeads = 4;
+constexpr int64_t kReshapeBlocks = 20;
+constexpr int64_t kReshapeTokens = 50;
+
+struct ReshapeAndCacheCase {
+  at::Tensor kv_cache;
+  at::Tensor key;
+  at::Tensor value;
+  at::Tensor slots;
+};
+
+inline ReshapeAndCacheCase make_reshape_and_cache_case(at::ScalarType dtype, int64_t head_dim,
+                                                       int64_t block_size, bool strided) {
+  at::manual_seed(head_dim + block_size);
+  const auto opts = at::TensorOptions().dtype(dtype);
+  ReshapeAndCacheCase c;
+  c.kv_cache = at::randn({kReshapeBlocks, 2, kReshapeKvHeads, block_size, head_dim}, opts);
+  c.slots = at::randperm(kReshapeBlocks * block_size, at::TensorOptions().dtype(at::kLong))
+                .narrow(0, 0, kReshapeTokens)
+                .clone();
+  c.slots.index_fill_(0, at::arange(0, kReshapeTokens, 7, at::TensorOptions().dtype(at::kLong)),
+                      -1);
+  if (strided) {
+    const at::Tensor fused = at::randn({kReshapeTokens, 4 * kReshapeKvHeads, head_dim}, opts);
+    c.key = fused.narrow(1, 2 * kReshapeKvHeads, kReshapeKvHeads);
+    c.value = fused.narrow(1, 3 * kReshapeKvHeads, kReshapeKvHeads);
+  } else {
+    c.key = at::randn({kReshapeTokens, kReshapeKvHeads, head_dim}, opts);
+    c.value = at::randn({kReshapeTokens, kReshapeKvHeads, head_dim}, opts);
+  }
+  return c;
+}
+
 // The batch shapes of the test grids, by name, for a given block size.
 inline std::vector<SeqShape> batch_shapes(const std::string& kind, int64_t bs) {
   if (kind == "decode") {
-    return {{1, 1}, {1, bs - 1}, {1, bs}, {1, bs + 1}, {1, 37}, {1, 2000}, {1, 130},
-            {1, 3 * bs + 5}};
+    return {{1, 1},  {1, bs - 1}, {1, bs},  {1, bs + 1},
+            {1, 37}, {1, 2000},   {1, 130}, {1, 3 * bs + 5}};
   }
   if (kind == "verify") {  // a few tokens per sequence, as speculative decoding verifies
     return {{2, bs + 1}, {1, 2000}, {2, 2}, {2, 50}, {1, 1}};
@@ -159,6 +196,15 @@ inline std::vector<SeqShape> batch_shapes(const std::string& kind, int64_t bs) {
   }
   // mixed: decode, an idle sequence, a prefill and chunks in one launch
   return {{1, 2000}, {0, 5}, {200, 200}, {1, 1}, {9, 40}, {1, bs}, {33, 1000}};
+}
+
+// A paged attention grid case (dtype, head_dim, block_size, GQA group, batch kind) and its test
+// name, shared by the GPU test and its emulator twin.
+using PagedAttentionCase = std::tuple<at::ScalarType, int64_t, int64_t, int64_t, std::string>;
+inline std::string paged_attention_case_name(const PagedAttentionCase& c) {
+  return std::string(c10::toString(std::get<0>(c))) + "_d" + std::to_string(std::get<1>(c)) + "_b" +
+         std::to_string(std::get<2>(c)) + "_g" + std::to_string(std::get<3>(c)) + "_" +
+         std::get<4>(c);
 }
 
 }  // namespace strata::kernels::testing

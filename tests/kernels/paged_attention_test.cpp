@@ -42,33 +42,25 @@ void expect_matches_reference(const PagedBatch& b, const at::Tensor& ours) {
       << "max diff " << testing::max_abs_diff(ours, ref);
 }
 
-class PagedAttentionTest
-    : public ::testing::TestWithParam<
-          std::tuple<at::ScalarType, int64_t, int64_t, int64_t, std::string>> {};
+class PagedAttentionTest : public ::testing::TestWithParam<testing::PagedAttentionCase> {};
 
 TEST_P(PagedAttentionTest, MatchesReference) {
   STRATA_SKIP_WITHOUT_CUDA();
   const auto [dtype, head_dim, block_size, group, kind] = GetParam();
   const PagedBatch b =
-      make_paged_batch(batch_shapes(kind, block_size), kNumKvHeads * group, kNumKvHeads,
-                       head_dim, block_size, dtype, head_dim * 1000 + block_size * 10 + group);
+      make_paged_batch(batch_shapes(kind, block_size), kNumKvHeads * group, kNumKvHeads, head_dim,
+                       block_size, dtype, head_dim * 1000 + block_size * 10 + group);
   expect_matches_reference(b, run_cuda(b, b.q.to(at::kCUDA)));
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Grid, PagedAttentionTest,
     ::testing::Combine(::testing::Values(at::kBFloat16, at::kHalf),
-                       ::testing::Values<int64_t>(64, 128),
-                       ::testing::Values<int64_t>(8, 16, 32),
+                       ::testing::Values<int64_t>(64, 128), ::testing::Values<int64_t>(8, 16, 32),
                        ::testing::Values<int64_t>(1, 4, 8),
                        ::testing::Values<std::string>("decode", "verify", "chunked", "prefill",
                                                       "mixed")),
-    [](const auto& info) {
-      return testing::dtype_label(std::get<0>(info.param)) + "_d" +
-             std::to_string(std::get<1>(info.param)) + "_b" +
-             std::to_string(std::get<2>(info.param)) + "_g" +
-             std::to_string(std::get<3>(info.param)) + "_" + std::get<4>(info.param);
-    });
+    [](const auto& info) { return testing::paged_attention_case_name(info.param); });
 
 // Long contexts in small batches: many split-K partitions, including prefill tiles whose rows
 // end in different partitions, and a GQA ratio (7) that does not divide the row tile.
@@ -79,8 +71,8 @@ TEST(PagedAttentionLong, SplitContexts) {
   for (at::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
     for (int64_t group : {1, 4, 7}) {
       for (size_t i = 0; i < batches.size(); ++i) {
-        SCOPED_TRACE(testing::dtype_label(dtype) + " group " + std::to_string(group) +
-                     " batch " + std::to_string(i));
+        SCOPED_TRACE(testing::dtype_label(dtype) + " group " + std::to_string(group) + " batch " +
+                     std::to_string(i));
         const PagedBatch b = make_paged_batch(batches[i], 2 * group, 2, 128, 16, dtype, 7 + i);
         expect_matches_reference(b, run_cuda(b, b.q.to(at::kCUDA)));
       }
@@ -102,8 +94,7 @@ TEST(PagedAttentionLong, LargeDecodeBatch) {
 // q as the query part of a fused [num_tokens, H + 2 Hkv, D] projection output (strided rows).
 TEST(PagedAttentionLayout, StridedQueryView) {
   STRATA_SKIP_WITHOUT_CUDA();
-  const PagedBatch b =
-      make_paged_batch(batch_shapes("mixed", 16), 8, 2, 64, 16, at::kBFloat16, 5);
+  const PagedBatch b = make_paged_batch(batch_shapes("mixed", 16), 8, 2, 64, 16, at::kBFloat16, 5);
   at::Tensor fused = at::zeros({b.q.size(0), 8 + 2 * 2, 64},
                                at::TensorOptions().dtype(at::kBFloat16).device(at::kCUDA));
   fused.narrow(1, 0, 8).copy_(b.q);
@@ -130,9 +121,9 @@ TEST(PagedAttentionErrors, RejectsUnsupportedInputs) {
                                lens.narrow(0, 0, 1), cu.narrow(0, 0, 2), 1, b.scale),
                c10::Error);
   // The last dimension must be contiguous.
-  EXPECT_THROW(paged_attention(q.transpose(1, 2).contiguous().transpose(1, 2), kv, bt, lens, cu,
-                               1, b.scale),
-               c10::Error);
+  EXPECT_THROW(
+      paged_attention(q.transpose(1, 2).contiguous().transpose(1, 2), kv, bt, lens, cu, 1, b.scale),
+      c10::Error);
 }
 
 }  // namespace

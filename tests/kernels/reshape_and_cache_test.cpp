@@ -14,9 +14,8 @@
 namespace strata::kernels {
 namespace {
 
-constexpr int64_t kNumKvHeads = 4;
-constexpr int64_t kNumBlocks = 20;
-constexpr int64_t kNumTokens = 50;
+using testing::kReshapeKvHeads;
+using testing::kReshapeTokens;
 
 class ReshapeAndCacheTest
     : public ::testing::TestWithParam<std::tuple<at::ScalarType, int64_t, int64_t, bool>> {};
@@ -24,53 +23,38 @@ class ReshapeAndCacheTest
 TEST_P(ReshapeAndCacheTest, MatchesReference) {
   STRATA_SKIP_WITHOUT_CUDA();
   const auto [dtype, head_dim, block_size, strided] = GetParam();
-  at::manual_seed(head_dim + block_size);
+  const auto [kv_cache, key, value, slots] =
+      testing::make_reshape_and_cache_case(dtype, head_dim, block_size, strided);
   const auto opts = at::TensorOptions().dtype(dtype);
-  at::Tensor kv_cache = at::randn({kNumBlocks, 2, kNumKvHeads, block_size, head_dim}, opts);
-  // Distinct slots in random blocks and offsets; every 7th token is padding (slot -1).
-  at::Tensor slots = at::randperm(kNumBlocks * block_size, at::TensorOptions().dtype(at::kLong))
-                         .narrow(0, 0, kNumTokens)
-                         .clone();
-  slots.index_fill_(0, at::arange(0, kNumTokens, 7, at::TensorOptions().dtype(at::kLong)), -1);
-  at::Tensor key, value;
-  if (strided) {  // [T, H + 2 Hkv, D] fused output with H = 2 Hkv; K and V are strided views
-    at::Tensor fused = at::randn({kNumTokens, 4 * kNumKvHeads, head_dim}, opts);
-    key = fused.narrow(1, 2 * kNumKvHeads, kNumKvHeads);
-    value = fused.narrow(1, 3 * kNumKvHeads, kNumKvHeads);
-  } else {
-    key = at::randn({kNumTokens, kNumKvHeads, head_dim}, opts);
-    value = at::randn({kNumTokens, kNumKvHeads, head_dim}, opts);
-  }
-  const at::Tensor expected =
-      testing::reference_reshape_and_cache(kv_cache, key, value, slots);
+  const at::Tensor expected = testing::reference_reshape_and_cache(kv_cache, key, value, slots);
 
   at::Tensor kv_gpu = kv_cache.to(at::kCUDA);
   reshape_and_cache(kv_gpu, key.to(at::kCUDA), value.to(at::kCUDA), slots.to(at::kCUDA));
   EXPECT_TRUE(at::equal(kv_gpu.cpu(), expected));
 
   if (strided) {  // the same write from views that keep the fused strides on the device
-    at::Tensor fused = at::zeros({kNumTokens, 4 * kNumKvHeads, head_dim},
-                                 opts.device(at::kCUDA));
-    fused.narrow(1, 2 * kNumKvHeads, kNumKvHeads).copy_(key);
-    fused.narrow(1, 3 * kNumKvHeads, kNumKvHeads).copy_(value);
+    at::Tensor fused =
+        at::zeros({kReshapeTokens, 4 * kReshapeKvHeads, head_dim}, opts.device(at::kCUDA));
+    fused.narrow(1, 2 * kReshapeKvHeads, kReshapeKvHeads).copy_(key);
+    fused.narrow(1, 3 * kReshapeKvHeads, kReshapeKvHeads).copy_(value);
     at::Tensor kv2 = kv_cache.to(at::kCUDA);
-    reshape_and_cache(kv2, fused.narrow(1, 2 * kNumKvHeads, kNumKvHeads),
-                      fused.narrow(1, 3 * kNumKvHeads, kNumKvHeads), slots.to(at::kCUDA));
+    reshape_and_cache(kv2, fused.narrow(1, 2 * kReshapeKvHeads, kReshapeKvHeads),
+                      fused.narrow(1, 3 * kReshapeKvHeads, kReshapeKvHeads), slots.to(at::kCUDA));
     EXPECT_TRUE(at::equal(kv2.cpu(), expected));
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Grid, ReshapeAndCacheTest,
-    ::testing::Combine(::testing::Values(at::kFloat, at::kHalf, at::kBFloat16),
-                       ::testing::Values<int64_t>(64, 100, 128),
-                       ::testing::Values<int64_t>(8, 16, 32), ::testing::Bool()),
-    [](const auto& info) {
-      return testing::dtype_label(std::get<0>(info.param)) + "_d" +
-             std::to_string(std::get<1>(info.param)) + "_b" +
-             std::to_string(std::get<2>(info.param)) +
-             (std::get<3>(info.param) ? "_strided" : "_contiguous");
-    });
+INSTANTIATE_TEST_SUITE_P(Grid, ReshapeAndCacheTest,
+                         ::testing::Combine(::testing::Values(at::kFloat, at::kHalf, at::kBFloat16),
+                                            ::testing::Values<int64_t>(64, 100, 128),
+                                            ::testing::Values<int64_t>(8, 16, 32),
+                                            ::testing::Bool()),
+                         [](const auto& info) {
+                           return testing::dtype_label(std::get<0>(info.param)) + "_d" +
+                                  std::to_string(std::get<1>(info.param)) + "_b" +
+                                  std::to_string(std::get<2>(info.param)) +
+                                  (std::get<3>(info.param) ? "_strided" : "_contiguous");
+                         });
 
 // Write every token of a batch through reshape_and_cache into an empty (NaN) pool, then
 // paged_attention over it must match the reference on the batch built directly.

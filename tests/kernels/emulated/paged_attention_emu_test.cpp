@@ -47,9 +47,7 @@ void expect_matches_reference(const PagedBatch& b, const at::Tensor& q) {
                                            tol.atol);
 }
 
-class PagedAttentionEmuTest
-    : public ::testing::TestWithParam<
-          std::tuple<at::ScalarType, int64_t, int64_t, int64_t, std::string>> {};
+class PagedAttentionEmuTest : public ::testing::TestWithParam<testing::PagedAttentionCase> {};
 
 TEST_P(PagedAttentionEmuTest, MatchesReference) {
   const auto [dtype, head_dim, block_size, group, kind] = GetParam();
@@ -67,12 +65,7 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Values<int64_t>(1, 4),
                        ::testing::Values<std::string>("decode", "verify", "chunked", "prefill",
                                                       "mixed")),
-    [](const auto& info) {
-      return testing::dtype_label(std::get<0>(info.param)) + "_d" +
-             std::to_string(std::get<1>(info.param)) + "_b" +
-             std::to_string(std::get<2>(info.param)) + "_g" +
-             std::to_string(std::get<3>(info.param)) + "_" + std::get<4>(info.param);
-    });
+    [](const auto& info) { return testing::paged_attention_case_name(info.param); });
 
 // A GQA ratio (7) that does not divide the row tile, prefill rows ending in different split-K
 // partitions.

@@ -14,31 +14,13 @@
 namespace strata::kernels {
 namespace {
 
-constexpr int64_t kNumKvHeads = 4;
-constexpr int64_t kNumBlocks = 20;
-constexpr int64_t kNumTokens = 50;
-
 class ReshapeAndCacheEmuTest
     : public ::testing::TestWithParam<std::tuple<at::ScalarType, int64_t, int64_t, bool>> {};
 
 TEST_P(ReshapeAndCacheEmuTest, MatchesReference) {
   const auto [dtype, head_dim, block_size, strided] = GetParam();
-  at::manual_seed(head_dim + block_size);
-  const auto opts = at::TensorOptions().dtype(dtype);
-  const at::Tensor kv_cache = at::randn({kNumBlocks, 2, kNumKvHeads, block_size, head_dim}, opts);
-  at::Tensor slots = at::randperm(kNumBlocks * block_size, at::TensorOptions().dtype(at::kLong))
-                         .narrow(0, 0, kNumTokens)
-                         .clone();
-  slots.index_fill_(0, at::arange(0, kNumTokens, 7, at::TensorOptions().dtype(at::kLong)), -1);
-  at::Tensor key, value;
-  if (strided) {  // [T, H + 2 Hkv, D] fused output with H = 2 Hkv; K and V are strided views
-    const at::Tensor fused = at::randn({kNumTokens, 4 * kNumKvHeads, head_dim}, opts);
-    key = fused.narrow(1, 2 * kNumKvHeads, kNumKvHeads);
-    value = fused.narrow(1, 3 * kNumKvHeads, kNumKvHeads);
-  } else {
-    key = at::randn({kNumTokens, kNumKvHeads, head_dim}, opts);
-    value = at::randn({kNumTokens, kNumKvHeads, head_dim}, opts);
-  }
+  const auto [kv_cache, key, value, slots] =
+      testing::make_reshape_and_cache_case(dtype, head_dim, block_size, strided);
   const at::Tensor expected = testing::reference_reshape_and_cache(kv_cache, key, value, slots);
   testing::expect_schedule_invariant_match(
       [&] {
