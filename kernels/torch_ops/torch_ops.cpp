@@ -1,38 +1,48 @@
 #include "strata/kernels/torch_ops.h"
 
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/arange.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
-#include <ATen/ops/scaled_dot_product_attention.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
-#include <optional>
-
 #include "launch_params.h"
+#include "self_check.h"
+#include "strata/kernels/aten_ops.h"
 #include "strata/kernels/ops.h"
 
 namespace strata::kernels {
 namespace {
 
-void check_input(const at::Tensor& t, const char* name, const at::Tensor& like) {
-  TORCH_CHECK(t.is_cuda(), name, " must be a CUDA tensor");
-  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
+// `t` has `like`'s dtype and device.
+void check_like(const at::Tensor& t, const char* name, const at::Tensor& like) {
   TORCH_CHECK(t.scalar_type() == like.scalar_type(), name, " has dtype ", t.scalar_type(),
               ", expected ", like.scalar_type());
   TORCH_CHECK(t.device() == like.device(), name, " is on ", t.device(), ", expected ",
               like.device());
 }
 
+void check_contiguous(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
+}
+
+// Strata's kernel serves CUDA tensors unless the caller asks for libtorch.
+bool use_strata(const at::Tensor& t, KernelBackend backend) {
+  TORCH_CHECK(t.is_cpu() || t.is_cuda(), "supported devices are CPU and CUDA, got ", t.device());
+  return t.is_cuda() && backend == KernelBackend::kStrata;
+}
+
 }  // namespace
 
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  check_input(x, "x", x);
-  check_input(weight, "weight", x);
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps,
+                    KernelBackend backend) {
+  check_like(weight, "weight", x);
   TORCH_CHECK(x.dim() == 2, "x must be [num_rows, hidden], got ", x.sizes());
   TORCH_CHECK(weight.dim() == 1 && weight.size(0) == x.size(1), "weight must be [", x.size(1),
               "], got ", weight.sizes());
+  if (!use_strata(x, backend)) return aten::rms_norm(x, weight, eps);
+  check_contiguous(x, "x");
+  check_contiguous(weight, "weight");
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor out = at::empty_like(x);
   launch_rms_norm(out.data_ptr(), x.data_ptr(), weight.data_ptr(), x.size(0), x.size(1),
@@ -41,23 +51,26 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return out;
 }
 
-at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  check_input(x, "x", x);
-  check_input(cos, "cos", x);
-  check_input(sin, "sin", x);
+at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                        KernelBackend backend) {
+  check_like(cos, "cos", x);
+  check_like(sin, "sin", x);
   TORCH_CHECK(x.dim() == 3 && x.size(2) % 2 == 0,
               "x must be [num_tokens, num_heads, even head_dim], got ", x.sizes());
   TORCH_CHECK(cos.dim() == 2 && cos.size(0) == x.size(0) && cos.size(1) == x.size(2),
               "cos must be [", x.size(0), ", ", x.size(2), "], got ", cos.sizes());
   TORCH_CHECK(sin.sizes() == cos.sizes(), "sin must match cos, got ", sin.sizes());
+  if (!use_strata(x, backend)) return aten::apply_rotary(x, cos, sin);
+  check_contiguous(x, "x");
+  check_contiguous(cos, "cos");
+  check_contiguous(sin, "sin");
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor out = at::empty_like(x);
-  launch_rotary(out.data_ptr(), x.data_ptr(), cos.data_ptr(), sin.data_ptr(), x.size(0),
-                x.size(1), x.size(2), scalar_kind(x),
+  launch_rotary(out.data_ptr(), x.data_ptr(), cos.data_ptr(), sin.data_ptr(), x.size(0), x.size(1),
+                x.size(2), scalar_kind(x),
                 c10::cuda::getCurrentCUDAStream(x.get_device()).stream());
   return out;
 }
-
 
 // ---- Paged attention and the KV-cache write ---------------------------------------------------
 namespace {
@@ -92,10 +105,12 @@ void check_paged_attention_args(const at::Tensor& q, const at::Tensor& kv_cache,
               kv_cache.sizes());
   TORCH_CHECK(kv_cache.size(4) == q.size(2), "kv_cache head_dim ", kv_cache.size(4),
               " does not match q head_dim ", q.size(2));
-  TORCH_CHECK(kv_cache.size(2) > 0 && q.size(1) % kv_cache.size(2) == 0, "num_heads ",
-              q.size(1), " must be a multiple of num_kv_heads ", kv_cache.size(2));
-  TORCH_CHECK(is_power_of_two(kv_cache.size(3)), "block_size (kv_cache dim 3) must be a power "
-              "of two, got ", kv_cache.size(3));
+  TORCH_CHECK(kv_cache.size(2) > 0 && q.size(1) % kv_cache.size(2) == 0, "num_heads ", q.size(1),
+              " must be a multiple of num_kv_heads ", kv_cache.size(2));
+  TORCH_CHECK(is_power_of_two(kv_cache.size(3)),
+              "block_size (kv_cache dim 3) must be a power "
+              "of two, got ",
+              kv_cache.size(3));
   TORCH_CHECK(kv_cache.scalar_type() == q.scalar_type(), "kv_cache has dtype ",
               kv_cache.scalar_type(), ", expected q's dtype ", q.scalar_type());
   TORCH_CHECK(kv_cache.device() == q.device(), "kv_cache is on ", kv_cache.device(),
@@ -110,7 +125,8 @@ void check_paged_attention_args(const at::Tensor& q, const at::Tensor& kv_cache,
               block_tables.sizes());
   TORCH_CHECK(cu_q_lens.dim() == 1 && cu_q_lens.size(0) == num_seqs + 1,
               "cu_q_lens must be [num_seqs + 1 = ", num_seqs + 1, "], got ", cu_q_lens.sizes());
-  TORCH_CHECK(num_seqs > 0 || q.size(0) == 0, "q has ", q.size(0), " tokens but there are no "
+  TORCH_CHECK(num_seqs > 0 || q.size(0) == 0, "q has ", q.size(0),
+              " tokens but there are no "
               "sequences");
   TORCH_CHECK(max_q_len >= 1 || q.size(0) == 0, "max_q_len must be >= 1, got ", max_q_len);
 }
@@ -144,49 +160,6 @@ void check_paged_attention_values(const at::Tensor& q, const at::Tensor& kv_cach
   }
 }
 
-// ATen path (CPU, and float32 on CUDA): gather each sequence's K/V from its blocks, then SDPA
-// per sequence. seq_lens and cu_q_lens must be host tensors.
-void paged_attention_aten(at::Tensor& out, const at::Tensor& q, const at::Tensor& kv_cache,
-                         const at::Tensor& block_tables, const at::Tensor& seq_lens,
-                         const at::Tensor& cu_q_lens, double scale) {
-  const int64_t num_kv_heads = kv_cache.size(2);
-  const int64_t block_size = kv_cache.size(3);
-  const int64_t head_dim = kv_cache.size(4);
-  const bool gqa = q.size(1) != num_kv_heads;
-  const auto cu = cu_q_lens.accessor<int32_t, 1>();
-  const auto lens = seq_lens.accessor<int32_t, 1>();
-  for (int64_t s = 0; s < seq_lens.size(0); ++s) {
-    const int64_t q_begin = cu[s];
-    const int64_t q_len = cu[s + 1] - q_begin;
-    const int64_t ctx = lens[s];
-    if (q_len == 0) continue;
-    const int64_t num_blocks = (ctx + block_size - 1) / block_size;
-    // One gather of the sequence's blocks, straight into [2, Hkv, blocks, bs, D] (contiguous, so
-    // the reshape to [2, Hkv, blocks * bs, D] is a view); K, V: [1, Hkv, ctx, D].
-    const at::Tensor gathered =
-        kv_cache.permute({1, 2, 0, 3, 4})
-            .index_select(2, block_tables.select(0, s).narrow(0, 0, num_blocks))
-            .reshape({2, num_kv_heads, num_blocks * block_size, head_dim})
-            .narrow(2, 0, ctx);
-    const at::Tensor k = gathered.select(0, 0).unsqueeze(0);
-    const at::Tensor v = gathered.select(0, 1).unsqueeze(0);
-    const at::Tensor qs = q.narrow(0, q_begin, q_len).transpose(0, 1).unsqueeze(0);  // [1,H,L,D]
-    at::Tensor o;
-    if (q_len == 1) {  // the newest position sees every key
-      o = at::scaled_dot_product_attention(qs, k, v, {}, 0.0, false, scale, gqa);
-    } else if (q_len == ctx) {
-      o = at::scaled_dot_product_attention(qs, k, v, {}, 0.0, /*is_causal=*/true, scale, gqa);
-    } else {  // query i (position ctx - q_len + i) sees keys 0 .. ctx - q_len + i
-      const auto opts = at::TensorOptions().dtype(at::kLong);
-      const at::Tensor query_pos = at::arange(ctx - q_len, ctx, opts).unsqueeze(1);
-      const at::Tensor key_pos = at::arange(0, ctx, opts).unsqueeze(0);
-      const at::Tensor mask = key_pos.le(query_pos);  // [q_len, ctx], true = attend
-      o = at::scaled_dot_product_attention(qs, k, v, mask, 0.0, false, scale, gqa);
-    }
-    out.narrow(0, q_begin, q_len).copy_(o.squeeze(0).transpose(0, 1));
-  }
-}
-
 void paged_attention_cuda(at::Tensor& out, const at::Tensor& q, const at::Tensor& kv_cache,
                           const at::Tensor& block_tables, const at::Tensor& seq_lens,
                           const at::Tensor& cu_q_lens, int64_t max_q_len, double scale) {
@@ -205,8 +178,7 @@ void paged_attention_cuda(at::Tensor& out, const at::Tensor& q, const at::Tensor
   at::Tensor workspace;
   const size_t workspace_bytes = paged_attention_workspace_bytes(params);
   if (workspace_bytes > 0) {
-    workspace = at::empty({static_cast<int64_t>(workspace_bytes)},
-                          q.options().dtype(at::kByte));
+    workspace = at::empty({static_cast<int64_t>(workspace_bytes)}, q.options().dtype(at::kByte));
     params.workspace = workspace.data_ptr();
     params.workspace_bytes = workspace_bytes;
   }
@@ -219,35 +191,34 @@ void paged_attention_cuda(at::Tensor& out, const at::Tensor& q, const at::Tensor
 
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& kv_cache,
                            const at::Tensor& block_tables, const at::Tensor& seq_lens,
-                           const at::Tensor& cu_q_lens, int64_t max_q_len, double scale) {
+                           const at::Tensor& cu_q_lens, int64_t max_q_len, double scale,
+                           KernelBackend backend) {
   check_paged_attention_args(q, kv_cache, block_tables, seq_lens, cu_q_lens, max_q_len);
   at::Tensor out = at::empty(q.sizes(), q.options().memory_format(at::MemoryFormat::Contiguous));
   if (q.size(0) == 0) return out;
-  if (q.is_cuda() && q.scalar_type() == at::kFloat) {
-    // float32 on CUDA is a reference dtype, not a serving one: the kernel covers fp16/bf16 and
-    // this runs the ATen path (reading the lengths on the host costs a sync).
-    paged_attention_aten(out, q, kv_cache, block_tables, seq_lens.cpu(), cu_q_lens.cpu(), scale);
-  } else if (q.is_cuda()) {
-    paged_attention_cuda(out, q, kv_cache, block_tables, seq_lens, cu_q_lens, max_q_len, scale);
-  } else {
-    TORCH_CHECK(q.is_cpu(), "paged_attention supports CPU and CUDA tensors, got ", q.device());
+  if (q.is_cpu()) {
     TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kHalf ||
                     q.scalar_type() == at::kBFloat16,
                 "paged_attention on CPU supports float32, float16 and bfloat16, got ",
                 q.scalar_type());
     check_paged_attention_values(q, kv_cache, block_tables, seq_lens, cu_q_lens, max_q_len);
-    paged_attention_aten(out, q, kv_cache, block_tables, seq_lens, cu_q_lens, scale);
+    aten::paged_attention(out, q, kv_cache, block_tables, seq_lens, cu_q_lens, scale);
+  } else if (use_strata(q, backend) && q.scalar_type() != at::kFloat) {
+    paged_attention_cuda(out, q, kv_cache, block_tables, seq_lens, cu_q_lens, max_q_len, scale);
+  } else {
+    // libtorch on CUDA: asked for, or float32 (a reference dtype the kernel does not cover).
+    // Reading the lengths on the host costs a sync.
+    aten::paged_attention(out, q, kv_cache, block_tables, seq_lens.cpu(), cu_q_lens.cpu(), scale);
   }
   return out;
 }
 
 void reshape_and_cache(at::Tensor& kv_cache, const at::Tensor& key, const at::Tensor& value,
-                       const at::Tensor& slot_mapping) {
+                       const at::Tensor& slot_mapping, KernelBackend backend) {
   TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(1) == 2,
               "kv_cache must be [num_blocks, 2, num_kv_heads, block_size, head_dim], got ",
               kv_cache.sizes());
   const int64_t num_kv_heads = kv_cache.size(2);
-  const int64_t block_size = kv_cache.size(3);
   const int64_t head_dim = kv_cache.size(4);
   TORCH_CHECK(key.dim() == 3 && key.size(1) == num_kv_heads && key.size(2) == head_dim,
               "key must be [num_tokens, num_kv_heads = ", num_kv_heads, ", head_dim = ", head_dim,
@@ -255,8 +226,7 @@ void reshape_and_cache(at::Tensor& kv_cache, const at::Tensor& key, const at::Te
   TORCH_CHECK(value.sizes() == key.sizes(), "value must match key ", key.sizes(), ", got ",
               value.sizes());
   TORCH_CHECK(slot_mapping.dim() == 1 && slot_mapping.size(0) == key.size(0),
-              "slot_mapping must be [num_tokens = ", key.size(0), "], got ",
-              slot_mapping.sizes());
+              "slot_mapping must be [num_tokens = ", key.size(0), "], got ", slot_mapping.sizes());
   TORCH_CHECK(slot_mapping.scalar_type() == at::kLong, "slot_mapping must be int64, got ",
               slot_mapping.scalar_type());
   for (const auto& [t, name] : {std::pair{&key, "key"}, std::pair{&value, "value"},
@@ -264,42 +234,45 @@ void reshape_and_cache(at::Tensor& kv_cache, const at::Tensor& key, const at::Te
     TORCH_CHECK(t->device() == kv_cache.device(), name, " is on ", t->device(),
                 ", expected kv_cache's device ", kv_cache.device());
   }
-  TORCH_CHECK(key.scalar_type() == kv_cache.scalar_type() &&
-                  value.scalar_type() == kv_cache.scalar_type(),
-              "key/value have dtype ", key.scalar_type(), "/", value.scalar_type(),
-              ", expected kv_cache's dtype ", kv_cache.scalar_type());
+  TORCH_CHECK(
+      key.scalar_type() == kv_cache.scalar_type() && value.scalar_type() == kv_cache.scalar_type(),
+      "key/value have dtype ", key.scalar_type(), "/", value.scalar_type(),
+      ", expected kv_cache's dtype ", kv_cache.scalar_type());
   if (key.size(0) == 0) return;
-  if (kv_cache.is_cuda()) {
-    TORCH_CHECK(kv_cache.scalar_type() == at::kFloat || kv_cache.scalar_type() == at::kHalf ||
-                    kv_cache.scalar_type() == at::kBFloat16,
-                "reshape_and_cache supports float32, float16 and bfloat16, got ",
-                kv_cache.scalar_type());
-    TORCH_CHECK(kv_cache.stride(4) == 1 && key.stride(2) == 1 && value.stride(2) == 1,
-                "the last dimension of kv_cache, key and value must be contiguous");
-    TORCH_CHECK(slot_mapping.is_contiguous(), "slot_mapping must be contiguous");
-    const c10::cuda::CUDAGuard guard(kv_cache.device());
-    const ReshapeAndCacheParams params = reshape_and_cache_params(kv_cache, key, value, slot_mapping);
-    launch_reshape_and_cache(params,
-                             c10::cuda::getCurrentCUDAStream(kv_cache.get_device()).stream());
+  if (!use_strata(kv_cache, backend)) {
+    aten::reshape_and_cache(kv_cache, key, value, slot_mapping);
     return;
   }
-  TORCH_CHECK(kv_cache.is_cpu(), "reshape_and_cache supports CPU and CUDA tensors, got ",
-              kv_cache.device());
-  const at::Tensor valid = slot_mapping.ge(0).nonzero().squeeze(1);  // token indices
-  if (valid.size(0) == 0) return;
-  const at::Tensor slots = slot_mapping.index_select(0, valid);
-  const int64_t max_slot = slots.max().item<int64_t>();
-  TORCH_CHECK(max_slot < kv_cache.size(0) * block_size, "slot ", max_slot,
-              " is outside the pool of ", kv_cache.size(0), " blocks x ", block_size, " slots");
-  const at::Tensor blocks = slots.div(block_size, "floor");
-  const at::Tensor offsets = slots.remainder(block_size);
-  for (int64_t which = 0; which < 2; ++which) {
-    // [num_blocks, block_size, Hkv, D] view of K or V; rows (block, offset) get [Hkv, D].
-    at::Tensor dst = kv_cache.select(1, which).permute({0, 2, 1, 3});
-    const at::Tensor& src = which == 0 ? key : value;
-    dst.index_put_(c10::List<std::optional<at::Tensor>>({blocks, offsets}),
-                   src.index_select(0, valid));
-  }
+  TORCH_CHECK(kv_cache.scalar_type() == at::kFloat || kv_cache.scalar_type() == at::kHalf ||
+                  kv_cache.scalar_type() == at::kBFloat16,
+              "reshape_and_cache supports float32, float16 and bfloat16, got ",
+              kv_cache.scalar_type());
+  TORCH_CHECK(kv_cache.stride(4) == 1 && key.stride(2) == 1 && value.stride(2) == 1,
+              "the last dimension of kv_cache, key and value must be contiguous");
+  TORCH_CHECK(slot_mapping.is_contiguous(), "slot_mapping must be contiguous");
+  const c10::cuda::CUDAGuard guard(kv_cache.device());
+  launch_reshape_and_cache(reshape_and_cache_params(kv_cache, key, value, slot_mapping),
+                           c10::cuda::getCurrentCUDAStream(kv_cache.get_device()).stream());
+}
+
+KernelOpTable torch_ops_table(KernelBackend backend) {
+  KernelOpTable t;
+  t.rms_norm = [backend](const at::Tensor& x, const at::Tensor& w, double eps) {
+    return rms_norm(x, w, eps, backend);
+  };
+  t.apply_rotary = [backend](const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+    return apply_rotary(x, cos, sin, backend);
+  };
+  t.paged_attention = [backend](const at::Tensor& q, const at::Tensor& kv, const at::Tensor& tables,
+                                const at::Tensor& lens, const at::Tensor& cu, int64_t max_q_len,
+                                double scale) {
+    return paged_attention(q, kv, tables, lens, cu, max_q_len, scale, backend);
+  };
+  t.reshape_and_cache = [backend](at::Tensor& kv, const at::Tensor& key, const at::Tensor& value,
+                                  const at::Tensor& slots) {
+    reshape_and_cache(kv, key, value, slots, backend);
+  };
+  return t;
 }
 
 }  // namespace strata::kernels

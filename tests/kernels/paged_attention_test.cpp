@@ -103,15 +103,25 @@ TEST(PagedAttentionLayout, StridedQueryView) {
   expect_matches_reference(b, run_cuda(b, q_view));
 }
 
+// The libtorch path on CUDA (KernelBackend::kTorch, what an op falls back to when the start-up
+// self-check rejects the kernel) matches the reference too.
+TEST(PagedAttentionFallback, LibtorchPathOnCuda) {
+  STRATA_SKIP_WITHOUT_CUDA();
+  const PagedBatch b = make_paged_batch(batch_shapes("mixed", 16), 8, 2, 64, 16, at::kBFloat16, 3);
+  const at::Device dev(at::kCUDA);
+  expect_matches_reference(
+      b, paged_attention(b.q.to(dev), b.kv_cache.to(dev), b.block_tables.to(dev),
+                         b.seq_lens.to(dev), b.cu_q_lens.to(dev), b.max_q_len, b.scale,
+                         KernelBackend::kTorch)
+             .cpu());
+}
+
 TEST(PagedAttentionErrors, RejectsUnsupportedInputs) {
   STRATA_SKIP_WITHOUT_CUDA();
   const PagedBatch b = make_paged_batch(batch_shapes("decode", 16), 8, 2, 64, 16, at::kHalf, 1);
   const at::Device dev(at::kCUDA);
   const at::Tensor kv = b.kv_cache.to(dev), bt = b.block_tables.to(dev);
   const at::Tensor lens = b.seq_lens.to(dev), cu = b.cu_q_lens.to(dev), q = b.q.to(dev);
-  // float32 is a CPU-only dtype for this op.
-  EXPECT_THROW(paged_attention(q.to(at::kFloat), kv.to(at::kFloat), bt, lens, cu, 1, b.scale),
-               c10::Error);
   // Index tensors must live on q's device.
   EXPECT_THROW(paged_attention(q, kv, b.block_tables, lens, cu, 1, b.scale), c10::Error);
   EXPECT_THROW(paged_attention(q, kv, bt, b.seq_lens, cu, 1, b.scale), c10::Error);

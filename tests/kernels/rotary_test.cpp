@@ -51,7 +51,9 @@ TEST(RotaryErrors, RejectsMismatchedTables) {
   at::Tensor x = at::randn({4, 2, 64}, opts);
   EXPECT_THROW(apply_rotary(x, at::randn({4, 32}, opts), at::randn({4, 32}, opts)), c10::Error);
   EXPECT_THROW(apply_rotary(x, at::randn({4, 64}, opts), at::randn({3, 64}, opts)), c10::Error);
-  EXPECT_THROW(apply_rotary(x.to(at::kCPU), at::randn({4, 64}), at::randn({4, 64})), c10::Error);
+  // Tables on another device than x.
+  EXPECT_THROW(apply_rotary(x.to(at::kCPU), at::randn({4, 64}, opts), at::randn({4, 64}, opts)),
+               c10::Error);
 }
 
 }  // namespace

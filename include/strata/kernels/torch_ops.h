@@ -1,9 +1,12 @@
 // at::Tensor adapters over the launchers in ops.h: the only place kernels meet libtorch. Each
 // checks device, dtype, shape and contiguity (throwing c10::Error with a clear message, as ATen
-// ops do) and launches on the tensor's current CUDA stream.
+// ops do). CUDA tensors run Strata's kernel on the tensor's current stream unless `backend` is
+// kTorch; CPU tensors, and CUDA with kTorch, run the libtorch implementation (aten_ops.h).
 #pragma once
 
 #include <cstdint>
+
+#include "strata/kernels/kernel_selection.h"
 
 namespace at {
 class Tensor;
@@ -11,11 +14,15 @@ class Tensor;
 
 namespace strata::kernels {
 
-// See launch_rms_norm. x: [num_rows, hidden] CUDA float32/float16/bfloat16; weight: [hidden].
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+// See launch_rms_norm. x: [num_rows, hidden] float32/float16/bfloat16; weight: [hidden], x's
+// dtype and device (contiguous for Strata's kernel).
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps,
+                    KernelBackend backend = KernelBackend::kStrata);
 
-// See launch_rotary. x: [num_tokens, num_heads, head_dim]; cos, sin: [num_tokens, head_dim].
-at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+// See launch_rotary. x: [num_tokens, num_heads, head_dim]; cos, sin: [num_tokens, head_dim], x's
+// dtype and device (contiguous for Strata's kernel).
+at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                        KernelBackend backend = KernelBackend::kStrata);
 
 // Paged attention over the KV pool (see launch_paged_attention in ops.h for the exact contract,
 // docs/kernels/paged-attention.md for the design). Returns out [num_tokens, num_heads, head_dim]
@@ -33,20 +40,23 @@ at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Te
 // last dims contiguous, 16-byte aligned strides (any token/head stride of q, e.g. a view of a
 // fused QKV output); the index values are not validated (see the REQUIRES of
 // launch_paged_attention); runs on the current stream, with a split-K workspace from the caching
-// allocator; float32 on CUDA falls back to the ATen path. On CPU: float32/float16/bfloat16, any
-// head_dim; index values are validated; per sequence gather + at::scaled_dot_product_attention
-// (enable_gqa).
+// allocator; float32 on CUDA, and kTorch, run the ATen path (lengths read on the host: a sync).
+// On CPU: float32/float16/bfloat16, any head_dim; index values are validated; per sequence
+// gather + at::scaled_dot_product_attention (enable_gqa).
 // Throws c10::Error on a bad shape, dtype, device or layout (and, on CPU, bad index values).
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& kv_cache,
                            const at::Tensor& block_tables, const at::Tensor& seq_lens,
-                           const at::Tensor& cu_q_lens, int64_t max_q_len, double scale);
+                           const at::Tensor& cu_q_lens, int64_t max_q_len, double scale,
+                           KernelBackend backend = KernelBackend::kStrata);
 
 // Writes key/value [num_tokens, num_kv_heads, head_dim] into kv_cache (same dtype and device) at
 // slot_mapping [num_tokens] int64 (slot = block_id * block_size + offset; slot < 0 skips the
 // token). float32/float16/bfloat16 on CPU and CUDA; on CUDA the last dims must be contiguous
 // (key/value may be strided views) and slots are not validated (REQUIRES: slot < num_blocks *
-// block_size, no two tokens share a slot); on CPU an out-of-pool slot throws.
+// block_size, no two tokens share a slot) by Strata's kernel; on CPU and with kTorch an
+// out-of-pool slot throws.
 void reshape_and_cache(at::Tensor& kv_cache, const at::Tensor& key, const at::Tensor& value,
-                       const at::Tensor& slot_mapping);
+                       const at::Tensor& slot_mapping,
+                       KernelBackend backend = KernelBackend::kStrata);
 
 }  // namespace strata::kernels

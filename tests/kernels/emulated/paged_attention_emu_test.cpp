@@ -9,9 +9,9 @@
 #include <tuple>
 #include <vector>
 
+#include "emulated_ops.h"
 #include "emulated_test_util.h"
 #include "kernel_tolerance.h"
-#include "launch_params.h"
 #include "paged_attention_reference.h"
 #include "strata/kernels/ops.h"
 
@@ -23,28 +23,15 @@ using testing::make_paged_batch;
 using testing::PagedBatch;
 using testing::SeqShape;
 
-// Runs the launcher on b (and q, a view with b.q's values) on the emulated device.
-at::Tensor run_emulated(const PagedBatch& b, const at::Tensor& q) {
-  at::Tensor out = at::empty({q.size(0), q.size(1), q.size(2)}, q.options());
-  PagedAttentionParams params = paged_attention_params(
-      out, q, b.kv_cache, b.block_tables, b.seq_lens, b.cu_q_lens, b.max_q_len, b.scale);
-  at::Tensor workspace;
-  params.workspace_bytes = paged_attention_workspace_bytes(params);
-  if (params.workspace_bytes > 0) {
-    // Poisoned: a reduce that reads a partition nobody wrote sums NaN.
-    workspace = at::full({static_cast<int64_t>(params.workspace_bytes)}, 0xFF,
-                         at::TensorOptions().dtype(at::kByte));
-    params.workspace = workspace.data_ptr();
-  }
-  launch_paged_attention(params, nullptr);
-  return out;
-}
-
 void expect_matches_reference(const PagedBatch& b, const at::Tensor& q) {
   const at::Tensor ref = testing::reference_paged_attention(b);
   const auto tol = testing::tolerance_for(b.q.scalar_type());
-  testing::expect_schedule_invariant_match([&] { return run_emulated(b, q); }, ref, tol.rtol,
-                                           tol.atol);
+  testing::expect_schedule_invariant_match(
+      [&] {
+        return testing::emulated_paged_attention(q, b.kv_cache, b.block_tables, b.seq_lens,
+                                                 b.cu_q_lens, b.max_q_len, b.scale);
+      },
+      ref, tol.rtol, tol.atol);
 }
 
 class PagedAttentionEmuTest : public ::testing::TestWithParam<testing::PagedAttentionCase> {};

@@ -5,11 +5,10 @@
 
 #include <tuple>
 
+#include "emulated_ops.h"
 #include "emulated_test_util.h"
 #include "kernel_tolerance.h"
-#include "launch_params.h"
 #include "paged_attention_reference.h"
-#include "strata/kernels/ops.h"
 
 namespace strata::kernels {
 namespace {
@@ -25,7 +24,7 @@ TEST_P(ReshapeAndCacheEmuTest, MatchesReference) {
   testing::expect_schedule_invariant_match(
       [&] {
         at::Tensor out = kv_cache.clone();
-        launch_reshape_and_cache(reshape_and_cache_params(out, key, value, slots), nullptr);
+        testing::emulated_reshape_and_cache(out, key, value, slots);
         return out;
       },
       expected, 0.0, 0.0);

@@ -5,10 +5,9 @@
 #include <tuple>
 
 #include "elementwise_reference.h"
+#include "emulated_ops.h"
 #include "emulated_test_util.h"
 #include "kernel_tolerance.h"
-#include "launch_params.h"
-#include "strata/kernels/ops.h"
 
 namespace strata::kernels {
 namespace {
@@ -24,14 +23,8 @@ TEST_P(RmsNormEmuTest, MatchesLibtorch) {
   const at::Tensor w = at::randn({hidden}, opts);
   const at::Tensor ref = testing::reference_rms_norm(x, w, 1e-5);
   const auto tol = testing::tolerance_for(dtype);
-  testing::expect_schedule_invariant_match(
-      [&] {
-        at::Tensor out = at::empty_like(x);
-        launch_rms_norm(out.data_ptr(), x.data_ptr(), w.data_ptr(), rows, hidden, 1e-5f,
-                        scalar_kind(x), nullptr);
-        return out;
-      },
-      ref, tol.rtol, tol.atol);
+  testing::expect_schedule_invariant_match([&] { return testing::emulated_rms_norm(x, w, 1e-5); },
+                                           ref, tol.rtol, tol.atol);
 }
 
 INSTANTIATE_TEST_SUITE_P(Grid, RmsNormEmuTest,

@@ -4,10 +4,9 @@
 #include <tuple>
 
 #include "elementwise_reference.h"
+#include "emulated_ops.h"
 #include "emulated_test_util.h"
 #include "kernel_tolerance.h"
-#include "launch_params.h"
-#include "strata/kernels/ops.h"
 
 namespace strata::kernels {
 namespace {
@@ -22,14 +21,8 @@ TEST_P(RotaryEmuTest, MatchesLibtorch) {
   const at::Tensor x = at::randn({num_tokens, num_heads, head_dim}).to(dtype);
   const at::Tensor ref = testing::reference_rotary(x, cos, sin);
   const auto tol = testing::tolerance_for(dtype);
-  testing::expect_schedule_invariant_match(
-      [&] {
-        at::Tensor out = at::empty_like(x);
-        launch_rotary(out.data_ptr(), x.data_ptr(), cos.data_ptr(), sin.data_ptr(), num_tokens,
-                      num_heads, head_dim, scalar_kind(x), nullptr);
-        return out;
-      },
-      ref, tol.rtol, tol.atol);
+  testing::expect_schedule_invariant_match([&] { return testing::emulated_rotary(x, cos, sin); },
+                                           ref, tol.rtol, tol.atol);
 }
 
 INSTANTIATE_TEST_SUITE_P(Grid, RotaryEmuTest,

@@ -1,0 +1,83 @@
+// Which implementation each custom op runs on a CUDA device: Strata's kernel or libtorch's
+// (kernels/aten_ops.h). The start-up self-check (kernels/self_check.h) fills a KernelSelection;
+// `executor.kernels: torch` in the config forces libtorch for every op. CPU tensors always run
+// libtorch. Framework-free.
+#pragma once
+
+#include <array>
+#include <string>
+#include <vector>
+
+namespace strata::kernels {
+
+enum class KernelBackend { kStrata, kTorch };
+
+enum class KernelOp { kRmsNorm, kRotary, kPagedAttention, kReshapeAndCache };
+inline constexpr int kNumKernelOps = 4;
+inline constexpr std::array<KernelOp, kNumKernelOps> kAllKernelOps = {
+    KernelOp::kRmsNorm, KernelOp::kRotary, KernelOp::kPagedAttention, KernelOp::kReshapeAndCache};
+
+inline const char* kernel_op_name(KernelOp op) {
+  switch (op) {
+    case KernelOp::kRmsNorm:
+      return "rms_norm";
+    case KernelOp::kRotary:
+      return "rotary";
+    case KernelOp::kPagedAttention:
+      return "paged_attention";
+    case KernelOp::kReshapeAndCache:
+      return "reshape_and_cache";
+  }
+  return "?";
+}
+
+inline const char* kernel_backend_name(KernelBackend backend) {
+  return backend == KernelBackend::kStrata ? "strata" : "torch";
+}
+
+struct KernelSelection {
+  std::array<KernelBackend, kNumKernelOps> backends{KernelBackend::kStrata, KernelBackend::kStrata,
+                                                    KernelBackend::kStrata, KernelBackend::kStrata};
+  KernelBackend operator[](KernelOp op) const { return backends[static_cast<size_t>(op)]; }
+  KernelBackend& operator[](KernelOp op) { return backends[static_cast<size_t>(op)]; }
+};
+
+// The self-check's verdict on one op.
+enum class SelfCheckResult {
+  kPassed,    // Strata's kernel matched libtorch: it runs
+  kMismatch,  // it did not (or threw): libtorch runs instead
+  kNotRun,    // CPU device, or executor.kernels: torch
+};
+
+inline const char* self_check_result_name(SelfCheckResult r) {
+  switch (r) {
+    case SelfCheckResult::kPassed:
+      return "passed";
+    case SelfCheckResult::kMismatch:
+      return "mismatch";
+    case SelfCheckResult::kNotRun:
+      return "not_run";
+  }
+  return "?";
+}
+
+struct OpCheck {
+  KernelOp op = KernelOp::kRmsNorm;
+  KernelBackend backend = KernelBackend::kTorch;  // what serves the op
+  SelfCheckResult result = SelfCheckResult::kNotRun;
+  double max_abs_diff = 0.0;  // Strata against libtorch, when both ran
+  std::string detail;         // why a check failed, or why it did not run
+};
+
+// What the executor runs for each op, and why (surfaced by /health and /metrics).
+struct KernelReport {
+  std::vector<OpCheck> ops;  // one per KernelOp, in kAllKernelOps order
+  double self_check_seconds = 0.0;
+  KernelSelection selection() const {
+    KernelSelection s;
+    for (const OpCheck& c : ops) s[c.op] = c.backend;
+    return s;
+  }
+};
+
+}  // namespace strata::kernels

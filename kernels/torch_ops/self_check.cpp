@@ -1,0 +1,186 @@
+#include "self_check.h"
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <cmath>
+#include <exception>
+#include <string>
+#include <vector>
+
+namespace strata::kernels {
+namespace {
+
+constexpr uint64_t kSeed = 20261124;
+
+// Tolerances of the kernel tests (tests/kernels/kernel_tolerance.h).
+double tolerance(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kFloat:
+      return 1e-5;
+    case at::kHalf:
+      return 2e-3;
+    default:
+      return 1.6e-2;
+  }
+}
+
+std::string first_line(const char* what) {
+  std::string s(what);
+  return s.substr(0, s.find('\n'));
+}
+
+// Compares the two results of one op (NaN anywhere, or a different shape, is a mismatch).
+OpCheck compare(KernelOp op, const at::Tensor& ours, const at::Tensor& ref, double tol) {
+  OpCheck c;
+  c.op = op;
+  if (ours.sizes() != ref.sizes()) {
+    c.detail = "shape differs from libtorch's";
+  } else if (ours.isnan().any().item<bool>() || ref.isnan().any().item<bool>()) {
+    c.detail = "NaN in the result";
+  } else {
+    const at::Tensor a = ours.to(at::kFloat), b = ref.to(at::kFloat);
+    c.max_abs_diff = (a - b).abs().max().item<double>();
+    if (at::allclose(a, b, tol, tol)) {
+      c.result = SelfCheckResult::kPassed;
+      c.backend = KernelBackend::kStrata;
+      return c;
+    }
+    c.detail =
+        "max |diff| " + std::to_string(c.max_abs_diff) + " above tolerance " + std::to_string(tol);
+  }
+  c.result = SelfCheckResult::kMismatch;
+  c.backend = KernelBackend::kTorch;
+  return c;
+}
+
+// Runs one op both ways; `run(table)` returns the op's output under that table.
+template <typename Run>
+OpCheck check_op(KernelOp op, const KernelOpTable& strata, const KernelOpTable& reference,
+                 double tol, Run&& run) {
+  at::Tensor ref;
+  try {
+    ref = run(reference);
+  } catch (const std::exception& e) {
+    OpCheck c;
+    c.op = op;
+    c.backend = KernelBackend::kStrata;  // nothing to compare with: keep the kernel
+    c.result = SelfCheckResult::kNotRun;
+    c.detail = "libtorch reference failed: " + first_line(e.what());
+    return c;
+  }
+  try {
+    return compare(op, run(strata), ref, tol);
+  } catch (const std::exception& e) {
+    OpCheck c;
+    c.op = op;
+    c.backend = KernelBackend::kTorch;
+    c.result = SelfCheckResult::kMismatch;
+    c.detail = "threw: " + first_line(e.what());
+    return c;
+  }
+}
+
+// Seeded normal values, made on the CPU (the global generator is left alone).
+at::Tensor randn(at::IntArrayRef sizes, const SelfCheckShape& shape, at::Generator& gen) {
+  return at::normal(0.0, 1.0, sizes, gen, at::TensorOptions().dtype(at::kFloat))
+      .to(shape.device, shape.dtype);
+}
+
+struct AttentionBatch {
+  at::Tensor q, kv_cache, block_tables, seq_lens, cu_q_lens;
+  int64_t max_q_len = 0;
+};
+
+// Three sequences (q_len, seq_len): a decode over 70 keys, a 5-token chunk over 40, a 17-token
+// prefill; blocks in shuffled order with spares.
+AttentionBatch attention_batch(const SelfCheckShape& shape, at::Generator& gen) {
+  const std::vector<std::pair<int64_t, int64_t>> seqs = {{1, 70}, {5, 40}, {17, 17}};
+  const int64_t bs = shape.block_size;
+  std::vector<int64_t> blocks_needed;
+  int64_t total_blocks = 0, num_tokens = 0, max_blocks = 0;
+  AttentionBatch b;
+  for (const auto& [q_len, seq_len] : seqs) {
+    blocks_needed.push_back((seq_len + bs - 1) / bs);
+    total_blocks += blocks_needed.back();
+    max_blocks = std::max(max_blocks, blocks_needed.back());
+    num_tokens += q_len;
+    b.max_q_len = std::max(b.max_q_len, q_len);
+  }
+  const int64_t pool_blocks = total_blocks + 3;
+  const at::Tensor order = at::randperm(pool_blocks, gen, at::TensorOptions().dtype(at::kLong));
+  at::Tensor tables = at::zeros({static_cast<int64_t>(seqs.size()), max_blocks}, at::kInt);
+  std::vector<int32_t> lens, cu = {0};
+  int64_t next = 0;
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    for (int64_t j = 0; j < blocks_needed[s]; ++j) {
+      tables[static_cast<int64_t>(s)][j] = order[next++].item<int64_t>();
+    }
+    lens.push_back(static_cast<int32_t>(seqs[s].second));
+    cu.push_back(cu.back() + static_cast<int32_t>(seqs[s].first));
+  }
+  b.q = randn({num_tokens, shape.num_heads, shape.head_dim}, shape, gen);
+  b.kv_cache = randn({pool_blocks, 2, shape.num_kv_heads, bs, shape.head_dim}, shape, gen);
+  b.block_tables = tables.to(shape.device);
+  b.seq_lens = at::tensor(lens, at::kInt).to(shape.device);
+  b.cu_q_lens = at::tensor(cu, at::kInt).to(shape.device);
+  return b;
+}
+
+}  // namespace
+
+KernelReport run_kernel_self_check(const KernelOpTable& strata, const KernelOpTable& reference,
+                                   const SelfCheckShape& shape) {
+  const auto start = std::chrono::steady_clock::now();
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(kSeed);
+  const double tol = tolerance(shape.dtype);
+  KernelReport report;
+
+  const at::Tensor x = randn({7, shape.hidden}, shape, gen) * 3;
+  const at::Tensor weight = randn({shape.hidden}, shape, gen);
+  report.ops.push_back(
+      check_op(KernelOp::kRmsNorm, strata, reference, tol,
+               [&](const KernelOpTable& t) { return t.rms_norm(x, weight, 1e-5); }));
+
+  const at::Tensor positions =
+      at::randint(0, 32768, {9}, gen, at::TensorOptions().dtype(at::kFloat));
+  const at::Tensor inv_freq = 1.0 / at::pow(1e4, at::arange(0, shape.head_dim, 2, at::kFloat) /
+                                                     static_cast<double>(shape.head_dim));
+  const at::Tensor freqs = positions.unsqueeze(1) * inv_freq.unsqueeze(0);
+  const at::Tensor emb = at::cat({freqs, freqs}, -1);
+  const at::Tensor cos = emb.cos().to(shape.device, shape.dtype);
+  const at::Tensor sin = emb.sin().to(shape.device, shape.dtype);
+  const at::Tensor rx = randn({9, shape.num_heads, shape.head_dim}, shape, gen);
+  report.ops.push_back(
+      check_op(KernelOp::kRotary, strata, reference, tol,
+               [&](const KernelOpTable& t) { return t.apply_rotary(rx, cos, sin); }));
+
+  const AttentionBatch b = attention_batch(shape, gen);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(shape.head_dim));
+  report.ops.push_back(
+      check_op(KernelOp::kPagedAttention, strata, reference, tol, [&](const KernelOpTable& t) {
+        return t.paged_attention(b.q, b.kv_cache, b.block_tables, b.seq_lens, b.cu_q_lens,
+                                 b.max_q_len, scale);
+      }));
+
+  // 12 tokens into distinct random slots of the pool, the fourth one skipped (slot -1).
+  const int64_t num_slots = b.kv_cache.size(0) * shape.block_size;
+  at::Tensor slots =
+      at::randperm(num_slots, gen, at::TensorOptions().dtype(at::kLong)).narrow(0, 0, 12).clone();
+  slots[3] = -1;
+  slots = slots.to(shape.device);
+  const at::Tensor key = randn({12, shape.num_kv_heads, shape.head_dim}, shape, gen);
+  const at::Tensor value = randn({12, shape.num_kv_heads, shape.head_dim}, shape, gen);
+  report.ops.push_back(
+      check_op(KernelOp::kReshapeAndCache, strata, reference, 0.0, [&](const KernelOpTable& t) {
+        at::Tensor pool = b.kv_cache.clone();
+        t.reshape_and_cache(pool, key, value, slots);
+        return pool;
+      }));
+
+  report.self_check_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return report;
+}
+
+}  // namespace strata::kernels

@@ -1,0 +1,53 @@
+// The start-up self-check: each of Strata's custom ops against its libtorch implementation on small
+// inputs of the served model's shapes, on the serving device. An op whose kernel disagrees (or
+// throws) is served by libtorch instead, and the report says so (/health, /metrics). The check
+// takes the two implementations as tables, so CI runs the same check against the kernels under
+// the CPU block emulator (tests/unit/kernels/self_check_test.cpp).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <functional>
+
+#include "strata/kernels/kernel_selection.h"
+
+namespace strata::kernels {
+
+// One implementation of every custom op, with torch_ops.h's contracts.
+struct KernelOpTable {
+  std::function<at::Tensor(const at::Tensor& x, const at::Tensor& weight, double eps)> rms_norm;
+  std::function<at::Tensor(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin)>
+      apply_rotary;
+  std::function<at::Tensor(const at::Tensor& q, const at::Tensor& kv_cache,
+                           const at::Tensor& block_tables, const at::Tensor& seq_lens,
+                           const at::Tensor& cu_q_lens, int64_t max_q_len, double scale)>
+      paged_attention;
+  std::function<void(at::Tensor& kv_cache, const at::Tensor& key, const at::Tensor& value,
+                     const at::Tensor& slot_mapping)>
+      reshape_and_cache;
+};
+
+// torch_ops.h's functions with every op on `backend` (defined with the adapters, in
+// strata_torch_ops: the production tables of the check).
+KernelOpTable torch_ops_table(KernelBackend backend);
+
+// The model shapes and serving dtype/device the check uses.
+struct SelfCheckShape {
+  int64_t hidden = 0;
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t block_size = 0;
+  at::ScalarType dtype = at::kBFloat16;
+  at::Device device = at::kCPU;
+};
+
+// Runs every op of `strata` and of `reference` on the same seeded inputs (a few hundred tokens:
+// decode, a prefill chunk over a cached prefix and a prefill in one attention batch) and compares
+// them within the dtype's tolerance (exactly for the KV-cache write). Each op's report names the
+// backend that serves it: Strata when it matched, libtorch when it did not or threw.
+KernelReport run_kernel_self_check(const KernelOpTable& strata, const KernelOpTable& reference,
+                                   const SelfCheckShape& shape);
+
+}  // namespace strata::kernels

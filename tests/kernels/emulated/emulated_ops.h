@@ -1,0 +1,58 @@
+// The custom ops run on CPU tensors by the kernels compiled for the block emulator
+// (strata_kernels_emu), with torch_ops.h's contracts: what the emulator tests and the self-check
+// test call. Device memory is host memory under the emulator, so CPU tensors' pointers go to the
+// same launchers (ops.h) the CUDA adapters call.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include "launch_params.h"
+#include "self_check.h"
+#include "strata/kernels/ops.h"
+
+namespace strata::kernels::testing {
+
+inline at::Tensor emulated_rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
+  at::Tensor out = at::empty_like(x);
+  launch_rms_norm(out.data_ptr(), x.data_ptr(), w.data_ptr(), x.size(0), x.size(1),
+                  static_cast<float>(eps), scalar_kind(x), nullptr);
+  return out;
+}
+
+inline at::Tensor emulated_rotary(const at::Tensor& x, const at::Tensor& cos,
+                                  const at::Tensor& sin) {
+  at::Tensor out = at::empty_like(x);
+  launch_rotary(out.data_ptr(), x.data_ptr(), cos.data_ptr(), sin.data_ptr(), x.size(0), x.size(1),
+                x.size(2), scalar_kind(x), nullptr);
+  return out;
+}
+
+// The split-K workspace is poisoned: a reduce that reads a partition nobody wrote sums NaN.
+inline at::Tensor emulated_paged_attention(const at::Tensor& q, const at::Tensor& kv_cache,
+                                           const at::Tensor& block_tables,
+                                           const at::Tensor& seq_lens, const at::Tensor& cu_q_lens,
+                                           int64_t max_q_len, double scale) {
+  at::Tensor out = at::empty({q.size(0), q.size(1), q.size(2)}, q.options());
+  PagedAttentionParams params =
+      paged_attention_params(out, q, kv_cache, block_tables, seq_lens, cu_q_lens, max_q_len, scale);
+  at::Tensor workspace;
+  params.workspace_bytes = paged_attention_workspace_bytes(params);
+  if (params.workspace_bytes > 0) {
+    workspace = at::full({static_cast<int64_t>(params.workspace_bytes)}, 0xFF,
+                         at::TensorOptions().dtype(at::kByte));
+    params.workspace = workspace.data_ptr();
+  }
+  launch_paged_attention(params, nullptr);
+  return out;
+}
+
+inline void emulated_reshape_and_cache(at::Tensor& kv_cache, const at::Tensor& key,
+                                       const at::Tensor& value, const at::Tensor& slots) {
+  launch_reshape_and_cache(reshape_and_cache_params(kv_cache, key, value, slots), nullptr);
+}
+
+inline KernelOpTable emulated_kernel_table() {
+  return {emulated_rms_norm, emulated_rotary, emulated_paged_attention, emulated_reshape_and_cache};
+}
+
+}  // namespace strata::kernels::testing

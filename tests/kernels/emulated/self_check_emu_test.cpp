@@ -1,0 +1,94 @@
+// The start-up self-check (kernels/torch_ops/self_check.h) in CI: Strata's kernels under the
+// block emulator against the libtorch implementations (aten_ops.h), through the same code the
+// executor runs on a GPU; then a wrong, a throwing and a NaN-producing kernel each fall back to
+// libtorch while the other ops keep Strata's kernel.
+
+#include <gtest/gtest.h>
+
+#include <stdexcept>
+
+#include "emulated_ops.h"
+#include "self_check.h"
+#include "strata/kernels/aten_ops.h"
+
+namespace strata::kernels {
+namespace {
+
+KernelOpTable libtorch_table() {
+  KernelOpTable t;
+  t.rms_norm = aten::rms_norm;
+  t.apply_rotary = aten::apply_rotary;
+  t.paged_attention = [](const at::Tensor& q, const at::Tensor& kv, const at::Tensor& tables,
+                         const at::Tensor& lens, const at::Tensor& cu, int64_t /*max_q_len*/,
+                         double scale) {
+    at::Tensor out = at::empty_like(q);
+    aten::paged_attention(out, q, kv, tables, lens, cu, scale);
+    return out;
+  };
+  t.reshape_and_cache = aten::reshape_and_cache;
+  return t;
+}
+
+// SmolLM2-135M (9 heads over 3 kv heads of 64) in bf16, and a Qwen2.5-1.5B-like shape (12 over
+// 2 of 128) in fp16.
+SelfCheckShape smollm2_shape() { return {576, 9, 3, 64, 16, at::kBFloat16, at::kCPU}; }
+SelfCheckShape qwen_shape() { return {1536, 12, 2, 128, 16, at::kHalf, at::kCPU}; }
+
+const OpCheck& check_of(const KernelReport& r, KernelOp op) {
+  for (const OpCheck& c : r.ops) {
+    if (c.op == op) return c;
+  }
+  throw std::logic_error("op missing from the report");
+}
+
+TEST(KernelSelfCheck, EmulatedKernelsMatchLibtorch) {
+  for (const SelfCheckShape& shape : {smollm2_shape(), qwen_shape()}) {
+    const KernelReport r =
+        run_kernel_self_check(testing::emulated_kernel_table(), libtorch_table(), shape);
+    ASSERT_EQ(r.ops.size(), static_cast<size_t>(kNumKernelOps));
+    for (KernelOp op : kAllKernelOps) {
+      const OpCheck& c = check_of(r, op);
+      SCOPED_TRACE(kernel_op_name(op));
+      EXPECT_EQ(c.result, SelfCheckResult::kPassed) << c.detail;
+      EXPECT_EQ(c.backend, KernelBackend::kStrata);
+    }
+    EXPECT_EQ(check_of(r, KernelOp::kReshapeAndCache).max_abs_diff, 0.0);
+    EXPECT_GT(r.self_check_seconds, 0.0);
+  }
+}
+
+TEST(KernelSelfCheck, AWrongKernelFallsBackToLibtorch) {
+  KernelOpTable broken = testing::emulated_kernel_table();
+  broken.rms_norm = [](const at::Tensor& x, const at::Tensor& w, double eps) {
+    return testing::emulated_rms_norm(x, w, eps) * 1.05;  // 5% off: beyond bf16 tolerance
+  };
+  broken.paged_attention = [](const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                              const at::Tensor&, const at::Tensor&, int64_t, double) -> at::Tensor {
+    throw std::runtime_error("illegal memory access\nsecond line");
+  };
+  broken.apply_rotary = [](const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+    at::Tensor out = testing::emulated_rotary(x, cos, sin);
+    out.view(-1)[0] = NAN;
+    return out;
+  };
+  const KernelReport r = run_kernel_self_check(broken, libtorch_table(), smollm2_shape());
+  const OpCheck& norm = check_of(r, KernelOp::kRmsNorm);
+  EXPECT_EQ(norm.result, SelfCheckResult::kMismatch);
+  EXPECT_EQ(norm.backend, KernelBackend::kTorch);
+  EXPECT_GT(norm.max_abs_diff, 0.0);
+  EXPECT_NE(norm.detail.find("above tolerance"), std::string::npos) << norm.detail;
+  const OpCheck& rotary = check_of(r, KernelOp::kRotary);
+  EXPECT_EQ(rotary.backend, KernelBackend::kTorch);
+  EXPECT_EQ(rotary.detail, "NaN in the result");
+  const OpCheck& attention = check_of(r, KernelOp::kPagedAttention);
+  EXPECT_EQ(attention.backend, KernelBackend::kTorch);
+  EXPECT_EQ(attention.detail, "threw: illegal memory access");
+  const OpCheck& cache = check_of(r, KernelOp::kReshapeAndCache);
+  EXPECT_EQ(cache.result, SelfCheckResult::kPassed);
+  const KernelSelection s = r.selection();
+  EXPECT_EQ(s[KernelOp::kRmsNorm], KernelBackend::kTorch);
+  EXPECT_EQ(s[KernelOp::kReshapeAndCache], KernelBackend::kStrata);
+}
+
+}  // namespace
+}  // namespace strata::kernels
