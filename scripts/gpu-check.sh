@@ -48,6 +48,17 @@ done
 # pass (PL-B0, read_buffer_layers=0) vs the read buffer sized from measurements.
 model=.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf
 if [[ -f $model ]]; then
+  # The start-up kernel self-check on this GPU (which ops serve with Strata's kernels, the
+  # largest difference from libtorch, how long it took): /health of a short-lived server.
+  build-gpu/bin/strata serve --model "$model" --device cuda --grpc-port 0 --http-port 18000 \
+    >"$out/serve.log" 2>&1 &
+  serve_pid=$!
+  for _ in $(seq 120); do
+    curl -sf http://127.0.0.1:18000/health -o "$out/health.json" && break
+    sleep 1
+  done
+  kill "$serve_pid"; wait "$serve_pid"
+  [[ -s $out/health.json ]] || status=1
   build-gpu/bin/strata bench compare --model "$model" --device cuda --dataset-name random \
     --random-prefix-len 2048 --random-input-len 128 --random-output-len 16 --num-prompts 64 \
     --set kv_cache.enable_prefix_caching=false --set scheduler.max_num_seqs=4 \

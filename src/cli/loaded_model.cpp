@@ -64,6 +64,7 @@ StatusOr<engine::EngineOptions> engine_options(const config::DeploymentConfig& d
     case config::ModelDType::kFloat16: o.executor.dtype = executor::DType::kFloat16; break;
   }
   o.executor.num_threads = d.devices.cpu_threads;
+  o.executor.kernels = d.executor.kernels;
   o.executor.kv_block_size_tokens = d.kv_cache.block_size_tokens;
   o.executor.kv_cache_bytes = d.kv_cache.cache_bytes.value_or(0);
   if (d.kv_cache.gpu_memory_fraction) {

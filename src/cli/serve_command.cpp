@@ -1,11 +1,11 @@
 // `strata serve`: the gRPC server over one model until SIGINT/SIGTERM, which stops accepting
 // calls, gives in-flight ones the configured grace period, and exits 0.
 
+#include <spdlog/spdlog.h>
+
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
-#include <spdlog/spdlog.h>
-
 #include <thread>
 
 #include "commands.h"
@@ -38,6 +38,21 @@ Prints "grpc_port=N" and "http_port=N" on stdout once serving.
 Chat with it: strata chat --server HOST:PORT, or any OpenAI client at http://HOST:PORT/v1
 )";
 
+// One line per custom op that the start-up self-check found wrong (an error: it now runs on
+// libtorch), then which implementation serves each op.
+void log_kernel_report(const kernels::KernelReport& report) {
+  std::string summary;
+  for (const kernels::OpCheck& c : report.ops) {
+    if (c.result == kernels::SelfCheckResult::kMismatch) {
+      spdlog::error("kernel self-check: {} disagrees with libtorch ({}); serving it with libtorch",
+                    kernels::kernel_op_name(c.op), c.detail);
+    }
+    summary += std::string(summary.empty() ? "" : ", ") + kernels::kernel_op_name(c.op) + "=" +
+               kernels::kernel_backend_name(c.backend);
+  }
+  spdlog::info("kernels: {} (self-check {:.3f} s)", summary, report.self_check_seconds);
+}
+
 Status serve(const std::vector<std::string>& args) {
   std::set<std::string> value_flags = deployment_flag_names();
   STRATA_ASSIGN_OR_RETURN(
@@ -50,7 +65,8 @@ Status serve(const std::vector<std::string>& args) {
   configure_logging(deployment.logging);
   const config::ServerSection& server = deployment.server;
   if (server.grpc_port == 0 && server.http_port == 0) {
-    return invalid_argument_error("server.grpc_port and server.http_port are both 0: nothing to serve");
+    return invalid_argument_error(
+        "server.grpc_port and server.http_port are both 0: nothing to serve");
   }
   // The one environment read of the binary: API keys named by server.api_keys_env.
   STRATA_ASSIGN_OR_RETURN(
@@ -69,6 +85,7 @@ Status serve(const std::vector<std::string>& args) {
 
   spdlog::info("loading {}", deployment.model.path);
   STRATA_ASSIGN_OR_RETURN(LoadedEngine loaded, load_engine(deployment));
+  log_kernel_report(loaded.engine->executor().kernel_report());
   const std::string served_name = deployment.model.effective_served_name();
   server::SessionStore sessions;
   std::unique_ptr<server::GrpcServer> grpc;
@@ -91,10 +108,10 @@ Status serve(const std::vector<std::string>& args) {
     options.served_name = served_name;
     options.api_keys = api_keys;
     options.request_timeout = std::chrono::seconds(server.request_timeout_seconds);
-    STRATA_ASSIGN_OR_RETURN(http,
-                            server::HttpServer::start(*loaded.engine, loaded.chat_template, options));
-    spdlog::info("serving {} on http://{}:{}/v1 (OpenAI-compatible HTTP)", served_name,
-                 server.host, http->port());
+    STRATA_ASSIGN_OR_RETURN(
+        http, server::HttpServer::start(*loaded.engine, loaded.chat_template, options));
+    spdlog::info("serving {} on http://{}:{}/v1 (OpenAI-compatible HTTP)", served_name, server.host,
+                 http->port());
     std::printf("http_port=%d\n", http->port());
   }
   std::fflush(stdout);
@@ -116,6 +133,8 @@ Status serve(const std::vector<std::string>& args) {
 
 }  // namespace
 
-int run_serve(const std::vector<std::string>& args) { return exit_code("strata serve", serve(args)); }
+int run_serve(const std::vector<std::string>& args) {
+  return exit_code("strata serve", serve(args));
+}
 
 }  // namespace strata::cli

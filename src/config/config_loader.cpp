@@ -329,6 +329,14 @@ Status read_devices(Context& ctx, const YAML::Node& node, DevicesSection& out) {
   return m.get("cpu_threads", into(ctx, out.cpu_threads));
 }
 
+Status read_executor(Context& ctx, const YAML::Node& node, ExecutorSection& out) {
+  STRATA_ASSIGN_OR_RETURN(const SectionMap m, SectionMap::open(ctx, node, "executor"));
+  return m.get("kernels", [&](const YAML::Node& n, const std::string& k) {
+    return read_enum(ctx, n, k, {kernels::KernelBackend::kStrata, kernels::KernelBackend::kTorch},
+                     out.kernels);
+  });
+}
+
 Status read_kv_cache(Context& ctx, const YAML::Node& node, KvCacheSection& out) {
   STRATA_ASSIGN_OR_RETURN(const SectionMap m, SectionMap::open(ctx, node, "kv_cache"));
   STRATA_RETURN_IF_ERROR(m.get("block_size_tokens", into(ctx, out.block_size_tokens)));
@@ -418,6 +426,8 @@ bool read_section(Context& ctx, std::string_view section, const YAML::Node& node
     status = read_model(ctx, node, config.model);
   } else if (section == "devices") {
     status = read_devices(ctx, node, config.devices);
+  } else if (section == "executor") {
+    status = read_executor(ctx, node, config.executor);
   } else if (section == "kv_cache") {
     status = read_kv_cache(ctx, node, config.kv_cache);
   } else if (section == "kv_store") {
@@ -579,6 +589,10 @@ std::string to_yaml(const DeploymentConfig& config) {
   emit_plain(out, "device", device_config_name(config.devices));
   emit_plain(out, "tensor_parallel_size", std::to_string(config.devices.tensor_parallel_size));
   emit_plain(out, "cpu_threads", std::to_string(config.devices.cpu_threads));
+  out << YAML::EndMap;
+
+  out << YAML::Key << "executor" << YAML::Value << YAML::BeginMap;
+  emit_name(out, "kernels", config_name(config.executor.kernels));
   out << YAML::EndMap;
 
   const KvCacheSection& kv = config.kv_cache;

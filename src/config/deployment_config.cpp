@@ -112,6 +112,10 @@ const KeyCheck<DevicesSection> kDevicesKeys[] = {
      [](const DevicesSection& d) { return at_least("devices.cpu_threads", d.cpu_threads, 0); }},
 };
 
+const KeyCheck<ExecutorSection> kExecutorKeys[] = {
+    {"executor.kernels", nullptr},
+};
+
 const KeyCheck<KvCacheSection> kKvCacheKeys[] = {
     {"kv_cache.block_size_tokens",
      [](const KvCacheSection& k) {
@@ -375,6 +379,7 @@ StatusOr<std::vector<std::string>> resolve_api_keys(const ServerSection& server,
 Status DeploymentConfig::validate() const {
   STRATA_RETURN_IF_ERROR(model.validate());
   STRATA_RETURN_IF_ERROR(devices.validate());
+  STRATA_RETURN_IF_ERROR(executor.validate());
   STRATA_RETURN_IF_ERROR(kv_cache.validate());
   STRATA_RETURN_IF_ERROR(kv_store.validate());
   STRATA_RETURN_IF_ERROR(scheduler.validate());
@@ -393,6 +398,7 @@ const std::vector<std::string_view>& config_keys() {
     std::vector<std::string_view> keys;
     append_keys(kModelKeys, keys);
     append_keys(kDevicesKeys, keys);
+    append_keys(kExecutorKeys, keys);
     append_keys(kKvCacheKeys, keys);
     append_keys(kKvStoreKeys, keys);
     append_keys(kSchedulerKeys, keys);
@@ -407,6 +413,7 @@ Status validate_key(const DeploymentConfig& config, std::string_view dotted_key)
   bool found = false;
   Status status = check_one_key(kModelKeys, config.model, dotted_key, found);
   if (!found) status = check_one_key(kDevicesKeys, config.devices, dotted_key, found);
+  if (!found) status = check_one_key(kExecutorKeys, config.executor, dotted_key, found);
   if (!found) status = check_one_key(kKvCacheKeys, config.kv_cache, dotted_key, found);
   if (!found) status = check_one_key(kKvStoreKeys, config.kv_store, dotted_key, found);
   if (!found) status = check_one_key(kSchedulerKeys, config.scheduler, dotted_key, found);
@@ -496,6 +503,10 @@ std::string_view config_name(LogLevel value) {
       return "error";
   }
   return "?";
+}
+
+std::string_view config_name(kernels::KernelBackend value) {
+  return kernels::kernel_backend_name(value);
 }
 
 std::string_view config_name(LogFormat value) {

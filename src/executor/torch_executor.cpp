@@ -23,6 +23,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "kernel_choice.h"
 #include "layers.h"
 #include "strata/executor/executor.h"
 #include "strata/kernels/torch_ops.h"
@@ -30,6 +31,8 @@
 
 namespace strata::executor {
 namespace {
+
+using kernels::KernelOp;
 
 at::ScalarType to_scalar_type(DType dtype) {
   switch (dtype) {
@@ -65,6 +68,7 @@ class TorchExecutor final : public Executor {
   }
   const kv::KvGeometry& kv_geometry() const override { return kv_geometry_; }
   kv::BlockFormat kv_format() const override { return kv_format_; }
+  const kernels::KernelReport& kernel_report() const override { return kernel_report_; }
   int64_t kv_chunk_bytes() const override { return kv_geometry_.num_layers * block_bytes_; }
   void drop_preload(SeqId seq) override { read_buffers_.erase(seq); }
   void register_host_memory(void* data, size_t bytes) const override;
@@ -137,6 +141,8 @@ class TorchExecutor final : public Executor {
   at::Tensor host_kv_cache_;
   std::unordered_map<SeqId, ReadBuffer> read_buffers_;
   std::optional<c10::cuda::CUDAStream> read_stream_;
+  kernels::KernelReport kernel_report_;  // from the start-up self-check
+  kernels::KernelSelection kernels_;     // kernel_report_.selection()
 };
 
 StatusOr<at::Tensor> TorchExecutor::load_weight(const model::ModelSource& source,
@@ -194,7 +200,10 @@ Status TorchExecutor::load(const model::ModelSource& source) {
   } catch (const std::exception& e) {
     return internal_error(source.path() + ": loading weights failed: " + e.what());
   }
-  return allocate_kv_pool();
+  STRATA_RETURN_IF_ERROR(allocate_kv_pool());
+  kernel_report_ = choose_kernels(config_, options_, device_, dtype_);
+  kernels_ = kernel_report_.selection();
+  return Status();
 }
 
 Status TorchExecutor::allocate_kv_pool() {
@@ -473,24 +482,25 @@ ForwardResult TorchExecutor::run(const ForwardBatch& batch) {
       result.load_seconds +=
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     }
-    at::Tensor h = rms_norm(x, w.attn_norm, config_.rms_norm_eps);
+    at::Tensor h = kernels::rms_norm(x, w.attn_norm, config_.rms_norm_eps, kernels_[KernelOp::kRmsNorm]);
     at::Tensor q = at::linear(h, w.wq, w.bq).view({num_tokens, num_heads, head_dim});
     at::Tensor k = at::linear(h, w.wk, w.bk).view({num_tokens, num_kv_heads, head_dim});
     at::Tensor v = at::linear(h, w.wv, w.bv).view({num_tokens, num_kv_heads, head_dim});
-    q = apply_rotary(q, rope);
-    k = apply_rotary(k, rope);
-    kernels::reshape_and_cache(kv_cache_, k, v, slots[l]);
+    q = kernels::apply_rotary(q, rope.cos, rope.sin, kernels_[KernelOp::kRotary]);
+    k = kernels::apply_rotary(k, rope.cos, rope.sin, kernels_[KernelOp::kRotary]);
+    kernels::reshape_and_cache(kv_cache_, k, v, slots[l], kernels_[KernelOp::kReshapeAndCache]);
     if (!saves.destinations.empty()) {
       const auto start = std::chrono::steady_clock::now();
       save_layer(saves, l);
       result.save_seconds +=
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     }
-    at::Tensor attn = kernels::paged_attention(q, kv_cache_, tables[l], seq_lens_t, cu_q_lens_t,
-                                               max_q_len, scale);  // [num_tokens, H, D]
+    at::Tensor attn =
+        kernels::paged_attention(q, kv_cache_, tables[l], seq_lens_t, cu_q_lens_t, max_q_len,
+                                 scale, kernels_[KernelOp::kPagedAttention]);  // [tokens, H, D]
     x = x + at::linear(attn.view({num_tokens, num_heads * head_dim}), w.wo);
 
-    h = rms_norm(x, w.ffn_norm, config_.rms_norm_eps);
+    h = kernels::rms_norm(x, w.ffn_norm, config_.rms_norm_eps, kernels_[KernelOp::kRmsNorm]);
     at::Tensor gate_up = at::linear(h, w.w_gate_up);
     const int64_t ffn = config_.intermediate_size;
     x = x + at::linear(at::silu(gate_up.narrow(1, 0, ffn)) * gate_up.narrow(1, ffn, ffn),
@@ -511,7 +521,8 @@ ForwardResult TorchExecutor::run(const ForwardBatch& batch) {
 
   if (logit_rows.empty()) return result;
   at::Tensor rows = at::tensor(logit_rows, long_opts).to(device_);
-  at::Tensor last = rms_norm(x.index_select(0, rows), output_norm_, config_.rms_norm_eps);
+  at::Tensor last = kernels::rms_norm(x.index_select(0, rows), output_norm_, config_.rms_norm_eps,
+                                     kernels_[KernelOp::kRmsNorm]);
   at::Tensor logits = at::linear(last, lm_head_).to(at::kCPU, at::kFloat).contiguous();
   result.logits.assign(logits.data_ptr<float>(), logits.data_ptr<float>() + logits.numel());
   return result;
@@ -527,7 +538,8 @@ void TorchExecutor::rotate_keys(at::Tensor& blocks, const at::Tensor& first_posi
   // In float32 whatever the pool's dtype, so a round trip loses no more than one rounding.
   const RotaryTables tables = make_rotary_tables(positions, inv_freq_, at::kFloat);
   at::Tensor keys = blocks.select(1, 0).permute({0, 2, 1, 3}).reshape({n * block, heads, dim});
-  keys = apply_rotary(keys.to(at::kFloat).contiguous(), tables);
+  keys = kernels::apply_rotary(keys.to(at::kFloat).contiguous(), tables.cos, tables.sin,
+                               kernels_[KernelOp::kRotary]);
   blocks.select(1, 0).copy_(keys.view({n, block, heads, dim}).permute({0, 2, 1, 3}));
 }
 

@@ -166,11 +166,13 @@ class Service {
     server.Get("/v1/models", guarded([this](const auto& req, auto& res) { models(req, res); }));
     server.Get(R"(/v1/models/(.+))",
                guarded([this](const auto& req, auto& res) { model(req, res); }));
-    server.Get("/health", [](const httplib::Request&, httplib::Response& res) {
-      res.set_content(R"({"status":"ok"})", "application/json");
+    server.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+      res.set_content(health_body(engine_.executor().kernel_report()), "application/json");
     });
     server.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-      res.set_content(metrics_.render(engine_.stats()), "text/plain; version=0.0.4; charset=utf-8");
+      res.set_content(metrics_.render(engine_.stats()) +
+                          render_kernel_metrics(engine_.executor().kernel_report()),
+                      "text/plain; version=0.0.4; charset=utf-8");
     });
     // Responses httplib produced without a body: unknown paths, oversized or malformed requests.
     using HandlerResponse = httplib::Server::HandlerResponse;

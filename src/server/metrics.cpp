@@ -4,6 +4,7 @@
 #include <charconv>
 #include <cmath>
 #include <initializer_list>
+#include <nlohmann/json.hpp>
 #include <utility>
 
 namespace strata::server {
@@ -168,8 +169,7 @@ void render_store(const engine::EngineStats& engine, std::string* out) {
          "Saves that had DRAM room for their leading chunks only.", d(s.saves_partial));
   single("strata_kv_store_saved_tokens_total", "counter",
          "Tokens whose KV finished requests saved to the store.", d(engine.store_saved_tokens));
-  single("strata_kv_store_expired_total", "counter", "Items dropped after the TTL.",
-         d(s.expired));
+  single("strata_kv_store_expired_total", "counter", "Items dropped after the TTL.", d(s.expired));
   single("strata_kv_store_preloads_total", "counter",
          "Waiting requests whose first layers of stored KV were pre-loaded (the read buffer).",
          d(engine.preloads));
@@ -313,6 +313,37 @@ std::string Metrics::render(const engine::EngineStats& engine) const {
   render_tier_hits(engine, &out);
   if (engine.store) render_store(engine, &out);
   return out;
+}
+
+std::string render_kernel_metrics(const kernels::KernelReport& report) {
+  std::string out;
+  header(&out, "strata_kernel_backend", "gauge",
+         "1 for the implementation (strata or torch) that serves each custom op.");
+  int failures = 0;
+  for (const kernels::OpCheck& c : report.ops) {
+    out.append("strata_kernel_backend{op=\"").append(kernels::kernel_op_name(c.op));
+    out.append("\",backend=\"").append(kernels::kernel_backend_name(c.backend)).append("\"} 1\n");
+    failures += c.result == kernels::SelfCheckResult::kMismatch;
+  }
+  header(&out, "strata_kernel_self_check_failures", "gauge",
+         "Custom ops whose kernel disagreed with libtorch at start-up (served by libtorch).");
+  sample(&out, "strata_kernel_self_check_failures", failures);
+  return out;
+}
+
+std::string health_body(const kernels::KernelReport& report) {
+  nlohmann::json ops = nlohmann::json::array();
+  for (const kernels::OpCheck& c : report.ops) {
+    ops.push_back({{"op", kernels::kernel_op_name(c.op)},
+                   {"backend", kernels::kernel_backend_name(c.backend)},
+                   {"self_check", kernels::self_check_result_name(c.result)},
+                   {"max_abs_diff", c.max_abs_diff},
+                   {"detail", c.detail}});
+  }
+  const nlohmann::json body = {
+      {"status", "ok"},
+      {"kernels", {{"self_check_seconds", report.self_check_seconds}, {"ops", std::move(ops)}}}};
+  return body.dump();
 }
 
 }  // namespace strata::server

@@ -1,6 +1,7 @@
 // Private to the HTTP server: the numbers behind GET /metrics, rendered in Prometheus' text
-// exposition format (version 0.0.4). Request counters and latency histograms are recorded here by
-// the server; the engine's gauges and counters are read from Engine::stats() at render time.
+// exposition format (version 0.0.4), and the body of GET /health. Request counters and latency
+// histograms are recorded here by the server; the engine's gauges and counters are read from
+// Engine::stats() at render time, the kernel choice from the executor's KernelReport.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "strata/engine/engine.h"
+#include "strata/kernels/kernel_selection.h"
 
 namespace strata::server {
 
@@ -58,5 +60,13 @@ class Metrics {
   Histogram inter_token_latency_;
   Histogram e2e_latency_;
 };
+
+// strata_kernel_backend{op,backend} 1 for the implementation serving each custom op, and
+// strata_kernel_self_check_failures: ops whose kernel disagreed with libtorch at start-up.
+std::string render_kernel_metrics(const kernels::KernelReport& report);
+
+// {"status":"ok","kernels":{"self_check_seconds":S,"ops":[{"op","backend","self_check",
+// "max_abs_diff","detail"}, ...]}}
+std::string health_body(const kernels::KernelReport& report);
 
 }  // namespace strata::server

@@ -142,7 +142,16 @@ def main():
         expect_api_error(lambda: client.models.retrieve("gpt-4"), openai.NotFoundError, 404,
                          code="model_not_found")
         status, headers, body = server.request("GET", "/health")
-        assert status == 200 and json.loads(body) == {"status": "ok"}, (status, body)
+        health = json.loads(body)
+        assert status == 200 and health["status"] == "ok", (status, body)
+        # On the CPU every custom op runs libtorch; the self-check is for CUDA devices.
+        ops = health["kernels"]["ops"]
+        assert [o["op"] for o in ops] == ["rms_norm", "rotary", "paged_attention",
+                                          "reshape_and_cache"], body
+        assert all(o["backend"] == "torch" and o["self_check"] == "not_run" for o in ops), body
+        metrics = server.metrics()
+        assert metrics['strata_kernel_backend{op="paged_attention",backend="torch"}'] == 1
+        assert metrics["strata_kernel_self_check_failures"] == 0
 
     def test_chat():
         r = chat(temperature=0, max_tokens=64)

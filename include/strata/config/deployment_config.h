@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "strata/common/status.h"
+#include "strata/kernels/kernel_selection.h"
 
 namespace strata::config {
 
@@ -78,6 +79,18 @@ struct DevicesSection {
 // "auto" | "cpu" | "cuda" | "cuda:N": the YAML spelling of a DevicesSection's device, and the
 // string executor::parse_device() accepts.
 std::string device_config_name(const DevicesSection& devices);
+
+// ---- executor -------------------------------------------------------------------------------
+
+struct ExecutorSection {
+  // strata: Strata's CUDA kernels, each after it passes the start-up self-check against
+  // libtorch (an op that fails it runs libtorch); torch: libtorch for every op. The CPU always
+  // runs libtorch.
+  kernels::KernelBackend kernels = kernels::KernelBackend::kStrata;
+
+  Status validate() const { return Status(); }  // every value of the enum is valid
+  bool operator==(const ExecutorSection&) const = default;
+};
 
 // ---- kv_cache -------------------------------------------------------------------------------
 
@@ -203,6 +216,7 @@ struct LoggingSection {
 struct DeploymentConfig {
   ModelSection model;
   DevicesSection devices;
+  ExecutorSection executor;
   KvCacheSection kv_cache;
   KvStoreSection kv_store;
   SchedulerSection scheduler;
@@ -233,6 +247,7 @@ std::string_view config_name(EvictionPolicy value);
 std::string_view config_name(PreemptionMode value);
 std::string_view config_name(LogLevel value);
 std::string_view config_name(LogFormat value);
+std::string_view config_name(kernels::KernelBackend value);  // "strata" | "torch"
 
 // Byte sizes as the config files write them: a plain integer, or an integer with a unit suffix,
 // optionally after one space: KiB MiB GiB TiB (powers of 1024) or KB MB GB TB (powers of 1000);

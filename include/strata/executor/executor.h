@@ -16,6 +16,7 @@
 #include "strata/common/ids.h"
 #include "strata/common/status.h"
 #include "strata/executor/forward_batch.h"
+#include "strata/kernels/kernel_selection.h"
 #include "strata/kv/kv_types.h"
 #include "strata/model/model_config.h"
 
@@ -51,6 +52,9 @@ struct ExecutorOptions {
   // Bytes of the host pool preempted sequences swap to (pinned when the device is CUDA);
   // 0 disables swapping.
   int64_t host_kv_cache_bytes = 0;
+  // Strata's CUDA kernels where the start-up self-check passes them (kStrata), or libtorch for
+  // every op (kTorch). The CPU always runs libtorch.
+  kernels::KernelBackend kernels = kernels::KernelBackend::kStrata;
 };
 
 class Executor {
@@ -74,6 +78,8 @@ class Executor {
   // Shape of the KV pool, for the KV manager.
   virtual const kv::KvGeometry& kv_geometry() const = 0;
   virtual kv::BlockFormat kv_format() const = 0;
+  // Which implementation serves each custom op, and the self-check behind it.
+  virtual const kernels::KernelReport& kernel_report() const = 0;
 
   // Bytes of one KV chunk, the KV store's unit (ForwardBatch::loads and saves): one token block of
   // every layer, [num_layers][2 (K, V)][num_kv_heads][block_size_tokens][head_dim] in the pool's

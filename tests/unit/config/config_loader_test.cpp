@@ -156,6 +156,7 @@ TEST(ConfigLoaderTest, OnlyAModelPathGivesEveryDefault) {
   EXPECT_EQ(c.server.request_timeout_seconds, 0);
   EXPECT_EQ(c.logging.level, LogLevel::kInfo);
   EXPECT_EQ(c.logging.format, LogFormat::kText);
+  EXPECT_EQ(c.executor.kernels, strata::kernels::KernelBackend::kStrata);
 }
 
 TEST(ConfigLoaderTest, NullSectionsAndCommentsOnlyKeepDefaults) {
@@ -334,8 +335,8 @@ TEST(ConfigLoaderTest, OverflowTruncationFractionIsRead) {
 TEST(ConfigLoaderTest, UnknownKeysNameTheFullPathAndListTheAllowedOnes) {
   expect_cases({
       {"top level", "modle: {}\n", kInvalid,
-       "t.yaml:3:1: unknown key 'modle'; allowed top-level keys: model, devices, kv_cache, "
-       "kv_store, scheduler, server, logging"},
+       "t.yaml:3:1: unknown key 'modle'; allowed top-level keys: model, devices, executor, "
+       "kv_cache, kv_store, scheduler, server, logging"},
       {"model", "model: {path: m, dtyp: float32}\n", kInvalid,
        "unknown key 'model.dtyp'; allowed keys in 'model': path, dtype, chat_template, "
        "served_name"},
@@ -432,6 +433,8 @@ TEST(ConfigLoaderTest, WrongTypesNameTheKeyAndTheExpectedType) {
        "logging.level: expected one of trace, debug, info, warn, error, got 'verbose'"},
       {"log format", "logging: {format: xml}\n", kInvalid,
        "logging.format: expected one of text, json, got 'xml'"},
+      {"kernels", "executor: {kernels: cublas}\n", kInvalid,
+       "executor.kernels: expected one of strata, torch, got 'cublas'"},
       {"plain number as string", "model: {path: 123}\n", kOk, ""},
   });
 }
@@ -810,6 +813,7 @@ TEST(ConfigLoaderTest, OverridesSetOneKeyWithTheFileSpelling) {
       {"server.host", "::"},
       {"server.api_keys", "[k1, 'k2']"},
       {"logging.level", "debug"},
+      {"executor.kernels", "torch"},
   };
   for (const auto& [key, value] : overrides) {
     const Status status = apply_override(config, key, value);
@@ -828,6 +832,7 @@ TEST(ConfigLoaderTest, OverridesSetOneKeyWithTheFileSpelling) {
   EXPECT_EQ(config.server.host, "::");
   EXPECT_EQ(config.server.api_keys, (std::vector<std::string>{"k1", "k2"}));
   EXPECT_EQ(config.logging.level, LogLevel::kDebug);
+  EXPECT_EQ(config.executor.kernels, strata::kernels::KernelBackend::kTorch);
   EXPECT_TRUE(config.validate().ok()) << config.validate().to_string();
 
   // Empty clears a string key; null clears an optional key; [] empties a list.
@@ -869,8 +874,8 @@ TEST(ConfigLoaderTest, BadOverridesAreRejectedAndLeaveTheConfigUnchanged) {
        "overflow_truncation_fraction"},
       {"scheduler.max_num_seqs.x", "1", ""},
       {"schedular.max_num_seqs", "1",
-       "unknown key 'schedular.max_num_seqs'; allowed top-level keys: model, devices, kv_cache, "
-       "kv_store, scheduler, server, logging"},
+       "unknown key 'schedular.max_num_seqs'; allowed top-level keys: model, devices, executor, "
+       "kv_cache, kv_store, scheduler, server, logging"},
       {"scheduler", "1",
        "'scheduler' is a section; override one of its keys: max_num_seqs, "
        "max_num_batched_tokens, preemption_mode, max_queued_requests, "
@@ -911,6 +916,7 @@ DeploymentConfig everything_changed() {
   c.devices.cuda_index = 5;
   c.devices.tensor_parallel_size = 4;
   c.devices.cpu_threads = 12;
+  c.executor.kernels = strata::kernels::KernelBackend::kTorch;
   c.kv_cache.block_size_tokens = 32;
   c.kv_cache.cache_bytes = (int64_t{3} << 30) + 7;
   c.kv_cache.host_cache_bytes = 1000000000;

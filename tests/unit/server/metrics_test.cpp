@@ -1,9 +1,11 @@
-// Metrics and Histogram: Prometheus text exposition format (0.0.4), bucket placement, engine gauges.
+// Metrics and Histogram: Prometheus text exposition format (0.0.4), bucket placement, engine
+// gauges.
 #include "metrics.h"
 
 #include <gtest/gtest.h>
 
 #include <map>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -51,7 +53,7 @@ TEST(HistogramTest, EmptyHistogramRendersZeroBucketsEndingInInf) {
 TEST(HistogramTest, ObservationsLandInCumulativeBuckets) {
   Histogram histogram({0.5, 1, 2.5});
   histogram.observe(0.25);  // <= 0.5
-  histogram.observe(0.5);  // bounds are inclusive (le): still the 0.5 bucket
+  histogram.observe(0.5);   // bounds are inclusive (le): still the 0.5 bucket
   histogram.observe(0.75);
   histogram.observe(2.5);
   histogram.observe(3);    // only +Inf
@@ -94,8 +96,7 @@ void expect_valid_exposition(const std::string& text) {
       ASSERT_LT(i + 1, lines.size());
       ASSERT_TRUE(lines[i + 1].starts_with("# TYPE " + family + " ")) << lines[i + 1];
       type = lines[i + 1].substr(7 + family.size() + 1);
-      EXPECT_TRUE(type == "counter" || type == "gauge" || type == "histogram" ||
-                  type == "summary")
+      EXPECT_TRUE(type == "counter" || type == "gauge" || type == "histogram" || type == "summary")
           << type;
       if (type == "counter") {
         EXPECT_TRUE(family.ends_with("_total")) << family;
@@ -143,6 +144,53 @@ TEST(MetricsTest, FreshMetricsRenderValidExposition) {
   EXPECT_EQ(samples.at("strata_kv_pool_usage_ratio"), "0");  // no pool: not a division by zero
   EXPECT_NE(text.find("# TYPE strata_e2e_request_latency_seconds histogram\n"), std::string::npos);
   EXPECT_NE(text.find("# TYPE strata_num_requests_running gauge\n"), std::string::npos);
+}
+
+// A GPU report where the self-check rejected paged attention: the metrics and /health say which
+// implementation serves each op and why.
+kernels::KernelReport report_with_a_fallback() {
+  kernels::KernelReport r;
+  r.self_check_seconds = 0.25;
+  for (kernels::KernelOp op : kernels::kAllKernelOps) {
+    kernels::OpCheck c;
+    c.op = op;
+    c.backend = kernels::KernelBackend::kStrata;
+    c.result = kernels::SelfCheckResult::kPassed;
+    c.max_abs_diff = 0.001;
+    if (op == kernels::KernelOp::kPagedAttention) {
+      c.backend = kernels::KernelBackend::kTorch;
+      c.result = kernels::SelfCheckResult::kMismatch;
+      c.max_abs_diff = 0.5;
+      c.detail = "max |diff| 0.5 above tolerance 0.016";
+    }
+    r.ops.push_back(c);
+  }
+  return r;
+}
+
+TEST(MetricsTest, KernelChoiceIsExported) {
+  const std::string text =
+      Metrics().render(engine::EngineStats{}) + render_kernel_metrics(report_with_a_fallback());
+  expect_valid_exposition(text);
+  const auto samples = samples_of(text);
+  EXPECT_EQ(samples.at("strata_kernel_backend{op=\"rms_norm\",backend=\"strata\"}"), "1");
+  EXPECT_EQ(samples.at("strata_kernel_backend{op=\"paged_attention\",backend=\"torch\"}"), "1");
+  EXPECT_EQ(samples.count("strata_kernel_backend{op=\"paged_attention\",backend=\"strata\"}"), 0u);
+  EXPECT_EQ(samples.at("strata_kernel_self_check_failures"), "1");
+}
+
+TEST(MetricsTest, HealthNamesEachOpsImplementationAndCheck) {
+  const nlohmann::json body = nlohmann::json::parse(health_body(report_with_a_fallback()));
+  EXPECT_EQ(body["status"], "ok");
+  EXPECT_EQ(body["kernels"]["self_check_seconds"], 0.25);
+  ASSERT_EQ(body["kernels"]["ops"].size(), 4u);
+  const nlohmann::json& attention = body["kernels"]["ops"][2];
+  EXPECT_EQ(attention["op"], "paged_attention");
+  EXPECT_EQ(attention["backend"], "torch");
+  EXPECT_EQ(attention["self_check"], "mismatch");
+  EXPECT_EQ(attention["max_abs_diff"], 0.5);
+  EXPECT_EQ(attention["detail"], "max |diff| 0.5 above tolerance 0.016");
+  EXPECT_EQ(body["kernels"]["ops"][0]["self_check"], "passed");
 }
 
 TEST(MetricsTest, RecordedCountersAndHistograms) {
@@ -194,8 +242,9 @@ TEST(MetricsTest, LabelValuesAreEscaped) {
   Metrics metrics;
   metrics.count_request("a\"b\\c\nd", 500);
   const std::string text = metrics.render(engine::EngineStats{});
-  EXPECT_NE(text.find("strata_http_requests_total{endpoint=\"a\\\"b\\\\c\\nd\",status=\"500\"} 1\n"),
-            std::string::npos)
+  EXPECT_NE(
+      text.find("strata_http_requests_total{endpoint=\"a\\\"b\\\\c\\nd\",status=\"500\"} 1\n"),
+      std::string::npos)
       << text.substr(0, 300);
   expect_valid_exposition(text);
 }
@@ -251,10 +300,24 @@ TEST(MetricsTest, KvTiersReportHitsBytesEvictionsAndLatency) {
   stats.store_loaded_tokens_ssd = 48;
   stats.store_load_failures = 1;
   store::StoreStats& s = stats.store.emplace();
-  s.dram = {.hits = 5, .misses = 2, .bytes_in = 4096, .bytes_out = 8192, .evictions = 3,
-            .load_seconds = 0.5, .loads = 5, .save_seconds = 0.25, .saves = 4};
-  s.ssd = {.hits = 1, .misses = 6, .bytes_in = 1024, .bytes_out = 2048, .evictions = 2,
-           .load_seconds = 1.5, .loads = 1, .save_seconds = 0.75, .saves = 2};
+  s.dram = {.hits = 5,
+            .misses = 2,
+            .bytes_in = 4096,
+            .bytes_out = 8192,
+            .evictions = 3,
+            .load_seconds = 0.5,
+            .loads = 5,
+            .save_seconds = 0.25,
+            .saves = 4};
+  s.ssd = {.hits = 1,
+           .misses = 6,
+           .bytes_in = 1024,
+           .bytes_out = 2048,
+           .evictions = 2,
+           .load_seconds = 1.5,
+           .loads = 1,
+           .save_seconds = 0.75,
+           .saves = 2};
   stats.pool_prefix_hits = 11;
   stats.pool_prefix_misses = 12;
   stats.pool_bytes_loaded = 13;
