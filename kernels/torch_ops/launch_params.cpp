@@ -3,6 +3,19 @@
 #include <ATen/core/Tensor.h>
 
 namespace strata::kernels {
+namespace {
+
+// The strides of the pool [num_blocks, 2, num_kv_heads, block_size, head_dim], which both
+// launchers take under the same names.
+template <typename Params>
+void set_pool_strides(Params& params, const at::Tensor& kv_cache) {
+  params.kv_stride_block = kv_cache.stride(0);
+  params.kv_stride_kv = kv_cache.stride(1);
+  params.kv_stride_head = kv_cache.stride(2);
+  params.kv_stride_token = kv_cache.stride(3);
+}
+
+}  // namespace
 
 ScalarKind scalar_kind(const at::Tensor& t) {
   switch (t.scalar_type()) {
@@ -31,10 +44,7 @@ PagedAttentionParams paged_attention_params(at::Tensor& out, const at::Tensor& q
   params.cu_q_lens = cu_q_lens.data_ptr<int32_t>();
   params.q_stride_token = q.stride(0);
   params.q_stride_head = q.stride(1);
-  params.kv_stride_block = kv_cache.stride(0);
-  params.kv_stride_kv = kv_cache.stride(1);
-  params.kv_stride_head = kv_cache.stride(2);
-  params.kv_stride_token = kv_cache.stride(3);
+  set_pool_strides(params, kv_cache);
   params.num_tokens = q.size(0);
   params.num_seqs = seq_lens.size(0);
   params.num_heads = q.size(1);
@@ -60,10 +70,7 @@ ReshapeAndCacheParams reshape_and_cache_params(at::Tensor& kv_cache, const at::T
   params.key_stride_head = key.stride(1);
   params.value_stride_token = value.stride(0);
   params.value_stride_head = value.stride(1);
-  params.kv_stride_block = kv_cache.stride(0);
-  params.kv_stride_kv = kv_cache.stride(1);
-  params.kv_stride_head = kv_cache.stride(2);
-  params.kv_stride_token = kv_cache.stride(3);
+  set_pool_strides(params, kv_cache);
   params.num_tokens = key.size(0);
   params.num_kv_heads = kv_cache.size(2);
   params.head_dim = kv_cache.size(4);

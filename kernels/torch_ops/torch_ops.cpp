@@ -66,8 +66,8 @@ at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Te
   check_contiguous(sin, "sin");
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor out = at::empty_like(x);
-  launch_rotary(out.data_ptr(), x.data_ptr(), cos.data_ptr(), sin.data_ptr(), x.size(0), x.size(1),
-                x.size(2), scalar_kind(x),
+  launch_rotary(out.data_ptr(), x.data_ptr(), cos.data_ptr(), sin.data_ptr(), x.size(0),
+                x.size(1), x.size(2), scalar_kind(x),
                 c10::cuda::getCurrentCUDAStream(x.get_device()).stream());
   return out;
 }
@@ -105,12 +105,10 @@ void check_paged_attention_args(const at::Tensor& q, const at::Tensor& kv_cache,
               kv_cache.sizes());
   TORCH_CHECK(kv_cache.size(4) == q.size(2), "kv_cache head_dim ", kv_cache.size(4),
               " does not match q head_dim ", q.size(2));
-  TORCH_CHECK(kv_cache.size(2) > 0 && q.size(1) % kv_cache.size(2) == 0, "num_heads ", q.size(1),
-              " must be a multiple of num_kv_heads ", kv_cache.size(2));
-  TORCH_CHECK(is_power_of_two(kv_cache.size(3)),
-              "block_size (kv_cache dim 3) must be a power "
-              "of two, got ",
-              kv_cache.size(3));
+  TORCH_CHECK(kv_cache.size(2) > 0 && q.size(1) % kv_cache.size(2) == 0, "num_heads ",
+              q.size(1), " must be a multiple of num_kv_heads ", kv_cache.size(2));
+  TORCH_CHECK(is_power_of_two(kv_cache.size(3)), "block_size (kv_cache dim 3) must be a power "
+              "of two, got ", kv_cache.size(3));
   TORCH_CHECK(kv_cache.scalar_type() == q.scalar_type(), "kv_cache has dtype ",
               kv_cache.scalar_type(), ", expected q's dtype ", q.scalar_type());
   TORCH_CHECK(kv_cache.device() == q.device(), "kv_cache is on ", kv_cache.device(),
@@ -125,8 +123,7 @@ void check_paged_attention_args(const at::Tensor& q, const at::Tensor& kv_cache,
               block_tables.sizes());
   TORCH_CHECK(cu_q_lens.dim() == 1 && cu_q_lens.size(0) == num_seqs + 1,
               "cu_q_lens must be [num_seqs + 1 = ", num_seqs + 1, "], got ", cu_q_lens.sizes());
-  TORCH_CHECK(num_seqs > 0 || q.size(0) == 0, "q has ", q.size(0),
-              " tokens but there are no "
+  TORCH_CHECK(num_seqs > 0 || q.size(0) == 0, "q has ", q.size(0), " tokens but there are no "
               "sequences");
   TORCH_CHECK(max_q_len >= 1 || q.size(0) == 0, "max_q_len must be >= 1, got ", max_q_len);
 }
@@ -173,12 +170,13 @@ void paged_attention_cuda(at::Tensor& out, const at::Tensor& q, const at::Tensor
   check_vector_aligned(kv_cache, "kv_cache", 4);
   TORCH_CHECK(kv_cache.size(2) <= 65535, "num_kv_heads must be <= 65535");
   const c10::cuda::CUDAGuard guard(q.device());
-  PagedAttentionParams params =
-      paged_attention_params(out, q, kv_cache, block_tables, seq_lens, cu_q_lens, max_q_len, scale);
+  PagedAttentionParams params = paged_attention_params(out, q, kv_cache, block_tables, seq_lens,
+                                                       cu_q_lens, max_q_len, scale);
   at::Tensor workspace;
   const size_t workspace_bytes = paged_attention_workspace_bytes(params);
   if (workspace_bytes > 0) {
-    workspace = at::empty({static_cast<int64_t>(workspace_bytes)}, q.options().dtype(at::kByte));
+    workspace = at::empty({static_cast<int64_t>(workspace_bytes)},
+                          q.options().dtype(at::kByte));
     params.workspace = workspace.data_ptr();
     params.workspace_bytes = workspace_bytes;
   }

@@ -1,11 +1,11 @@
 // `strata serve`: the gRPC server over one model until SIGINT/SIGTERM, which stops accepting
 // calls, gives in-flight ones the configured grace period, and exits 0.
 
-#include <spdlog/spdlog.h>
-
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <spdlog/spdlog.h>
+
 #include <thread>
 
 #include "commands.h"
@@ -65,8 +65,7 @@ Status serve(const std::vector<std::string>& args) {
   configure_logging(deployment.logging);
   const config::ServerSection& server = deployment.server;
   if (server.grpc_port == 0 && server.http_port == 0) {
-    return invalid_argument_error(
-        "server.grpc_port and server.http_port are both 0: nothing to serve");
+    return invalid_argument_error("server.grpc_port and server.http_port are both 0: nothing to serve");
   }
   // The one environment read of the binary: API keys named by server.api_keys_env.
   STRATA_ASSIGN_OR_RETURN(
@@ -108,10 +107,10 @@ Status serve(const std::vector<std::string>& args) {
     options.served_name = served_name;
     options.api_keys = api_keys;
     options.request_timeout = std::chrono::seconds(server.request_timeout_seconds);
-    STRATA_ASSIGN_OR_RETURN(
-        http, server::HttpServer::start(*loaded.engine, loaded.chat_template, options));
-    spdlog::info("serving {} on http://{}:{}/v1 (OpenAI-compatible HTTP)", served_name, server.host,
-                 http->port());
+    STRATA_ASSIGN_OR_RETURN(http,
+                            server::HttpServer::start(*loaded.engine, loaded.chat_template, options));
+    spdlog::info("serving {} on http://{}:{}/v1 (OpenAI-compatible HTTP)", served_name,
+                 server.host, http->port());
     std::printf("http_port=%d\n", http->port());
   }
   std::fflush(stdout);
@@ -133,8 +132,6 @@ Status serve(const std::vector<std::string>& args) {
 
 }  // namespace
 
-int run_serve(const std::vector<std::string>& args) {
-  return exit_code("strata serve", serve(args));
-}
+int run_serve(const std::vector<std::string>& args) { return exit_code("strata serve", serve(args)); }
 
 }  // namespace strata::cli

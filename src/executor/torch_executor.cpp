@@ -141,8 +141,7 @@ class TorchExecutor final : public Executor {
   at::Tensor host_kv_cache_;
   std::unordered_map<SeqId, ReadBuffer> read_buffers_;
   std::optional<c10::cuda::CUDAStream> read_stream_;
-  kernels::KernelReport kernel_report_;  // from the start-up self-check
-  kernels::KernelSelection kernels_;     // kernel_report_.selection()
+  kernels::KernelReport kernel_report_;  // each custom op's implementation (start-up self-check)
 };
 
 StatusOr<at::Tensor> TorchExecutor::load_weight(const model::ModelSource& source,
@@ -202,7 +201,6 @@ Status TorchExecutor::load(const model::ModelSource& source) {
   }
   STRATA_RETURN_IF_ERROR(allocate_kv_pool());
   kernel_report_ = choose_kernels(config_, options_, device_, dtype_);
-  kernels_ = kernel_report_.selection();
   return Status();
 }
 
@@ -464,6 +462,10 @@ ForwardResult TorchExecutor::run(const ForwardBatch& batch) {
   at::Tensor cu_q_lens_t = at::tensor(cu_q_lens, at::kInt).to(device_);
   const RotaryTables rope = make_rotary_tables(pos, inv_freq_, dtype_);
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
+  const kernels::KernelBackend norm = kernel_report_.backend(KernelOp::kRmsNorm);
+  const kernels::KernelBackend rotary = kernel_report_.backend(KernelOp::kRotary);
+  const kernels::KernelBackend attention = kernel_report_.backend(KernelOp::kPagedAttention);
+  const kernels::KernelBackend cache_write = kernel_report_.backend(KernelOp::kReshapeAndCache);
 
   const auto load_start = std::chrono::steady_clock::now();
   StagedLoads loads = stage_loads(batch);
@@ -482,25 +484,24 @@ ForwardResult TorchExecutor::run(const ForwardBatch& batch) {
       result.load_seconds +=
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     }
-    at::Tensor h = kernels::rms_norm(x, w.attn_norm, config_.rms_norm_eps, kernels_[KernelOp::kRmsNorm]);
+    at::Tensor h = kernels::rms_norm(x, w.attn_norm, config_.rms_norm_eps, norm);
     at::Tensor q = at::linear(h, w.wq, w.bq).view({num_tokens, num_heads, head_dim});
     at::Tensor k = at::linear(h, w.wk, w.bk).view({num_tokens, num_kv_heads, head_dim});
     at::Tensor v = at::linear(h, w.wv, w.bv).view({num_tokens, num_kv_heads, head_dim});
-    q = kernels::apply_rotary(q, rope.cos, rope.sin, kernels_[KernelOp::kRotary]);
-    k = kernels::apply_rotary(k, rope.cos, rope.sin, kernels_[KernelOp::kRotary]);
-    kernels::reshape_and_cache(kv_cache_, k, v, slots[l], kernels_[KernelOp::kReshapeAndCache]);
+    q = kernels::apply_rotary(q, rope.cos, rope.sin, rotary);
+    k = kernels::apply_rotary(k, rope.cos, rope.sin, rotary);
+    kernels::reshape_and_cache(kv_cache_, k, v, slots[l], cache_write);
     if (!saves.destinations.empty()) {
       const auto start = std::chrono::steady_clock::now();
       save_layer(saves, l);
       result.save_seconds +=
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     }
-    at::Tensor attn =
-        kernels::paged_attention(q, kv_cache_, tables[l], seq_lens_t, cu_q_lens_t, max_q_len,
-                                 scale, kernels_[KernelOp::kPagedAttention]);  // [tokens, H, D]
+    at::Tensor attn = kernels::paged_attention(q, kv_cache_, tables[l], seq_lens_t, cu_q_lens_t,
+                                               max_q_len, scale, attention);  // [tokens, H, D]
     x = x + at::linear(attn.view({num_tokens, num_heads * head_dim}), w.wo);
 
-    h = kernels::rms_norm(x, w.ffn_norm, config_.rms_norm_eps, kernels_[KernelOp::kRmsNorm]);
+    h = kernels::rms_norm(x, w.ffn_norm, config_.rms_norm_eps, norm);
     at::Tensor gate_up = at::linear(h, w.w_gate_up);
     const int64_t ffn = config_.intermediate_size;
     x = x + at::linear(at::silu(gate_up.narrow(1, 0, ffn)) * gate_up.narrow(1, ffn, ffn),
@@ -521,8 +522,8 @@ ForwardResult TorchExecutor::run(const ForwardBatch& batch) {
 
   if (logit_rows.empty()) return result;
   at::Tensor rows = at::tensor(logit_rows, long_opts).to(device_);
-  at::Tensor last = kernels::rms_norm(x.index_select(0, rows), output_norm_, config_.rms_norm_eps,
-                                     kernels_[KernelOp::kRmsNorm]);
+  at::Tensor last =
+      kernels::rms_norm(x.index_select(0, rows), output_norm_, config_.rms_norm_eps, norm);
   at::Tensor logits = at::linear(last, lm_head_).to(at::kCPU, at::kFloat).contiguous();
   result.logits.assign(logits.data_ptr<float>(), logits.data_ptr<float>() + logits.numel());
   return result;
@@ -539,7 +540,7 @@ void TorchExecutor::rotate_keys(at::Tensor& blocks, const at::Tensor& first_posi
   const RotaryTables tables = make_rotary_tables(positions, inv_freq_, at::kFloat);
   at::Tensor keys = blocks.select(1, 0).permute({0, 2, 1, 3}).reshape({n * block, heads, dim});
   keys = kernels::apply_rotary(keys.to(at::kFloat).contiguous(), tables.cos, tables.sin,
-                               kernels_[KernelOp::kRotary]);
+                               kernel_report_.backend(KernelOp::kRotary));
   blocks.select(1, 0).copy_(keys.view({n, block, heads, dim}).permute({0, 2, 1, 3}));
 }
 
@@ -759,42 +760,6 @@ void TorchExecutor::unregister_host_memory(void* data) const {
 }
 
 }  // namespace
-
-StatusOr<DType> parse_dtype(const std::string& name) {
-  if (name == "float32" || name == "fp32") return DType::kFloat32;
-  if (name == "bfloat16" || name == "bf16") return DType::kBFloat16;
-  if (name == "float16" || name == "fp16") return DType::kFloat16;
-  return invalid_argument_error("unknown dtype '" + name + "' (float32, bfloat16, float16)");
-}
-
-const char* dtype_name(DType dtype) {
-  switch (dtype) {
-    case DType::kFloat32: return "float32";
-    case DType::kBFloat16: return "bfloat16";
-    case DType::kFloat16: return "float16";
-  }
-  return "unknown";
-}
-
-StatusOr<Device> parse_device(const std::string& name) {
-  if (name == "cpu") return Device{DeviceKind::kCpu, 0};
-  if (name == "auto") {
-    return c10::cuda::device_count() > 0 ? Device{DeviceKind::kCuda, 0}
-                                          : Device{DeviceKind::kCpu, 0};
-  }
-  if (name == "cuda") return Device{DeviceKind::kCuda, 0};
-  if (name.starts_with("cuda:")) {
-    const std::string index = name.substr(5);
-    if (!index.empty() && std::all_of(index.begin(), index.end(), ::isdigit) && index.size() < 4) {
-      return Device{DeviceKind::kCuda, std::stoi(index)};
-    }
-  }
-  return invalid_argument_error("unknown device '" + name + "' (cpu, cuda, cuda:N, auto)");
-}
-
-std::string device_name(const Device& device) {
-  return device.kind == DeviceKind::kCpu ? "cpu" : "cuda:" + std::to_string(device.index);
-}
 
 StatusOr<std::unique_ptr<Executor>> Executor::create(const model::ModelSource& source,
                                                      const ExecutorOptions& options) {

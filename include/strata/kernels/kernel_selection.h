@@ -1,5 +1,5 @@
 // Which implementation each custom op runs on a CUDA device: Strata's kernel or libtorch's
-// (kernels/aten_ops.h). The start-up self-check (kernels/self_check.h) fills a KernelSelection;
+// (kernels/aten_ops.h). The start-up self-check (kernels/self_check.h) fills a KernelReport;
 // `executor.kernels: torch` in the config forces libtorch for every op. CPU tensors always run
 // libtorch. Framework-free.
 #pragma once
@@ -35,13 +35,6 @@ inline const char* kernel_backend_name(KernelBackend backend) {
   return backend == KernelBackend::kStrata ? "strata" : "torch";
 }
 
-struct KernelSelection {
-  std::array<KernelBackend, kNumKernelOps> backends{KernelBackend::kStrata, KernelBackend::kStrata,
-                                                    KernelBackend::kStrata, KernelBackend::kStrata};
-  KernelBackend operator[](KernelOp op) const { return backends[static_cast<size_t>(op)]; }
-  KernelBackend& operator[](KernelOp op) { return backends[static_cast<size_t>(op)]; }
-};
-
 // The self-check's verdict on one op.
 enum class SelfCheckResult {
   kPassed,    // Strata's kernel matched libtorch: it runs
@@ -73,11 +66,7 @@ struct OpCheck {
 struct KernelReport {
   std::vector<OpCheck> ops;  // one per KernelOp, in kAllKernelOps order
   double self_check_seconds = 0.0;
-  KernelSelection selection() const {
-    KernelSelection s;
-    for (const OpCheck& c : ops) s[c.op] = c.backend;
-    return s;
-  }
+  KernelBackend backend(KernelOp op) const { return ops[static_cast<size_t>(op)].backend; }
 };
 
 }  // namespace strata::kernels

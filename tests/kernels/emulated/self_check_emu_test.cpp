@@ -85,9 +85,8 @@ TEST(KernelSelfCheck, AWrongKernelFallsBackToLibtorch) {
   EXPECT_EQ(attention.detail, "threw: illegal memory access");
   const OpCheck& cache = check_of(r, KernelOp::kReshapeAndCache);
   EXPECT_EQ(cache.result, SelfCheckResult::kPassed);
-  const KernelSelection s = r.selection();
-  EXPECT_EQ(s[KernelOp::kRmsNorm], KernelBackend::kTorch);
-  EXPECT_EQ(s[KernelOp::kReshapeAndCache], KernelBackend::kStrata);
+  EXPECT_EQ(r.backend(KernelOp::kRmsNorm), KernelBackend::kTorch);
+  EXPECT_EQ(r.backend(KernelOp::kReshapeAndCache), KernelBackend::kStrata);
 }
 
 }  // namespace

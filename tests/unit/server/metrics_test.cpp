@@ -1,5 +1,4 @@
-// Metrics and Histogram: Prometheus text exposition format (0.0.4), bucket placement, engine
-// gauges.
+// Metrics and Histogram: Prometheus text exposition format (0.0.4), bucket placement, engine gauges.
 #include "metrics.h"
 
 #include <gtest/gtest.h>
@@ -53,7 +52,7 @@ TEST(HistogramTest, EmptyHistogramRendersZeroBucketsEndingInInf) {
 TEST(HistogramTest, ObservationsLandInCumulativeBuckets) {
   Histogram histogram({0.5, 1, 2.5});
   histogram.observe(0.25);  // <= 0.5
-  histogram.observe(0.5);   // bounds are inclusive (le): still the 0.5 bucket
+  histogram.observe(0.5);  // bounds are inclusive (le): still the 0.5 bucket
   histogram.observe(0.75);
   histogram.observe(2.5);
   histogram.observe(3);    // only +Inf
@@ -96,7 +95,8 @@ void expect_valid_exposition(const std::string& text) {
       ASSERT_LT(i + 1, lines.size());
       ASSERT_TRUE(lines[i + 1].starts_with("# TYPE " + family + " ")) << lines[i + 1];
       type = lines[i + 1].substr(7 + family.size() + 1);
-      EXPECT_TRUE(type == "counter" || type == "gauge" || type == "histogram" || type == "summary")
+      EXPECT_TRUE(type == "counter" || type == "gauge" || type == "histogram" ||
+                  type == "summary")
           << type;
       if (type == "counter") {
         EXPECT_TRUE(family.ends_with("_total")) << family;
@@ -242,9 +242,8 @@ TEST(MetricsTest, LabelValuesAreEscaped) {
   Metrics metrics;
   metrics.count_request("a\"b\\c\nd", 500);
   const std::string text = metrics.render(engine::EngineStats{});
-  EXPECT_NE(
-      text.find("strata_http_requests_total{endpoint=\"a\\\"b\\\\c\\nd\",status=\"500\"} 1\n"),
-      std::string::npos)
+  EXPECT_NE(text.find("strata_http_requests_total{endpoint=\"a\\\"b\\\\c\\nd\",status=\"500\"} 1\n"),
+            std::string::npos)
       << text.substr(0, 300);
   expect_valid_exposition(text);
 }
@@ -300,24 +299,10 @@ TEST(MetricsTest, KvTiersReportHitsBytesEvictionsAndLatency) {
   stats.store_loaded_tokens_ssd = 48;
   stats.store_load_failures = 1;
   store::StoreStats& s = stats.store.emplace();
-  s.dram = {.hits = 5,
-            .misses = 2,
-            .bytes_in = 4096,
-            .bytes_out = 8192,
-            .evictions = 3,
-            .load_seconds = 0.5,
-            .loads = 5,
-            .save_seconds = 0.25,
-            .saves = 4};
-  s.ssd = {.hits = 1,
-           .misses = 6,
-           .bytes_in = 1024,
-           .bytes_out = 2048,
-           .evictions = 2,
-           .load_seconds = 1.5,
-           .loads = 1,
-           .save_seconds = 0.75,
-           .saves = 2};
+  s.dram = {.hits = 5, .misses = 2, .bytes_in = 4096, .bytes_out = 8192, .evictions = 3,
+            .load_seconds = 0.5, .loads = 5, .save_seconds = 0.25, .saves = 4};
+  s.ssd = {.hits = 1, .misses = 6, .bytes_in = 1024, .bytes_out = 2048, .evictions = 2,
+           .load_seconds = 1.5, .loads = 1, .save_seconds = 0.75, .saves = 2};
   stats.pool_prefix_hits = 11;
   stats.pool_prefix_misses = 12;
   stats.pool_bytes_loaded = 13;

@@ -1,0 +1,48 @@
+// The spellings of executor options (dtype, device) that configs and command lines use.
+
+#include <c10/cuda/CUDAFunctions.h>
+
+#include <algorithm>
+#include <string>
+
+#include "strata/executor/executor.h"
+
+namespace strata::executor {
+
+StatusOr<DType> parse_dtype(const std::string& name) {
+  if (name == "float32" || name == "fp32") return DType::kFloat32;
+  if (name == "bfloat16" || name == "bf16") return DType::kBFloat16;
+  if (name == "float16" || name == "fp16") return DType::kFloat16;
+  return invalid_argument_error("unknown dtype '" + name + "' (float32, bfloat16, float16)");
+}
+
+const char* dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32: return "float32";
+    case DType::kBFloat16: return "bfloat16";
+    case DType::kFloat16: return "float16";
+  }
+  return "unknown";
+}
+
+StatusOr<Device> parse_device(const std::string& name) {
+  if (name == "cpu") return Device{DeviceKind::kCpu, 0};
+  if (name == "auto") {
+    return c10::cuda::device_count() > 0 ? Device{DeviceKind::kCuda, 0}
+                                          : Device{DeviceKind::kCpu, 0};
+  }
+  if (name == "cuda") return Device{DeviceKind::kCuda, 0};
+  if (name.starts_with("cuda:")) {
+    const std::string index = name.substr(5);
+    if (!index.empty() && std::all_of(index.begin(), index.end(), ::isdigit) && index.size() < 4) {
+      return Device{DeviceKind::kCuda, std::stoi(index)};
+    }
+  }
+  return invalid_argument_error("unknown device '" + name + "' (cpu, cuda, cuda:N, auto)");
+}
+
+std::string device_name(const Device& device) {
+  return device.kind == DeviceKind::kCpu ? "cpu" : "cuda:" + std::to_string(device.index);
+}
+
+}  // namespace strata::executor
