@@ -6,14 +6,14 @@
 // a delta carries only complete UTF-8, never a partial stop string, and never the text of a stop
 // token.
 //
-// With a KV store (EngineOptions::store, CachedAttention), a request saves the KV of its full
-// token blocks to the store as it computes them (layer by layer, by the forward pass that
-// completes each block) and publishes them when it finishes with kStop or kLength, under its
-// session key and the chained content hash of its tokens; a later request whose prompt starts
-// with those tokens (the next turn of the conversation) loads them instead of computing them.
-// Tiers, nearest first: the device pool's prefix cache, host DRAM, SSD. A load that fails (a
-// corrupt or vanished chunk, or no DRAM room to read it into) sends the request back to the queue
-// to recompute its whole prompt, and is counted.
+// With a KV store (EngineOptions::store, CachedAttention), the restore coordinator
+// (restore/restore_coordinator.h) decides what each request loads and saves: a request saves the
+// KV of its full token blocks as it computes them and publishes them when it finishes with kStop
+// or kLength, under its session key and the chained content hash of its tokens; a later request
+// whose prompt starts with those tokens (the next turn of the conversation) loads them instead of
+// computing them. Tiers, nearest first: the device pool's prefix cache, host DRAM, SSD. A load
+// that fails (a corrupt or vanished chunk, or no DRAM room to read it into) sends the request back
+// to the queue to recompute its whole prompt, and is counted.
 //
 // A request with SamplingParams::prompt_logprobs computes its whole prompt (no prefix cache, no
 // store, no truncation) with logits at every position, and gets the prompt's logprobs with its
@@ -27,6 +27,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -38,6 +39,7 @@
 #include "strata/model/model_config.h"
 #include "strata/sampling/sampler.h"
 #include "strata/sampling/sampling_params.h"
+#include "strata/restore/restore_coordinator.h"
 #include "strata/scheduler/scheduler.h"
 #include "strata/store/kv_store.h"
 
@@ -152,7 +154,8 @@ struct EngineOptions {
   int64_t read_buffer_layers = -1;
 };
 
-struct EngineStats {
+// The engine's counters; what the restore coordinator did with the KV store comes first.
+struct EngineStats : restore::RestoreStats {
   int64_t num_waiting = 0;
   int64_t num_running = 0;
   int64_t num_swapped = 0;
@@ -166,26 +169,10 @@ struct EngineStats {
   int64_t num_preemptions = 0;  // swap-outs plus recomputes
   int64_t num_swap_outs = 0;
   int64_t num_steps = 0;
-  // KV store (absent without one).
-  std::optional<store::StoreStats> store;
-  int64_t store_loaded_tokens_dram = 0;  // prompt tokens loaded from chunks found in DRAM
-  int64_t store_loaded_tokens_ssd = 0;   // ... that had to be read from SSD
-  int64_t store_load_failures = 0;  // loads of corrupt or vanished chunks: the prompt recomputed
-  int64_t store_loads_skipped = 0;  // loads DRAM had no room for at the time: likewise
-  int64_t store_saved_tokens = 0;        // tokens whose KV finished requests saved
   // The device pool as the store's top tier: requests whose prompt found blocks in its prefix
-  // cache (hits) or none (misses), KV bytes it received from the store (loads) and sent to it
-  // (saves), and the executor's time on those copies.
+  // cache (hits) or none (misses).
   int64_t pool_prefix_hits = 0;
   int64_t pool_prefix_misses = 0;
-  int64_t pool_bytes_loaded = 0;
-  int64_t pool_bytes_saved = 0;
-  double pool_load_seconds = 0;
-  int64_t pool_loads = 0;  // forward passes with loads
-  double pool_save_seconds = 0;
-  int64_t pool_saves = 0;  // forward passes with saves
-  int64_t preloads = 0;    // requests whose first layers were pre-loaded
-  int64_t preloaded_layers = 0;  // layers those pre-loads held, summed
 };
 
 class Engine {
@@ -227,8 +214,6 @@ class Engine {
   void finish(Active& active, RequestOutput output, FinishReason reason, std::string error = {});
   void emit_token(Active& active, const sampling::SampleResult& sample);
   void refresh_stats();
-  // The root of a tenant's chained content hashes (the prefix cache's too).
-  kv::ChunkHash store_root(const std::string& tenant) const;
   // Tokens to drop after the first block of `prompt` (a multiple of the block size): what the
   // context window needs, and at least what `match` (an item made from truncated history) dropped.
   int64_t tokens_to_drop(std::span<const TokenId> prompt,
@@ -237,36 +222,8 @@ class Engine {
   // `start_position`) for a request that asked for them.
   void record_prompt_logprobs(Active& active, int64_t start_position, const float* logits,
                               int64_t num_rows, int64_t vocab);
-  // Lets the sequence's first commit load what `match` holds of its (truncated) prompt.
-  void attach_stored_prefix(Active& active, const store::StoreMatch& match);
-  // Pins the stored chunks of the batch's loads into `forward`; a sequence whose load fails goes
-  // back to waiting and its chunk leaves the batch.
-  std::vector<store::StoreLease> acquire_loads(scheduler::ScheduledBatch& batch,
-                                               executor::ForwardBatch& forward);
-  // Adds to `forward` the saves of the token blocks its chunks complete (and of blocks resident
-  // when a sequence's save starts), reserving their store chunks.
-  void plan_saves(executor::ForwardBatch& forward);
-  // After a pass: hands its save copies to their sequences, counts the pool's loads and saves,
-  // and updates the load bandwidth and prefill time that size the read buffer.
-  void account_pass(const executor::ForwardBatch& forward, const executor::ForwardResult& result,
-                    double seconds);
-  // Unpins a request's pre-loaded chunks and drops the executor's copy (if any is left).
-  void release_preload(Active& active);
-  // Ends the sequence's save: publishes its chunks, or gives them back once the copies into them
-  // are done.
-  void end_save(Active& active, bool publish);
-  // Looks the prompts of the first waiting requests up again when the store has published saves
-  // since their last lookup: a request queued behind the turn that saves its history (or a
-  // shared prefix) loads it instead of computing it.
-  void look_up_queue_head();
-  static constexpr int64_t kQueueLookupDepth = 16;
-  // Pins the stored chunks of the next waiting request with a stored prefix and adds the
-  // pre-load of their first layers to `forward` (one request at a time).
-  void plan_preload(executor::ForwardBatch& forward);
-  // Read-buffer layers for a request loading `chunks` chunks and computing `new_tokens`.
-  int64_t preload_layers(int64_t chunks, int64_t new_tokens) const;
-  // Tells the store which items the waiting requests will load, next first.
-  void publish_store_queue();
+  // Builds the pass's sequence chunks from the scheduled ones, counting prefix-cache hits.
+  void build_chunks(const scheduler::ScheduledBatch& batch, executor::ForwardBatch& forward);
 
   std::unique_ptr<model::ModelSource> source_;
   std::unique_ptr<tokenizer::Tokenizer> tokenizer_;
@@ -274,7 +231,8 @@ class Engine {
   std::unique_ptr<kv::KvCacheManager> kv_;
   std::unique_ptr<scheduler::Scheduler> scheduler_;
   // Declared after the executor: destroyed first, while its pending saves can still complete.
-  std::unique_ptr<store::KvStore> store_;
+  // Null without a KV store.
+  std::unique_ptr<restore::RestoreCoordinator> restore_;
   EngineOptions options_;
   uint64_t model_fingerprint_ = 0;
 
@@ -289,11 +247,6 @@ class Engine {
 
   // Step-loop state (loop thread only).
   std::unordered_map<SeqId, std::unique_ptr<Active>> active_;
-  std::vector<store::ItemId> store_queue_;  // last queue given to the store
-  // Measured for sizing the read buffer (0 until measured): load bandwidth into the pool, and
-  // prefill time per token per layer; moving averages.
-  double load_bytes_per_second_ = 0;
-  double prefill_seconds_per_token_layer_ = 0;
   std::thread thread_;
 };
 

@@ -1,0 +1,177 @@
+// The restore coordinator: where each sequence's KV comes from besides computing it, and where it
+// goes when the turn ends. It owns the KV store (CachedAttention's AttentionStore, store/) and
+// stands between it and the step loop:
+//
+//   admission   looks the prompt up in the store (by session, then by content) and lets the
+//               sequence's first commit load the stored prefix instead of computing it;
+//   each step   looks the queue head up again when saves were published, pins the chunks of the
+//               scheduled loads (a load that fails sends its sequence back to recompute), adds to
+//               the pass the saves of the blocks it completes (asynchronous saving, layer by layer)
+//               and the pre-load of the next waiting request's first layers (the read buffer,
+//               sized per request from measured load and prefill times), and tells the store
+//               which items the queue will load (scheduler-aware prefetch and eviction);
+//   turn end    publishes the sequence's saved chunks, or gives them back.
+//
+// Decisions per request and per layer: blocks in the device pool's prefix cache are reused by the
+// KV cache manager; blocks the store holds are loaded (layers [0, k) ahead of the pass when
+// pre-loaded, the rest inside it, each before its layer's attention); the rest is computed.
+// Restoration planners of later techniques (recompute/load splits, speculative recall) plan here.
+//
+// Step-loop thread only, except end_session() (thread-safe).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "strata/common/ids.h"
+#include "strata/common/status.h"
+#include "strata/executor/forward_batch.h"
+#include "strata/kv/kv_types.h"
+#include "strata/scheduler/scheduler.h"
+#include "strata/store/kv_store.h"
+
+namespace strata::executor {
+class Executor;
+struct ForwardResult;
+}  // namespace strata::executor
+namespace strata::kv {
+class KvCacheManager;
+}
+
+namespace strata::restore {
+
+struct RestoreOptions {
+  // The tiers; the coordinator fills in chunk_bytes, block_size_tokens, layout_tag and the
+  // host-memory hooks from the executor.
+  store::StoreOptions store;
+  // Layers of the next waiting request's stored KV copied to the device while the current pass
+  // runs (CachedAttention's read buffer). -1 sizes it per request from the measured load and
+  // prefill times (store::read_buffer_layers); 0 turns pre-loading off (layer-wise loading within
+  // the pass only); n > 0 pre-loads min(n, layers).
+  int64_t read_buffer_layers = -1;
+  // Waiting requests whose prompts are looked up again when the store publishes saves.
+  int64_t lookup_depth = 16;
+};
+
+// What the coordinator did, cumulative. The engine reports these (EngineStats).
+struct RestoreStats {
+  std::optional<store::StoreStats> store;  // absent without a store
+  int64_t store_loaded_tokens_dram = 0;  // prompt tokens loaded from chunks found in DRAM
+  int64_t store_loaded_tokens_ssd = 0;   // ... that had to be read from SSD
+  int64_t store_load_failures = 0;  // loads of corrupt or vanished chunks: the prompt recomputed
+  int64_t store_loads_skipped = 0;  // loads DRAM had no room for at the time: likewise
+  int64_t store_saved_tokens = 0;   // tokens whose KV finished requests saved
+  // The device pool as the store's top tier: KV bytes it received from the store (loads) and
+  // sent to it (saves), and the executor's time on those copies.
+  int64_t pool_bytes_loaded = 0;
+  int64_t pool_bytes_saved = 0;
+  double pool_load_seconds = 0;
+  int64_t pool_loads = 0;  // forward passes with loads
+  double pool_save_seconds = 0;
+  int64_t pool_saves = 0;  // forward passes with saves
+  int64_t preloads = 0;    // requests whose first layers were pre-loaded
+  int64_t preloaded_layers = 0;  // layers those pre-loads held, summed
+};
+
+// How a sequence's request reaches the store.
+struct SequenceInfo {
+  std::string tenant;   // roots its content hashes: tenants never share stored KV
+  std::string session;  // the conversation (tenant-qualified); empty: by content only
+  bool scores_prompt = false;  // prompt logprobs: always computed, never stored
+};
+
+// Prompt tokens a sequence loaded from the store in this step, and the tier the slowest came from.
+struct LoadedPrefix {
+  SeqId seq;
+  int64_t tokens = 0;
+  store::Tier tier = store::Tier::kDram;
+};
+
+class RestoreCoordinator {
+ public:
+  // Opens the store (store::KvStore::open) for the executor's pool format and geometry; cached KV
+  // is keyed by `model_fingerprint` (model content) and the layout.
+  static StatusOr<std::unique_ptr<RestoreCoordinator>> open(const RestoreOptions& options,
+                                                            executor::Executor& executor,
+                                                            kv::KvCacheManager& kv,
+                                                            scheduler::Scheduler& scheduler,
+                                                            uint64_t model_fingerprint);
+  ~RestoreCoordinator();
+  RestoreCoordinator(const RestoreCoordinator&) = delete;
+  RestoreCoordinator& operator=(const RestoreCoordinator&) = delete;
+
+  // Admission, before the sequence joins the scheduler: registers it and returns the longest
+  // stored prefix of its prompt (nullopt for a scored prompt, or when nothing is stored).
+  std::optional<store::StoreMatch> look_up(SeqId seq, std::span<const TokenId> prompt,
+                                           SequenceInfo info);
+  // The sequence joined the scheduler with `dropped_tokens` dropped after its first block
+  // (context overflow): its first commit loads what `match` holds of the truncated prompt.
+  void admitted(SeqId seq, int64_t dropped_tokens, const std::optional<store::StoreMatch>& match);
+
+  // Before scheduling: the first waiting requests look their prompts up again when the store has
+  // published saves since (a request queued behind the turn that saves its history loads it).
+  void before_schedule();
+  // After scheduling: preempted sequences may load their prefix again; the batch's loads are
+  // pinned into `forward` (a sequence whose load fails goes back to waiting and its chunk leaves
+  // `batch`); the store learns the queue. Returns the loads made.
+  std::vector<LoadedPrefix> restore(scheduler::ScheduledBatch& batch,
+                                    executor::ForwardBatch& forward);
+  // Adds to `forward` (its chunks built) the saves of the blocks they complete and the pre-load
+  // of the next waiting request with a stored prefix.
+  void plan_copies(executor::ForwardBatch& forward);
+  // After the pass (`result` null when it failed): unpins the loads, drops the pre-loads of
+  // sequences that ran, hands the save copies to their sequences, and measures the load
+  // bandwidth and prefill time that size the read buffer.
+  void after_pass(const executor::ForwardBatch& forward, const executor::ForwardResult* result,
+                  double seconds);
+  // The request ended: publishes its saved chunks (`publish`: it finished normally) or gives
+  // them back, and forgets the sequence.
+  void finish(SeqId seq, bool publish);
+
+  // Drops a session's stored KV; false if the store holds none for it. Thread-safe.
+  bool end_session(const std::string& session);
+  RestoreStats stats() const;
+
+ private:
+  struct Sequence;
+  RestoreCoordinator(const RestoreOptions& options, executor::Executor& executor,
+                     kv::KvCacheManager& kv, scheduler::Scheduler& scheduler,
+                     uint64_t model_fingerprint);
+  // The root of a tenant's chained content hashes (the prefix cache's too).
+  kv::ChunkHash root(const std::string& tenant) const;
+  // Looks a sequence's current tokens up again, attaching an exact match.
+  void look_up_again(SeqId seq, Sequence& sequence);
+  void attach(SeqId seq, Sequence& sequence, const store::StoreMatch& match);
+  // Pins a load's chunks; the tier of the slowest, or the failure.
+  StatusOr<store::Tier> pin_load(Sequence& sequence, const kv::BlockLoad& load,
+                                 executor::KvLoad* kv_load);
+  void plan_saves(executor::ForwardBatch& forward);
+  void plan_preload(executor::ForwardBatch& forward);
+  // Read-buffer layers for a request loading `chunks` chunks and computing `new_tokens`.
+  int64_t preload_layers(int64_t chunks, int64_t new_tokens) const;
+  void release_preload(SeqId seq, Sequence& sequence);
+  void end_save(Sequence& sequence, bool publish);
+  void publish_queue();
+
+  RestoreOptions options_;
+  executor::Executor& executor_;
+  kv::KvCacheManager& kv_;
+  scheduler::Scheduler& scheduler_;
+  uint64_t model_fingerprint_ = 0;
+  std::unique_ptr<store::KvStore> store_;
+  std::unordered_map<SeqId, std::unique_ptr<Sequence>> sequences_;
+  std::vector<store::StoreLease> step_leases_;  // pinned by restore(), released by after_pass()
+  std::vector<store::ItemId> queue_;            // last queue given to the store
+  // Measured for sizing the read buffer (0 until measured): load bandwidth into the pool, and
+  // prefill time per token per layer; moving averages.
+  double load_bytes_per_second_ = 0;
+  double prefill_seconds_per_token_layer_ = 0;
+  RestoreStats stats_;
+};
+
+}  // namespace strata::restore

@@ -1,0 +1,457 @@
+#include "strata/restore/restore_coordinator.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+
+#include "strata/common/check.h"
+#include "strata/executor/executor.h"
+#include "strata/kv/kv_cache_manager.h"
+#include "strata/kv/prefix_hash.h"
+#include "xxhash.h"
+
+namespace strata::restore {
+namespace {
+
+// The name a session's KV goes by in the store, which persists it on disk: a digest, so the
+// journal holds no API key or client-chosen id.
+std::string store_session_key(const std::string& session) {
+  if (session.empty()) return {};
+  const XXH128_hash_t h = XXH3_128bits(session.data(), session.size());
+  char hex[33];
+  std::snprintf(hex, sizeof(hex), "%016llx%016llx", static_cast<unsigned long long>(h.high64),
+                static_cast<unsigned long long>(h.low64));
+  return hex;
+}
+
+// Chunks are interchangeable only between engines of one model, pool format and geometry: a
+// stable digest (XXH3 over a versioned text) of those, persisted by the SSD tier.
+uint64_t layout_tag(uint64_t model_fingerprint, kv::BlockFormat format, int64_t block_size_tokens,
+                    int64_t chunk_bytes) {
+  char text[160];
+  const int n = std::snprintf(text, sizeof(text),
+                              "strata-kv-layout/1 model=%016llx k=%d v=%d block=%lld chunk=%lld",
+                              static_cast<unsigned long long>(model_fingerprint),
+                              static_cast<int>(format.key), static_cast<int>(format.value),
+                              static_cast<long long>(block_size_tokens),
+                              static_cast<long long>(chunk_bytes));
+  return XXH3_64bits(text, static_cast<size_t>(n));
+}
+
+}  // namespace
+
+// A sequence the coordinator knows (every admitted one).
+struct RestoreCoordinator::Sequence {
+  SequenceInfo info;  // info.session is the store key (store_session_key)
+  int64_t dropped_tokens = 0;  // prompt tokens dropped after the first block (context overflow)
+  // What its first commit loads: the store item, and for each leading token block of the
+  // sequence the item's chunk holding it.
+  struct StoredPrefix {
+    store::ItemId item = 0;
+    std::vector<int64_t> chunks;
+  };
+  std::optional<StoredPrefix> stored;
+  // Its stored chunks, pinned while it waits because the executor pre-loaded their first layers.
+  std::optional<store::StoreLease> preloaded;
+  // KvStore::num_publications() when it last looked its prompt up; a failed load stops lookups.
+  int64_t lookup_at = 0;
+  bool load_failed = false;
+  // This turn's save (CachedAttention's asynchronous saving): each token block is copied out layer
+  // by layer by the forward pass that completes it (blocks already resident when the save starts,
+  // by the next pass) into chunks the store reserved, published when the turn ends.
+  struct Saving {
+    store::SaveTicket ticket;
+    std::vector<kv::ChunkHash> chain;  // hashes of the sequence's blocks [0, chain.size())
+    int64_t written = 0;               // destinations handed to forward passes
+    bool capped = false;               // the store had no room for more: the save ends there
+    std::vector<std::function<void()>> copies;  // device-to-host copies that may be in flight
+    double seconds = 0;                         // executor time on its copies
+  };
+  std::optional<Saving> saving;
+
+  // Scored prompts are not stored; truncated history is found by session only.
+  bool saves_kv() const {
+    return !info.scores_prompt && (dropped_tokens == 0 || !info.session.empty());
+  }
+  // Truncated prompts and scored ones do not change what they load.
+  bool may_look_up_again() const { return dropped_tokens == 0 && !info.scores_prompt; }
+};
+
+StatusOr<std::unique_ptr<RestoreCoordinator>> RestoreCoordinator::open(
+    const RestoreOptions& options, executor::Executor& executor, kv::KvCacheManager& kv,
+    scheduler::Scheduler& scheduler, uint64_t model_fingerprint) {
+  std::unique_ptr<RestoreCoordinator> c(
+      new RestoreCoordinator(options, executor, kv, scheduler, model_fingerprint));
+  store::StoreOptions store = options.store;
+  store.chunk_bytes = executor.kv_chunk_bytes();
+  store.block_size_tokens = executor.kv_geometry().block_size_tokens;
+  store.layout_tag =
+      layout_tag(model_fingerprint, executor.kv_format(), store.block_size_tokens, store.chunk_bytes);
+  const executor::Executor* e = &executor;
+  store.register_host_memory = [e](void* data, size_t bytes) { e->register_host_memory(data, bytes); };
+  store.unregister_host_memory = [e](void* data) { e->unregister_host_memory(data); };
+  STRATA_ASSIGN_OR_RETURN(c->store_, store::KvStore::open(store));
+  c->stats_.store = c->store_->stats();
+  return c;
+}
+
+RestoreCoordinator::RestoreCoordinator(const RestoreOptions& options, executor::Executor& executor,
+                                       kv::KvCacheManager& kv, scheduler::Scheduler& scheduler,
+                                       uint64_t model_fingerprint)
+    : options_(options),
+      executor_(executor),
+      kv_(kv),
+      scheduler_(scheduler),
+      model_fingerprint_(model_fingerprint) {}
+
+RestoreCoordinator::~RestoreCoordinator() {
+  // Sequences still open give their reservations back (the engine finishes them first).
+  for (auto& [seq, sequence] : sequences_) {
+    end_save(*sequence, /*publish=*/false);
+    if (sequence->preloaded) store_->release(*sequence->preloaded, 0);
+  }
+}
+
+kv::ChunkHash RestoreCoordinator::root(const std::string& tenant) const {
+  return kv::prefix_root(model_fingerprint_, kv_.format(), kv_.geometry().block_size_tokens,
+                         tenant);
+}
+
+bool RestoreCoordinator::end_session(const std::string& session) {
+  return !session.empty() && store_->erase_session(store_session_key(session));
+}
+
+RestoreStats RestoreCoordinator::stats() const {
+  RestoreStats stats = stats_;
+  stats.store = store_->stats();
+  return stats;
+}
+
+std::optional<store::StoreMatch> RestoreCoordinator::look_up(SeqId seq,
+                                                             std::span<const TokenId> prompt,
+                                                             SequenceInfo info) {
+  auto sequence = std::make_unique<Sequence>();
+  info.session = store_session_key(info.session);
+  sequence->info = std::move(info);
+  sequence->lookup_at = store_->num_publications();
+  std::optional<store::StoreMatch> match;
+  if (!sequence->info.scores_prompt) {
+    match = store_->find(prompt, root(sequence->info.tenant), sequence->info.session);
+  }
+  sequences_[seq] = std::move(sequence);
+  return match;
+}
+
+void RestoreCoordinator::admitted(SeqId seq, int64_t dropped_tokens,
+                                  const std::optional<store::StoreMatch>& match) {
+  Sequence& sequence = *sequences_.at(seq);
+  sequence.dropped_tokens = dropped_tokens;
+  if (match) attach(seq, sequence, *match);
+}
+
+void RestoreCoordinator::attach(SeqId seq, Sequence& sequence, const store::StoreMatch& match) {
+  const int64_t stored_drop = match.exact ? 0 : match.token_offset;
+  // Truncation only grows, in whole blocks: the sequence's block j >= 1 is the item's chunk
+  // j + shift.
+  const int64_t shift = (sequence.dropped_tokens - stored_drop) / kv_.geometry().block_size_tokens;
+  if (shift < 0 || match.num_chunks == 0) return;
+  Sequence::StoredPrefix stored{match.item, {0}};
+  for (int64_t chunk = 1 + shift; chunk < match.num_chunks; ++chunk) stored.chunks.push_back(chunk);
+  kv_.set_external_prefix(seq, std::ssize(stored.chunks),
+                          /*exact=*/sequence.dropped_tokens == 0);
+  sequence.stored = std::move(stored);
+}
+
+void RestoreCoordinator::look_up_again(SeqId seq, Sequence& sequence) {
+  sequence.lookup_at = store_->num_publications();
+  if (std::optional<store::StoreMatch> match =
+          store_->find(kv_.tokens(seq), root(sequence.info.tenant), sequence.info.session);
+      match && match->exact) {
+    attach(seq, sequence, *match);
+  }
+}
+
+void RestoreCoordinator::before_schedule() {
+  const int64_t publications = store_->num_publications();
+  int64_t seen = 0;
+  for (SeqId seq : scheduler_.waiting()) {
+    if (seen++ == options_.lookup_depth) return;
+    Sequence& sequence = *sequences_.at(seq);
+    // A sequence holding blocks (swapped, or admitted earlier) is past its first commit.
+    if (sequence.stored || sequence.lookup_at == publications || sequence.load_failed ||
+        !sequence.may_look_up_again() || kv_.is_swapped(seq) || !kv_.tables(seq).empty()) {
+      continue;
+    }
+    look_up_again(seq, sequence);
+  }
+}
+
+StatusOr<store::Tier> RestoreCoordinator::pin_load(Sequence& sequence, const kv::BlockLoad& load,
+                                                   executor::KvLoad* kv_load) {
+  const Sequence::StoredPrefix stored = *std::move(sequence.stored);
+  sequence.stored.reset();
+  std::vector<store::StoreLease> pinned;
+  store::Tier tier = store::Tier::kDram;
+  if (sequence.preloaded) {
+    // Pinned since its pre-load: chunk i of the lease holds block i.
+    const std::vector<const std::byte*>& held = sequence.preloaded->chunks;
+    kv_load->chunks.assign(held.begin() + load.first_block,
+                           held.begin() + load.first_block + load.num_blocks);
+    pinned.push_back(*std::move(sequence.preloaded));
+    sequence.preloaded.reset();
+  }
+  // The rest, one lease per run of consecutive chunks.
+  const int64_t end = load.first_block + load.num_blocks;
+  for (int64_t j = load.first_block + std::ssize(kv_load->chunks); j < end;) {
+    int64_t run = 1;
+    while (j + run < end && stored.chunks[j + run] == stored.chunks[j] + run) ++run;
+    StatusOr<store::StoreLease> lease = store_->acquire(stored.item, stored.chunks[j], run);
+    if (!lease.ok()) {
+      for (const store::StoreLease& held : pinned) store_->release(held, 0);
+      return lease.status();
+    }
+    if (lease->served_from == store::Tier::kSsd) tier = store::Tier::kSsd;
+    kv_load->chunks.insert(kv_load->chunks.end(), lease->chunks.begin(), lease->chunks.end());
+    pinned.push_back(*std::move(lease));
+    j += run;
+  }
+  step_leases_.insert(step_leases_.end(), std::make_move_iterator(pinned.begin()),
+                      std::make_move_iterator(pinned.end()));
+  return tier;
+}
+
+std::vector<LoadedPrefix> RestoreCoordinator::restore(scheduler::ScheduledBatch& batch,
+                                                      executor::ForwardBatch& forward) {
+  // A sequence preempted to recompute lost its blocks: it may load its prefix again (unless
+  // swapped out, or already admitted again in this step (it holds blocks), or truncated, or
+  // scoring its prompt).
+  for (SeqId seq : batch.preempted) {
+    Sequence& sequence = *sequences_.at(seq);
+    sequence.stored.reset();
+    if (kv_.is_swapped(seq) || !kv_.tables(seq).empty() || !sequence.may_look_up_again()) continue;
+    look_up_again(seq, sequence);
+  }
+  std::vector<LoadedPrefix> loaded;
+  const int64_t block = kv_.geometry().block_size_tokens;
+  for (const kv::BlockLoad& load : batch.copies.loads) {
+    Sequence& sequence = *sequences_.at(load.seq);
+    STRATA_CHECK(sequence.stored.has_value()) << "a load for a sequence without a stored item";
+    executor::KvLoad kv_load{load.seq, load.first_block, {}};
+    StatusOr<store::Tier> tier = pin_load(sequence, load, &kv_load);
+    if (!tier.ok()) {
+      // The chunks vanished or failed their checksums (the store dropped the item), or DRAM had
+      // no room to read them into now: compute the prompt.
+      scheduler_.restart(load.seq);
+      sequence.load_failed = true;
+      std::erase_if(batch.chunks,
+                    [&](const scheduler::ScheduledChunk& c) { return c.seq == load.seq; });
+      ++(tier.status().code() == StatusCode::kUnavailable ? stats_.store_loads_skipped
+                                                          : stats_.store_load_failures);
+      continue;
+    }
+    const int64_t tokens = load.num_blocks * block;
+    (*tier == store::Tier::kSsd ? stats_.store_loaded_tokens_ssd
+                                : stats_.store_loaded_tokens_dram) += tokens;
+    loaded.push_back({load.seq, tokens, *tier});
+    forward.loads.push_back(std::move(kv_load));
+  }
+  publish_queue();
+  return loaded;
+}
+
+void RestoreCoordinator::publish_queue() {
+  std::vector<store::ItemId> queue;
+  for (SeqId seq : scheduler_.waiting()) {
+    const Sequence& sequence = *sequences_.at(seq);
+    if (sequence.stored) queue.push_back(sequence.stored->item);
+  }
+  if (queue == queue_) return;
+  queue_ = queue;
+  store_->set_queue(std::move(queue));
+}
+
+void RestoreCoordinator::plan_copies(executor::ForwardBatch& forward) {
+  plan_saves(forward);
+  plan_preload(forward);
+}
+
+void RestoreCoordinator::plan_saves(executor::ForwardBatch& forward) {
+  const int64_t block = kv_.geometry().block_size_tokens;
+  for (const executor::SequenceChunk& chunk : forward.chunks) {
+    Sequence& sequence = *sequences_.at(chunk.seq);
+    if (!sequence.saves_kv()) continue;
+    const std::vector<TokenId>& tokens = kv_.tokens(chunk.seq);
+    const int64_t end_block = (chunk.start_position + std::ssize(chunk.tokens)) / block;
+    auto hash_up_to = [&](std::vector<kv::ChunkHash>& chain, int64_t blocks) {
+      kv::ChunkHash hash = chain.empty() ? root(sequence.info.tenant) : chain.back();
+      for (int64_t b = std::ssize(chain); b < blocks; ++b) {
+        hash = kv::chain_hash(hash, std::span<const TokenId>(tokens).subspan(b * block, block));
+        chain.push_back(hash);
+      }
+    };
+    if (!sequence.saving) {
+      // Starts with the first pass that completes a block, reserving every full block the
+      // sequence has (the prompt's, computed over this and the next passes).
+      if (end_block == 0) continue;
+      Sequence::Saving saving;
+      hash_up_to(saving.chain, std::ssize(tokens) / block);
+      StatusOr<store::SaveTicket> ticket =
+          store_->begin_save({sequence.info.session, sequence.dropped_tokens == 0,
+                              sequence.dropped_tokens, saving.chain});
+      if (ticket.ok()) {
+        saving.ticket = *std::move(ticket);
+      } else {
+        saving.capped = true;  // no DRAM room now (counted by the store)
+      }
+      sequence.saving = std::move(saving);
+    }
+    Sequence::Saving& saving = *sequence.saving;
+    store::SaveTicket& ticket = saving.ticket;
+    int64_t reserved_end = ticket.first_chunk + std::ssize(ticket.destinations);
+    if (!saving.capped && end_block > reserved_end) {
+      hash_up_to(saving.chain, end_block);
+      const int64_t wanted = end_block - reserved_end;
+      const int64_t got = store_->extend_save(
+          &ticket, std::span<const kv::ChunkHash>(saving.chain).subspan(reserved_end, wanted));
+      saving.capped = got < wanted;
+      reserved_end += got;
+    }
+    const int64_t first = ticket.first_chunk + saving.written;
+    const int64_t count = std::min(end_block, reserved_end) - first;
+    if (count <= 0) continue;
+    executor::KvSave& save = forward.saves.emplace_back();
+    save.seq = chunk.seq;
+    save.first_block = first;
+    save.chunks.assign(ticket.destinations.begin() + saving.written,
+                       ticket.destinations.begin() + saving.written + count);
+    saving.written += count;
+  }
+}
+
+void RestoreCoordinator::plan_preload(executor::ForwardBatch& forward) {
+  if (options_.read_buffer_layers == 0) return;
+  for (SeqId seq : scheduler_.waiting()) {
+    Sequence& sequence = *sequences_.at(seq);
+    if (!sequence.stored) continue;
+    if (sequence.preloaded) return;  // the read buffer holds the next request already
+    // A truncated prefix (chunks not consecutive) loads as usual.
+    const std::vector<int64_t>& chunks = sequence.stored->chunks;
+    if (chunks.back() - chunks.front() + 1 != std::ssize(chunks) || chunks.front() != 0) return;
+    std::optional<store::StoreLease> lease =
+        store_->try_acquire_in_dram(sequence.stored->item, 0, std::ssize(chunks));
+    if (!lease) return;  // still on SSD (a prefetch may bring it) or being moved
+    const int64_t block = kv_.geometry().block_size_tokens;
+    const int64_t new_tokens = std::ssize(kv_.tokens(seq)) - std::ssize(chunks) * block;
+    const int64_t layers = preload_layers(std::ssize(chunks), new_tokens);
+    forward.preloads.push_back({seq, lease->chunks, layers});
+    sequence.preloaded = std::move(lease);
+    ++stats_.preloads;
+    stats_.preloaded_layers += layers;
+    return;
+  }
+}
+
+int64_t RestoreCoordinator::preload_layers(int64_t chunks, int64_t new_tokens) const {
+  const int64_t num_layers = executor_.config().num_layers;
+  if (options_.read_buffer_layers > 0) return std::min(options_.read_buffer_layers, num_layers);
+  // Unmeasured yet: half the layers.
+  if (load_bytes_per_second_ <= 0 || prefill_seconds_per_token_layer_ <= 0) {
+    return std::max<int64_t>(1, num_layers / 2);
+  }
+  const double t_load = static_cast<double>(chunks * executor_.kv_chunk_bytes()) /
+                        static_cast<double>(num_layers) / load_bytes_per_second_;
+  const double t_compute =
+      static_cast<double>(std::max<int64_t>(new_tokens, 1)) * prefill_seconds_per_token_layer_;
+  return store::read_buffer_layers(num_layers, t_compute, t_load);
+}
+
+void RestoreCoordinator::after_pass(const executor::ForwardBatch& forward,
+                                    const executor::ForwardResult* result, double seconds) {
+  for (const store::StoreLease& lease : step_leases_) {
+    store_->release(lease, result != nullptr ? result->load_seconds /
+                                                   static_cast<double>(step_leases_.size())
+                                             : 0.0);
+  }
+  step_leases_.clear();
+  // A request that ran keeps no pre-load (the pass used or dropped it).
+  for (const executor::SequenceChunk& chunk : forward.chunks) {
+    release_preload(chunk.seq, *sequences_.at(chunk.seq));
+  }
+  if (result == nullptr) return;
+
+  const int64_t chunk_bytes = executor_.kv_chunk_bytes();
+  int64_t loaded = 0, saved = 0, tokens = 0;
+  for (const executor::KvLoad& load : forward.loads) loaded += std::ssize(load.chunks);
+  for (const executor::KvSave& save : forward.saves) saved += std::ssize(save.chunks);
+  for (const executor::SequenceChunk& chunk : forward.chunks) tokens += std::ssize(chunk.tokens);
+  for (const executor::KvSave& save : forward.saves) {
+    Sequence::Saving& saving = *sequences_.at(save.seq)->saving;
+    if (result->saves_written) saving.copies.push_back(result->saves_written);
+    saving.seconds += result->save_seconds * static_cast<double>(std::ssize(save.chunks)) /
+                      static_cast<double>(saved);
+  }
+  // Moving averages that size the read buffer.
+  constexpr double kWeight = 0.2;  // of the newest sample
+  auto update = [&](double& average, double sample) {
+    average = average > 0 ? (1 - kWeight) * average + kWeight * sample : sample;
+  };
+  if (loaded > 0 && result->load_copy_seconds > 0) {
+    update(load_bytes_per_second_,
+           static_cast<double>(loaded * chunk_bytes) / result->load_copy_seconds);
+  }
+  // Prefill-sized passes only: a few decode tokens measure the per-pass overhead instead.
+  constexpr int64_t kMinPrefillTokens = 64;
+  if (tokens >= kMinPrefillTokens) {
+    update(prefill_seconds_per_token_layer_,
+           seconds / static_cast<double>(tokens * executor_.config().num_layers));
+  }
+  if (loaded > 0) {
+    stats_.pool_bytes_loaded += loaded * chunk_bytes;
+    stats_.pool_load_seconds += result->load_seconds;
+    ++stats_.pool_loads;
+  }
+  if (saved > 0) {
+    stats_.pool_bytes_saved += saved * chunk_bytes;
+    stats_.pool_save_seconds += result->save_seconds;
+    ++stats_.pool_saves;
+  }
+}
+
+void RestoreCoordinator::release_preload(SeqId seq, Sequence& sequence) {
+  if (!sequence.preloaded) return;
+  store_->release(*sequence.preloaded, 0);
+  sequence.preloaded.reset();
+  executor_.drop_preload(seq);
+}
+
+void RestoreCoordinator::end_save(Sequence& sequence, bool publish) {
+  if (!sequence.saving) return;
+  Sequence::Saving saving = *std::move(sequence.saving);
+  sequence.saving.reset();
+  store::SaveTicket& ticket = saving.ticket;
+  // A finished turn has computed every block it reserved; anything else gives the chunks back,
+  // after the copies into them are done.
+  if (!publish || saving.written != std::ssize(ticket.destinations)) {
+    for (const auto& wait : saving.copies) wait();
+    store_->abort_save(ticket);
+    return;
+  }
+  stats_.store_saved_tokens += std::ssize(ticket.destinations) * kv_.geometry().block_size_tokens;
+  std::function<void()> wait;
+  if (!saving.copies.empty()) {
+    wait = [copies = std::move(saving.copies)] {
+      for (const auto& c : copies) c();
+    };
+  }
+  store_->commit_save(std::move(ticket), std::move(wait), saving.seconds);
+}
+
+void RestoreCoordinator::finish(SeqId seq, bool publish) {
+  auto it = sequences_.find(seq);
+  if (it == sequences_.end()) return;
+  end_save(*it->second, publish);
+  release_preload(seq, *it->second);
+  sequences_.erase(it);
+}
+
+}  // namespace strata::restore
