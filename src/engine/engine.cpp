@@ -137,11 +137,8 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<model::ModelSou
 Status Engine::start_on_step_thread() {
   STRATA_ASSIGN_OR_RETURN(executor_, executor::Executor::create(*source_, options_.executor));
   executor_->init_calling_thread();
-  // The fingerprint keeps cached KV of different models (or weights) apart.
-  const model::ModelConfig& c = source_->config();
-  model_fingerprint_ = std::hash<std::string>{}(
-      source_->path() + "|" + c.name + "|" + std::to_string(c.num_layers) + "|" +
-      std::to_string(c.hidden_size) + "|" + std::to_string(c.vocab_size));
+  // The fingerprint keeps cached KV of different models (or weights) apart, wherever they live.
+  model_fingerprint_ = source_->content_fingerprint();
   kv_ = std::make_unique<kv::KvCacheManager>(
       executor_->kv_geometry(), executor_->kv_format(),
       kv::PrefixCacheOptions{options_.enable_prefix_caching, model_fingerprint_});

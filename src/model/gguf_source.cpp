@@ -6,6 +6,7 @@
 
 #include "strata/model/dequantize.h"
 #include "strata/model/gguf_file.h"
+#include "xxhash.h"
 
 namespace strata::model {
 namespace {
@@ -25,6 +26,10 @@ class GgufSource final : public ModelSource {
     return std::vector<int64_t>(info->dims.rbegin(), info->dims.rend());
   }
   Status read_weight(const std::string& name, std::span<float> dst) const override;
+  uint64_t content_fingerprint() const override {
+    const std::span<const uint8_t> bytes = file_->bytes();
+    return XXH3_64bits(bytes.data(), bytes.size());
+  }
   const GgufFile* gguf() const override { return file_.get(); }
   std::string tokenizer_json_path() const override { return {}; }
 

@@ -6,6 +6,7 @@
 #include <regex>
 
 #include "safetensors_file.h"
+#include "xxhash.h"
 
 namespace strata::model {
 namespace {
@@ -91,6 +92,20 @@ class HfSource final : public ModelSource {
     }
     it->second.file->read_as_float(*it->second.tensor, dst);
     return Status();
+  }
+  uint64_t content_fingerprint() const override {
+    XXH3_state_t* state = XXH3_createState();
+    XXH3_64bits_reset(state);
+    std::ifstream config(fs::path(directory_) / "config.json", std::ios::binary);
+    const std::string text((std::istreambuf_iterator<char>(config)), std::istreambuf_iterator<char>());
+    XXH3_64bits_update(state, text.data(), text.size());
+    for (const auto& file : files_) {  // in file name order
+      const std::span<const uint8_t> bytes = file->bytes();
+      XXH3_64bits_update(state, bytes.data(), bytes.size());
+    }
+    const uint64_t digest = XXH3_64bits_digest(state);
+    XXH3_freeState(state);
+    return digest;
   }
   const GgufFile* gguf() const override { return nullptr; }
   std::string tokenizer_json_path() const override {

@@ -34,6 +34,8 @@ class SafetensorsFile {
   SafetensorsFile& operator=(const SafetensorsFile&) = delete;
 
   const std::string& path() const { return path_; }
+  // The whole file as mapped.
+  std::span<const uint8_t> bytes() const { return {mapping_.data(), mapping_.size_bytes()}; }
   const std::map<std::string, SafetensorsTensor>& tensors() const { return tensors_; }
   // Converts the tensor to float32. REQUIRES dst.size() == number of elements.
   void read_as_float(const SafetensorsTensor& tensor, std::span<float> dst) const;

@@ -365,6 +365,60 @@ TEST_F(EngineStoreTest, ResumedTurnFromSsdAfterARestartMatchesRecompute) {
   EXPECT_FALSE(engine->end_session("conversation"));
 }
 
+// Cached KV is keyed by the model's content: a copy of the model file elsewhere finds the KV the
+// original saved; weights that differ in one byte, or another pool format, find nothing.
+TEST_F(EngineStoreTest, AMovedModelFileKeepsItsSsdHits) {
+  test_util::TempDir dir;
+  {
+    std::unique_ptr<Engine> engine = make_engine(options_with(store_options(dir.file("kv")), false));
+    ASSERT_TRUE(engine);
+    run_first_turn(*engine, "conversation");
+  }
+  const std::string moved = dir.file("elsewhere.gguf");
+  std::filesystem::copy_file(STRATA_TEST_MODEL, moved);
+  std::unique_ptr<Engine> engine =
+      make_engine(options_with(store_options(dir.file("kv")), false), moved);
+  ASSERT_TRUE(engine);
+  const Turn second = run_turn(*engine, *second_prompt_, "conversation");
+  EXPECT_EQ(second.usage.loaded_prompt_tokens, kStoredTokens);
+  EXPECT_EQ(second.usage.cached_tier, "ssd");
+  expect_same_as_recompute(*recomputed_second_, second);
+}
+
+TEST_F(EngineStoreTest, OtherWeightsOrAnotherPoolFormatNeverHit) {
+  test_util::TempDir dir;
+  auto first_turn = [&] {
+    std::unique_ptr<Engine> engine = make_engine(options_with(store_options(dir.file("kv")), false));
+    ASSERT_TRUE(engine);
+    run_first_turn(*engine, "conversation");
+  };
+  auto expect_no_hit = [&](EngineOptions options, const std::string& model) {
+    std::unique_ptr<Engine> engine = make_engine(options, model);
+    ASSERT_TRUE(engine);
+    const Turn second = run_turn(*engine, *second_prompt_, "conversation");
+    EXPECT_EQ(second.usage.loaded_prompt_tokens, 0) << model;
+    EXPECT_EQ(second.usage.cached_prompt_tokens, 0) << model;
+  };
+  // The same model file with one byte of its last tensor's data changed.
+  const std::string altered = dir.file("altered.gguf");
+  std::filesystem::copy_file(STRATA_TEST_MODEL, altered);
+  {
+    std::fstream f(altered, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-64, std::ios::end);
+    char byte = 0;
+    f.read(&byte, 1);
+    byte = static_cast<char>(byte ^ 0x01);
+    f.seekp(-64, std::ios::end);
+    f.write(&byte, 1);
+  }
+  first_turn();
+  expect_no_hit(options_with(store_options(dir.file("kv")), false), altered);
+  first_turn();
+  EngineOptions bf16 = options_with(store_options(dir.file("kv")), false);
+  bf16.executor.dtype = executor::DType::kBFloat16;  // bf16 pool pages
+  expect_no_hit(bf16, STRATA_TEST_MODEL);
+}
+
 TEST_F(EngineStoreTest, ACorruptSsdChunkIsCountedAndTheTurnRecomputed) {
   test_util::TempDir dir;
   {

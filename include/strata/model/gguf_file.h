@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -44,6 +45,8 @@ class GgufFile {
   GgufFile& operator=(const GgufFile&) = delete;
 
   const std::string& path() const { return path_; }
+  // The whole file as mapped.
+  std::span<const uint8_t> bytes() const { return {mapping_.data(), mapping_.size_bytes()}; }
   uint32_t version() const { return version_; }
   uint64_t alignment() const { return alignment_; }
 

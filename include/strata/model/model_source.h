@@ -38,6 +38,10 @@ class ModelSource {
   // REQUIRES dst.size() == product of weight_shape(name). Thread-safe.
   virtual Status read_weight(const std::string& name, std::span<float> dst) const = 0;
 
+  // A digest of what the model computes, independent of where it lives: XXH3-64 over the GGUF
+  // file (metadata and tensor data), or over config.json and the *.safetensors files in name
+  // order. Equal for a moved or copied model; keys cached KV (the prefix cache and the store).
+  virtual uint64_t content_fingerprint() const = 0;
   // The GGUF file behind this source, or nullptr for a HF directory.
   virtual const GgufFile* gguf() const = 0;
   // tokenizer.json of a HF directory; empty for GGUF (its tokenizer lives in the metadata).
