@@ -150,10 +150,12 @@ Result simulate(const Options& o, const std::vector<Conversation>& conversations
   so.chunk_bytes = kSlotBytes;
   so.block_size_tokens = kBlockTokens;
   so.dram_bytes = dram_chunks * kSlotBytes;
-  so.ssd_dir = o.dir;
-  so.ssd_bytes = ssd_chunks * kSlotBytes;
-  so.ssd_file_bytes = int64_t{256} << 20;
-  so.direct_io = false;  // hit rates, not disk speed: the page cache keeps the run short
+  // Hit rates, not disk speed: buffered I/O (the page cache) keeps the run short.
+  so.tiers.push_back({.name = "ssd",
+                      .dir = o.dir,
+                      .capacity_bytes = ssd_chunks * kSlotBytes,
+                      .file_bytes = int64_t{256} << 20,
+                      .direct_io = false});
   so.policy = policy;
   so.io_threads = 1;  // with wait_idle() after each event: a repeatable run
   so.ttl = std::chrono::seconds(0);  // simulated hours pass in real minutes
@@ -243,8 +245,7 @@ Result simulate(const Options& o, const std::vector<Conversation>& conversations
                         ? kv_store.acquire(match->item, 1 + shift, rest)
                         : StatusOr<store::StoreLease>(store::StoreLease{});
         if (head.ok() && tail.ok()) {
-          dram = head->served_from == store::Tier::kDram &&
-                 tail->served_from == store::Tier::kDram;
+          dram = head->served_from == store::kDramTier && tail->served_from == store::kDramTier;
           loaded = std::min((1 + rest) * kBlockTokens, history);
         } else {
           match.reset();
@@ -402,8 +403,8 @@ int main(int argc, char** argv) {
                   {"prefetches", r.stats.prefetches},
                   {"saves_skipped", r.stats.saves_skipped},
                   {"saves_partial", r.stats.saves_partial},
-                  {"dram_evictions", r.stats.dram.evictions},
-                  {"ssd_evictions", r.stats.ssd.evictions},
+                  {"dram_evictions", r.stats.tier("dram").evictions},
+                  {"ssd_evictions", r.stats.tier("ssd").evictions},
                   {"mean_queue_length", r.mean_queue_length},
                   {"simulated_hours", r.simulated_hours},
                   {"gpu_hours", r.gpu_hours},

@@ -38,3 +38,5 @@ pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
 pkg_check_modules(CPP_HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)
 # xz-compressed data sets (strata bench).
 pkg_check_modules(LZMA REQUIRED IMPORTED_TARGET liblzma)
+# The KV store's lossless codec (zstd) at the storage boundary.
+pkg_check_modules(ZSTD REQUIRED IMPORTED_TARGET libzstd)

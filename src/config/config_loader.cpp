@@ -372,6 +372,9 @@ Status read_kv_store(Context& ctx, const YAML::Node& node, KvStoreSection& out) 
   STRATA_RETURN_IF_ERROR(m.get("ssd_bytes", bytes_into(out.ssd_bytes)));
   STRATA_RETURN_IF_ERROR(m.get("ssd_file_bytes", bytes_into(out.ssd_file_bytes)));
   STRATA_RETURN_IF_ERROR(m.get("direct_io", into(ctx, out.direct_io)));
+  STRATA_RETURN_IF_ERROR(m.get("ssd_codec", [&](const YAML::Node& n, const std::string& k) {
+    return read_enum(ctx, n, k, {CodecKind::kIdentity, CodecKind::kZstd}, out.ssd_codec);
+  }));
   STRATA_RETURN_IF_ERROR(m.get("eviction_policy", [&](const YAML::Node& n, const std::string& k) {
     return read_enum(ctx, n, k,
                      {EvictionPolicy::kSchedulerAware, EvictionPolicy::kLru, EvictionPolicy::kFifo},
@@ -621,6 +624,7 @@ std::string to_yaml(const DeploymentConfig& config) {
   emit_plain(out, "ssd_bytes", format_byte_size(store.ssd_bytes));
   emit_plain(out, "ssd_file_bytes", format_byte_size(store.ssd_file_bytes));
   emit_plain(out, "direct_io", store.direct_io ? "true" : "false");
+  emit_name(out, "ssd_codec", config_name(store.ssd_codec));
   emit_name(out, "eviction_policy", config_name(store.eviction_policy));
   emit_plain(out, "io_threads", std::to_string(store.io_threads));
   emit_plain(out, "ttl_seconds", std::to_string(store.ttl_seconds));

@@ -162,6 +162,7 @@ const KeyCheck<KvStoreSection> kKvStoreKeys[] = {
        return bytes_at_least("kv_store.ssd_file_bytes", k.ssd_file_bytes, int64_t{1} << 20);
      }},
     {"kv_store.direct_io", nullptr},
+    {"kv_store.ssd_codec", nullptr},
     {"kv_store.eviction_policy", nullptr},
     {"kv_store.io_threads",
      [](const KvStoreSection& k) { return in_range("kv_store.io_threads", k.io_threads, 1, 64); }},
@@ -467,17 +468,7 @@ std::string_view config_name(DeviceKind value) {
   return "?";
 }
 
-std::string_view config_name(EvictionPolicy value) {
-  switch (value) {
-    case EvictionPolicy::kSchedulerAware:
-      return "scheduler_aware";
-    case EvictionPolicy::kLru:
-      return "lru";
-    case EvictionPolicy::kFifo:
-      return "fifo";
-  }
-  return "?";
-}
+std::string_view config_name(EvictionPolicy value) { return store::eviction_policy_name(value); }
 
 std::string_view config_name(PreemptionMode value) {
   switch (value) {
@@ -504,6 +495,8 @@ std::string_view config_name(LogLevel value) {
   }
   return "?";
 }
+
+std::string_view config_name(CodecKind value) { return store::codec_name(value); }
 
 std::string_view config_name(kernels::KernelBackend value) {
   return kernels::kernel_backend_name(value);

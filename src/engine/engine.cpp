@@ -435,7 +435,7 @@ void Engine::step() {
       if (usage.loaded_prompt_tokens > 0) continue;  // counted before a preemption
       usage.loaded_prompt_tokens = loaded.tokens;
       usage.cached_prompt_tokens += loaded.tokens;
-      usage.cached_tier = store::tier_name(loaded.tier);
+      usage.cached_tier = loaded.tier;
     }
   }
   // Block moves of the step run even when a failed load left no chunk.

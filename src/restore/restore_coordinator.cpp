@@ -186,12 +186,12 @@ void RestoreCoordinator::before_schedule() {
   }
 }
 
-StatusOr<store::Tier> RestoreCoordinator::pin_load(Sequence& sequence, const kv::BlockLoad& load,
+StatusOr<store::TierIndex> RestoreCoordinator::pin_load(Sequence& sequence, const kv::BlockLoad& load,
                                                    executor::KvLoad* kv_load) {
   const Sequence::StoredPrefix stored = *std::move(sequence.stored);
   sequence.stored.reset();
   std::vector<store::StoreLease> pinned;
-  store::Tier tier = store::Tier::kDram;
+  store::TierIndex tier = store::kDramTier;
   if (sequence.preloaded) {
     // Pinned since its pre-load: chunk i of the lease holds block i.
     const std::vector<const std::byte*>& held = sequence.preloaded->chunks;
@@ -210,7 +210,7 @@ StatusOr<store::Tier> RestoreCoordinator::pin_load(Sequence& sequence, const kv:
       for (const store::StoreLease& held : pinned) store_->release(held, 0);
       return lease.status();
     }
-    if (lease->served_from == store::Tier::kSsd) tier = store::Tier::kSsd;
+    tier = std::max(tier, lease->served_from);
     kv_load->chunks.insert(kv_load->chunks.end(), lease->chunks.begin(), lease->chunks.end());
     pinned.push_back(*std::move(lease));
     j += run;
@@ -237,7 +237,7 @@ std::vector<LoadedPrefix> RestoreCoordinator::restore(scheduler::ScheduledBatch&
     Sequence& sequence = *sequences_.at(load.seq);
     STRATA_CHECK(sequence.stored.has_value()) << "a load for a sequence without a stored item";
     executor::KvLoad kv_load{load.seq, load.first_block, {}};
-    StatusOr<store::Tier> tier = pin_load(sequence, load, &kv_load);
+    StatusOr<store::TierIndex> tier = pin_load(sequence, load, &kv_load);
     if (!tier.ok()) {
       // The chunks vanished or failed their checksums (the store dropped the item), or DRAM had
       // no room to read them into now: compute the prompt.
@@ -250,9 +250,9 @@ std::vector<LoadedPrefix> RestoreCoordinator::restore(scheduler::ScheduledBatch&
       continue;
     }
     const int64_t tokens = load.num_blocks * block;
-    (*tier == store::Tier::kSsd ? stats_.store_loaded_tokens_ssd
-                                : stats_.store_loaded_tokens_dram) += tokens;
-    loaded.push_back({load.seq, tokens, *tier});
+    const std::string& name = store_->tier_name(*tier);
+    stats_.store_loaded_tokens[name] += tokens;
+    loaded.push_back({load.seq, tokens, name});
     forward.loads.push_back(std::move(kv_load));
   }
   publish_queue();

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
-#include <initializer_list>
+#include <string>
 #include <nlohmann/json.hpp>
 #include <utility>
 
@@ -58,8 +58,9 @@ void sample(std::string* out, std::string_view name, double value) {
 }
 
 // One family with a `tier` label: {tier, value} samples.
+using TierSamples = std::vector<std::pair<std::string, double>>;
 void tiered(std::string* out, std::string_view name, std::string_view type, std::string_view help,
-            std::initializer_list<std::pair<std::string_view, double>> samples) {
+            const TierSamples& samples) {
   header(out, name, type, help);
   for (const auto& [tier, value] : samples) {
     out->append(name).append("{tier=\"").append(tier).append("\"} ");
@@ -69,12 +70,12 @@ void tiered(std::string* out, std::string_view name, std::string_view type, std:
 
 // A summary without quantiles, per tier: {tier, sum, count}.
 struct TierTotals {
-  std::string_view tier;
+  std::string tier;
   double sum;
   double count;
 };
 void tiered_summary(std::string* out, std::string_view name, std::string_view help,
-                    std::initializer_list<TierTotals> totals) {
+                    const std::vector<TierTotals>& totals) {
   header(out, name, "summary", help);
   for (const TierTotals& t : totals) {
     out->append(name).append("_sum{tier=\"").append(t.tier).append("\"} ");
@@ -84,68 +85,86 @@ void tiered_summary(std::string* out, std::string_view name, std::string_view he
   }
 }
 
+double d(int64_t v) { return static_cast<double>(v); }
+
 // Prompt tokens per KV tier: the device pool's prefix cache ("gpu", also the CPU pool), and with
-// a KV store its host DRAM and SSD tiers (CachedAttention).
+// a KV store each of its tiers (CachedAttention), by name.
 void render_tier_hits(const engine::EngineStats& engine, std::string* out) {
-  constexpr std::string_view kName = "strata_kv_tier_hit_tokens_total";
-  constexpr std::string_view kHelp =
-      "Prompt tokens whose KV came from each tier instead of being computed.";
-  const auto gpu = static_cast<double>(engine.prefix_hit_tokens);
-  if (!engine.store) {
-    tiered(out, kName, "counter", kHelp, {{"gpu", gpu}});
-    return;
+  TierSamples samples = {{"gpu", d(engine.prefix_hit_tokens)}};
+  if (engine.store) {
+    for (const store::TierStats& t : engine.store->tiers) {
+      samples.emplace_back(t.name, d(engine.loaded_tokens(t.name)));
+    }
   }
-  tiered(out, kName, "counter", kHelp,
-         {{"gpu", gpu},
-          {"dram", static_cast<double>(engine.store_loaded_tokens_dram)},
-          {"ssd", static_cast<double>(engine.store_loaded_tokens_ssd)}});
+  tiered(out, "strata_kv_tier_hit_tokens_total", "counter",
+         "Prompt tokens whose KV came from each tier instead of being computed.", samples);
 }
 
 // The KV store's tiers (CachedAttention): the device pool ("gpu": its prefix cache, and the
-// store's loads into it and saves out of it), host DRAM and SSD.
+// store's loads into it and saves out of it), then the store's tiers by name (dram, ssd, ...).
 void render_store(const engine::EngineStats& engine, std::string* out) {
   const store::StoreStats& s = *engine.store;
-  auto d = [](int64_t v) { return static_cast<double>(v); };
+  // {gpu's value, then each store tier's}.
+  auto per_tier = [&](double gpu, auto value) {
+    TierSamples samples = {{"gpu", gpu}};
+    for (const store::TierStats& t : s.tiers) samples.emplace_back(t.name, value(t));
+    return samples;
+  };
+  auto totals = [&](double gpu_sum, int64_t gpu_count, auto value) {
+    std::vector<TierTotals> out = {{"gpu", gpu_sum, d(gpu_count)}};
+    for (const store::TierStats& t : s.tiers) {
+      const auto [sum, count] = value(t);
+      out.push_back({t.name, sum, d(count)});
+    }
+    return out;
+  };
+  using T = store::TierStats;
   tiered(out, "strata_kv_store_hits_total", "counter",
          "Requests served from each tier (gpu: prompts that found blocks in the prefix cache; "
-         "dram, ssd: store loads).",
-         {{"gpu", d(engine.pool_prefix_hits)}, {"dram", d(s.dram.hits)}, {"ssd", d(s.ssd.hits)}});
+         "store tiers: loads).",
+         per_tier(d(engine.pool_prefix_hits), [](const T& t) { return d(t.hits); }));
   tiered(out, "strata_kv_store_misses_total", "counter", "Lookups each tier could not serve.",
-         {{"gpu", d(engine.pool_prefix_misses)},
-          {"dram", d(s.dram.misses)},
-          {"ssd", d(s.ssd.misses)}});
+         per_tier(d(engine.pool_prefix_misses), [](const T& t) { return d(t.misses); }));
   tiered(out, "strata_kv_store_bytes_in_total", "counter",
-         "Bytes written into each tier (gpu: loads from the store; dram: saves and prefetches; "
-         "ssd: demotions).",
-         {{"gpu", d(engine.pool_bytes_loaded)},
-          {"dram", d(s.dram.bytes_in)},
-          {"ssd", d(s.ssd.bytes_in)}});
+         "Bytes written into each tier as it stores them (gpu: loads from the store; dram: saves "
+         "and prefetches; lower tiers: demotions, after their codec).",
+         per_tier(d(engine.pool_bytes_loaded), [](const T& t) { return d(t.bytes_in); }));
   tiered(out, "strata_kv_store_bytes_out_total", "counter",
-         "Bytes read out of each tier (gpu: saves to the store; dram, ssd: loads and demotions).",
-         {{"gpu", d(engine.pool_bytes_saved)},
-          {"dram", d(s.dram.bytes_out)},
-          {"ssd", d(s.ssd.bytes_out)}});
+         "Bytes read out of each tier as it stores them (gpu: saves to the store; store tiers: "
+         "loads and demotions).",
+         per_tier(d(engine.pool_bytes_saved), [](const T& t) { return d(t.bytes_out); }));
   tiered(out, "strata_kv_store_evictions_total", "counter",
-         "Moved out of each tier (gpu: prefix cache blocks; dram, ssd: items).",
-         {{"gpu", d(engine.prefix_evicted_blocks)},
-          {"dram", d(s.dram.evictions)},
-          {"ssd", d(s.ssd.evictions)}});
+         "Moved out of each tier (gpu: prefix cache blocks; store tiers: items).",
+         per_tier(d(engine.prefix_evicted_blocks), [](const T& t) { return d(t.evictions); }));
   tiered_summary(out, "strata_kv_store_load_seconds",
                  "Time of loads out of each tier (gpu: per forward pass, inserting loaded KV into "
                  "the pool).",
-                 {{"gpu", engine.pool_load_seconds, d(engine.pool_loads)},
-                  {"dram", s.dram.load_seconds, d(s.dram.loads)},
-                  {"ssd", s.ssd.load_seconds, d(s.ssd.loads)}});
+                 totals(engine.pool_load_seconds, engine.pool_loads,
+                        [](const T& t) { return std::pair(t.load_seconds, t.loads); }));
   tiered_summary(out, "strata_kv_store_save_seconds",
                  "Time of writes into each tier (gpu: per forward pass, copying KV out of the "
                  "pool; dram: per saved turn).",
-                 {{"gpu", engine.pool_save_seconds, d(engine.pool_saves)},
-                  {"dram", s.dram.save_seconds, d(s.dram.saves)},
-                  {"ssd", s.ssd.save_seconds, d(s.ssd.saves)}});
+                 totals(engine.pool_save_seconds, engine.pool_saves,
+                        [](const T& t) { return std::pair(t.save_seconds, t.saves); }));
+  auto store_tiers = [&](auto value) {
+    TierSamples samples;
+    for (const store::TierStats& t : s.tiers) samples.emplace_back(t.name, value(t));
+    return samples;
+  };
   tiered(out, "strata_kv_store_chunks", "gauge", "Chunks held per tier.",
-         {{"dram", d(s.dram_chunks_used)}, {"ssd", d(s.ssd_chunks_used)}});
-  tiered(out, "strata_kv_store_capacity_chunks", "gauge", "Chunk capacity per tier.",
-         {{"dram", d(s.dram_chunks_total)}, {"ssd", d(s.ssd_chunks_total)}});
+         store_tiers([](const T& t) { return d(t.chunks); }));
+  tiered(out, "strata_kv_store_used_bytes", "gauge",
+         "Bytes held or reserved per tier, as stored (after its codec).",
+         store_tiers([](const T& t) { return d(t.used_bytes); }));
+  tiered(out, "strata_kv_store_raw_bytes", "gauge",
+         "Bytes the chunks each tier holds have before its codec (over used_bytes: the codec's "
+         "saving).",
+         store_tiers([](const T& t) { return d(t.raw_bytes); }));
+  tiered(out, "strata_kv_store_capacity_bytes", "gauge", "Capacity per tier.",
+         store_tiers([](const T& t) { return d(t.capacity_bytes); }));
+  tiered(out, "strata_kv_store_tier_available", "gauge",
+         "1 while the tier is in use; 0 after it failed.",
+         store_tiers([](const T& t) { return t.available ? 1.0 : 0.0; }));
   auto single = [&](std::string_view name, std::string_view type, std::string_view help,
                     double value) {
     header(out, name, type, help);
@@ -153,7 +172,10 @@ void render_store(const engine::EngineStats& engine, std::string* out) {
   };
   single("strata_kv_store_items", "gauge", "Conversations with stored KV.", d(s.items));
   single("strata_kv_store_prefetches_total", "counter",
-         "Items fetched from SSD into DRAM ahead of their queued request.", d(s.prefetches));
+         "Items fetched into DRAM ahead of their queued request.", d(s.prefetches));
+  single("strata_kv_store_direct_loads_total", "counter",
+         "Loads read from a lower tier straight for the device, without DRAM room.",
+         d(s.direct_loads));
   single("strata_kv_store_corrupt_chunks_total", "counter",
          "Chunks that failed their checksum or could not be read (their item was dropped).",
          d(s.corrupt_chunks));
@@ -177,9 +199,6 @@ void render_store(const engine::EngineStats& engine, std::string* out) {
   single("strata_kv_store_preloaded_layers_total", "counter",
          "Layers those pre-loads held, summed (over preloads: the mean read-buffer size).",
          d(engine.preloaded_layers));
-  single("strata_kv_store_ssd_available", "gauge",
-         "1 while the SSD tier is in use; 0 without one or after it failed.",
-         s.ssd_available ? 1.0 : 0.0);
 }
 
 }  // namespace

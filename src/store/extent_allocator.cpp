@@ -19,31 +19,36 @@ ExtentAllocator::ExtentAllocator(const std::vector<Extent>& regions) {
 std::optional<std::vector<Extent>> ExtentAllocator::allocate(int64_t n) {
   STRATA_CHECK_LT(0, n);
   if (n > num_free_) return std::nullopt;
-  auto best = free_.end();
-  for (auto it = free_.begin(); it != free_.end(); ++it) {
-    if (it->second >= n && (best == free_.end() || it->second < best->second)) best = it;
-  }
+  if (std::optional<Extent> one = allocate_contiguous(n)) return std::vector<Extent>{*one};
   std::vector<Extent> out;
-  auto take = [&](std::map<int64_t, int64_t>::iterator it, int64_t count) {
-    const int64_t start = it->first, length = it->second;
-    free_.erase(it);
-    if (count < length) free_.emplace(start + count, length - count);
-    out.push_back({start, count});
-    num_free_ -= count;
-  };
-  if (best != free_.end()) {
-    take(best, n);
-    return out;
-  }
   while (n > 0) {
     auto largest = std::max_element(free_.begin(), free_.end(),
                                     [](const auto& a, const auto& b) { return a.second < b.second; });
-    const int64_t count = std::min(n, largest->second);
-    take(largest, count);
+    const int64_t start = largest->first, length = largest->second;
+    const int64_t count = std::min(n, length);
+    free_.erase(largest);
+    if (count < length) free_.emplace(start + count, length - count);
+    out.push_back({start, count});
+    num_free_ -= count;
     n -= count;
   }
   std::sort(out.begin(), out.end(), [](const Extent& a, const Extent& b) { return a.start < b.start; });
   return out;
+}
+
+std::optional<Extent> ExtentAllocator::allocate_contiguous(int64_t n) {
+  STRATA_CHECK_LT(0, n);
+  auto best = free_.end();
+  for (auto it = free_.begin(); it != free_.end(); ++it) {
+    if (it->second >= n && (best == free_.end() || it->second < best->second)) best = it;
+  }
+  if (best == free_.end()) return std::nullopt;
+  const Extent taken{best->first, n};
+  const int64_t length = best->second;
+  free_.erase(best);
+  if (n < length) free_.emplace(taken.start + n, length - n);
+  num_free_ -= n;
+  return taken;
 }
 
 void ExtentAllocator::free(Extent extent) {

@@ -45,15 +45,6 @@ StatusOr<EvictionPolicy> parse_eviction_policy(std::string_view name) {
                                 "' (scheduler_aware, lru, fifo)");
 }
 
-const char* eviction_policy_name(EvictionPolicy policy) {
-  switch (policy) {
-    case EvictionPolicy::kSchedulerAware: return "scheduler_aware";
-    case EvictionPolicy::kLru: return "lru";
-    case EvictionPolicy::kFifo: return "fifo";
-  }
-  return "unknown";
-}
-
 int64_t window_length(int64_t capacity_chunks, double mean_item_chunks, int64_t fallback) {
   if (capacity_chunks <= 0) return 0;
   if (mean_item_chunks <= 0) return fallback;
@@ -78,9 +69,9 @@ std::vector<ItemId> prefetch_candidates(std::span<const ItemView> items,
   return out;
 }
 
-std::optional<ItemId> choose_dram_victim(EvictionPolicy policy, std::span<const ItemView> items,
+std::optional<ItemId> choose_top_victim(EvictionPolicy policy, std::span<const ItemView> items,
                                          std::span<const ItemId> queue, int64_t window) {
-  auto in_dram = [](const ItemView& item) { return item.in_dram && !item.pinned; };
+  auto in_dram = [](const ItemView& item) { return item.in_top && !item.pinned; };
   switch (policy) {
     case EvictionPolicy::kLru: return pick(items, in_dram, less_recently_used);
     case EvictionPolicy::kFifo: return pick(items, in_dram, stored_earlier);
@@ -107,15 +98,15 @@ std::optional<ItemId> choose_dram_victim(EvictionPolicy policy, std::span<const 
   return std::nullopt;
 }
 
-std::optional<ItemId> choose_ssd_victim(EvictionPolicy policy, std::span<const ItemView> items,
+std::optional<ItemId> choose_lower_victim(EvictionPolicy policy, std::span<const ItemView> items,
                                         std::span<const ItemId> queue, int64_t window,
                                         std::optional<ItemId> exclude) {
-  auto on_ssd = [&](const ItemView& item) {
-    return item.on_ssd && !item.pinned && item.id != exclude;
+  auto in_lower = [&](const ItemView& item) {
+    return item.in_lower && !item.pinned && item.id != exclude;
   };
   switch (policy) {
-    case EvictionPolicy::kLru: return pick(items, on_ssd, less_recently_used);
-    case EvictionPolicy::kFifo: return pick(items, on_ssd, stored_earlier);
+    case EvictionPolicy::kLru: return pick(items, in_lower, less_recently_used);
+    case EvictionPolicy::kFifo: return pick(items, in_lower, stored_earlier);
     case EvictionPolicy::kSchedulerAware: break;
   }
   const std::unordered_map<ItemId, int64_t> first = first_positions(queue);
@@ -124,13 +115,13 @@ std::optional<ItemId> choose_ssd_victim(EvictionPolicy policy, std::span<const I
     return it == first.end() ? int64_t{-1} : it->second;
   };
   // Items without any queued job, least recently used first.
-  if (auto victim = pick(items, [&](const ItemView& item) { return on_ssd(item) && position(item.id) < 0; },
+  if (auto victim = pick(items, [&](const ItemView& item) { return in_lower(item) && position(item.id) < 0; },
                          less_recently_used)) {
     return victim;
   }
   // Then the item whose job is farthest back, outside the window (inside it is exempt).
   return pick(
-      items, [&](const ItemView& item) { return on_ssd(item) && position(item.id) >= window; },
+      items, [&](const ItemView& item) { return in_lower(item) && position(item.id) >= window; },
       [&](const ItemView& a, const ItemView& b) { return position(a.id) > position(b.id); });
 }
 

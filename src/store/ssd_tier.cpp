@@ -1,16 +1,8 @@
 #include "strata/store/ssd_tier.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <sys/uio.h>
-#include <unistd.h>
 #include <xxhash.h>
 
-#include <cerrno>
-#include <climits>
 #include <cstring>
-#include <filesystem>
-#include <map>
 #include <spdlog/spdlog.h>
 
 #include "strata/common/check.h"
@@ -19,10 +11,8 @@ namespace strata::store {
 namespace {
 
 constexpr uint64_t kMagic = 0x564b415441525453ULL;  // "STRATAKV"
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;  // 2: variable-size values in extents, a codec
 enum RecordType : uint32_t { kHeader = 1, kPut = 2, kDrop = 3 };
-
-std::string errno_text() { return std::strerror(errno); }
 
 class Writer {
  public:
@@ -76,48 +66,61 @@ class Reader {
   size_t pos_ = 0;
 };
 
-void encode_header(const SsdOptions& o, std::vector<std::byte>& out) {
+void encode_header(const SsdOptions& o, int64_t file_bytes, std::vector<std::byte>& out) {
   Writer w;
   w.put<uint64_t>(kMagic);
   w.put<uint32_t>(kVersion);
-  w.put<int64_t>(o.slot_bytes);
-  w.put<int64_t>(o.file_bytes);
+  w.put<int64_t>(kIoAlignment);
+  w.put<int64_t>(file_bytes);
   w.put<uint64_t>(o.layout_tag);
+  w.put<uint8_t>(static_cast<uint8_t>(o.codec));
   w.finish(kHeader, out);
 }
 
-void encode_put(const ItemRecord& item, const ChunkRecord& c, std::vector<std::byte>& out) {
+struct PutRecord {
+  ChunkKey key;
+  Placement placement;
+  uint64_t checksum = 0;
+  ItemRecord item;
+};
+
+void encode_put(const PutRecord& r, std::vector<std::byte>& out) {
   Writer w;
-  w.put<uint64_t>(c.item);
-  w.put<int32_t>(c.chunk_index);
-  w.put<uint64_t>(c.hash.low);
-  w.put<uint64_t>(c.hash.high);
-  w.put<int64_t>(c.slot);
-  w.put<uint64_t>(c.checksum);
-  w.put<uint8_t>(item.exact ? 1 : 0);
-  w.put<int64_t>(item.token_offset);
-  w.put_string(item.session);
+  w.put<uint64_t>(r.key.item);
+  w.put<int32_t>(r.key.index);
+  w.put<uint64_t>(r.key.hash.low);
+  w.put<uint64_t>(r.key.hash.high);
+  w.put<int64_t>(r.placement.bytes);
+  w.put<uint64_t>(r.checksum);
+  w.put<uint32_t>(static_cast<uint32_t>(r.placement.extents.size()));
+  for (const Extent& e : r.placement.extents) {
+    w.put<int64_t>(e.start);
+    w.put<int64_t>(e.length);
+  }
+  w.put<uint8_t>(r.item.exact ? 1 : 0);
+  w.put<int64_t>(r.item.token_offset);
+  w.put_string(r.item.session);
   w.finish(kPut, out);
 }
 
-Status sync_directory(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (fd < 0) return internal_error(dir + ": cannot open directory: " + errno_text());
-  const int rc = ::fsync(fd);
-  ::close(fd);
-  if (rc != 0) return internal_error(dir + ": fsync failed: " + errno_text());
-  return Status();
-}
-
-Status write_all(int fd, std::span<const std::byte> data, const std::string& path) {
-  size_t done = 0;
-  while (done < data.size()) {
-    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return internal_error(path + ": write failed: " + errno_text());
-    done += static_cast<size_t>(n);
+bool decode_put(Reader& p, PutRecord* r) {
+  uint32_t extents = 0;
+  uint8_t exact = 0;
+  if (!(p.get(&r->key.item) && p.get(&r->key.index) && p.get(&r->key.hash.low) &&
+        p.get(&r->key.hash.high) && p.get(&r->placement.bytes) && p.get(&r->checksum) &&
+        p.get(&extents) && extents <= 4096)) {
+    return false;
   }
-  return Status();
+  for (uint32_t i = 0; i < extents; ++i) {
+    Extent e;
+    if (!p.get(&e.start) || !p.get(&e.length)) return false;
+    r->placement.extents.push_back(e);
+  }
+  if (!(p.get(&exact) && p.get(&r->item.token_offset) && p.get_string(&r->item.session))) {
+    return false;
+  }
+  r->item.exact = exact != 0;
+  return true;
 }
 
 }  // namespace
@@ -125,10 +128,7 @@ Status write_all(int fd, std::span<const std::byte> data, const std::string& pat
 SsdTier::SsdTier(const SsdOptions& options, std::vector<Extent> regions)
     : options_(options), allocator_(regions) {}
 
-SsdTier::~SsdTier() {
-  for (int fd : fds_) ::close(fd);
-  if (journal_fd_ >= 0) ::close(journal_fd_);
-}
+SsdTier::~SsdTier() = default;
 
 std::string SsdTier::data_path(int64_t file) const {
   char name[32];
@@ -140,59 +140,43 @@ std::string SsdTier::journal_path() const { return options_.dir + "/index.journa
 
 StatusOr<std::unique_ptr<SsdTier>> SsdTier::open(const SsdOptions& options,
                                                  std::vector<RecoveredItem>* recovered) {
-  if (options.slot_bytes <= 0 || options.slot_bytes % kIoAlignment != 0) {
-    return invalid_argument_error("store.ssd: slot size must be a positive multiple of 4096");
+  const int64_t pages_per_file = options.file_bytes / kIoAlignment;
+  if (pages_per_file <= 0) {
+    return invalid_argument_error("store.ssd_file_bytes must be at least one page (4096 bytes)");
   }
-  if (options.file_bytes < options.slot_bytes) {
-    return invalid_argument_error("store.ssd.file_bytes must hold at least one chunk of " +
-                                  std::to_string(options.slot_bytes) + " bytes");
-  }
-  std::error_code ec;
-  std::filesystem::create_directories(options.dir, ec);
-  if (ec) return internal_error(options.dir + ": cannot create directory: " + ec.message());
-
+  Env& env = *options.env;
+  STRATA_RETURN_IF_ERROR(env.create_dir(options.dir));
   // Data files: as many as the capacity asks for and the disk holds.
-  const int64_t slots_per_file = options.file_bytes / options.slot_bytes;
-  const int64_t total_slots = options.capacity_bytes / options.slot_bytes;
-  const int64_t wanted_files = (total_slots + slots_per_file - 1) / slots_per_file;
-  std::vector<int> fds;
+  const int64_t total_pages = options.capacity_bytes / kIoAlignment;
+  const int64_t wanted_files = (total_pages + pages_per_file - 1) / pages_per_file;
+  std::vector<std::unique_ptr<File>> files;
   std::vector<Extent> regions;
   bool direct = options.direct_io;
-  auto close_all = [&] {
-    for (int fd : fds) ::close(fd);
-  };
   for (int64_t f = 0; f < wanted_files; ++f) {
-    const int64_t slots = std::min(slots_per_file, total_slots - f * slots_per_file);
+    const int64_t pages = std::min(pages_per_file, total_pages - f * pages_per_file);
     char name[32];
     std::snprintf(name, sizeof(name), "/data-%03lld.bin", static_cast<long long>(f));
     const std::string path = options.dir + name;
-    int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | (direct ? O_DIRECT : 0), 0644);
-    if (fd < 0 && direct && errno == EINVAL) {
+    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<File> file, env.open(path, OpenMode::kReadWrite, direct));
+    if (direct && !file->direct_io()) {
       spdlog::warn("{}: the file system does not support O_DIRECT; using buffered I/O", path);
       direct = false;
-      fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     }
-    if (fd < 0) {
-      close_all();
-      return internal_error(path + ": cannot open: " + errno_text());
-    }
-    const int rc = ::posix_fallocate(fd, 0, slots * options.slot_bytes);
-    if (rc != 0) {
-      ::close(fd);
-      ::unlink(path.c_str());
-      spdlog::warn("{}: cannot reserve {} MiB ({}); the SSD tier keeps {} of {} files", path,
-                   (slots * options.slot_bytes) >> 20, std::strerror(rc), f, wanted_files);
+    if (Status reserved = file->allocate(pages * kIoAlignment); !reserved.ok()) {
+      file.reset();
+      (void)env.remove(path);
+      spdlog::warn("{}; the SSD tier keeps {} of {} files", reserved.message(), f, wanted_files);
       break;
     }
-    fds.push_back(fd);
-    regions.push_back({f * slots_per_file, slots});
+    files.push_back(std::move(file));
+    regions.push_back({f * pages_per_file, pages});
   }
-  if (fds.empty()) {
+  if (files.empty()) {
     return resource_exhausted_error(options.dir + ": no room for even one SSD tier file");
   }
   std::unique_ptr<SsdTier> tier(new SsdTier(options, regions));
-  tier->fds_ = std::move(fds);
-  tier->slots_per_file_ = slots_per_file;
+  tier->files_ = std::move(files);
+  tier->pages_per_file_ = pages_per_file;
   tier->direct_io_ = direct;
   STRATA_RETURN_IF_ERROR(tier->recover(recovered));
   return tier;
@@ -200,27 +184,16 @@ StatusOr<std::unique_ptr<SsdTier>> SsdTier::open(const SsdOptions& options,
 
 Status SsdTier::recover(std::vector<RecoveredItem>* recovered) {
   recovered->clear();
+  Env& env = *options_.env;
   const std::string path = journal_path();
   std::vector<std::byte> data;
-  if (const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC); fd >= 0) {
-    struct stat st {};
-    if (::fstat(fd, &st) == 0) {
-      data.resize(static_cast<size_t>(st.st_size));
-      size_t done = 0;
-      while (done < data.size()) {
-        const ssize_t n = ::read(fd, data.data() + done, data.size() - done);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) break;
-        done += static_cast<size_t>(n);
-      }
-      data.resize(done);
-    }
-    ::close(fd);
+  if (Status read = env.read_file(path, &data); !read.ok() && read.code() != StatusCode::kNotFound) {
+    spdlog::warn("{}; the SSD tier starts empty", read.message());
+    data.clear();
   }
-
   struct Pending {
     ItemRecord attributes;
-    std::map<int32_t, ChunkRecord> chunks;
+    std::map<int32_t, PutRecord> chunks;
   };
   std::map<ItemId, Pending> items;
   bool header_ok = false;
@@ -245,32 +218,29 @@ Status SsdTier::recover(std::vector<RecoveredItem>* recovered) {
     pos += kFrame + size + kSum;
     Reader p(payload);
     if (!header_ok) {
-      uint64_t magic = 0;
+      uint64_t magic = 0, tag = 0;
       uint32_t version = 0;
-      int64_t slot_bytes = 0, file_bytes = 0;
-      uint64_t tag = 0;
-      header_ok = type == kHeader && p.get(&magic) && p.get(&version) && p.get(&slot_bytes) &&
-                  p.get(&file_bytes) && p.get(&tag) && magic == kMagic && version == kVersion &&
-                  slot_bytes == options_.slot_bytes && file_bytes == options_.file_bytes &&
-                  tag == options_.layout_tag;
+      int64_t page_bytes = 0, file_bytes = 0;
+      uint8_t codec = 0;
+      header_ok = type == kHeader && p.get(&magic) && p.get(&version) && p.get(&page_bytes) &&
+                  p.get(&file_bytes) && p.get(&tag) && p.get(&codec) && magic == kMagic &&
+                  version == kVersion && page_bytes == kIoAlignment &&
+                  file_bytes == pages_per_file_ * kIoAlignment && tag == options_.layout_tag &&
+                  codec == static_cast<uint8_t>(options_.codec);
       if (!header_ok) {
-        spdlog::warn("{}: written for another model or layout; the SSD tier starts empty", path);
+        spdlog::warn("{}: written for another model, layout or codec; the SSD tier starts empty",
+                     path);
         break;
       }
     } else if (type == kPut) {
-      ChunkRecord c;
-      ItemRecord item;
-      uint8_t exact = 0;
-      if (!(p.get(&c.item) && p.get(&c.chunk_index) && p.get(&c.hash.low) &&
-            p.get(&c.hash.high) && p.get(&c.slot) && p.get(&c.checksum) && p.get(&exact) &&
-            p.get(&item.token_offset) && p.get_string(&item.session))) {
+      PutRecord r;
+      if (!decode_put(p, &r)) {
         torn = true;
         break;
       }
-      item.exact = exact != 0;
-      Pending& pending = items[c.item];
-      pending.attributes = item;
-      pending.chunks[c.chunk_index] = c;
+      Pending& pending = items[r.key.item];
+      pending.attributes = r.item;
+      pending.chunks[r.key.index] = std::move(r);
     } else if (type == kDrop) {
       ItemId id = 0;
       if (!p.get(&id)) {
@@ -283,157 +253,198 @@ Status SsdTier::recover(std::vector<RecoveredItem>* recovered) {
   }
   if (torn) spdlog::warn("{}: ignoring a torn or corrupt tail after {} records", path, good_records);
 
-  // Rebuild: each item keeps its chunks 0..k-1 whose slots exist and are not claimed twice.
+  // Rebuild: each item keeps its chunks 0..k-1 whose extents exist and are not claimed twice.
   int64_t dropped_chunks = 0;
+  std::vector<std::byte> out;
+  encode_header(options_, pages_per_file_ * kIoAlignment, out);
   for (auto& [id, pending] : items) {
     RecoveredItem item{id, pending.attributes, {}};
-    for (auto& [index, chunk] : pending.chunks) {
-      if (index != static_cast<int32_t>(item.chunks.size()) ||
-          !allocator_.mark_used({chunk.slot, 1})) {
+    for (auto& [index, r] : pending.chunks) {
+      bool ok = index == std::ssize(item.chunks) && !r.placement.extents.empty();
+      size_t marked = 0;
+      for (; ok && marked < r.placement.extents.size(); ++marked) {
+        ok = allocator_.mark_used(r.placement.extents[marked]);
+      }
+      if (!ok) {
+        for (size_t i = 0; i + 1 < marked; ++i) allocator_.free(r.placement.extents[i]);
         break;
       }
-      item.chunks.push_back(chunk);
+      item.chunks.push_back(r.key);
+      values_[id][index] = {r.key.hash, r.placement, r.checksum};
+      encode_put(r, out);
     }
-    dropped_chunks += static_cast<int64_t>(pending.chunks.size() - item.chunks.size());
+    dropped_chunks += std::ssize(pending.chunks) - std::ssize(item.chunks);
     if (!item.chunks.empty()) recovered->push_back(std::move(item));
   }
   if (dropped_chunks > 0) {
     spdlog::warn("{}: dropped {} chunks that were out of range or out of order", path, dropped_chunks);
   }
-
   // Compact: a fresh journal with the header and one PUT per surviving chunk, swapped in atomically.
-  std::vector<std::byte> out;
-  encode_header(options_, out);
-  for (const RecoveredItem& item : *recovered) {
-    for (const ChunkRecord& c : item.chunks) encode_put(item.attributes, c, out);
-  }
   const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return internal_error(tmp + ": cannot create: " + errno_text());
-  Status status = write_all(fd, out, tmp);
-  if (status.ok() && ::fsync(fd) != 0) status = internal_error(tmp + ": fsync: " + errno_text());
-  ::close(fd);
-  STRATA_RETURN_IF_ERROR(status);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    return internal_error(path + ": cannot replace the journal: " + errno_text());
+  {
+    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<File> file, env.open(tmp, OpenMode::kTruncate, false));
+    STRATA_RETURN_IF_ERROR(file->append(out));
+    STRATA_RETURN_IF_ERROR(file->sync());
   }
-  STRATA_RETURN_IF_ERROR(sync_directory(options_.dir));
-  journal_fd_ = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
-  if (journal_fd_ < 0) return internal_error(path + ": cannot open: " + errno_text());
+  STRATA_RETURN_IF_ERROR(env.rename(tmp, path));
+  STRATA_RETURN_IF_ERROR(env.sync_dir(options_.dir));
+  STRATA_ASSIGN_OR_RETURN(journal_, env.open(path, OpenMode::kAppend, false));
   return Status();
 }
 
-std::optional<std::vector<int64_t>> SsdTier::allocate(int64_t n) {
-  std::optional<std::vector<Extent>> extents = allocator_.allocate(n);
-  if (!extents) return std::nullopt;
-  std::vector<int64_t> slots;
-  slots.reserve(static_cast<size_t>(n));
-  for (const Extent& e : *extents) {
-    for (int64_t i = 0; i < e.length; ++i) slots.push_back(e.start + i);
+int64_t SsdTier::capacity_bytes() const {
+  std::scoped_lock lock(mutex_);
+  return allocator_.num_slots() * kIoAlignment;
+}
+
+int64_t SsdTier::used_bytes() const {
+  std::scoped_lock lock(mutex_);
+  return (allocator_.num_slots() - allocator_.num_free()) * kIoAlignment;
+}
+
+bool SsdTier::available() const {
+  std::scoped_lock lock(mutex_);
+  return !failed_;
+}
+
+Status SsdTier::fail(Status status) const {
+  std::scoped_lock lock(mutex_);
+  if (!failed_) {
+    spdlog::warn("KV store: the {} tier failed ({}); continuing without it", options_.name,
+                 status.to_string());
   }
-  return slots;
+  failed_ = true;
+  return Status(StatusCode::kUnavailable, status.message());
 }
 
-void SsdTier::free(std::span<const int64_t> slots) {
-  for (int64_t slot : slots) allocator_.free({slot, 1});
+std::optional<Reservation> SsdTier::reserve(std::span<const int64_t> sizes) {
+  std::scoped_lock lock(mutex_);
+  if (failed_) return std::nullopt;
+  int64_t pages = 0;
+  for (int64_t bytes : sizes) pages += footprint(bytes) / kIoAlignment;
+  if (pages > allocator_.num_free()) return std::nullopt;
+  Reservation r;
+  for (int64_t bytes : sizes) {
+    r.placements.push_back({allocator_.allocate(footprint(bytes) / kIoAlignment).value(), bytes});
+  }
+  return r;
 }
 
-namespace {
+void SsdTier::cancel(const Reservation& reservation) {
+  std::scoped_lock lock(mutex_);
+  for (const Placement& p : reservation.placements) {
+    for (const Extent& e : p.extents) allocator_.free(e);
+  }
+}
 
-// Runs of consecutive slots inside one file: [begin, end) indices into `slots`.
-template <typename Fn>
-Status for_each_run(std::span<const int64_t> slots, int64_t slots_per_file, Fn fn) {
-  size_t begin = 0;
-  while (begin < slots.size()) {
-    size_t end = begin + 1;
-    while (end < slots.size() && end - begin < IOV_MAX && slots[end] == slots[end - 1] + 1 &&
-           slots[end] / slots_per_file == slots[begin] / slots_per_file) {
-      ++end;
+Status SsdTier::put(const ItemRecord& item, const Reservation& reservation,
+                    std::span<const ChunkKey> keys,
+                    std::span<const std::span<const std::byte>> values) {
+  STRATA_CHECK_EQ(keys.size(), reservation.placements.size());
+  STRATA_CHECK_EQ(values.size(), keys.size());
+  std::vector<PutRecord> records;
+  std::vector<int64_t> touched;
+  Status status;
+  for (size_t i = 0; i < keys.size() && status.ok(); ++i) {
+    const Placement& p = reservation.placements[i];
+    records.push_back({keys[i], p, XXH3_64bits(values[i].data(), values[i].size()), item});
+    // The value's pages, extent by extent (the source is readable up to its footprint).
+    int64_t done = 0;
+    for (const Extent& e : p.extents) {
+      const int64_t file = e.start / pages_per_file_;
+      const int64_t bytes = e.length * kIoAlignment;
+      status = files_[file]->write_at((e.start % pages_per_file_) * kIoAlignment,
+                                      {values[i].data() + done, static_cast<size_t>(bytes)});
+      if (!status.ok()) break;
+      done += bytes;
+      if (std::find(touched.begin(), touched.end(), file) == touched.end()) touched.push_back(file);
     }
-    STRATA_RETURN_IF_ERROR(fn(begin, end));
-    begin = end;
+  }
+  for (size_t f = 0; f < touched.size() && status.ok(); ++f) status = files_[touched[f]]->sync();
+  if (status.ok()) {
+    std::vector<std::byte> out;
+    for (const PutRecord& r : records) encode_put(r, out);
+    status = append(out);
+  }
+  if (!status.ok()) {
+    cancel(reservation);
+    return fail(status);
+  }
+  std::scoped_lock lock(mutex_);
+  for (const PutRecord& r : records) values_[r.key.item][r.key.index] = {r.key.hash, r.placement, r.checksum};
+  return Status();
+}
+
+Status SsdTier::get(ItemId item, std::span<const int32_t> indices,
+                    std::span<AlignedBuffer> out) const {
+  std::vector<Value> wanted;
+  {
+    std::scoped_lock lock(mutex_);
+    if (failed_) return Status(StatusCode::kUnavailable, options_.name + " tier failed");
+    auto it = values_.find(item);
+    for (int32_t index : indices) {
+      const auto v = it == values_.end() ? std::map<int32_t, Value>::const_iterator{}
+                                         : it->second.find(index);
+      if (it == values_.end() || v == it->second.end()) {
+        return not_found_error(options_.name + ": chunk " + std::to_string(index) + " of item " +
+                               std::to_string(item) + " is not held");
+      }
+      wanted.push_back(v->second);
+    }
+  }
+  for (size_t i = 0; i < wanted.size(); ++i) {
+    const Placement& p = wanted[i].placement;
+    out[i] = AlignedBuffer(p.bytes);
+    int64_t done = 0;
+    for (const Extent& e : p.extents) {
+      const int64_t bytes = e.length * kIoAlignment;
+      Status read = files_[e.start / pages_per_file_]->read_at(
+          (e.start % pages_per_file_) * kIoAlignment, {out[i].data() + done, static_cast<size_t>(bytes)});
+      if (!read.ok()) return fail(read);
+      done += bytes;
+    }
+    if (XXH3_64bits(out[i].data(), static_cast<size_t>(p.bytes)) != wanted[i].checksum) {
+      return data_loss_error("KV store: chunk " + std::to_string(indices[i]) + " of item " +
+                             std::to_string(item) + " (" + options_.name + " page " +
+                             std::to_string(p.extents[0].start) + ") fails its checksum");
+    }
   }
   return Status();
 }
 
-}  // namespace
+bool SsdTier::contains(const ChunkKey& key) const {
+  std::scoped_lock lock(mutex_);
+  auto it = values_.find(key.item);
+  if (it == values_.end()) return false;
+  auto v = it->second.find(key.index);
+  return v != it->second.end() && v->second.hash == key.hash;
+}
 
-Status SsdTier::write(std::span<const int64_t> slots,
-                      std::span<const std::byte* const> buffers) const {
-  STRATA_CHECK_EQ(slots.size(), buffers.size());
-  std::vector<int> touched;
-  STRATA_RETURN_IF_ERROR(for_each_run(slots, slots_per_file_, [&](size_t begin, size_t end) {
-    const int64_t file = slots[begin] / slots_per_file_;
-    std::vector<iovec> iov;
-    for (size_t i = begin; i < end; ++i) {
-      iov.push_back({const_cast<std::byte*>(buffers[i]), static_cast<size_t>(options_.slot_bytes)});
-    }
-    const int64_t offset = (slots[begin] % slots_per_file_) * options_.slot_bytes;
-    const ssize_t want = static_cast<ssize_t>((end - begin) * options_.slot_bytes);
-    ssize_t n;
-    do {
-      n = ::pwritev(fds_[file], iov.data(), static_cast<int>(iov.size()), offset);
-    } while (n < 0 && errno == EINTR);
-    if (n != want) {
-      return Status(StatusCode::kUnavailable,
-                    data_path(file) + ": write failed: " + (n < 0 ? errno_text() : "short write"));
-    }
-    if (std::find(touched.begin(), touched.end(), fds_[file]) == touched.end()) {
-      touched.push_back(fds_[file]);
-    }
-    return Status();
-  }));
-  for (int fd : touched) {
-    if (::fdatasync(fd) != 0) {
-      return Status(StatusCode::kUnavailable, "SSD tier: fdatasync failed: " + errno_text());
-    }
+Status SsdTier::evict(ItemId item) {
+  {
+    std::scoped_lock lock(mutex_);
+    if (!values_.contains(item)) return Status();
   }
-  return Status();
-}
-
-Status SsdTier::read(std::span<const int64_t> slots, std::span<std::byte* const> buffers) const {
-  STRATA_CHECK_EQ(slots.size(), buffers.size());
-  return for_each_run(slots, slots_per_file_, [&](size_t begin, size_t end) {
-    const int64_t file = slots[begin] / slots_per_file_;
-    std::vector<iovec> iov;
-    for (size_t i = begin; i < end; ++i) {
-      iov.push_back({buffers[i], static_cast<size_t>(options_.slot_bytes)});
-    }
-    const int64_t offset = (slots[begin] % slots_per_file_) * options_.slot_bytes;
-    const ssize_t want = static_cast<ssize_t>((end - begin) * options_.slot_bytes);
-    ssize_t n;
-    do {
-      n = ::preadv(fds_[file], iov.data(), static_cast<int>(iov.size()), offset);
-    } while (n < 0 && errno == EINTR);
-    if (n != want) {
-      return Status(StatusCode::kUnavailable,
-                    data_path(file) + ": read failed: " + (n < 0 ? errno_text() : "short read"));
-    }
-    return Status();
-  });
-}
-
-Status SsdTier::append(std::span<const std::byte> records) {
-  std::scoped_lock lock(journal_mutex_);
-  STRATA_RETURN_IF_ERROR(write_all(journal_fd_, records, journal_path()));
-  if (::fdatasync(journal_fd_) != 0) {
-    return Status(StatusCode::kUnavailable, journal_path() + ": fdatasync: " + errno_text());
-  }
-  return Status();
-}
-
-Status SsdTier::journal_put(const ItemRecord& item, std::span<const ChunkRecord> chunks) {
-  std::vector<std::byte> out;
-  for (const ChunkRecord& c : chunks) encode_put(item, c, out);
-  return append(out);
-}
-
-Status SsdTier::journal_drop(ItemId item) {
+  // The DROP must be durable before the pages can be reused.
   std::vector<std::byte> out;
   Writer w;
   w.put<uint64_t>(item);
   w.finish(kDrop, out);
-  return append(out);
+  if (Status dropped = append(out); !dropped.ok()) return fail(dropped);
+  std::scoped_lock lock(mutex_);
+  auto it = values_.find(item);
+  if (it == values_.end()) return Status();
+  for (const auto& [index, v] : it->second) {
+    for (const Extent& e : v.placement.extents) allocator_.free(e);
+  }
+  values_.erase(it);
+  return Status();
+}
+
+Status SsdTier::append(std::span<const std::byte> records) {
+  std::scoped_lock lock(journal_mutex_);
+  STRATA_RETURN_IF_ERROR(journal_->append(records));
+  return journal_->sync();
 }
 
 }  // namespace strata::store

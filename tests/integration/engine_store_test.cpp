@@ -65,9 +65,10 @@ std::unique_ptr<Engine> make_engine(const EngineOptions& options,
 store::StoreOptions store_options(const std::string& ssd_dir) {
   store::StoreOptions o;
   o.dram_bytes = 64 << 20;  // 91 chunks of 737,280 bytes
-  o.ssd_dir = ssd_dir;
-  o.ssd_bytes = ssd_dir.empty() ? 0 : 128 << 20;
-  o.ssd_file_bytes = 64 << 20;
+  if (!ssd_dir.empty()) {
+    o.tiers.push_back(
+        {.name = "ssd", .dir = ssd_dir, .capacity_bytes = 128 << 20, .file_bytes = 64 << 20});
+  }
   return o;
 }
 
@@ -115,7 +116,7 @@ void expect_same_as_recompute(const Turn& recompute, const Turn& resumed) {
 void wait_for_saves(Engine& engine, int64_t saves) {
   for (int i = 0; i < 500; ++i) {
     const EngineStats stats = engine.stats();
-    if (stats.store && stats.store->dram.saves >= saves) return;
+    if (stats.store && stats.store->tier("dram").saves >= saves) return;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   ADD_FAILURE() << "the store never published " << saves << " saves";
@@ -182,9 +183,9 @@ TEST_F(EngineStoreTest, ResumedTurnFromDramMatchesRecompute) {
   EXPECT_EQ(second.usage.cached_tier, "dram");
   expect_same_as_recompute(*recomputed_second_, second);
   const EngineStats stats = engine->stats();
-  EXPECT_EQ(stats.store_loaded_tokens_dram, kStoredTokens);
-  EXPECT_EQ(stats.store_loaded_tokens_ssd, 0);
-  EXPECT_EQ(stats.store->dram.hits, 1);
+  EXPECT_EQ(stats.loaded_tokens("dram"), kStoredTokens);
+  EXPECT_EQ(stats.loaded_tokens("ssd"), 0);
+  EXPECT_EQ(stats.store->tier("dram").hits, 1);
 }
 
 // CachedAttention's read buffer: a request waiting behind another has the first layers of its
@@ -264,8 +265,8 @@ TEST_F(EngineStoreTest, SavesRunWithTheTurnAndPublishAtItsEnd) {
     during = engine->stats();
   }
   EXPECT_GE(during.pool_bytes_saved, 13 * chunk_bytes);
-  EXPECT_GE(during.store->dram_chunks_used, 13) << "the chunks are reserved";
-  EXPECT_EQ(during.store->dram.saves, 0) << "and not published before the turn ends";
+  EXPECT_GE(during.store->tier("dram").used_bytes, 13 * chunk_bytes) << "the chunks are reserved";
+  EXPECT_EQ(during.store->tier("dram").saves, 0) << "and not published before the turn ends";
   EXPECT_EQ(during.store_saved_tokens, 0);
   engine->cancel((*stream)->id());
   while (std::optional<RequestOutput> out = (*stream)->next()) {
@@ -274,17 +275,17 @@ TEST_F(EngineStoreTest, SavesRunWithTheTurnAndPublishAtItsEnd) {
     }
   }
   EngineStats cancelled = engine->stats();
-  for (int i = 0; i < 200 && cancelled.store->dram_chunks_used > 0; ++i) {
+  for (int i = 0; i < 200 && cancelled.store->tier("dram").used_bytes > 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
     cancelled = engine->stats();
   }
-  EXPECT_EQ(cancelled.store->dram_chunks_used, 0);
+  EXPECT_EQ(cancelled.store->tier("dram").used_bytes, 0);
   EXPECT_EQ(cancelled.store->items, 0);
 
   run_first_turn(*engine, "");
   const EngineStats done = engine->stats();
   EXPECT_EQ(done.store_saved_tokens, kStoredTokens);
-  EXPECT_EQ(done.store->dram.saves, 1);
+  EXPECT_EQ(done.store->tier("dram").saves, 1);
   EXPECT_EQ(done.pool_bytes_saved - cancelled.pool_bytes_saved, kStoredTokens / 16 * chunk_bytes)
       << "each block saved once";
   EXPECT_GT(done.pool_save_seconds, 0);
@@ -357,8 +358,8 @@ TEST_F(EngineStoreTest, ResumedTurnFromSsdAfterARestartMatchesRecompute) {
   EXPECT_EQ(second.usage.cached_tier, "ssd");
   expect_same_as_recompute(*recomputed_second_, second);
   const EngineStats stats = engine->stats();
-  EXPECT_EQ(stats.store_loaded_tokens_ssd, kStoredTokens);
-  EXPECT_EQ(stats.store->ssd.hits, 1);
+  EXPECT_EQ(stats.loaded_tokens("ssd"), kStoredTokens);
+  EXPECT_EQ(stats.store->tier("ssd").hits, 1);
   EXPECT_EQ(stats.store->corrupt_chunks, 0);
   // The session's KV can be dropped; the next turn then computes its prompt.
   EXPECT_TRUE(engine->end_session("conversation"));

@@ -2,9 +2,9 @@
 // top-level section. Plain data with defaults; config_loader.h reads and writes the YAML form, and
 // configs/default.yaml documents every key once.
 //
-// The structs are independent of the modules they configure (this module links only
-// strata_common): device and dtype are config enums here, and the caller maps them onto
-// executor::Device / executor::DType, scheduler::SchedulerConfig and so on.
+// The structs use the enums of the modules they configure where those are plain headers
+// (kernels::KernelBackend, store::EvictionPolicy, store::CodecKind); this module links only
+// strata_common.
 //
 // Validation: every validate() returns INVALID_ARGUMENT whose message starts with the full dotted
 // key it is about ("scheduler.max_num_seqs must be >= 1, got 0"); the loader relies on that to add
@@ -20,6 +20,8 @@
 
 #include "strata/common/status.h"
 #include "strata/kernels/kernel_selection.h"
+#include "strata/store/codec.h"
+#include "strata/store/placement_policy.h"
 
 namespace strata::config {
 
@@ -112,11 +114,8 @@ struct KvCacheSection {
 // ---- kv_store -------------------------------------------------------------------------------
 
 // Which stored conversation leaves a tier first when it is full (store/placement_policy.h).
-enum class EvictionPolicy {
-  kSchedulerAware,  // look ahead at the queued requests: keep (and prefetch) what they will load
-  kLru,
-  kFifo,
-};
+using store::EvictionPolicy;
+using store::CodecKind;
 
 // The multi-tier KV store: the KV of finished conversation turns kept in host DRAM and on a local
 // SSD, so the next turn loads it instead of recomputing its history (docs/kv-store.md).
@@ -128,6 +127,8 @@ struct KvStoreSection {
   int64_t ssd_bytes = 0;
   int64_t ssd_file_bytes = int64_t{1} << 30;  // one preallocated data file; >= 1MiB
   bool direct_io = true;  // O_DIRECT; buffered I/O where the file system refuses it
+  // How the SSD tier stores chunks: identity (as they are) or zstd (lossless, fewer bytes).
+  CodecKind ssd_codec = CodecKind::kIdentity;
   EvictionPolicy eviction_policy = EvictionPolicy::kSchedulerAware;
   int32_t io_threads = 2;      // in [1, 64]
   int64_t ttl_seconds = 3600;  // items unused this long leave the store; 0: never
@@ -248,6 +249,7 @@ std::string_view config_name(PreemptionMode value);
 std::string_view config_name(LogLevel value);
 std::string_view config_name(LogFormat value);
 std::string_view config_name(kernels::KernelBackend value);  // "strata" | "torch"
+std::string_view config_name(CodecKind value);               // "identity" | "zstd"
 
 // Byte sizes as the config files write them: a plain integer, or an integer with a unit suffix,
 // optionally after one space: KiB MiB GiB TiB (powers of 1024) or KB MB GB TB (powers of 1000);

@@ -21,10 +21,12 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -61,8 +63,8 @@ struct RestoreOptions {
 // What the coordinator did, cumulative. The engine reports these (EngineStats).
 struct RestoreStats {
   std::optional<store::StoreStats> store;  // absent without a store
-  int64_t store_loaded_tokens_dram = 0;  // prompt tokens loaded from chunks found in DRAM
-  int64_t store_loaded_tokens_ssd = 0;   // ... that had to be read from SSD
+  // Prompt tokens loaded from the store, by the farthest tier their load had to read from.
+  std::map<std::string, int64_t, std::less<>> store_loaded_tokens;
   int64_t store_load_failures = 0;  // loads of corrupt or vanished chunks: the prompt recomputed
   int64_t store_loads_skipped = 0;  // loads DRAM had no room for at the time: likewise
   int64_t store_saved_tokens = 0;   // tokens whose KV finished requests saved
@@ -76,6 +78,11 @@ struct RestoreStats {
   int64_t pool_saves = 0;  // forward passes with saves
   int64_t preloads = 0;    // requests whose first layers were pre-loaded
   int64_t preloaded_layers = 0;  // layers those pre-loads held, summed
+
+  int64_t loaded_tokens(std::string_view tier) const {
+    auto it = store_loaded_tokens.find(tier);
+    return it == store_loaded_tokens.end() ? 0 : it->second;
+  }
 };
 
 // How a sequence's request reaches the store.
@@ -89,7 +96,7 @@ struct SequenceInfo {
 struct LoadedPrefix {
   SeqId seq;
   int64_t tokens = 0;
-  store::Tier tier = store::Tier::kDram;
+  std::string tier;  // a store tier's name ("dram", "ssd", ...)
 };
 
 class RestoreCoordinator {
@@ -147,8 +154,8 @@ class RestoreCoordinator {
   // Looks a sequence's current tokens up again, attaching an exact match.
   void look_up_again(SeqId seq, Sequence& sequence);
   void attach(SeqId seq, Sequence& sequence, const store::StoreMatch& match);
-  // Pins a load's chunks; the tier of the slowest, or the failure.
-  StatusOr<store::Tier> pin_load(Sequence& sequence, const kv::BlockLoad& load,
+  // Pins a load's chunks; the farthest tier read, or the failure.
+  StatusOr<store::TierIndex> pin_load(Sequence& sequence, const kv::BlockLoad& load,
                                  executor::KvLoad* kv_load);
   void plan_saves(executor::ForwardBatch& forward);
   void plan_preload(executor::ForwardBatch& forward);

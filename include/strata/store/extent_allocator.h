@@ -29,6 +29,8 @@ class ExtentAllocator {
   int64_t num_free() const { return num_free_; }
   // Extents covering exactly n slots, or nullopt (nothing changes) if fewer than n are free.
   std::optional<std::vector<Extent>> allocate(int64_t n);
+  // One extent of n slots (best fit), or nullopt (nothing changes) if no free extent holds n.
+  std::optional<Extent> allocate_contiguous(int64_t n);
   // Returns slots to the free space. REQUIRES they are allocated.
   void free(Extent extent);
   // Takes specific slots out of the free space (rebuilding the allocation from a recovered

@@ -13,15 +13,21 @@
 // d conversation tokens after the first block were dropped, so chunk 0 holds tokens [0, B) and
 // chunk i >= 1 tokens [i*B + d, (i+1)*B + d), re-rotated to positions [i*B, (i+1)*B).
 //
-// Tiers: DRAM slots in one arena (pinned through StoreOptions::register_host_memory when the
-// device is a GPU) and the SsdTier. Items are saved into DRAM; I/O threads keep a share of DRAM
-// free by demoting items to SSD (and dropping SSD copies when the disk is full), prefetch SSD items
-// of queued jobs into DRAM, and expire items unused for `ttl`; placement_policy.h decides which.
-// The GPU tier is the engine's prefix cache and is not managed here.
+// Tiers (store/tier.h): host DRAM first (DramTier: loads are read and saves written there by the
+// device), then the tiers StoreOptions::tiers lists, nearest first (SsdTier; a remote tier
+// later). Items are saved into DRAM; I/O threads keep a share of DRAM free by demoting items to
+// every lower tier that takes them (the lower tiers are inclusive: each keeps its own copy and
+// evicts by the policy when full), prefetch items of queued jobs from the nearest lower tier
+// holding them into DRAM, and expire items unused for `ttl`; placement_policy.h decides which.
+// A lower tier's values are encoded by its codec (identity or zstd) and decoded on the way up.
+// A load whose chunks DRAM has no room for reads them from the lower tier into buffers the lease
+// owns, straight for the device. The GPU tier is the engine's prefix cache and is not managed
+// here.
 //
 // Thread-safe. Loads pin an item (lease) so it cannot move or vanish while its chunks are read.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -40,22 +46,21 @@
 #include "strata/common/ids.h"
 #include "strata/common/status.h"
 #include "strata/kv/kv_types.h"
+#include "strata/store/dram_tier.h"
 #include "strata/store/placement_policy.h"
+#include "strata/store/ssd_tier.h"
 
 namespace strata::store {
-
-class SsdTier;
 
 struct StoreOptions {
   int64_t chunk_bytes = 0;         // bytes of one chunk (see the data model)
   int32_t block_size_tokens = 16;  // tokens per chunk
   int64_t dram_bytes = 0;          // DRAM tier capacity
-  std::string ssd_dir;             // empty: no SSD tier
-  int64_t ssd_bytes = 0;
-  int64_t ssd_file_bytes = int64_t{1} << 30;
-  bool direct_io = true;
-  // Identifies the model, weights and chunk layout; an SSD tier written under another tag is
-  // discarded at open.
+  // The tiers below DRAM, nearest first, each with its name, directory, capacity, codec and Env;
+  // the store sets their layout_tag. A tier that cannot open is left out with a warning.
+  std::vector<SsdOptions> tiers;
+  // Identifies the model, weights and chunk layout; a persistent tier written under another tag
+  // is discarded at open.
   uint64_t layout_tag = 0;
   EvictionPolicy policy = EvictionPolicy::kSchedulerAware;
   // Share of DRAM the I/O threads keep free for saves and prefetches (the paper's host buffer).
@@ -70,14 +75,16 @@ struct StoreOptions {
   Status validate() const;
 };
 
-enum class Tier { kDram, kSsd };
-const char* tier_name(Tier tier);
+// Index of a tier in the stack: 0 is DRAM, then StoreOptions::tiers in order.
+using TierIndex = int32_t;
+inline constexpr TierIndex kDramTier = 0;
+inline constexpr int kMaxTiers = 8;
 
 struct TierCounters {
   int64_t hits = 0;       // loads served from this tier
   int64_t misses = 0;     // lookups this tier could not serve
-  int64_t bytes_in = 0;   // written into the tier (saves, prefetches, demotions)
-  int64_t bytes_out = 0;  // read out of the tier (loads, demotions)
+  int64_t bytes_in = 0;   // written into the tier (saves, prefetches, demotions), as stored
+  int64_t bytes_out = 0;  // read out of the tier (loads, demotions), as stored
   int64_t evictions = 0;  // items moved out of the tier
   double load_seconds = 0;  // total time of loads out of this tier
   int64_t loads = 0;
@@ -85,20 +92,27 @@ struct TierCounters {
   int64_t saves = 0;
 };
 
+struct TierStats : TierCounters {
+  std::string name;
+  std::string codec;
+  int64_t chunks = 0;          // chunks held
+  int64_t used_bytes = 0;      // held or reserved
+  int64_t capacity_bytes = 0;
+  int64_t raw_bytes = 0;       // what the chunks it holds are before their codec
+  bool available = true;       // false after the tier failed
+};
+
 struct StoreStats {
-  TierCounters dram;
-  TierCounters ssd;
+  std::vector<TierStats> tiers;  // DRAM first, then the lower tiers in order
   int64_t items = 0;
-  int64_t dram_chunks_used = 0;
-  int64_t dram_chunks_total = 0;
-  int64_t ssd_chunks_used = 0;
-  int64_t ssd_chunks_total = 0;
-  int64_t prefetches = 0;         // items fetched SSD -> DRAM ahead of their job
+  int64_t prefetches = 0;         // items fetched into DRAM ahead of their job
+  int64_t direct_loads = 0;       // loads read from a lower tier without DRAM room, for the device
   int64_t corrupt_chunks = 0;     // failed checksum or I/O on read: the item was dropped
   int64_t saves_skipped = 0;      // no DRAM room at save time
   int64_t saves_partial = 0;      // room for the leading chunks only: those were saved
   int64_t expired = 0;            // dropped by TTL
-  bool ssd_available = false;     // false without an SSD tier or after it failed
+  // The tier named `name`; an empty, unavailable one if the store has none (it failed to open).
+  const TierStats& tier(std::string_view name) const;
 };
 
 // A stored prefix of a prompt.
@@ -107,14 +121,17 @@ struct StoreMatch {
   int64_t num_chunks = 0;    // leading chunks of the item that match
   int64_t token_offset = 0;  // conversation tokens dropped after its first chunk (truncation)
   bool exact = true;
-  Tier tier = Tier::kDram;   // where its first missing chunk is now (DRAM if all are there)
+  TierIndex tier = kDramTier;  // the farthest tier a matched chunk must come from
 };
 
 // Chunks pinned for one load; release with KvStore::release().
 struct StoreLease {
   ItemId item = 0;
   std::vector<const std::byte*> chunks;  // requested chunks, in order, valid until release
-  Tier served_from = Tier::kDram;        // kSsd if any chunk had to be read from disk now
+  TierIndex served_from = kDramTier;     // the farthest tier a chunk had to be read from now
+  // Chunks read without DRAM room, owned by the lease (chunks point into them): entry i for
+  // requested chunk i, empty for those in DRAM.
+  std::shared_ptr<std::vector<AlignedBuffer>> direct;
 };
 
 // DRAM destinations for the chunks of one save; hand back with commit_save or abort_save.
@@ -122,6 +139,7 @@ struct SaveTicket {
   ItemId item = 0;
   int64_t first_chunk = 0;                // chunks before it are already stored
   std::vector<std::byte*> destinations;   // chunk first_chunk + i goes to destinations[i]
+  Reservation reservation;                // the DRAM room behind the destinations
 };
 
 struct SaveRequest {
@@ -133,16 +151,18 @@ struct SaveRequest {
 
 class KvStore {
  public:
-  // Opens the tiers and recovers the SSD index. A missing or full disk leaves a DRAM-only store
-  // (with a warning), not an error; bad options are INVALID_ARGUMENT.
+  // Opens the tiers and recovers the persistent ones' items. A tier that cannot open (a missing
+  // or full disk) is left out with a warning, not an error; bad options are INVALID_ARGUMENT.
   static StatusOr<std::unique_ptr<KvStore>> open(const StoreOptions& options);
-  // Stops the I/O threads after writing DRAM-only items to SSD while it has free slots, so a
-  // clean restart finds them.
+  // Stops the I/O threads after writing DRAM-only items to the lower tiers while they have room,
+  // so a clean restart finds them.
   ~KvStore();
   KvStore(const KvStore&) = delete;
   KvStore& operator=(const KvStore&) = delete;
 
   const StoreOptions& options() const { return options_; }
+  int num_tiers() const { return static_cast<int>(tiers_.size()); }
+  const std::string& tier_name(TierIndex tier) const { return tiers_[tier]->name(); }
 
   // The longest stored prefix of `prompt`: the session's item if `session` names one whose
   // chunks match prompt with its token_offset tokens after the first block left out, else by
@@ -151,19 +171,20 @@ class KvStore {
   // matches.
   std::optional<StoreMatch> find(std::span<const TokenId> prompt, const kv::ChunkHash& root,
                                  const std::string& session);
-  // Pins chunks [first, first + count) of `item` in DRAM, reading missing ones from SSD now (each
-  // checked against its checksum). NOT_FOUND if the item is gone or shorter; DATA_LOSS if a chunk
-  // is corrupt or unreadable (the item is dropped and counted).
+  // Pins chunks [first, first + count) of `item`, reading those DRAM lacks from the nearest lower
+  // tier now (checked against their checksums and decoded): into DRAM, or, when DRAM has no room
+  // for them, into buffers the lease owns. NOT_FOUND if the item is gone or shorter; DATA_LOSS if
+  // a chunk is corrupt or unreadable (the item is dropped and counted).
   StatusOr<StoreLease> acquire(ItemId item, int64_t first, int64_t count);
   // Like acquire() for chunks that are all in DRAM now, counted as a DRAM hit; nullopt (nothing
-  // counted) when the item is gone, being moved or shorter, or a chunk is only on SSD. Never
-  // waits or reads the disk: pre-loading uses it.
+  // counted) when the item is gone, being moved or shorter, or a chunk is only in a lower tier.
+  // Never waits or does I/O: pre-loading uses it.
   std::optional<StoreLease> try_acquire_in_dram(ItemId item, int64_t first, int64_t count);
   void release(const StoreLease& lease, double load_seconds);
 
   // Reserves DRAM for the chunks of `request.chain` not stored yet, extending the session's or
   // the matching content item when its chunks are a prefix of the chain, else a new item. With
-  // room for only some of them (after dropping DRAM copies of items also on SSD), the leading
+  // room for only some of them (after dropping DRAM copies of items held below), the leading
   // ones (counted); RESOURCE_EXHAUSTED (counted) when DRAM has no room at all now.
   StatusOr<SaveTicket> begin_save(const SaveRequest& request);
   // Reserves DRAM for `hashes`, the chunks that follow the ticket's, so that a save can grow with
@@ -193,25 +214,26 @@ class KvStore {
  private:
   struct Chunk {
     kv::ChunkHash hash;
-    int32_t dram_slot = -1;
-    int64_t ssd_slot = -1;
-    uint64_t checksum = 0;  // valid with ssd_slot
+    uint32_t tiers = 0;         // bit t: tier t holds it
+    std::byte* dram = nullptr;  // its DRAM copy, with bit kDramTier
   };
   struct Item {
     ItemId id = 0;
     std::string session;
     bool exact = true;
     int64_t token_offset = 0;
-    std::vector<Chunk> chunks;  // published chunks
-    int64_t dram_chunks = 0;    // of those, with a DRAM slot
-    int64_t ssd_chunks = 0;     // ... with an SSD slot
-    std::vector<kv::ChunkHash> pending;  // hashes of chunks a save reserved, not yet published
+    std::vector<Chunk> chunks;            // published chunks
+    std::array<int64_t, kMaxTiers> held{};  // of those, held by each tier
+    std::vector<kv::ChunkHash> pending;   // hashes of chunks a save reserved, not yet published
     int32_t pins = 0;
     bool busy = false;    // an I/O thread is moving it
     bool doomed = false;  // dropped while pinned: unreachable, removed at the last release
     uint64_t last_access = 0;
     uint64_t stored_at = 0;
     std::chrono::steady_clock::time_point touched;
+
+    ItemRecord record() const { return {session, exact, token_offset}; }
+    bool only_in(TierIndex t) const;
   };
   enum class Action { kNone, kPrefetch, kDemote };
   struct PendingCommit {
@@ -222,54 +244,56 @@ class KvStore {
 
   explicit KvStore(const StoreOptions& options);
   Status start();
+  void adopt(TierIndex tier, std::vector<RecoveredItem> recovered);  // a persistent tier's items
   void io_loop();
   // The next background action (REQUIRES mutex_); with `claim`, marks its item busy.
   Action next_action(ItemId* item, bool claim);
+  // Reads chunks [first, first + count) of a busy item that DRAM lacks from the nearest lower
+  // tier holding each (`lock` holds mutex_ and is released during the I/O), decoding them into
+  // DRAM room reserved now, or into `direct` buffers when that is given. Clears busy; on a bad
+  // chunk drops the item, counts it and returns DATA_LOSS. *from: the farthest tier read.
+  Status fetch(ItemId id, int64_t first, int64_t count, std::vector<AlignedBuffer>* direct,
+               TierIndex* from, std::unique_lock<std::mutex>& lock);
   void prefetch(ItemId id);  // REQUIRES the item is busy and mutex_ is not held
-  // Reads chunks [first, first + count) of a busy item that are only on SSD into free DRAM slots
-  // (REQUIRES enough; `lock` holds mutex_ and is released during the I/O), checking checksums.
-  // Clears busy; on a bad chunk drops the item, counts it and returns DATA_LOSS.
-  Status fetch_from_ssd(ItemId id, int64_t first, int64_t count, std::unique_lock<std::mutex>& lock);
   void demote(ItemId id);    // likewise
+  // Writes the DRAM chunks of a busy item that tier t lacks into it, encoded by its codec (REQUIRES
+  // mutex_ held via `lock`, released during the I/O); false if t has no room or failed.
+  bool write_down(ItemId id, TierIndex t, std::unique_lock<std::mutex>& lock);
   void expire_items();
-  // Drops victims' SSD copies until n slots are free; false if every candidate is exempt.
-  bool make_ssd_room(int64_t n, ItemId exclude);
-  // Frees DRAM by dropping the DRAM copies of items fully on SSD (no I/O) until n slots are free;
-  // false if that is not enough.
+  // Drops victims' copies in lower tier t until `bytes` are free there; false if every candidate
+  // is exempt.
+  bool make_room(TierIndex t, int64_t bytes, ItemId exclude);
+  // Frees DRAM by dropping the DRAM copies of items a lower tier holds whole (no I/O) until n
+  // chunks fit; false if that is not enough.
   bool reclaim_clean_dram(int64_t n);
   // Removes an item from the store (every tier and index); a pinned one becomes unreachable at
   // once and leaves at its last release.
   void drop_item(ItemId id);
-  // Removes an item's SSD copy; the item leaves the store if that was all of it.
-  void drop_ssd_copy(ItemId id);
-  // Writes chunks lacking an SSD copy to SSD (REQUIRES busy, mutex_ held via `lock`, which is
-  // released during the I/O); false if the SSD has no room or failed.
-  bool write_to_ssd(ItemId id, std::unique_lock<std::mutex>& lock);
+  // Removes an item's copy in tier t; the item leaves the store if that was all of it.
+  void drop_copy(ItemId id, TierIndex t);
   void publish(const SaveTicket& ticket, double write_seconds);  // REQUIRES mutex_
-  std::vector<ItemView> views() const;
-  int64_t dram_slots_total() const { return arena_bytes_ / slot_bytes_; }
-  int64_t free_dram_slots() const { return static_cast<int64_t>(free_dram_.size()); }
-  std::byte* dram(int32_t slot) const { return arena_ + static_cast<int64_t>(slot) * slot_bytes_; }
-  int32_t slot_of(const std::byte* p) const { return static_cast<int32_t>((p - arena_) / slot_bytes_); }
+  // What the policy sees of every item, for decisions about tier t.
+  std::vector<ItemView> views(TierIndex t) const;
+  bool usable(TierIndex t) const { return tiers_[t]->available(); }
+  // The nearest usable tier below DRAM holding the chunk, or -1.
+  TierIndex source_of(const Chunk& chunk) const;
+  int64_t dram_chunk_bytes() const { return dram_->footprint(options_.chunk_bytes); }
+  int64_t free_dram_chunks() const;
+  // Tier t's capacity in chunks as it stores them (its mean stored size per chunk).
+  int64_t capacity_chunks(TierIndex t) const;
   void touch(Item& item) { item.last_access = ++clock_; item.touched = std::chrono::steady_clock::now(); }
+  void set_held(Item& item, int64_t index, TierIndex t, bool held);
   double mean_item_chunks() const;
-  // Adds to the published chunks and items mean_item_chunks() averages (REQUIRES mutex_).
-  void count_chunks(int64_t chunks, int64_t items);
   int64_t eviction_window() const;
   int64_t prefetch_window() const;
-  bool ssd_usable() const { return ssd_ != nullptr && !ssd_failed_; }
 
   StoreOptions options_;
-  int64_t slot_bytes_ = 0;
-  std::byte* arena_ = nullptr;
-  int64_t arena_bytes_ = 0;
-  std::unique_ptr<SsdTier> ssd_;
-  bool ssd_failed_ = false;
+  std::vector<std::unique_ptr<Tier>> tiers_;  // DRAM first, then the lower tiers
+  DramTier* dram_ = nullptr;                  // tiers_[0]
 
   mutable std::mutex mutex_;
   std::condition_variable work_;  // background work may be possible
   std::condition_variable idle_;  // an item stopped being busy / an action finished
-  std::vector<int32_t> free_dram_;
   std::unordered_map<ItemId, Item> items_;
   std::unordered_map<kv::ChunkHash, std::pair<ItemId, int32_t>> by_hash_;  // exact items only
   std::unordered_map<std::string, ItemId> by_session_;
@@ -277,14 +301,16 @@ class KvStore {
   ItemId next_item_ = 1;
   int64_t published_chunks_ = 0;  // chunks of all items
   int64_t published_items_ = 0;   // items with at least one chunk
+  std::array<int64_t, kMaxTiers> tier_chunks_{};  // chunks each tier holds
   uint64_t clock_ = 0;
   std::chrono::steady_clock::time_point last_expiry_scan_;
   int32_t active_actions_ = 0;
-  int64_t dram_slots_demoting_ = 0;  // DRAM slots that demotions in flight will free
+  int64_t dram_chunks_demoting_ = 0;  // DRAM chunks that demotions in flight will free
   std::vector<PendingCommit> commits_;
   std::atomic<int64_t> publications_ = 0;
   bool stopping_ = false;
-  StoreStats stats_;
+  std::vector<TierCounters> counters_;  // per tier
+  StoreStats stats_;                    // the store-wide counters (tiers filled by stats())
   std::vector<std::thread> threads_;
 };
 

@@ -1,112 +1,91 @@
-// The store's SSD tier: a few large preallocated data files cut into fixed-size slots (one chunk
-// each, a multiple of 4 KiB), an extent allocator over them, direct I/O (O_DIRECT, falling back to
-// buffered I/O on file systems without it), and an append-only journal that is the tier's index.
+// A tier on a local SSD: a few large preallocated data files cut into kIoAlignment pages, an
+// extent allocator over them (a value takes the pages it needs, in as few extents as it can),
+// direct I/O where the file system allows it, and an append-only journal that is the tier's
+// index. All file access goes through an Env (store/env.h).
 //
 // Files under `dir`:
-//   data-NNN.bin   file_bytes each, preallocated with posix_fallocate (a full disk shows at open)
+//   data-NNN.bin   file_bytes each, preallocated (a full disk shows at open)
 //   index.journal  records, each [u32 payload bytes][u32 type][payload][u64 XXH3-64 of payload]:
-//                  a header (magic, version, layout, model fingerprint), then PUT (one chunk of an
-//                  item is durable in a slot) and DROP (an item's SSD copy is gone) records.
-// Crash safety: data is written and fdatasync'ed before its PUT is appended (and synced), and a DROP
-// is synced before its slots are reused. Replay stops at the first torn or corrupt record; slots
-// no surviving PUT names are free again. A chunk whose data does not match its recorded checksum
-// is caught when it is read (the store verifies every read), so a torn data write is never served.
-//
-// Thread-safety: allocate()/free() are serialised by the store; read()/write() of disjoint slots
-// and the journal appends may run concurrently on I/O threads.
+//                  a header (magic, version, page size, file size, layout tag, codec), then PUT
+//                  (one value is durable: its item, chunk, hash, size, checksum, extents and the
+//                  item's attributes) and DROP (an item's values are gone) records.
+// Crash safety: data is written and synced before its PUT is appended (and synced), and a DROP is
+// synced before its pages are reused. Replay stops at the first torn or corrupt record; pages no
+// surviving PUT names are free again. get() checks every value against its checksum, so a torn
+// data write is never served. A failed write, sync or journal append fails the tier (available()
+// turns false): the store goes on without it.
 #pragma once
 
-#include <cstddef>
-#include <cstdint>
-#include <memory>
+#include <map>
 #include <mutex>
-#include <optional>
-#include <span>
-#include <string>
-#include <vector>
+#include <unordered_map>
 
-#include "strata/common/status.h"
-#include "strata/kv/kv_types.h"
-#include "strata/store/extent_allocator.h"
-#include "strata/store/placement_policy.h"
+#include "strata/store/env.h"
+#include "strata/store/tier.h"
 
 namespace strata::store {
 
-inline constexpr int64_t kIoAlignment = 4096;
-
 struct SsdOptions {
+  std::string name = "ssd";
   std::string dir;
   int64_t capacity_bytes = 0;
-  int64_t file_bytes = int64_t{1} << 30;
-  int64_t slot_bytes = 0;   // chunk bytes rounded up to kIoAlignment
+  int64_t file_bytes = int64_t{1} << 30;  // rounded down to whole pages
   uint64_t layout_tag = 0;  // model fingerprint and chunk geometry: a mismatch starts empty
   bool direct_io = true;
+  CodecKind codec = CodecKind::kIdentity;
+  Env* env = Env::posix();
 };
 
-// One chunk's durable record.
-struct ChunkRecord {
-  ItemId item = 0;
-  int32_t chunk_index = 0;
-  kv::ChunkHash hash;
-  int64_t slot = 0;
-  uint64_t checksum = 0;
-};
-
-// Per-item attributes written with every PUT (so any surviving record describes its item).
-struct ItemRecord {
-  std::string session;       // empty: found by content hash only
-  bool exact = true;         // KV equals recomputing its tokens (indexed by content hash)
-  int64_t token_offset = 0;  // conversation tokens dropped after chunk 0 (truncation)
-};
-
-struct RecoveredItem {
-  ItemId id = 0;
-  ItemRecord attributes;
-  std::vector<ChunkRecord> chunks;  // chunk_index 0..n-1 in order
-};
-
-class SsdTier {
+class SsdTier final : public Tier {
  public:
   // Creates or reopens the tier, replaying the journal into `recovered` and compacting it.
   // RESOURCE_EXHAUSTED when not even one data file fits on the disk; other errors name the path.
   static StatusOr<std::unique_ptr<SsdTier>> open(const SsdOptions& options,
                                                  std::vector<RecoveredItem>* recovered);
-  ~SsdTier();
+  ~SsdTier() override;
   SsdTier(const SsdTier&) = delete;
   SsdTier& operator=(const SsdTier&) = delete;
 
-  int64_t num_slots() const { return allocator_.num_slots(); }
-  int64_t num_free_slots() const { return allocator_.num_free(); }
-  int64_t slot_bytes() const { return options_.slot_bytes; }
+  const std::string& name() const override { return options_.name; }
+  CodecKind codec() const override { return options_.codec; }
+  int64_t capacity_bytes() const override;
+  int64_t used_bytes() const override;
+  int64_t footprint(int64_t bytes) const override { return round_up_to_page(bytes); }
+  bool available() const override;
+  std::optional<Reservation> reserve(std::span<const int64_t> sizes) override;
+  void cancel(const Reservation& reservation) override;
+  Status put(const ItemRecord& item, const Reservation& reservation, std::span<const ChunkKey> keys,
+             std::span<const std::span<const std::byte>> values) override;
+  Status get(ItemId item, std::span<const int32_t> indices,
+             std::span<AlignedBuffer> out) const override;
+  bool contains(const ChunkKey& key) const override;
+  Status evict(ItemId item) override;
+
   bool direct_io() const { return direct_io_; }
 
-  // n slots (in extents, expanded in order), or nullopt.
-  std::optional<std::vector<int64_t>> allocate(int64_t n);
-  void free(std::span<const int64_t> slots);
-
-  // Writes buffers[i] (slot_bytes, kIoAlignment-aligned) to slots[i], coalescing consecutive
-  // slots into one pwritev, then fdatasync. Thread-safe for disjoint slots.
-  Status write(std::span<const int64_t> slots, std::span<const std::byte* const> buffers) const;
-  Status read(std::span<const int64_t> slots, std::span<std::byte* const> buffers) const;
-
-  // Journal appends (synced before returning).
-  Status journal_put(const ItemRecord& item, std::span<const ChunkRecord> chunks);
-  Status journal_drop(ItemId item);
-
  private:
+  struct Value {
+    kv::ChunkHash hash;
+    Placement placement;
+    uint64_t checksum = 0;
+  };
   explicit SsdTier(const SsdOptions& options, std::vector<Extent> regions);
   Status recover(std::vector<RecoveredItem>* recovered);
-  Status append(std::span<const std::byte> records);
+  Status append(std::span<const std::byte> records);  // REQUIRES mutex_ not held
+  Status fail(Status status) const;                   // marks the tier failed, returns status
   std::string data_path(int64_t file) const;
   std::string journal_path() const;
 
   SsdOptions options_;
-  ExtentAllocator allocator_;
-  int64_t slots_per_file_ = 0;
-  std::vector<int> fds_;
-  std::mutex journal_mutex_;  // appends come from several I/O threads
-  int journal_fd_ = -1;
+  int64_t pages_per_file_ = 0;
+  std::vector<std::unique_ptr<File>> files_;
   bool direct_io_ = true;
+  std::mutex journal_mutex_;  // appends come from several I/O threads
+  std::unique_ptr<File> journal_;
+  mutable std::mutex mutex_;  // allocator_, values_, failed_
+  ExtentAllocator allocator_;
+  std::unordered_map<ItemId, std::map<int32_t, Value>> values_;
+  mutable bool failed_ = false;
 };
 
 }  // namespace strata::store

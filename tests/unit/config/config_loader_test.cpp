@@ -348,7 +348,7 @@ TEST(ConfigLoaderTest, UnknownKeysNameTheFullPathAndListTheAllowedOnes) {
        "gpu_memory_fraction, cache_bytes, host_cache_bytes, enable_prefix_caching"},
       {"kv_store", "kv_store:\n  ssd_path: /x\n", kInvalid,
        "t.yaml:4:3: unknown key 'kv_store.ssd_path'; allowed keys in 'kv_store': dram_bytes, "
-       "ssd_dir, ssd_bytes, ssd_file_bytes, direct_io, eviction_policy, io_threads, ttl_seconds, "
+       "ssd_dir, ssd_bytes, ssd_file_bytes, direct_io, ssd_codec, eviction_policy, io_threads, ttl_seconds, "
        "dram_reserve_fraction, read_buffer_layers"},
       {"scheduler", "scheduler: {max_num_seq: 3}\n", kInvalid,
        "unknown key 'scheduler.max_num_seq'; allowed keys in 'scheduler': max_num_seqs, "
@@ -529,6 +529,7 @@ TEST(ConfigLoaderTest, KvStoreSectionIsRead) {
       "  ssd_bytes: 100GB\n"
       "  ssd_file_bytes: 2GiB\n"
       "  direct_io: false\n"
+      "  ssd_codec: zstd\n"
       "  eviction_policy: lru\n"
       "  io_threads: 16\n"
       "  ttl_seconds: 0\n"
@@ -543,6 +544,7 @@ TEST(ConfigLoaderTest, KvStoreSectionIsRead) {
   EXPECT_EQ(store.ssd_bytes, 100000000000);
   EXPECT_EQ(store.ssd_file_bytes, int64_t{2} << 30);
   EXPECT_FALSE(store.direct_io);
+  EXPECT_EQ(store.ssd_codec, CodecKind::kZstd);
   EXPECT_EQ(store.eviction_policy, EvictionPolicy::kLru);
   EXPECT_EQ(store.io_threads, 16);
   EXPECT_EQ(store.ttl_seconds, 0);
@@ -729,11 +731,11 @@ TEST(ConfigLoaderTest, KvStoreOverrides) {
        "GiB, TiB, KB, MB, GB or TB), got 'null'"},
       {"kv_store.ssd_path", "/x",
        "unknown key 'kv_store.ssd_path'; allowed keys in 'kv_store': dram_bytes, ssd_dir, "
-       "ssd_bytes, ssd_file_bytes, direct_io, eviction_policy, io_threads, ttl_seconds, "
+       "ssd_bytes, ssd_file_bytes, direct_io, ssd_codec, eviction_policy, io_threads, ttl_seconds, "
        "dram_reserve_fraction, read_buffer_layers"},
       {"kv_store", "1",
        "'kv_store' is a section; override one of its keys: dram_bytes, ssd_dir, ssd_bytes, "
-       "ssd_file_bytes, direct_io, eviction_policy, io_threads, ttl_seconds, "
+       "ssd_file_bytes, direct_io, ssd_codec, eviction_policy, io_threads, ttl_seconds, "
        "dram_reserve_fraction, read_buffer_layers"},
   };
   for (const auto& c : bad) {

@@ -295,14 +295,23 @@ TEST(MetricsTest, KvTiersReportHitsBytesEvictionsAndLatency) {
     EXPECT_FALSE(samples.contains("strata_kv_tier_hit_tokens_total{tier=\"dram\"}"));
   }
   stats.prefix_evicted_blocks = 9;
-  stats.store_loaded_tokens_dram = 320;
-  stats.store_loaded_tokens_ssd = 48;
+  stats.store_loaded_tokens = {{"dram", 320}, {"ssd", 48}};
   stats.store_load_failures = 1;
   store::StoreStats& s = stats.store.emplace();
-  s.dram = {.hits = 5, .misses = 2, .bytes_in = 4096, .bytes_out = 8192, .evictions = 3,
-            .load_seconds = 0.5, .loads = 5, .save_seconds = 0.25, .saves = 4};
-  s.ssd = {.hits = 1, .misses = 6, .bytes_in = 1024, .bytes_out = 2048, .evictions = 2,
-           .load_seconds = 1.5, .loads = 1, .save_seconds = 0.75, .saves = 2};
+  store::TierStats& dram = s.tiers.emplace_back();
+  static_cast<store::TierCounters&>(dram) = {.hits = 5, .misses = 2, .bytes_in = 4096,
+                                             .bytes_out = 8192, .evictions = 3,
+                                             .load_seconds = 0.5, .loads = 5,
+                                             .save_seconds = 0.25, .saves = 4};
+  dram.name = "dram";
+  store::TierStats& ssd = s.tiers.emplace_back();
+  static_cast<store::TierCounters&>(ssd) = {.hits = 1, .misses = 6, .bytes_in = 1024,
+                                            .bytes_out = 2048, .evictions = 2,
+                                            .load_seconds = 1.5, .loads = 1,
+                                            .save_seconds = 0.75, .saves = 2};
+  ssd.name = "ssd";
+  ssd.used_bytes = 1 << 20;
+  ssd.raw_bytes = 3 << 20;
   stats.pool_prefix_hits = 11;
   stats.pool_prefix_misses = 12;
   stats.pool_bytes_loaded = 13;
@@ -315,7 +324,6 @@ TEST(MetricsTest, KvTiersReportHitsBytesEvictionsAndLatency) {
   stats.preloaded_layers = 45;
   s.items = 7;
   s.corrupt_chunks = 1;
-  s.ssd_available = true;
   const std::string text = Metrics().render(stats);
   expect_valid_exposition(text);
   const auto samples = samples_of(text);
@@ -347,7 +355,9 @@ TEST(MetricsTest, KvTiersReportHitsBytesEvictionsAndLatency) {
   EXPECT_EQ(samples.at("strata_kv_store_preloaded_layers_total"), "45");
   EXPECT_EQ(samples.at("strata_kv_store_corrupt_chunks_total"), "1");
   EXPECT_EQ(samples.at("strata_kv_store_load_failures_total"), "1");
-  EXPECT_EQ(samples.at("strata_kv_store_ssd_available"), "1");
+  EXPECT_EQ(samples.at("strata_kv_store_tier_available{tier=\"ssd\"}"), "1");
+  EXPECT_EQ(samples.at("strata_kv_store_used_bytes{tier=\"ssd\"}"), "1048576");
+  EXPECT_EQ(samples.at("strata_kv_store_raw_bytes{tier=\"ssd\"}"), "3145728");
   EXPECT_NE(text.find("# TYPE strata_kv_store_load_seconds summary\n"), std::string::npos);
 }
 

@@ -43,11 +43,11 @@ TEST(PlacementPolicyTest, ReproducesTheWorkedExampleOfFigure9) {
 
   // Eviction DRAM -> SSD: every DRAM item (2, 3, 4) has a job in the window (Jobs 2-7), so the
   // window is scanned tail -> head: Jobs 7, 6, 5 have nothing in DRAM, Job 4 does.
-  EXPECT_EQ(choose_dram_victim(EvictionPolicy::kSchedulerAware, items, queue, eviction_window), 4u);
+  EXPECT_EQ(choose_top_victim(EvictionPolicy::kSchedulerAware, items, queue, eviction_window), 4u);
 
   // The disk is full: Jobs 3, 5, 6 are inside the window and exempt; Job 9, the last arrived and
   // outside the window, is dropped, and Job 4's item takes its place.
-  EXPECT_EQ(choose_ssd_victim(EvictionPolicy::kSchedulerAware, items, queue, eviction_window, 4),
+  EXPECT_EQ(choose_lower_victim(EvictionPolicy::kSchedulerAware, items, queue, eviction_window, 4),
             9u);
 }
 
@@ -83,7 +83,7 @@ TEST(PlacementPolicyTest, DramVictims) {
       {"lru skips pinned", EvictionPolicy::kLru, {pinned(dram(1, 1)), dram(2, 2)}, {}, 0, 2},
   };
   for (const DramCase& c : cases) {
-    EXPECT_EQ(choose_dram_victim(c.policy, c.items, c.queue, c.window), c.victim) << c.name;
+    EXPECT_EQ(choose_top_victim(c.policy, c.items, c.queue, c.window), c.victim) << c.name;
   }
 }
 
@@ -113,7 +113,7 @@ TEST(PlacementPolicyTest, SsdVictims) {
       {"fifo", EvictionPolicy::kFifo, {ssd(1, 1, 9), ssd(2, 2, 4)}, {2}, 2, std::nullopt, 2},
   };
   for (const SsdCase& c : cases) {
-    EXPECT_EQ(choose_ssd_victim(c.policy, c.items, c.queue, c.window, c.exclude), c.victim)
+    EXPECT_EQ(choose_lower_victim(c.policy, c.items, c.queue, c.window, c.exclude), c.victim)
         << c.name;
   }
 }

@@ -1,0 +1,127 @@
+// One level of the KV store's tier stack (store/kv_store.h): a place that holds the values of
+// stored chunks, any size each. The store orders tiers nearest first as the config lists them:
+// host DRAM (always first: the device copies to and from it), then SSD, then any other tier.
+// Adding a tier is implementing this interface and naming it in the config; the engine and the
+// scheduler never see tiers.
+//
+// Values. A chunk's value is its bytes after the tier's codec (store/codec.h): the raw chunk
+// (identity), or fewer bytes (zstd). A tier stores values of one item together and forgets them
+// together (evict), as the store places whole items.
+//
+// Two-phase put: reserve() takes room for values of given sizes (cheap, under the store's lock),
+// put() writes them and makes them findable (blocking I/O, on the store's I/O threads, without
+// its lock), or cancel() gives the room back. get() reads values back, checking what the tier
+// checks (checksums on SSD). Each tier synchronises its own index and allocator: calls may come
+// from any thread. The store's I/O threads make every call asynchronous to the step loop.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "strata/common/status.h"
+#include "strata/kv/kv_types.h"
+#include "strata/store/codec.h"
+#include "strata/store/extent_allocator.h"
+#include "strata/store/placement_policy.h"
+
+namespace strata::store {
+
+inline constexpr int64_t kIoAlignment = 4096;
+inline int64_t round_up_to_page(int64_t bytes) {
+  return (bytes + kIoAlignment - 1) / kIoAlignment * kIoAlignment;
+}
+
+// Where one value lives in its tier: extents of kIoAlignment-byte pages (a tier with other
+// addressing leaves them empty), and the value's size.
+struct Placement {
+  std::vector<Extent> extents;
+  int64_t bytes = 0;
+};
+
+// Room for one put: placements[i] receives value i.
+struct Reservation {
+  std::vector<Placement> placements;
+};
+
+// The attributes a tier keeps with an item's values (so a persistent tier can rebuild the item).
+struct ItemRecord {
+  std::string session;       // empty: found by content hash only
+  bool exact = true;         // KV equals recomputing its tokens (indexed by content hash)
+  int64_t token_offset = 0;  // conversation tokens dropped after chunk 0 (truncation)
+};
+
+// A stored chunk: chunk `index` of `item`, with its content hash.
+struct ChunkKey {
+  ItemId item = 0;
+  int32_t index = 0;
+  kv::ChunkHash hash;
+};
+
+// An item a persistent tier held when it opened: chunks 0..n-1 in order.
+struct RecoveredItem {
+  ItemId id = 0;
+  ItemRecord attributes;
+  std::vector<ChunkKey> chunks;
+};
+
+// Memory aligned to kIoAlignment, capacity rounded up to it (direct I/O reads and writes whole
+// pages): values come back from get() in these.
+class AlignedBuffer {
+ public:
+  AlignedBuffer() = default;
+  explicit AlignedBuffer(int64_t bytes);
+  std::byte* data() const { return data_.get(); }
+  int64_t size() const { return size_; }
+  int64_t capacity() const { return capacity_; }
+  // REQUIRES bytes <= capacity().
+  void resize(int64_t bytes);
+  std::span<const std::byte> bytes() const { return {data_.get(), static_cast<size_t>(size_)}; }
+
+ private:
+  struct Free {
+    void operator()(std::byte* p) const;
+  };
+  std::unique_ptr<std::byte, Free> data_;
+  int64_t size_ = 0;
+  int64_t capacity_ = 0;
+};
+
+class Tier {
+ public:
+  virtual ~Tier() = default;
+
+  virtual const std::string& name() const = 0;  // "dram", "ssd", ...: metrics and usage name it
+  virtual CodecKind codec() const = 0;          // how its values are encoded
+  virtual int64_t capacity_bytes() const = 0;
+  virtual int64_t used_bytes() const = 0;  // reserved or holding values
+  // Bytes a value of `bytes` bytes takes here (page rounding).
+  virtual int64_t footprint(int64_t bytes) const = 0;
+  // False once the tier failed (an I/O error): it takes nothing more and serves nothing.
+  virtual bool available() const = 0;
+
+  // Room for values of `sizes` bytes, or nullopt (nothing taken) without enough free room.
+  virtual std::optional<Reservation> reserve(std::span<const int64_t> sizes) = 0;
+  virtual void cancel(const Reservation& reservation) = 0;
+  // Writes values[i] (reservation.placements[i].bytes each, readable up to their footprint and
+  // kIoAlignment-aligned) and makes them findable under keys[i], durably in a persistent tier.
+  // Keys of one item. On error nothing is findable, the room is given back, and the tier may
+  // have failed (available()).
+  virtual Status put(const ItemRecord& item, const Reservation& reservation,
+                     std::span<const ChunkKey> keys,
+                     std::span<const std::span<const std::byte>> values) = 0;
+  // Reads the values of chunks `indices` of `item` into out[i]. NOT_FOUND if one is not held;
+  // DATA_LOSS if one fails its checksum; UNAVAILABLE if the tier failed.
+  virtual Status get(ItemId item, std::span<const int32_t> indices,
+                     std::span<AlignedBuffer> out) const = 0;
+  virtual bool contains(const ChunkKey& key) const = 0;
+  // Forgets every value of `item` and frees their room (durably first in a persistent tier).
+  virtual Status evict(ItemId item) = 0;
+};
+
+}  // namespace strata::store

@@ -1,0 +1,412 @@
+// The store's background movement between tiers, on its I/O threads: publication of saves whose
+// copies finish later, demotion out of DRAM, prefetching into it, expiry, and making room.
+#include <algorithm>
+#include <cmath>
+#include <spdlog/spdlog.h>
+
+#include "strata/common/check.h"
+#include "strata/store/kv_store.h"
+
+namespace strata::store {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+}  // namespace
+
+TierIndex KvStore::source_of(const Chunk& chunk) const {
+  for (TierIndex t = 1; t < num_tiers(); ++t) {
+    if ((chunk.tiers & (1u << t)) != 0 && usable(t)) return t;
+  }
+  return -1;
+}
+
+int64_t KvStore::free_dram_chunks() const {
+  return (dram_->capacity_bytes() - dram_->used_bytes()) / dram_chunk_bytes();
+}
+
+int64_t KvStore::capacity_chunks(TierIndex t) const {
+  if (!usable(t)) return 0;
+  const int64_t used = tiers_[t]->used_bytes();
+  const int64_t per_chunk = t != kDramTier && tier_chunks_[t] > 0 && used > 0
+                                ? std::max<int64_t>(1, used / tier_chunks_[t])
+                                : tiers_[t]->footprint(options_.chunk_bytes);
+  return tiers_[t]->capacity_bytes() / per_chunk;
+}
+
+int64_t KvStore::eviction_window() const {
+  int64_t capacity = 0;
+  for (TierIndex t = 0; t < num_tiers(); ++t) capacity += capacity_chunks(t);
+  return window_length(capacity, mean_item_chunks(), std::ssize(queue_));
+}
+
+int64_t KvStore::prefetch_window() const {
+  return window_length(capacity_chunks(kDramTier), mean_item_chunks(), std::ssize(queue_));
+}
+
+std::vector<ItemView> KvStore::views(TierIndex t) const {
+  std::vector<ItemView> out;
+  out.reserve(items_.size());
+  for (const auto& [id, item] : items_) {
+    ItemView v;
+    v.id = id;
+    v.num_chunks = std::ssize(item.chunks);
+    v.in_top = item.held[kDramTier] > 0;
+    v.in_lower = t != kDramTier && item.held[t] > 0;
+    v.needs_fetch = item.held[kDramTier] < v.num_chunks;
+    v.pinned = item.pins > 0 || item.busy || !item.pending.empty();
+    v.last_access = item.last_access;
+    v.stored_at = item.stored_at;
+    out.push_back(v);
+  }
+  return out;
+}
+
+bool KvStore::reclaim_clean_dram(int64_t n) {
+  while (free_dram_chunks() < n) {
+    // Candidates: unpinned items whose every chunk is in DRAM and whole in a lower tier.
+    std::vector<ItemView> clean;
+    for (const ItemView& v : views(kDramTier)) {
+      const Item& item = items_.at(v.id);
+      bool whole_below = false;
+      for (TierIndex t = 1; t < num_tiers() && !whole_below; ++t) {
+        whole_below = usable(t) && item.held[t] == v.num_chunks;
+      }
+      if (v.num_chunks > 0 && item.held[kDramTier] == v.num_chunks && whole_below) {
+        clean.push_back(v);
+      }
+    }
+    const std::optional<ItemId> victim =
+        choose_top_victim(options_.policy, clean, queue_, eviction_window());
+    if (!victim) return false;
+    drop_copy(*victim, kDramTier);
+  }
+  return true;
+}
+
+void KvStore::drop_item(ItemId id) {
+  auto it = items_.find(id);
+  if (it == items_.end()) return;
+  Item& item = it->second;
+  if (!item.session.empty()) {
+    auto s = by_session_.find(item.session);
+    if (s != by_session_.end() && s->second == id) by_session_.erase(s);
+  }
+  for (const Chunk& c : item.chunks) {
+    auto h = by_hash_.find(c.hash);
+    if (h != by_hash_.end() && h->second.first == id) by_hash_.erase(h);
+  }
+  if (item.pins > 0) {
+    // A lease still reads its chunks: unreachable now, removed at the last release.
+    item.doomed = true;
+    return;
+  }
+  for (TierIndex t = 0; t < num_tiers(); ++t) {
+    if (item.held[t] == 0) continue;
+    // A failed eviction fails its tier (its copies are unreachable then).
+    (void)tiers_[t]->evict(id);
+    for (int64_t i = 0; i < std::ssize(item.chunks); ++i) set_held(item, i, t, false);
+  }
+  if (!item.chunks.empty()) {
+    published_chunks_ -= std::ssize(item.chunks);
+    published_items_ -= 1;
+  }
+  items_.erase(it);
+}
+
+void KvStore::drop_copy(ItemId id, TierIndex t) {
+  Item& item = items_.at(id);
+  ++counters_[t].evictions;
+  if (item.only_in(t)) return drop_item(id);
+  (void)tiers_[t]->evict(id);
+  for (int64_t i = 0; i < std::ssize(item.chunks); ++i) {
+    set_held(item, i, t, false);
+    if (t == kDramTier) item.chunks[i].dram = nullptr;
+  }
+}
+
+bool KvStore::make_room(TierIndex t, int64_t bytes, ItemId exclude) {
+  while (tiers_[t]->capacity_bytes() - tiers_[t]->used_bytes() < bytes) {
+    const std::optional<ItemId> victim =
+        choose_lower_victim(options_.policy, views(t), queue_, eviction_window(), exclude);
+    if (!victim) return false;
+    drop_copy(*victim, t);
+  }
+  return true;
+}
+
+bool KvStore::write_down(ItemId id, TierIndex t, std::unique_lock<std::mutex>& lock) {
+  if (!usable(t)) return false;
+  Tier& tier = *tiers_[t];
+  const Item& item = items_.at(id);
+  std::vector<ChunkKey> keys;
+  std::vector<std::span<const std::byte>> values;
+  for (int64_t i = 0; i < std::ssize(item.chunks); ++i) {
+    const Chunk& c = item.chunks[i];
+    if ((c.tiers & (1u << t)) != 0 || c.dram == nullptr) continue;
+    keys.push_back({id, static_cast<int32_t>(i), c.hash});
+    values.emplace_back(c.dram, static_cast<size_t>(options_.chunk_bytes));
+  }
+  if (keys.empty()) return item.held[t] == std::ssize(item.chunks);
+  const ItemRecord record = item.record();
+  // Encoded off the lock (the item is busy: its DRAM copy stays), into page-aligned buffers.
+  std::vector<AlignedBuffer> encoded;
+  const Clock::time_point start = Clock::now();
+  if (tier.codec() != CodecKind::kIdentity) {
+    lock.unlock();
+    std::vector<std::byte> out;
+    for (std::span<const std::byte>& v : values) {
+      STRATA_CHECK(encode(tier.codec(), v, &out).ok());
+      AlignedBuffer& b = encoded.emplace_back(std::ssize(out));
+      std::copy(out.begin(), out.end(), b.data());
+      v = b.bytes();
+    }
+    lock.lock();
+  }
+  std::vector<int64_t> sizes;
+  int64_t bytes = 0;
+  for (const std::span<const std::byte>& v : values) {
+    sizes.push_back(std::ssize(v));
+    bytes += tier.footprint(std::ssize(v));
+  }
+  if (!make_room(t, bytes, id)) return false;
+  std::optional<Reservation> room = tier.reserve(sizes);
+  if (!room) return false;
+  lock.unlock();
+  const Status status = tier.put(record, *room, keys, values);
+  const double seconds = seconds_since(start);
+  lock.lock();
+  if (!status.ok()) return false;  // the tier gave the room back; it failed
+  Item& now = items_.at(id);
+  int64_t stored = 0;
+  for (size_t j = 0; j < keys.size(); ++j) {
+    set_held(now, keys[j].index, t, true);
+    stored += std::ssize(values[j]);
+  }
+  counters_[t].bytes_in += stored;
+  counters_[kDramTier].bytes_out += std::ssize(keys) * options_.chunk_bytes;
+  counters_[t].save_seconds += seconds;
+  ++counters_[t].saves;
+  return now.held[t] == std::ssize(now.chunks);
+}
+
+Status KvStore::fetch(ItemId id, int64_t first, int64_t count, std::vector<AlignedBuffer>* direct,
+                      TierIndex* from, std::unique_lock<std::mutex>& lock) {
+  const Item& item = items_.at(id);
+  // The chunks DRAM lacks, grouped by the nearest usable tier holding them.
+  std::vector<std::vector<int32_t>> wanted(tiers_.size());
+  int64_t missing = 0;
+  Status status;
+  for (int64_t i = first; i < first + count; ++i) {
+    if (item.chunks[i].dram != nullptr) continue;
+    const TierIndex t = source_of(item.chunks[i]);
+    if (t < 0) {
+      status = Status(StatusCode::kUnavailable, "KV store: chunk " + std::to_string(i) +
+                                                    " of item " + std::to_string(id) +
+                                                    " is only in a failed tier");
+      break;
+    }
+    wanted[t].push_back(static_cast<int32_t>(i));
+    ++missing;
+  }
+  if (direct != nullptr) direct->resize(static_cast<size_t>(count));
+  std::optional<Reservation> room;
+  if (direct == nullptr) {
+    room = dram_->reserve(std::vector<int64_t>(static_cast<size_t>(missing), options_.chunk_bytes));
+    STRATA_CHECK(room.has_value()) << "fetch without DRAM room";
+  }
+  lock.unlock();
+  std::vector<ChunkKey> keys;
+  std::vector<std::span<const std::byte>> values;
+  std::vector<int64_t> read_bytes(tiers_.size()), read_chunks(tiers_.size());
+  std::vector<double> read_seconds(tiers_.size());
+  *from = kDramTier;
+  for (TierIndex t = 1; t < num_tiers() && status.ok(); ++t) {
+    if (wanted[t].empty()) continue;
+    *from = t;
+    const Clock::time_point start = Clock::now();
+    std::vector<AlignedBuffer> got(wanted[t].size());
+    status = tiers_[t]->get(id, wanted[t], got);
+    for (size_t j = 0; status.ok() && j < got.size(); ++j) {
+      read_bytes[t] += got[j].size();
+      std::span<std::byte> raw;
+      if (direct != nullptr) {
+        AlignedBuffer& slot = (*direct)[wanted[t][j] - first];
+        if (tiers_[t]->codec() == CodecKind::kIdentity) {  // the read buffer is the chunk
+          slot = std::move(got[j]);
+          continue;
+        }
+        slot = AlignedBuffer(options_.chunk_bytes);
+        raw = {slot.data(), static_cast<size_t>(options_.chunk_bytes)};
+      } else {
+        raw = {dram_->address(room->placements[keys.size()]), static_cast<size_t>(options_.chunk_bytes)};
+        keys.push_back({id, wanted[t][j], {}});
+        values.emplace_back(raw.data(), raw.size());
+      }
+      status = decode(tiers_[t]->codec(), got[j].bytes(), raw);
+    }
+    read_chunks[t] = std::ssize(wanted[t]);
+    read_seconds[t] = seconds_since(start);
+  }
+  lock.lock();
+  Item& now = items_.at(id);
+  now.busy = false;
+  idle_.notify_all();
+  if (!status.ok()) {
+    if (room) dram_->cancel(*room);
+    ++stats_.corrupt_chunks;
+    spdlog::warn("{}; dropping the conversation, its turn is recomputed", status.message());
+    drop_item(id);
+    return Status(StatusCode::kDataLoss, status.message());
+  }
+  if (room) {
+    for (ChunkKey& key : keys) key.hash = now.chunks[key.index].hash;
+    STRATA_CHECK(dram_->put(now.record(), *room, keys, values).ok());
+    for (size_t j = 0; j < keys.size(); ++j) {
+      now.chunks[keys[j].index].dram = const_cast<std::byte*>(values[j].data());
+      set_held(now, keys[j].index, kDramTier, true);
+    }
+    counters_[kDramTier].bytes_in += std::ssize(keys) * options_.chunk_bytes;
+  }
+  for (TierIndex t = 1; t < num_tiers(); ++t) {
+    if (read_chunks[t] == 0) continue;
+    counters_[t].bytes_out += read_bytes[t];
+    counters_[t].load_seconds += read_seconds[t];
+    ++counters_[t].loads;
+  }
+  return Status();
+}
+
+void KvStore::prefetch(ItemId id) {
+  std::unique_lock lock(mutex_);
+  TierIndex from = kDramTier;
+  if (fetch(id, 0, std::ssize(items_.at(id).chunks), nullptr, &from, lock).ok()) {
+    ++stats_.prefetches;
+  }
+}
+
+void KvStore::demote(ItemId id) {
+  std::unique_lock lock(mutex_);
+  bool persisted = false;
+  for (TierIndex t = 1; t < num_tiers(); ++t) persisted = write_down(id, t, lock) || persisted;
+  Item& item = items_.at(id);
+  item.busy = false;
+  dram_chunks_demoting_ -= item.held[kDramTier];
+  if (!persisted) {  // no room below: the item leaves the store
+    ++counters_[kDramTier].evictions;
+    return drop_item(id);
+  }
+  drop_copy(id, kDramTier);
+}
+
+void KvStore::expire_items() {
+  // A scan of every item under the lock the step thread also takes: at most once a second.
+  const Clock::time_point now = Clock::now();
+  if (options_.ttl.count() == 0 || now - last_expiry_scan_ < std::chrono::seconds(1)) return;
+  last_expiry_scan_ = now;
+  const Clock::time_point limit = now - options_.ttl;
+  std::vector<ItemId> expired;
+  for (const auto& [id, item] : items_) {
+    if (item.pins == 0 && !item.busy && item.pending.empty() && item.touched < limit) {
+      expired.push_back(id);
+    }
+  }
+  for (ItemId id : expired) drop_item(id);
+  stats_.expired += std::ssize(expired);
+}
+
+KvStore::Action KvStore::next_action(ItemId* id, bool claim) {
+  const std::vector<ItemView> all = views(kDramTier);
+  const auto reserve = static_cast<int64_t>(
+      std::ceil(options_.dram_reserve_fraction * static_cast<double>(capacity_chunks(kDramTier))));
+  const int64_t prefetch_window_length = prefetch_window();
+  auto first_position = [&](ItemId item) {
+    auto it = std::find(queue_.begin(), queue_.end(), item);
+    return it == queue_.end() ? INT64_MAX : it - queue_.begin();
+  };
+  if (free_dram_chunks() + dram_chunks_demoting_ < reserve) {
+    const std::optional<ItemId> victim =
+        choose_top_victim(options_.policy, all, queue_, eviction_window());
+    // Never demote what the prefetcher just brought in for the jobs about to run.
+    const bool protected_job = options_.policy == EvictionPolicy::kSchedulerAware && victim &&
+                               first_position(*victim) < prefetch_window_length;
+    if (victim && !protected_job) {
+      if (claim) {
+        Item& item = items_.at(*victim);
+        item.busy = true;
+        dram_chunks_demoting_ += item.held[kDramTier];
+      }
+      *id = *victim;
+      return Action::kDemote;
+    }
+  }
+  if (options_.policy == EvictionPolicy::kSchedulerAware) {
+    // Head first, and only while the item fits beside what the jobs ahead of it still have to
+    // read into DRAM: a prefetch must not take the room the next load needs.
+    int64_t needed = 0;
+    for (ItemId candidate : prefetch_candidates(all, queue_, prefetch_window_length)) {
+      const Item& item = items_.at(candidate);
+      needed += std::ssize(item.chunks) - item.held[kDramTier];
+      if (needed > free_dram_chunks()) break;
+      bool readable = true;
+      for (const Chunk& c : item.chunks) readable = readable && (c.dram != nullptr || source_of(c) > 0);
+      if (!readable) continue;
+      if (claim) items_.at(candidate).busy = true;
+      *id = candidate;
+      return Action::kPrefetch;
+    }
+  }
+  return Action::kNone;
+}
+
+void KvStore::io_loop() {
+  std::unique_lock lock(mutex_);
+  while (true) {
+    if (!commits_.empty()) {
+      PendingCommit commit = std::move(commits_.back());
+      commits_.pop_back();
+      ++active_actions_;
+      lock.unlock();
+      const auto start = Clock::now();
+      commit.wait();
+      lock.lock();
+      publish(commit.ticket, commit.write_seconds + seconds_since(start));
+      --active_actions_;
+      idle_.notify_all();
+      continue;
+    }
+    if (stopping_) return;
+    expire_items();
+    ItemId id = 0;
+    const Action action = next_action(&id, true);
+    if (action == Action::kNone) {
+      idle_.notify_all();
+      work_.wait_for(lock, std::chrono::seconds(1));
+      continue;
+    }
+    ++active_actions_;
+    lock.unlock();
+    if (action == Action::kPrefetch) {
+      prefetch(id);
+    } else {
+      demote(id);
+    }
+    lock.lock();
+    --active_actions_;
+    idle_.notify_all();
+  }
+}
+
+void KvStore::wait_idle() {
+  std::unique_lock lock(mutex_);
+  ItemId unused = 0;
+  idle_.wait(lock, [&] {
+    return commits_.empty() && active_actions_ == 0 && next_action(&unused, false) == Action::kNone;
+  });
+}
+
+}  // namespace strata::store
