@@ -1,0 +1,218 @@
+// The tier stack on real files: the zstd codec at the storage boundary (exact round trips, fewer
+// bytes stored, corrupt input refused), a third tier that only the store's options name, and the
+// SSD tier under injected file-system faults (torn writes, ENOSPC, EIO, failed fsync) through
+// its Env: whatever fails, a load either returns the right bytes or fails, never wrong bytes.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "store_test_util.h"
+#include "support/fault_env.h"
+
+namespace strata::store {
+namespace {
+
+using test_util::FaultEnv;
+using Fault = FaultEnv::Fault;
+
+// KV-like chunk bytes: float32 values whose low 16 bits are zero (bf16 activations held in an
+// fp32 pool), different for every hash.
+void fill_kv_like(std::byte* dst, const kv::ChunkHash& h) {
+  uint64_t x = h.low ^ (h.high << 1) ^ 0x9E3779B97F4A7C15ULL;
+  for (int64_t i = 0; i + 4 <= kChunkBytes; i += 4) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    const float v = static_cast<float>(static_cast<int64_t>(x % 2001) - 1000) / 256.0f;
+    uint32_t bits;
+    std::memcpy(&bits, &v, 4);
+    bits &= 0xFFFF0000u;
+    std::memcpy(dst + i, &bits, 4);
+  }
+  for (int64_t i = kChunkBytes / 4 * 4; i < kChunkBytes; ++i) dst[i] = std::byte{0};
+}
+
+Status save_kv_like(KvStore& store, std::span<const TokenId> t) {
+  SaveRequest request{{}, true, 0, chain(t)};
+  STRATA_ASSIGN_OR_RETURN(SaveTicket ticket, store.begin_save(request));
+  for (size_t i = 0; i < ticket.destinations.size(); ++i) {
+    fill_kv_like(ticket.destinations[i], request.chain[ticket.first_chunk + i]);
+  }
+  store.commit_save(std::move(ticket), nullptr, 0);
+  return Status();
+}
+
+// Loads every chunk `t` has stored; true if the bytes are right, false if the load failed.
+// A load that returns wrong bytes fails the test.
+bool load_kv_like(KvStore& store, std::span<const TokenId> t, TierIndex* served = nullptr) {
+  std::optional<StoreMatch> m = store.find(t, root(), {});
+  if (!m) return false;
+  StatusOr<StoreLease> lease = store.acquire(m->item, 0, m->num_chunks);
+  if (!lease.ok()) return false;
+  const std::vector<kv::ChunkHash> hashes = chain(t);
+  std::vector<std::byte> want(kChunkBytes);
+  for (int64_t i = 0; i < m->num_chunks; ++i) {
+    fill_kv_like(want.data(), hashes[i]);
+    EXPECT_EQ(std::memcmp(lease->chunks[i], want.data(), kChunkBytes), 0)
+        << "chunk " << i << " was served with the wrong bytes";
+  }
+  if (served) *served = lease->served_from;
+  store.release(*lease, 0);
+  return true;
+}
+
+SsdOptions lower_tier(const TempDir& dir, const std::string& name, int64_t chunks,
+                      CodecKind codec = CodecKind::kIdentity, Env* env = Env::posix()) {
+  return {.name = name,
+          .dir = dir.file(name),
+          .capacity_bytes = chunks * 8192,
+          .file_bytes = 16 * 8192,
+          .codec = codec,
+          .env = env};
+}
+
+// DRAM of 4 chunks, a quarter kept free: the second 2-chunk item sends the first one down.
+StoreOptions stack(std::vector<SsdOptions> tiers) {
+  StoreOptions o = options(nullptr, 4);
+  o.dram_reserve_fraction = 0.25;
+  o.tiers = std::move(tiers);
+  return o;
+}
+
+TEST(CodecTest, ZstdRoundTripsExactlyAndRefusesCorruptInput) {
+  std::vector<std::byte> raw(kChunkBytes), encoded, back(kChunkBytes);
+  fill_kv_like(raw.data(), {1, 2});
+  ASSERT_TRUE(encode(CodecKind::kZstd, raw, &encoded).ok());
+  EXPECT_LT(encoded.size(), raw.size() * 3 / 4) << "bf16-valued floats compress";
+  ASSERT_TRUE(decode(CodecKind::kZstd, encoded, back).ok());
+  EXPECT_EQ(back, raw);
+  // Flipped bytes inside the frame, a cut frame, or the wrong size never decode silently.
+  std::vector<std::byte> cut(encoded.begin(), encoded.begin() + encoded.size() / 2);
+  EXPECT_EQ(decode(CodecKind::kZstd, cut, back).code(), StatusCode::kDataLoss);
+  std::vector<std::byte> shorter(kChunkBytes - 1);
+  EXPECT_EQ(decode(CodecKind::kZstd, encoded, shorter).code(), StatusCode::kDataLoss);
+  EXPECT_EQ(decode(CodecKind::kIdentity, shorter, back).code(), StatusCode::kDataLoss);
+}
+
+TEST(TierStackTest, AZstdSsdTierStoresFewerBytesAndLoadsTheSameChunks) {
+  TempDir dir;
+  auto store = KvStore::open(stack({lower_tier(dir, "ssd", 64, CodecKind::kZstd)})).value();
+  const std::vector<TokenId> a = tokens(1, 9), b = tokens(2, 9);
+  ASSERT_TRUE(save_kv_like(*store, a).ok());
+  ASSERT_TRUE(save_kv_like(*store, b).ok());
+  store->wait_idle();
+  StoreStats stats = store->stats();
+  EXPECT_EQ(stats.tier("ssd").codec, "zstd");
+  EXPECT_EQ(stats.tier("ssd").chunks, 2);
+  EXPECT_EQ(stats.tier("ssd").raw_bytes, 2 * kChunkBytes);
+  EXPECT_LT(stats.tier("ssd").bytes_in, stats.tier("ssd").raw_bytes * 3 / 4);
+  TierIndex served = kDramTier;
+  ASSERT_TRUE(load_kv_like(*store, a, &served));
+  EXPECT_EQ(served, kSsd);
+  // After a restart the codec's values are found and decoded again.
+  store.reset();
+  store = KvStore::open(stack({lower_tier(dir, "ssd", 64, CodecKind::kZstd)})).value();
+  ASSERT_TRUE(load_kv_like(*store, a, &served));
+  EXPECT_EQ(served, kSsd);
+  // A tier reopened with another codec does not read values it cannot decode: it starts empty.
+  store.reset();
+  store = KvStore::open(stack({lower_tier(dir, "ssd", 64)})).value();
+  EXPECT_FALSE(store->find(a, root(), {}));
+}
+
+TEST(TierStackTest, AThirdTierIsNamedInTheOptionsOnly) {
+  TempDir dir;
+  // "ssd" holds one item; "archive" (zstd) holds every item demoted past it.
+  auto store = KvStore::open(stack({lower_tier(dir, "ssd", 2),
+                                    lower_tier(dir, "archive", 64, CodecKind::kZstd)}))
+                   .value();
+  ASSERT_EQ(store->num_tiers(), 3);
+  const std::vector<TokenId> a = tokens(1, 9), b = tokens(2, 9), c = tokens(3, 9);
+  for (const auto& t : {a, b, c}) {
+    ASSERT_TRUE(save_kv_like(*store, t).ok());
+    store->wait_idle();
+  }
+  // a and b were demoted: both into "archive", only the later one still in "ssd".
+  const StoreStats stats = store->stats();
+  EXPECT_EQ(stats.tier("archive").chunks, 4);
+  EXPECT_EQ(stats.tier("ssd").chunks, 2);
+  EXPECT_EQ(stats.tier("ssd").evictions, 1);
+  EXPECT_EQ(store->find(a, root(), {})->tier, 2) << "a is only in the third tier";
+  TierIndex served = kDramTier;
+  ASSERT_TRUE(load_kv_like(*store, a, &served));
+  EXPECT_EQ(served, 2);
+  EXPECT_EQ(store->tier_name(served), "archive");
+  ASSERT_TRUE(load_kv_like(*store, b, &served));
+  EXPECT_EQ(served, kSsd) << "the nearest tier holding a chunk serves it";
+}
+
+TEST(TierStackTest, ATornDataWriteIsCaughtByItsChecksum) {
+  TempDir dir;
+  FaultEnv env;
+  auto store = KvStore::open(stack({lower_tier(dir, "ssd", 64, CodecKind::kIdentity, &env)})).value();
+  const std::vector<TokenId> a = tokens(1, 9), b = tokens(2, 9);
+  env.inject(Fault::kTornWrite, "data-");  // the first chunk demoted loses its second page
+  ASSERT_TRUE(save_kv_like(*store, a).ok());
+  ASSERT_TRUE(save_kv_like(*store, b).ok());
+  store->wait_idle();
+  EXPECT_EQ(env.remaining(), 0);
+  EXPECT_FALSE(load_kv_like(*store, a)) << "the torn chunk is refused";
+  EXPECT_EQ(store->stats().corrupt_chunks, 1);
+  EXPECT_FALSE(store->find(a, root(), {})) << "and its item dropped";
+  EXPECT_TRUE(load_kv_like(*store, b));
+}
+
+TEST(TierStackTest, WriteErrorsAndFailedSyncsFailTheTierAndLoseNoServedByte) {
+  for (const auto& [fault, file] : {std::pair{Fault::kWriteError, "data-"},
+                                   std::pair{Fault::kSyncError, "data-"},
+                                   std::pair{Fault::kSyncError, "index.journal"},
+                                   std::pair{Fault::kNoSpace, "index.journal"}}) {
+    TempDir dir;
+    FaultEnv env;
+    auto store =
+        KvStore::open(stack({lower_tier(dir, "ssd", 64, CodecKind::kIdentity, &env)})).value();
+    const std::vector<TokenId> a = tokens(1, 9), b = tokens(2, 9), c = tokens(3, 9);
+    env.inject(fault, file);
+    ASSERT_TRUE(save_kv_like(*store, a).ok());
+    ASSERT_TRUE(save_kv_like(*store, b).ok());  // a's demotion fails
+    store->wait_idle();
+    const std::string what = std::string(file) + " fault " + std::to_string(static_cast<int>(fault));
+    EXPECT_FALSE(store->stats().tier("ssd").available) << what;
+    EXPECT_FALSE(store->find(a, root(), {})) << what << ": a had nowhere to go";
+    // The store goes on with DRAM alone.
+    ASSERT_TRUE(save_kv_like(*store, c).ok()) << what;
+    store->wait_idle();
+    EXPECT_TRUE(load_kv_like(*store, c)) << what;
+  }
+}
+
+TEST(TierStackTest, AReadErrorFailsTheLoadAndTheTier) {
+  TempDir dir;
+  FaultEnv env;
+  auto store = KvStore::open(stack({lower_tier(dir, "ssd", 64, CodecKind::kIdentity, &env)})).value();
+  const std::vector<TokenId> a = tokens(1, 9), b = tokens(2, 9);
+  ASSERT_TRUE(save_kv_like(*store, a).ok());
+  ASSERT_TRUE(save_kv_like(*store, b).ok());
+  store->wait_idle();
+  env.inject(Fault::kReadError, "data-");
+  EXPECT_FALSE(load_kv_like(*store, a));
+  EXPECT_FALSE(store->stats().tier("ssd").available);
+  EXPECT_TRUE(load_kv_like(*store, b)) << "DRAM still serves";
+}
+
+TEST(TierStackTest, ADiskWithoutRoomAtOpenLeavesADramOnlyStore) {
+  TempDir dir;
+  FaultEnv env;
+  env.inject(Fault::kNoSpace, "data-");
+  auto store = KvStore::open(stack({lower_tier(dir, "ssd", 64, CodecKind::kIdentity, &env)})).value();
+  EXPECT_EQ(store->num_tiers(), 1);
+  EXPECT_FALSE(store->stats().tier("ssd").available);
+  const std::vector<TokenId> a = tokens(1, 9);
+  ASSERT_TRUE(save_kv_like(*store, a).ok());
+  EXPECT_TRUE(load_kv_like(*store, a));
+}
+
+}  // namespace
+}  // namespace strata::store
