@@ -165,7 +165,7 @@ Result simulate(const Options& o, const std::vector<Conversation>& conversations
     std::exit(1);
   }
   store::KvStore& kv_store = **opened;
-  const kv::ChunkHash root = kv::prefix_root(0, kv::BlockFormat{}, kBlockTokens, "");
+  const kv::ChunkHash root = kv::prefix_root(0, kv::KvFormat{}, kBlockTokens, "");
 
   std::mt19937_64 rng(o.seed);
   std::exponential_distribution<double> interarrival(o.rate);

@@ -571,16 +571,16 @@ int current_device_sm_count() {
 // CTAs of the main kernel's (kind, head_dim) variant that fit on one SM of the current device
 // at once. Also raises the variant's dynamic shared memory limit, which launching needs. Cached
 // per (device, variant): both calls cost host time on every layer otherwise.
-int resident_ctas_per_sm(ScalarKind kind, int64_t head_dim) {
+int resident_ctas_per_sm(DType kind, int64_t head_dim) {
   constexpr int kMaxCachedDevices = 64;
   static std::atomic<int> cache[kMaxCachedDevices][2][2];  // 0: not computed yet
   int device = 0;
   STRATA_CUDA_CHECK(cudaGetDevice(&device));
   const bool cacheable = device < kMaxCachedDevices &&
-                         (kind == ScalarKind::kFloat16 || kind == ScalarKind::kBFloat16) &&
+                         (kind == DType::kFloat16 || kind == DType::kBFloat16) &&
                          (head_dim == 64 || head_dim == 128);
   std::atomic<int>* slot =
-      cacheable ? &cache[device][kind == ScalarKind::kBFloat16][head_dim == 128] : nullptr;
+      cacheable ? &cache[device][kind == DType::kBFloat16][head_dim == 128] : nullptr;
   if (slot != nullptr) {
     const int cached = slot->load(std::memory_order_relaxed);
     if (cached > 0) return cached;

@@ -20,17 +20,17 @@
 // Runs BODY with `scalar_t` bound to the element type of KIND; aborts on an unknown kind.
 #define STRATA_DISPATCH_SCALAR(KIND, ...)                                        \
   switch (KIND) {                                                                \
-    case ::strata::kernels::ScalarKind::kFloat32: {                              \
+    case ::strata::kernels::DType::kFloat32: {                                   \
       using scalar_t = float;                                                    \
       __VA_ARGS__();                                                             \
       break;                                                                     \
     }                                                                            \
-    case ::strata::kernels::ScalarKind::kFloat16: {                              \
+    case ::strata::kernels::DType::kFloat16: {                                   \
       using scalar_t = __half;                                                   \
       __VA_ARGS__();                                                             \
       break;                                                                     \
     }                                                                            \
-    case ::strata::kernels::ScalarKind::kBFloat16: {                             \
+    case ::strata::kernels::DType::kBFloat16: {                                  \
       using scalar_t = __nv_bfloat16;                                            \
       __VA_ARGS__();                                                             \
       break;                                                                     \
@@ -88,12 +88,12 @@ __device__ __forceinline__ float block_sum(float v) {
 // any other kind. For kernels that exist only for the CUDA serving dtypes (paged attention).
 #define STRATA_DISPATCH_HALF_SCALAR(KIND, ...)                                              \
   switch (KIND) {                                                                           \
-    case ::strata::kernels::ScalarKind::kFloat16: {                                         \
+    case ::strata::kernels::DType::kFloat16: {                                              \
       using scalar_t = __half;                                                              \
       __VA_ARGS__();                                                                        \
       break;                                                                                \
     }                                                                                       \
-    case ::strata::kernels::ScalarKind::kBFloat16: {                                        \
+    case ::strata::kernels::DType::kBFloat16: {                                             \
       using scalar_t = __nv_bfloat16;                                                       \
       __VA_ARGS__();                                                                        \
       break;                                                                                \

@@ -27,7 +27,7 @@ __global__ void __launch_bounds__(kMaxThreads) rms_norm_kernel(T* __restrict__ o
 }  // namespace
 
 void launch_rms_norm(void* out, const void* x, const void* weight, int64_t num_rows,
-                     int64_t hidden, float eps, ScalarKind kind, cudaStream_t stream) {
+                     int64_t hidden, float eps, DType kind, cudaStream_t stream) {
   if (num_rows == 0) return;
   const int threads =
       hidden >= kMaxThreads ? kMaxThreads : static_cast<int>((hidden + 31) / 32 * 32);

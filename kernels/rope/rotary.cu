@@ -33,7 +33,7 @@ __global__ void __launch_bounds__(kMaxThreads) rotary_kernel(T* __restrict__ out
 }  // namespace
 
 void launch_rotary(void* out, const void* x, const void* cos, const void* sin, int64_t num_tokens,
-                   int64_t num_heads, int64_t head_dim, ScalarKind kind, cudaStream_t stream) {
+                   int64_t num_heads, int64_t head_dim, DType kind, cudaStream_t stream) {
   if (num_tokens == 0) return;
   const int64_t work = num_heads * head_dim / 2;
   const int threads =

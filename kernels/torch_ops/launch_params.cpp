@@ -17,14 +17,14 @@ void set_pool_strides(Params& params, const at::Tensor& kv_cache) {
 
 }  // namespace
 
-ScalarKind scalar_kind(const at::Tensor& t) {
+DType dtype_of(const at::Tensor& t) {
   switch (t.scalar_type()) {
     case at::kFloat:
-      return ScalarKind::kFloat32;
+      return DType::kFloat32;
     case at::kHalf:
-      return ScalarKind::kFloat16;
+      return DType::kFloat16;
     case at::kBFloat16:
-      return ScalarKind::kBFloat16;
+      return DType::kBFloat16;
     default:
       TORCH_CHECK(false, "unsupported dtype ", t.scalar_type());
   }
@@ -54,7 +54,7 @@ PagedAttentionParams paged_attention_params(at::Tensor& out, const at::Tensor& q
   params.max_blocks_per_seq = block_tables.size(1);
   params.max_q_len = max_q_len;
   params.scale = static_cast<float>(scale);
-  params.kind = scalar_kind(q);
+  params.kind = dtype_of(q);
   return params;
 }
 

@@ -15,7 +15,7 @@ class Tensor;
 namespace strata::kernels {
 
 // float32 / float16 / bfloat16; throws c10::Error for any other dtype.
-ScalarKind scalar_kind(const at::Tensor& t);
+DType dtype_of(const at::Tensor& t);
 
 // out: [num_tokens, num_heads, head_dim] contiguous, q's dtype. The workspace is left empty.
 PagedAttentionParams paged_attention_params(at::Tensor& out, const at::Tensor& q,

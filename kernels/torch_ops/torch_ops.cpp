@@ -46,7 +46,7 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps,
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor out = at::empty_like(x);
   launch_rms_norm(out.data_ptr(), x.data_ptr(), weight.data_ptr(), x.size(0), x.size(1),
-                  static_cast<float>(eps), scalar_kind(x),
+                  static_cast<float>(eps), dtype_of(x),
                   c10::cuda::getCurrentCUDAStream(x.get_device()).stream());
   return out;
 }
@@ -67,7 +67,7 @@ at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Te
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor out = at::empty_like(x);
   launch_rotary(out.data_ptr(), x.data_ptr(), cos.data_ptr(), sin.data_ptr(), x.size(0),
-                x.size(1), x.size(2), scalar_kind(x),
+                x.size(1), x.size(2), dtype_of(x),
                 c10::cuda::getCurrentCUDAStream(x.get_device()).stream());
   return out;
 }

@@ -179,7 +179,7 @@ Status chat(const std::vector<std::string>& args) {
     std::fprintf(stderr, "%s on %s (%s).",
                  loaded.engine->model_config().name.c_str(),
                  executor::device_name(loaded.engine->executor().options().device).c_str(),
-                 executor::dtype_name(loaded.engine->executor().options().dtype));
+                 dtype_name(loaded.engine->executor().options().dtype));
     backend = std::make_unique<LocalChat>(std::move(loaded), params, system);
   } else {
     const std::string address = flags.get("server", "127.0.0.1:50051");

@@ -143,7 +143,7 @@ Status generate(const std::vector<std::string>& args) {
       {"model",
        {{"path", deployment.model.path},
         {"device", executor::device_name(engine.executor().options().device)},
-        {"dtype", executor::dtype_name(engine.executor().options().dtype)}}},
+        {"dtype", dtype_name(engine.executor().options().dtype)}}},
   };
   std::cout << out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << std::endl;
   return Status();

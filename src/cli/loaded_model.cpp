@@ -55,14 +55,7 @@ StatusOr<engine::EngineOptions> engine_options(const config::DeploymentConfig& d
   STRATA_ASSIGN_OR_RETURN(o.executor.device,
                           executor::parse_device(config::device_config_name(d.devices)));
   const bool cuda = o.executor.device.kind == executor::DeviceKind::kCuda;
-  switch (d.model.dtype) {
-    case config::ModelDType::kAuto:
-      o.executor.dtype = cuda ? executor::DType::kBFloat16 : executor::DType::kFloat32;
-      break;
-    case config::ModelDType::kFloat32: o.executor.dtype = executor::DType::kFloat32; break;
-    case config::ModelDType::kBFloat16: o.executor.dtype = executor::DType::kBFloat16; break;
-    case config::ModelDType::kFloat16: o.executor.dtype = executor::DType::kFloat16; break;
-  }
+  o.executor.dtype = d.model.dtype.value_or(cuda ? DType::kBFloat16 : DType::kFloat32);
   o.executor.num_threads = d.devices.cpu_threads;
   o.executor.kernels = d.executor.kernels;
   o.executor.kv_block_size_tokens = d.kv_cache.block_size_tokens;
@@ -72,13 +65,9 @@ StatusOr<engine::EngineOptions> engine_options(const config::DeploymentConfig& d
   }
   o.executor.host_kv_cache_bytes = d.kv_cache.host_cache_bytes;
   o.enable_prefix_caching = d.kv_cache.enable_prefix_caching;
-  o.scheduler.max_num_seqs = d.scheduler.max_num_seqs;
-  o.scheduler.max_num_batched_tokens = d.scheduler.max_num_batched_tokens;
+  o.scheduler = d.scheduler;  // the section's scheduler part
   o.max_queued_requests = d.scheduler.max_queued_requests;
   o.overflow_truncation_fraction = d.scheduler.overflow_truncation_fraction;
-  o.scheduler.preemption_mode = d.scheduler.preemption_mode == config::PreemptionMode::kSwap
-                                    ? scheduler::PreemptionMode::kSwap
-                                    : scheduler::PreemptionMode::kRecompute;
   if (d.kv_store.enabled()) {
     const config::KvStoreSection& k = d.kv_store;
     store::StoreOptions& s = o.store.emplace();

@@ -307,10 +307,8 @@ Status read_model(Context& ctx, const YAML::Node& node, ModelSection& out) {
   STRATA_ASSIGN_OR_RETURN(const SectionMap m, SectionMap::open(ctx, node, "model"));
   STRATA_RETURN_IF_ERROR(m.get("path", into(ctx, out.path)));
   STRATA_RETURN_IF_ERROR(m.get("dtype", [&](const YAML::Node& n, const std::string& k) {
-    return read_enum(
-        ctx, n, k,
-        {ModelDType::kAuto, ModelDType::kFloat32, ModelDType::kBFloat16, ModelDType::kFloat16},
-        out.dtype);
+    return read_enum<std::optional<DType>>(
+        ctx, n, k, {std::nullopt, DType::kFloat32, DType::kBFloat16, DType::kFloat16}, out.dtype);
   }));
   STRATA_RETURN_IF_ERROR(m.get("chat_template", [&](const YAML::Node& n, const std::string& k) {
     return read_enum(ctx, n, k,

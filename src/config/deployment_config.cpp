@@ -428,18 +428,8 @@ Status validate_key(const DeploymentConfig& config, std::string_view dotted_key)
   return status;
 }
 
-std::string_view config_name(ModelDType value) {
-  switch (value) {
-    case ModelDType::kAuto:
-      return "auto";
-    case ModelDType::kFloat32:
-      return "float32";
-    case ModelDType::kBFloat16:
-      return "bfloat16";
-    case ModelDType::kFloat16:
-      return "float16";
-  }
-  return "?";
+std::string_view config_name(std::optional<DType> value) {
+  return value ? dtype_name(*value) : "auto";
 }
 
 std::string_view config_name(ChatTemplateFallback value) {

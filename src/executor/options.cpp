@@ -10,19 +10,11 @@
 namespace strata::executor {
 
 StatusOr<DType> parse_dtype(const std::string& name) {
-  if (name == "float32" || name == "fp32") return DType::kFloat32;
-  if (name == "bfloat16" || name == "bf16") return DType::kBFloat16;
-  if (name == "float16" || name == "fp16") return DType::kFloat16;
-  return invalid_argument_error("unknown dtype '" + name + "' (float32, bfloat16, float16)");
-}
-
-const char* dtype_name(DType dtype) {
-  switch (dtype) {
-    case DType::kFloat32: return "float32";
-    case DType::kBFloat16: return "bfloat16";
-    case DType::kFloat16: return "float16";
+  const std::optional<DType> dtype = dtype_from_name(name);
+  if (!dtype || dtype_is_quantized(*dtype)) {
+    return invalid_argument_error("unknown compute dtype '" + name + "' (float32, bfloat16, float16)");
   }
-  return "unknown";
+  return *dtype;
 }
 
 StatusOr<Device> parse_device(const std::string& name) {

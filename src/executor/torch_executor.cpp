@@ -25,6 +25,7 @@
 
 #include "kernel_choice.h"
 #include "layers.h"
+#include "strata/common/check.h"
 #include "strata/executor/executor.h"
 #include "strata/kernels/torch_ops.h"
 #include "strata/model/model_source.h"
@@ -39,7 +40,12 @@ at::ScalarType to_scalar_type(DType dtype) {
     case DType::kFloat32: return at::kFloat;
     case DType::kBFloat16: return at::kBFloat16;
     case DType::kFloat16: return at::kHalf;
+    case DType::kFloat8E4M3:
+    case DType::kInt8:
+    case DType::kInt4:
+    case DType::kInt2: break;  // KV page formats, never a compute dtype (parse_dtype)
   }
+  STRATA_CHECK(false) << "not a compute dtype: " << dtype_name(dtype);
   return at::kFloat;
 }
 
@@ -67,7 +73,7 @@ class TorchExecutor final : public Executor {
     if (options_.num_threads > 0) at::set_num_threads(options_.num_threads);
   }
   const kv::KvGeometry& kv_geometry() const override { return kv_geometry_; }
-  kv::BlockFormat kv_format() const override { return kv_format_; }
+  kv::KvFormat kv_format() const override { return kv_format_; }
   const kernels::KernelReport& kernel_report() const override { return kernel_report_; }
   int64_t kv_chunk_bytes() const override { return kv_geometry_.num_layers * block_bytes_; }
   void drop_preload(SeqId seq) override { read_buffers_.erase(seq); }
@@ -132,7 +138,7 @@ class TorchExecutor final : public Executor {
   at::Tensor inv_freq_;     // [head_dim / 2], float32
   std::vector<LayerWeights> layers_;
   kv::KvGeometry kv_geometry_;
-  kv::BlockFormat kv_format_;
+  kv::KvFormat kv_format_;
   int64_t block_bytes_ = 0;  // one pool block: [2, Hkv, B, D] in dtype_
   // [num_blocks, 2, num_kv_heads, block_size, head_dim] in dtype_; keys stored after RoPE.
   at::Tensor kv_cache_;
@@ -209,10 +215,7 @@ Status TorchExecutor::allocate_kv_pool() {
     return invalid_argument_error("kv_block_size_tokens must be positive, got " +
                                   std::to_string(options_.kv_block_size_tokens));
   }
-  const kv::KvFormat format = dtype_ == at::kFloat      ? kv::KvFormat::kFloat32
-                              : dtype_ == at::kBFloat16 ? kv::KvFormat::kBFloat16
-                                                        : kv::KvFormat::kFloat16;
-  kv_format_ = {format, format};
+  kv_format_ = kv::KvFormat::plain(options_.dtype);
   kv_geometry_.num_layers = static_cast<int32_t>(config_.num_layers);
   kv_geometry_.num_kv_heads = static_cast<int32_t>(config_.num_kv_heads);
   kv_geometry_.head_dim = static_cast<int32_t>(config_.head_dim);

@@ -11,7 +11,7 @@ BlockPool::BlockPool(int32_t num_blocks) : refcounts_(num_blocks, 0), formats_(n
   for (int32_t b = num_blocks - 1; b >= 0; --b) free_list_.push_back(b);
 }
 
-std::vector<BlockId> BlockPool::allocate(int32_t n, BlockFormat format) {
+std::vector<BlockId> BlockPool::allocate(int32_t n, KvFormat format) {
   STRATA_CHECK(n <= num_available()) << "allocate(" << n << ") with " << num_available()
                                      << " blocks available";
   std::vector<BlockId> blocks;

@@ -25,7 +25,7 @@ Status KvGeometry::validate() const {
   return Status();
 }
 
-KvCacheManager::KvCacheManager(const KvGeometry& geometry, BlockFormat format,
+KvCacheManager::KvCacheManager(const KvGeometry& geometry, KvFormat format,
                                PrefixCacheOptions prefix)
     : geometry_(geometry), format_(format), prefix_(prefix), pool_(geometry.num_blocks) {
   STRATA_CHECK(geometry.validate().ok()) << geometry.validate().to_string();

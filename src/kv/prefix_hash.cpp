@@ -3,6 +3,7 @@
 #include <xxhash.h>
 
 #include <cstring>
+#include <string>
 #include <vector>
 
 namespace strata::kv {
@@ -12,14 +13,16 @@ ChunkHash to_chunk_hash(XXH128_hash_t h) { return {h.low64, h.high64}; }
 
 }  // namespace
 
-ChunkHash prefix_root(uint64_t model_fingerprint, BlockFormat format, int32_t block_size_tokens,
+ChunkHash prefix_root(uint64_t model_fingerprint, KvFormat format, int32_t block_size_tokens,
                       std::string_view tenant_salt) {
-  std::vector<uint8_t> bytes(8 + 2 + 4 + tenant_salt.size());
+  // The format by its name ("bfloat16", "k:int8/token128,v:int4/token32"): every field counts.
+  const std::string name = format_name(format);
+  std::vector<uint8_t> bytes(8 + 4 + name.size() + 1 + tenant_salt.size());
   std::memcpy(bytes.data(), &model_fingerprint, 8);
-  bytes[8] = static_cast<uint8_t>(format.key);
-  bytes[9] = static_cast<uint8_t>(format.value);
-  std::memcpy(bytes.data() + 10, &block_size_tokens, 4);
-  std::memcpy(bytes.data() + 14, tenant_salt.data(), tenant_salt.size());
+  std::memcpy(bytes.data() + 8, &block_size_tokens, 4);
+  std::memcpy(bytes.data() + 12, name.data(), name.size());
+  bytes[12 + name.size()] = 0;  // the name's end: no salt can extend it
+  std::memcpy(bytes.data() + 13 + name.size(), tenant_salt.data(), tenant_salt.size());
   return to_chunk_hash(XXH3_128bits(bytes.data(), bytes.size()));
 }
 

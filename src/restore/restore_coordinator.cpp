@@ -26,13 +26,13 @@ std::string store_session_key(const std::string& session) {
 
 // Chunks are interchangeable only between engines of one model, pool format and geometry: a
 // stable digest (XXH3 over a versioned text) of those, persisted by the SSD tier.
-uint64_t layout_tag(uint64_t model_fingerprint, kv::BlockFormat format, int64_t block_size_tokens,
-                    int64_t chunk_bytes) {
-  char text[160];
+uint64_t layout_tag(uint64_t model_fingerprint, const kv::KvFormat& format,
+                    int64_t block_size_tokens, int64_t chunk_bytes) {
+  char text[256];
   const int n = std::snprintf(text, sizeof(text),
-                              "strata-kv-layout/1 model=%016llx k=%d v=%d block=%lld chunk=%lld",
+                              "strata-kv-layout/1 model=%016llx format=%s block=%lld chunk=%lld",
                               static_cast<unsigned long long>(model_fingerprint),
-                              static_cast<int>(format.key), static_cast<int>(format.value),
+                              kv::format_name(format).c_str(),
                               static_cast<long long>(block_size_tokens),
                               static_cast<long long>(chunk_bytes));
   return XXH3_64bits(text, static_cast<size_t>(n));
@@ -239,14 +239,13 @@ std::vector<LoadedPrefix> RestoreCoordinator::restore(scheduler::ScheduledBatch&
     executor::KvLoad kv_load{load.seq, load.first_block, {}};
     StatusOr<store::TierIndex> tier = pin_load(sequence, load, &kv_load);
     if (!tier.ok()) {
-      // The chunks vanished or failed their checksums (the store dropped the item), or DRAM had
-      // no room to read them into now: compute the prompt.
+      // The chunks vanished or failed their checksums (the store dropped the item): compute the
+      // prompt.
       scheduler_.restart(load.seq);
       sequence.load_failed = true;
       std::erase_if(batch.chunks,
                     [&](const scheduler::ScheduledChunk& c) { return c.seq == load.seq; });
-      ++(tier.status().code() == StatusCode::kUnavailable ? stats_.store_loads_skipped
-                                                          : stats_.store_load_failures);
+      ++stats_.store_load_failures;
       continue;
     }
     const int64_t tokens = load.num_blocks * block;

@@ -182,9 +182,6 @@ void render_store(const engine::EngineStats& engine, std::string* out) {
   single("strata_kv_store_load_failures_total", "counter",
          "Requests that recomputed their prompt because a store load failed.",
          d(engine.store_load_failures));
-  single("strata_kv_store_loads_skipped_total", "counter",
-         "Requests that recomputed their prompt because DRAM had no room to load it into.",
-         d(engine.store_loads_skipped));
   single("strata_kv_store_saves_skipped_total", "counter",
          "Saves skipped for lack of DRAM room at the time.", d(s.saves_skipped));
   single("strata_kv_store_saves_partial_total", "counter",

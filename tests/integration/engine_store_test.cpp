@@ -416,7 +416,7 @@ TEST_F(EngineStoreTest, OtherWeightsOrAnotherPoolFormatNeverHit) {
   expect_no_hit(options_with(store_options(dir.file("kv")), false), altered);
   first_turn();
   EngineOptions bf16 = options_with(store_options(dir.file("kv")), false);
-  bf16.executor.dtype = executor::DType::kBFloat16;  // bf16 pool pages
+  bf16.executor.dtype = DType::kBFloat16;  // bf16 pool pages
   expect_no_hit(bf16, STRATA_TEST_MODEL);
 }
 

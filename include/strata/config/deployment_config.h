@@ -2,9 +2,9 @@
 // top-level section. Plain data with defaults; config_loader.h reads and writes the YAML form, and
 // configs/default.yaml documents every key once.
 //
-// The structs use the enums of the modules they configure where those are plain headers
-// (kernels::KernelBackend, store::EvictionPolicy, store::CodecKind); this module links only
-// strata_common.
+// The structs use the enums of the modules they configure (strata::DType,
+// kernels::KernelBackend, scheduler::PreemptionMode, store::EvictionPolicy, store::CodecKind:
+// plain headers); this module links only strata_common.
 //
 // Validation: every validate() returns INVALID_ARGUMENT whose message starts with the full dotted
 // key it is about ("scheduler.max_num_seqs must be >= 1, got 0"); the loader relies on that to add
@@ -18,21 +18,16 @@
 #include <string_view>
 #include <vector>
 
+#include "strata/common/dtype.h"
 #include "strata/common/status.h"
 #include "strata/kernels/kernel_selection.h"
+#include "strata/scheduler/scheduler.h"
 #include "strata/store/codec.h"
 #include "strata/store/placement_policy.h"
 
 namespace strata::config {
 
 // ---- model ----------------------------------------------------------------------------------
-
-enum class ModelDType {
-  kAuto,  // bfloat16 on a CUDA device, float32 on the CPU (the caller resolves it)
-  kFloat32,
-  kBFloat16,
-  kFloat16,
-};
 
 // The chat template used when the model carries none (or one we cannot run).
 enum class ChatTemplateFallback { kNone, kChatML, kLlama3, kMistral };
@@ -41,7 +36,9 @@ struct ModelSection {
   // A .gguf file or a HF model directory; relative paths are relative to the process's working
   // directory (not to the config file). Required.
   std::string path;
-  ModelDType dtype = ModelDType::kAuto;
+  // The compute dtype (float32, bfloat16 or float16); nullopt is "auto": bfloat16 on a CUDA
+  // device, float32 on the CPU (the caller resolves it).
+  std::optional<DType> dtype;
   ChatTemplateFallback chat_template = ChatTemplateFallback::kNone;
   // The model name the APIs report; empty: effective_served_name() derives it from `path`.
   std::string served_name;
@@ -147,12 +144,12 @@ struct KvStoreSection {
 
 // ---- scheduler ------------------------------------------------------------------------------
 
-enum class PreemptionMode { kRecompute, kSwap };
+using scheduler::PreemptionMode;
 
-struct SchedulerSection {
-  int32_t max_num_seqs = 64;             // sequences in one step
-  int64_t max_num_batched_tokens = 512;  // tokens in one step (prefill chunks + decodes)
-  PreemptionMode preemption_mode = PreemptionMode::kRecompute;
+// The scheduler's own options (scheduler::SchedulerConfig: max_num_seqs, max_num_batched_tokens,
+// preemption_mode) are this section's first keys, handed to the scheduler as they are; the rest
+// are the engine's admission rules.
+struct SchedulerSection : scheduler::SchedulerConfig {
   // Requests that may wait for admission before new ones are refused (the servers will answer
   // 429 / RESOURCE_EXHAUSTED past it).
   int64_t max_queued_requests = 1024;
@@ -239,9 +236,9 @@ const std::vector<std::string_view>& config_keys();
 // `dotted_key` is not a key of the tree. Used by apply_override().
 Status validate_key(const DeploymentConfig& config, std::string_view dotted_key);
 
-// YAML spellings of the enum values ("bfloat16", "llama3" ("" for kNone), "scheduler_aware",
+// YAML spellings of the enum values ("auto", "bfloat16", "llama3" ("" for kNone), "scheduler_aware",
 // "swap", "warn", "json"), as the loader reads and to_yaml() writes them.
-std::string_view config_name(ModelDType value);
+std::string_view config_name(std::optional<DType> value);  // "auto" for nullopt
 std::string_view config_name(ChatTemplateFallback value);
 std::string_view config_name(DeviceKind value);  // "auto" | "cpu" | "cuda"
 std::string_view config_name(EvictionPolicy value);

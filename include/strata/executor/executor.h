@@ -17,6 +17,7 @@
 #include "strata/common/status.h"
 #include "strata/executor/forward_batch.h"
 #include "strata/kernels/kernel_selection.h"
+#include "strata/common/dtype.h"
 #include "strata/kv/kv_types.h"
 #include "strata/model/model_config.h"
 
@@ -27,9 +28,8 @@ class ModelSource;
 namespace strata::executor {
 
 enum class DeviceKind { kCpu, kCuda };
-enum class DType { kFloat32, kBFloat16, kFloat16 };
-
-// "float32" | "bfloat16" | "float16" (also "fp32", "bf16", "fp16").
+// A compute dtype (strata::DType): "float32" | "bfloat16" | "float16" (also "fp32", "bf16",
+// "fp16"); INVALID_ARGUMENT for anything else.
 StatusOr<DType> parse_dtype(const std::string& name);
 // "cpu" | "cuda" | "cuda:N"; "auto" picks cuda:0 when a GPU is present, else cpu.
 struct Device {
@@ -37,7 +37,6 @@ struct Device {
   int index = 0;
 };
 StatusOr<Device> parse_device(const std::string& name);
-const char* dtype_name(DType dtype);
 std::string device_name(const Device& device);
 
 struct ExecutorOptions {
@@ -77,7 +76,7 @@ class Executor {
 
   // Shape of the KV pool, for the KV manager.
   virtual const kv::KvGeometry& kv_geometry() const = 0;
-  virtual kv::BlockFormat kv_format() const = 0;
+  virtual kv::KvFormat kv_format() const = 0;
   // Which implementation serves each custom op, and the self-check behind it.
   virtual const kernels::KernelReport& kernel_report() const = 0;
 

@@ -9,14 +9,18 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "strata/common/dtype.h"
+
 namespace strata::kernels {
 
-enum class ScalarKind { kFloat32, kFloat16, kBFloat16 };
+// Launchers take the element type as strata::DType (common/dtype.h); each supports the float
+// types its comment names.
+using strata::DType;
 
 // out[r, :] = weight * (x[r, :] * rsqrt(mean(x[r, :]^2) + eps)), statistics in float32.
 // x, out: [num_rows, hidden] contiguous; weight: [hidden]; all of `kind`.
 void launch_rms_norm(void* out, const void* x, const void* weight, int64_t num_rows,
-                     int64_t hidden, float eps, ScalarKind kind, cudaStream_t stream);
+                     int64_t hidden, float eps, DType kind, cudaStream_t stream);
 
 // NeoX-style rotary embedding: for i < D/2,
 //   out[t, h, i]       = x[t, h, i] * cos[t, i] - x[t, h, i + D/2] * sin[t, i]
@@ -24,7 +28,7 @@ void launch_rms_norm(void* out, const void* x, const void* weight, int64_t num_r
 // x, out: [num_tokens, num_heads, head_dim] contiguous; cos, sin: [num_tokens, head_dim].
 // Products are rounded to `kind` before the sum, as the unfused ATen expression does.
 void launch_rotary(void* out, const void* x, const void* cos, const void* sin, int64_t num_tokens,
-                   int64_t num_heads, int64_t head_dim, ScalarKind kind, cudaStream_t stream);
+                   int64_t num_heads, int64_t head_dim, DType kind, cudaStream_t stream);
 
 // ---------------------------------------------------------------------------------------------
 // Paged attention over the KV pool (docs/kernels/paged-attention.md).
@@ -66,7 +70,7 @@ struct PagedAttentionParams {
   int64_t max_blocks_per_seq = 0;  // width of block_tables; bounds every context length
   int64_t max_q_len = 0;           // >= every q_len_s (host-known; picks the work split)
   float scale = 1.0f;
-  ScalarKind kind = ScalarKind::kBFloat16;  // kFloat16 or kBFloat16
+  DType kind = DType::kBFloat16;  // kFloat16 or kBFloat16
   // Split-K scratch, device memory of at least paged_attention_workspace_bytes(*this) bytes
   // (16-byte aligned); may be null when that is 0. Only this launch uses it (stream-ordered).
   void* workspace = nullptr;

@@ -34,12 +34,12 @@ class BlockPool {
 
   // Takes n blocks, each with refcount 1 and the given format, evicting unused cached groups
   // (least recently used first) when the free list runs short. REQUIRES n <= num_available().
-  std::vector<BlockId> allocate(int32_t n, BlockFormat format);
+  std::vector<BlockId> allocate(int32_t n, KvFormat format);
   void retain(BlockId block);
   // Drops one reference; at zero the block is free again.
   void release(BlockId block);
   int32_t refcount(BlockId block) const { return refcounts_[block.value]; }
-  BlockFormat format(BlockId block) const { return formats_[block.value]; }
+  KvFormat format(BlockId block) const { return formats_[block.value]; }
 
   // --- prefix cache storage ---
   // Caches `blocks` under `hash` with one user (the caller), taking a reference on each block.
@@ -64,7 +64,7 @@ class BlockPool {
   void evict_one();
 
   std::vector<int32_t> refcounts_;  // per block
-  std::vector<BlockFormat> formats_;  // per block, set at allocation
+  std::vector<KvFormat> formats_;  // per block, set at allocation
   std::vector<int32_t> free_list_;  // blocks with refcount 0 (used as a stack)
   std::unordered_map<ChunkHash, CachedGroup> cached_;
   std::list<ChunkHash> lru_;  // groups with users == 0, least recently used first

@@ -67,10 +67,10 @@ class KvPlan {
 
 class KvCacheManager {
  public:
-  KvCacheManager(const KvGeometry& geometry, BlockFormat format, PrefixCacheOptions prefix);
+  KvCacheManager(const KvGeometry& geometry, KvFormat format, PrefixCacheOptions prefix);
 
   const KvGeometry& geometry() const { return geometry_; }
-  BlockFormat format() const { return format_; }
+  KvFormat format() const { return format_; }
 
   // Registers a sequence with no blocks. INVALID_ARGUMENT if the id is in use or prompt is empty.
   // A sequence that is not `cacheable` neither uses nor publishes to the prefix cache (it must
@@ -159,7 +159,7 @@ class KvCacheManager {
   }
 
   KvGeometry geometry_;
-  BlockFormat format_;
+  KvFormat format_;
   PrefixCacheOptions prefix_;
   BlockPool pool_;
   std::unique_ptr<BlockPool> host_pool_;  // null when num_host_blocks == 0

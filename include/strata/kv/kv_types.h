@@ -14,6 +14,7 @@
 
 #include "strata/common/ids.h"
 #include "strata/common/status.h"
+#include "strata/kv/kv_format.h"
 
 namespace strata::kv {
 
@@ -46,16 +47,6 @@ struct StepCopies {
   std::vector<BlockLoad> loads;
 
   bool has_block_moves() const { return !swap_out.empty() || !swap_in.empty() || !device.empty(); }
-};
-
-// Element format of a block's keys or values. Quantized formats (int8, fp8, int4, int2 with
-// scales laid out as the kernels read them) join with the LeanKV work; K and V may differ.
-enum class KvFormat : uint8_t { kFloat32, kBFloat16, kFloat16 };
-
-struct BlockFormat {
-  KvFormat key = KvFormat::kBFloat16;
-  KvFormat value = KvFormat::kBFloat16;
-  bool operator==(const BlockFormat&) const = default;
 };
 
 struct KvGeometry {

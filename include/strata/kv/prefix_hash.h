@@ -16,7 +16,7 @@
 
 namespace strata::kv {
 
-ChunkHash prefix_root(uint64_t model_fingerprint, BlockFormat format, int32_t block_size_tokens,
+ChunkHash prefix_root(uint64_t model_fingerprint, KvFormat format, int32_t block_size_tokens,
                       std::string_view tenant_salt);
 ChunkHash chain_hash(ChunkHash parent, std::span<const TokenId> block_tokens);
 

@@ -66,7 +66,6 @@ struct RestoreStats {
   // Prompt tokens loaded from the store, by the farthest tier their load had to read from.
   std::map<std::string, int64_t, std::less<>> store_loaded_tokens;
   int64_t store_load_failures = 0;  // loads of corrupt or vanished chunks: the prompt recomputed
-  int64_t store_loads_skipped = 0;  // loads DRAM had no room for at the time: likewise
   int64_t store_saved_tokens = 0;   // tokens whose KV finished requests saved
   // The device pool as the store's top tier: KV bytes it received from the store (loads) and
   // sent to it (saves), and the executor's time on those copies.

@@ -44,6 +44,7 @@ struct SchedulerConfig {
 
   // INVALID_ARGUMENT naming the field.
   Status validate() const;
+  bool operator==(const SchedulerConfig&) const = default;
 };
 
 struct ScheduledChunk {

@@ -15,7 +15,7 @@ namespace strata::kernels::testing {
 inline at::Tensor emulated_rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
   at::Tensor out = at::empty_like(x);
   launch_rms_norm(out.data_ptr(), x.data_ptr(), w.data_ptr(), x.size(0), x.size(1),
-                  static_cast<float>(eps), scalar_kind(x), nullptr);
+                  static_cast<float>(eps), dtype_of(x), nullptr);
   return out;
 }
 
@@ -23,7 +23,7 @@ inline at::Tensor emulated_rotary(const at::Tensor& x, const at::Tensor& cos,
                                   const at::Tensor& sin) {
   at::Tensor out = at::empty_like(x);
   launch_rotary(out.data_ptr(), x.data_ptr(), cos.data_ptr(), sin.data_ptr(), x.size(0), x.size(1),
-                x.size(2), scalar_kind(x), nullptr);
+                x.size(2), dtype_of(x), nullptr);
   return out;
 }
 

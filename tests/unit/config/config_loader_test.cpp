@@ -37,7 +37,7 @@ TEST(ConfigLoaderTest, DefaultYamlIsTheStructDefaultsOnCpuWithTheSmallModel) {
   StatusOr<DeploymentConfig> loaded = load_config_file(config_path("default.yaml"));
   ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
   DeploymentConfig expected = with_path(".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf");
-  expected.model.dtype = ModelDType::kFloat32;
+  expected.model.dtype = DType::kFloat32;
   expected.devices.device = DeviceKind::kCpu;
   // The store is off unless configured; default.yaml turns it on with small tiers.
   expected.kv_store.dram_bytes = int64_t{512} << 20;
@@ -70,7 +70,7 @@ TEST(ConfigLoaderTest, SingleGpuYaml) {
   ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
   EXPECT_EQ(loaded->devices.device, DeviceKind::kCuda);
   EXPECT_EQ(loaded->devices.cuda_index, 0);
-  EXPECT_EQ(loaded->model.dtype, ModelDType::kBFloat16);
+  EXPECT_EQ(loaded->model.dtype, DType::kBFloat16);
   EXPECT_EQ(loaded->kv_cache.gpu_memory_fraction, 0.9);
   EXPECT_FALSE(loaded->kv_cache.cache_bytes.has_value());
   EXPECT_EQ(loaded->kv_cache.host_cache_bytes, int64_t{8} << 30);
@@ -120,7 +120,7 @@ TEST(ConfigLoaderTest, OnlyAModelPathGivesEveryDefault) {
   EXPECT_EQ(*loaded, with_path("m.gguf"));
 
   const DeploymentConfig& c = *loaded;
-  EXPECT_EQ(c.model.dtype, ModelDType::kAuto);
+  EXPECT_EQ(c.model.dtype, std::nullopt);
   EXPECT_EQ(c.model.chat_template, ChatTemplateFallback::kNone);
   EXPECT_EQ(c.model.served_name, "");
   EXPECT_EQ(c.devices.device, DeviceKind::kAuto);
@@ -825,7 +825,7 @@ TEST(ConfigLoaderTest, OverridesSetOneKeyWithTheFileSpelling) {
   EXPECT_EQ(config.scheduler.preemption_mode, PreemptionMode::kSwap);
   EXPECT_EQ(config.scheduler.overflow_truncation_fraction, 0.25);
   EXPECT_EQ(config.model.path, "/models/x # not a comment");
-  EXPECT_EQ(config.model.dtype, ModelDType::kBFloat16);
+  EXPECT_EQ(config.model.dtype, DType::kBFloat16);
   EXPECT_EQ(config.model.chat_template, ChatTemplateFallback::kChatML);
   EXPECT_EQ(config.devices.device, DeviceKind::kCuda);
   EXPECT_EQ(config.devices.cuda_index, 1);
@@ -911,7 +911,7 @@ TEST(ConfigLoaderTest, OverridesLeaveConstraintsBetweenKeysToValidate) {
 DeploymentConfig everything_changed() {
   DeploymentConfig c;
   c.model.path = "/models/weird: \"quoted\" # path";
-  c.model.dtype = ModelDType::kFloat16;
+  c.model.dtype = DType::kFloat16;
   c.model.chat_template = ChatTemplateFallback::kMistral;
   c.model.served_name = "null";
   c.devices.device = DeviceKind::kCuda;

@@ -7,7 +7,7 @@
 namespace strata::kv {
 namespace {
 
-constexpr BlockFormat kBf16{};
+constexpr KvFormat kBf16{};
 
 ChunkHash hash_of(uint64_t v) { return {v, ~v}; }
 

@@ -170,7 +170,7 @@ TEST(KvStoreTest, ASaveWithNothingNewExtendsItsItemWhileItEndsThere) {
   ASSERT_TRUE(save(*store, turn, "s").ok());
   EXPECT_EQ(store->extend_save(&stale, std::span(hashes).subspan(2, 1)), 0);
   ASSERT_TRUE(store->erase_session("s"));
-  SaveTicket gone{stale.item, 3, {}};
+  SaveTicket gone{stale.item, 3, {}, {}};
   EXPECT_EQ(store->extend_save(&gone, std::span(hashes).subspan(2, 1)), 0);
 }
 

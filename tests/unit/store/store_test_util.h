@@ -23,7 +23,7 @@ constexpr int64_t kChunkBytes = 6000;  // not a multiple of 4 KiB: values are pa
 constexpr TierIndex kSsd = 1;
 
 inline kv::ChunkHash root() {
-  return kv::prefix_root(42, kv::BlockFormat{kv::KvFormat::kFloat32, kv::KvFormat::kFloat32},
+  return kv::prefix_root(42, kv::KvFormat::plain(DType::kFloat32),
                          kBlock, "tenant");
 }
 

@@ -1,0 +1,26 @@
+// The CPU reference of every KV page format (kv/kv_format.h): quantize-on-write and
+// dequantize-on-read of one block's keys or values, in libtorch (any device). What the CPU
+// attention path will read quantized pages through, and what custom quantization kernels are
+// checked against.
+#pragma once
+
+#include <cstdint>
+
+#include "strata/kv/kv_format.h"
+
+namespace at {
+class Tensor;
+}
+
+namespace strata::kernels::aten {
+
+// x: one block's keys or values, [num_kv_heads, block_size_tokens, head_dim], any float dtype.
+// Returns its bytes in `format` (uint8, tensor_layout(...).total_bytes, on x's device): packed
+// data, then the fp16 scales, then the fp16 zero points. REQUIRES validate(format, ...) is OK.
+at::Tensor pack_kv(const at::Tensor& x, const kv::TensorFormat& format);
+
+// The inverse: float32 [num_kv_heads, block_size_tokens, head_dim] from pack_kv's bytes.
+at::Tensor unpack_kv(const at::Tensor& bytes, const kv::TensorFormat& format,
+                     int64_t num_kv_heads, int64_t block_size_tokens, int64_t head_dim);
+
+}  // namespace strata::kernels::aten

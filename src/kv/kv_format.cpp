@@ -1,0 +1,68 @@
+#include "strata/kv/kv_format.h"
+
+namespace strata::kv {
+
+TensorLayout tensor_layout(const TensorFormat& format, int64_t num_kv_heads,
+                           int64_t block_size_tokens, int64_t head_dim) {
+  TensorLayout l;
+  const int64_t elements = num_kv_heads * block_size_tokens * head_dim;
+  l.data_bytes = elements * dtype_bits(format.dtype) / 8;
+  // Scales start 16-byte aligned after the data (vector loads; fp16 alignment in any case).
+  l.scales_offset = dtype_is_quantized(format.dtype) ? (l.data_bytes + 15) / 16 * 16 : l.data_bytes;
+  switch (format.grouping) {
+    case Grouping::kNone: l.groups_per_head = 0; break;
+    case Grouping::kPerToken:
+      l.groups_per_head = block_size_tokens * head_dim / format.group_size;
+      break;
+    case Grouping::kPerChannel: l.groups_per_head = head_dim; break;
+  }
+  l.scale_bytes = dtype_is_quantized(format.dtype) ? num_kv_heads * l.groups_per_head * 2 : 0;
+  l.zeros_offset = l.scales_offset + l.scale_bytes;
+  l.zero_bytes = dtype_has_zero_point(format.dtype) ? l.scale_bytes : 0;
+  l.total_bytes = l.zeros_offset + l.zero_bytes;
+  return l;
+}
+
+int64_t block_bytes(const KvFormat& format, int64_t num_kv_heads, int64_t block_size_tokens,
+                    int64_t head_dim) {
+  return tensor_layout(format.key, num_kv_heads, block_size_tokens, head_dim).total_bytes +
+         tensor_layout(format.value, num_kv_heads, block_size_tokens, head_dim).total_bytes;
+}
+
+Status validate(const TensorFormat& format, int64_t head_dim, int64_t block_size_tokens) {
+  const std::string name = format_name(format);
+  if (dtype_is_quantized(format.dtype) == (format.grouping == Grouping::kNone)) {
+    return invalid_argument_error(
+        "KV format " + name +
+        (format.grouping == Grouping::kNone ? ": a quantized dtype needs per-token or per-channel "
+                                              "groups"
+                                            : ": an unquantized dtype takes no groups"));
+  }
+  if (format.grouping == Grouping::kPerToken &&
+      (format.group_size <= 0 || head_dim % format.group_size != 0)) {
+    return invalid_argument_error("KV format " + name + ": the group size " +
+                                  std::to_string(format.group_size) + " must divide head_dim " +
+                                  std::to_string(head_dim));
+  }
+  if (head_dim * dtype_bits(format.dtype) % 8 != 0 || block_size_tokens <= 0) {
+    return invalid_argument_error("KV format " + name + ": a token's head does not fill whole bytes");
+  }
+  return Status();
+}
+
+std::string format_name(const TensorFormat& format) {
+  std::string name = dtype_name(format.dtype);
+  switch (format.grouping) {
+    case Grouping::kNone: break;
+    case Grouping::kPerToken: name += "/token" + std::to_string(format.group_size); break;
+    case Grouping::kPerChannel: name += "/channel"; break;
+  }
+  return name;
+}
+
+std::string format_name(const KvFormat& format) {
+  if (format.key == format.value) return format_name(format.key);
+  return "k:" + format_name(format.key) + ",v:" + format_name(format.value);
+}
+
+}  // namespace strata::kv
