@@ -47,6 +47,9 @@ class StreamTiming {
 // strata_kv_tier_hit_tokens_total{tier=...} from the Prometheus text at `url` (http://host:port/
 // path); nullopt when the endpoint cannot be read or has no such family (not a Strata server).
 std::optional<TierTokens> scrape_tier_hit_tokens(const std::string& url);
+// kStoreCounterNames from the same text (strata_kv_store_<name>_total, strata_preemptions_total);
+// nullopt when it has none of them.
+std::optional<Counters> scrape_store_counters(const std::string& url);
 
 // "http://host:port/prefix" -> {"http://host:port", "/prefix"} (prefix without a trailing "/").
 // INVALID_ARGUMENT for anything but an http:// or https:// URL with a host.

@@ -112,6 +112,20 @@ class EngineClient final : public BenchClient {
     return tokens;
   }
 
+  std::optional<Counters> store_counters() override {
+    const engine::EngineStats stats = engine_.stats();
+    if (!stats.store) return std::nullopt;
+    const store::StoreStats& s = *stats.store;
+    auto d = [](int64_t v) { return static_cast<double>(v); };
+    return Counters{{"prefetches", d(s.prefetches)},
+                    {"direct_loads", d(s.direct_loads)},
+                    {"saves_partial", d(s.saves_partial)},
+                    {"saves_skipped", d(s.saves_skipped)},
+                    {"corrupt_chunks", d(s.corrupt_chunks)},
+                    {"load_failures", d(stats.store_load_failures)},
+                    {"preemptions", d(stats.num_preemptions)}};
+  }
+
  private:
   engine::Engine& engine_;
   const tokenizer::ChatTemplate* chat_template_;

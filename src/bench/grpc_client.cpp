@@ -113,6 +113,10 @@ class GrpcClient final : public BenchClient {
     if (options_.metrics_url.empty()) return std::nullopt;
     return scrape_tier_hit_tokens(options_.metrics_url);
   }
+  std::optional<Counters> store_counters() override {
+    if (options_.metrics_url.empty()) return std::nullopt;
+    return scrape_store_counters(options_.metrics_url);
+  }
 
  private:
   void prepare(grpc::ClientContext& context, double timeout_s) const {

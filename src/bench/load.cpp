@@ -48,10 +48,10 @@ class Slots {
   const bool limited_;
 };
 
-std::optional<TierTokens> tier_delta(const std::optional<TierTokens>& before,
-                                     const std::optional<TierTokens>& after) {
+std::optional<Counters> counter_delta(const std::optional<Counters>& before,
+                                      const std::optional<Counters>& after) {
   if (!before || !after) return std::nullopt;
-  TierTokens delta;
+  Counters delta;
   for (const auto& [tier, value] : *after) {
     auto it = before->find(tier);
     delta[tier] = value - (it == before->end() ? 0 : it->second);
@@ -105,6 +105,7 @@ LoadRun run_requests(BenchClient& client, const std::vector<BenchRequest>& reque
   LoadRun run;
   run.results.resize(requests.size());
   const std::optional<TierTokens> before = client.tier_hit_tokens();
+  const std::optional<Counters> store_before = client.store_counters();
   run.duration_s = run_arrivals(
       static_cast<int64_t>(requests.size()), options, "requests",
       [&](int64_t i, Clock::time_point start) {
@@ -112,7 +113,8 @@ LoadRun run_requests(BenchClient& client, const std::vector<BenchRequest>& reque
         run.results[i] = client.send(requests[i], options.ignore_eos);
         run.results[i].start_s = start_s;
       });
-  run.tier_hit_tokens = tier_delta(before, client.tier_hit_tokens());
+  run.tier_hit_tokens = counter_delta(before, client.tier_hit_tokens());
+  run.store_counters = counter_delta(store_before, client.store_counters());
   return run;
 }
 
@@ -122,6 +124,7 @@ MultiturnRun run_multiturn(BenchClient& client,
   MultiturnRun run;
   run.results.resize(conversations.size());
   const std::optional<TierTokens> before = client.tier_hit_tokens();
+  const std::optional<Counters> store_before = client.store_counters();
   const auto think = std::chrono::duration_cast<Clock::duration>(
       std::chrono::duration<double>(options.think_time_s));
   run.duration_s = run_arrivals(
@@ -137,7 +140,8 @@ MultiturnRun run_multiturn(BenchClient& client,
           if (failed) break;
         }
       });
-  run.tier_hit_tokens = tier_delta(before, client.tier_hit_tokens());
+  run.tier_hit_tokens = counter_delta(before, client.tier_hit_tokens());
+  run.store_counters = counter_delta(store_before, client.store_counters());
   return run;
 }
 

@@ -220,6 +220,9 @@ class OpenAiClient final : public BenchClient {
   std::optional<TierTokens> tier_hit_tokens() override {
     return scrape_tier_hit_tokens(options_.metrics_url);
   }
+  std::optional<Counters> store_counters() override {
+    return scrape_store_counters(options_.metrics_url);
+  }
 
  private:
   httplib::Headers headers() const {
@@ -268,27 +271,55 @@ StatusOr<HttpUrl> parse_http_url(const std::string& url) {
   return out;
 }
 
-std::optional<TierTokens> scrape_tier_hit_tokens(const std::string& url) {
+namespace {
+
+// The samples of the Prometheus text at `url`: {"name{labels}", value}; nullopt if unreadable.
+std::optional<Counters> scrape_samples(const std::string& url) {
   StatusOr<HttpUrl> parsed = parse_http_url(url);
   if (!parsed.ok()) return std::nullopt;
   auto client = http_client(parsed->origin, 10);
   httplib::Result result = client->Get(parsed->path_prefix.empty() ? "/" : parsed->path_prefix);
   if (!result || result->status != 200) return std::nullopt;
-  // Lines like: strata_kv_tier_hit_tokens_total{tier="dram"} 1234
-  const std::string family = "strata_kv_tier_hit_tokens_total{tier=\"";
-  TierTokens tokens;
+  Counters samples;
   std::istringstream lines(result->body);
   std::string line;
   while (std::getline(lines, line)) {
-    if (!line.starts_with(family)) continue;
-    const size_t tier_end = line.find('"', family.size());
     const size_t value_start = line.rfind(' ');
-    if (tier_end == std::string::npos || value_start == std::string::npos) continue;
-    tokens[line.substr(family.size(), tier_end - family.size())] =
-        std::strtod(line.c_str() + value_start + 1, nullptr);
+    if (line.empty() || line[0] == '#' || value_start == std::string::npos) continue;
+    samples[line.substr(0, value_start)] = std::strtod(line.c_str() + value_start + 1, nullptr);
+  }
+  return samples;
+}
+
+}  // namespace
+
+std::optional<TierTokens> scrape_tier_hit_tokens(const std::string& url) {
+  const std::optional<Counters> samples = scrape_samples(url);
+  if (!samples) return std::nullopt;
+  // Samples like: strata_kv_tier_hit_tokens_total{tier="dram"} 1234
+  const std::string family = "strata_kv_tier_hit_tokens_total{tier=\"";
+  TierTokens tokens;
+  for (const auto& [key, value] : *samples) {
+    if (key.starts_with(family) && key.ends_with("\"}")) {
+      tokens[key.substr(family.size(), key.size() - family.size() - 2)] = value;
+    }
   }
   if (tokens.empty()) return std::nullopt;
   return tokens;
+}
+
+std::optional<Counters> scrape_store_counters(const std::string& url) {
+  const std::optional<Counters> samples = scrape_samples(url);
+  if (!samples) return std::nullopt;
+  Counters counters;
+  for (const char* name : kStoreCounterNames) {
+    const std::string family = std::string(name) == "preemptions"
+                                   ? "strata_preemptions_total"
+                                   : "strata_kv_store_" + std::string(name) + "_total";
+    if (auto it = samples->find(family); it != samples->end()) counters[name] = it->second;
+  }
+  if (counters.empty()) return std::nullopt;
+  return counters;
 }
 
 std::unique_ptr<BenchClient> make_openai_client(const ClientOptions& options, HttpUrl url,

@@ -142,6 +142,7 @@ Json multiturn_metrics(const MultiturnRun& run, const ReportOptions& options) {
     }
   }
   Json out = serve_metrics(all, run.duration_s, run.tier_hit_tokens, options);
+  out["store_counters"] = run.store_counters ? Json(*run.store_counters) : Json();
   out["num_conversations"] = run.results.size();
   Json turns = Json::array();
   for (size_t t = 0; t < by_turn.size(); ++t) {

@@ -334,6 +334,7 @@ StatusOr<Json> run_workload(const Flags& flags, bench::BenchClient& client,
   if (workload.conversations.empty()) {
     const bench::LoadRun run = bench::run_requests(client, workload.requests, load);
     result = bench::serve_metrics(run.results, run.duration_s, run.tier_hit_tokens, report);
+    result["store_counters"] = run.store_counters ? Json(*run.store_counters) : Json();
   } else {
     bench::MultiturnOptions options;
     options.load = load;

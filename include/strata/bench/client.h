@@ -41,8 +41,15 @@ struct RequestResult {
   std::string cached_tier;  // Strata's slowest tier of those ("gpu" | "dram" | "ssd")
 };
 
+// Named cumulative counters of the server.
+using Counters = std::map<std::string, double>;
 // Prompt tokens served from each KV tier ("gpu", "dram", "ssd"), as the engine counts them.
-using TierTokens = std::map<std::string, double>;
+using TierTokens = Counters;
+// What the KV store and the scheduler did, by name: "prefetches", "direct_loads",
+// "saves_partial", "saves_skipped", "corrupt_chunks", "load_failures", "preemptions".
+inline constexpr const char* kStoreCounterNames[] = {
+    "prefetches", "direct_loads", "saves_partial", "saves_skipped", "corrupt_chunks",
+    "load_failures", "preemptions"};
 
 class BenchClient {
  public:
@@ -63,6 +70,9 @@ class BenchClient {
   // Cumulative prompt tokens served per KV tier, when the endpoint exposes them (Strata's
   // /metrics or engine stats); nullopt for peers that do not.
   virtual std::optional<TierTokens> tier_hit_tokens() { return std::nullopt; }
+  // Cumulative store counters (kStoreCounterNames), from Strata's /metrics or engine stats;
+  // nullopt for peers and servers without a KV store.
+  virtual std::optional<Counters> store_counters() { return std::nullopt; }
 };
 
 struct ClientOptions {

@@ -33,6 +33,7 @@ struct LoadRun {
   double duration_s = 0;
   // Prompt tokens served per KV tier during the run, when the client can tell.
   std::optional<TierTokens> tier_hit_tokens;
+  std::optional<Counters> store_counters;  // their increase during the run, likewise
 };
 
 // Sends every request once, as `options` schedule them, and waits for all answers.
@@ -49,6 +50,7 @@ struct MultiturnRun {
   std::vector<std::vector<RequestResult>> results;
   double duration_s = 0;
   std::optional<TierTokens> tier_hit_tokens;
+  std::optional<Counters> store_counters;
 };
 
 // Runs each conversation's turns (conversation_turns()) one after another: a turn is sent when

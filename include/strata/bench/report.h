@@ -37,7 +37,8 @@ nlohmann::json serve_metrics(const std::vector<RequestResult>& results, double d
 
 // Multi-turn: serve_metrics() over every turn, plus "turns": one entry per turn index (1-based)
 // with its request count and TTFT mean and percentiles in ms, mean prompt tokens (the server's
-// count when it reports one) and mean cached prompt tokens.
+// count when it reports one) and mean cached prompt tokens, and "store_counters" (the KV store's
+// counters' increase during the run, when the client can tell; null otherwise).
 nlohmann::json multiturn_metrics(const MultiturnRun& run, const ReportOptions& options);
 
 // The human-readable summary printed after a run (vLLM's layout, plus Strata's extras).
