@@ -1,5 +1,6 @@
-// Allocator of fixed-size slots in a few large regions (one per SSD file), handing out runs of
-// consecutive slots (extents) so an item's chunks land together and move in few large I/Os.
+// Allocator of fixed-size slots (the 4 KiB pages of the DRAM arena or of the SSD tier's files) in
+// a few large regions (one per file), handing out runs of consecutive slots (extents) so a value
+// lands in few pieces and moves in few large I/Os.
 //
 // allocate(n) prefers the smallest single free extent that holds n slots (best fit); otherwise it
 // assembles n slots from the largest extents first. free() coalesces with free neighbours, never

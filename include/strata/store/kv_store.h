@@ -1,5 +1,5 @@
-// AttentionStore (CachedAttention, ATC'24): the KV of finished conversation turns, kept in host
-// DRAM and on SSD so the next turn loads it instead of recomputing its history.
+// AttentionStore (CachedAttention, ATC'24): the KV of finished conversation turns, kept in a stack
+// of tiers (host DRAM, SSD, ...) so the next turn loads it instead of recomputing its history.
 //
 // Data model. An *item* is all stored KV of one conversation: a list of *chunks*, chunk i holding
 // one token block (block_size_tokens positions) of every layer, K and V, keys before RoPE:
