@@ -89,8 +89,14 @@ int main(int argc, char** argv) {
     else if (flag == "--mib") mib = std::stoll(argv[i + 1]);
     else if (flag == "--chunk-bytes") chunk_bytes = std::stoll(argv[i + 1]);
     else if (flag == "--item-chunks") item_chunks = std::stoll(argv[i + 1]);
-    else if (flag == "--codec" && std::string(argv[i + 1]) == "zstd") codec = strata::store::CodecKind::kZstd;
-    else if (flag == "--codec" && std::string(argv[i + 1]) == "identity") codec = strata::store::CodecKind::kIdentity;
+    else if (flag == "--codec") {
+      const std::string name = argv[i + 1];
+      if (name != "identity" && name != "zstd") {
+        std::cerr << "--codec: identity or zstd, got " << name << "\n";
+        return 2;
+      }
+      codec = name == "zstd" ? strata::store::CodecKind::kZstd : strata::store::CodecKind::kIdentity;
+    }
     else {
       std::cerr << "unknown flag " << flag << "\n";
       return 2;

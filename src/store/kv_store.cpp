@@ -22,7 +22,14 @@ Status StoreOptions::validate() const {
     return invalid_argument_error("store: at most " + std::to_string(kMaxTiers - 1) +
                                   " tiers below DRAM");
   }
-  for (const SsdOptions& t : tiers) {
+  for (size_t i = 0; i < tiers.size(); ++i) {
+    const SsdOptions& t = tiers[i];
+    for (size_t j = 0; j < i; ++j) {
+      if (tiers[j].name == t.name || tiers[j].dir == t.dir) {
+        return invalid_argument_error("store: two lower tiers share the name or directory of '" +
+                                      t.name + "'");
+      }
+    }
     if (t.name.empty() || t.name == "dram" || t.name == "gpu") {
       return invalid_argument_error("store: a lower tier needs its own name, got '" + t.name + "'");
     }
@@ -168,12 +175,18 @@ std::optional<StoreMatch> KvStore::find(std::span<const TokenId> prompt, const k
   const int64_t block = options_.block_size_tokens;
   const int64_t n = std::ssize(prompt);
   std::scoped_lock lock(mutex_);
-  auto match_of = [&](const Item& item, int64_t chunks) {
-    StoreMatch m{item.id, chunks, item.token_offset, item.exact, kDramTier};
-    for (int64_t i = 0; i < chunks; ++i) {
-      const uint32_t tiers = item.chunks[i].tiers;
-      if (tiers != 0 && (tiers & 1u) == 0) m.tier = std::max<TierIndex>(m.tier, __builtin_ctz(tiers));
+  // The leading `chunks` of `item` a load can read (none held only by a failed tier), and the
+  // farthest tier it would read them from; nullopt when not even the first is readable.
+  auto match_of = [&](const Item& item, int64_t chunks) -> std::optional<StoreMatch> {
+    StoreMatch m{item.id, 0, item.token_offset, item.exact, kDramTier};
+    for (; m.num_chunks < chunks; ++m.num_chunks) {
+      const Chunk& c = item.chunks[m.num_chunks];
+      if (c.dram != nullptr) continue;
+      const TierIndex t = source_of(c);
+      if (t < 0) break;
+      m.tier = std::max(m.tier, t);
     }
+    if (m.num_chunks == 0) return std::nullopt;
     return m;
   };
   if (!session.empty()) {
@@ -189,7 +202,7 @@ std::optional<StoreMatch> KvStore::find(std::span<const TokenId> prompt, const k
         h = kv::chain_hash(h, prompt.subspan(start, block));
         if (h != item.chunks[matched].hash) break;
       }
-      if (matched > 0) return match_of(item, matched);
+      if (std::optional<StoreMatch> m = match_of(item, matched)) return m;
     }
   }
   std::optional<StoreMatch> best;
@@ -204,7 +217,10 @@ std::optional<StoreMatch> KvStore::find(std::span<const TokenId> prompt, const k
         item->second.chunks[index].hash != h) {
       break;  // a stale entry: its item was dropped or replaced
     }
-    best = match_of(item->second, i + 1);
+    std::optional<StoreMatch> m = match_of(item->second, i + 1);
+    if (!m) break;
+    best = m;
+    if (m->num_chunks < i + 1) break;  // the rest sits in a failed tier
   }
   if (!best) {
     for (TierCounters& c : counters_) ++c.misses;

@@ -39,7 +39,6 @@
 
 namespace strata::executor {
 class Executor;
-struct ForwardResult;
 }  // namespace strata::executor
 namespace strata::kv {
 class KvCacheManager;

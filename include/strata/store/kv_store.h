@@ -167,8 +167,8 @@ class KvStore {
   // The longest stored prefix of `prompt`: the session's item if `session` names one whose
   // chunks match prompt with its token_offset tokens after the first block left out, else by
   // content hash (chains from `root`). At most (prompt.size() - token_offset - 1) / block chunks
-  // are matched, so one token is always left to compute. Counts a miss in every tier when nothing
-  // matches.
+  // are matched, so one token is always left to compute, and only chunks a load can read (none
+  // held only by a failed tier). Counts a miss in every tier when nothing matches.
   std::optional<StoreMatch> find(std::span<const TokenId> prompt, const kv::ChunkHash& root,
                                  const std::string& session);
   // Pins chunks [first, first + count) of `item`, reading those DRAM lacks from the nearest lower

@@ -194,14 +194,52 @@ TEST(TierStackTest, AReadErrorFailsTheLoadAndTheTier) {
   TempDir dir;
   FaultEnv env;
   auto store = KvStore::open(stack({lower_tier(dir, "ssd", 64, CodecKind::kIdentity, &env)})).value();
-  const std::vector<TokenId> a = tokens(1, 9), b = tokens(2, 9);
-  ASSERT_TRUE(save_kv_like(*store, a).ok());
-  ASSERT_TRUE(save_kv_like(*store, b).ok());
-  store->wait_idle();
+  const std::vector<TokenId> a = tokens(1, 9), b = tokens(2, 9), c = tokens(3, 9);
+  for (const auto& t : {a, b, c}) {  // a and b are demoted: only on SSD
+    ASSERT_TRUE(save_kv_like(*store, t).ok());
+    store->wait_idle();
+  }
+  const std::optional<StoreMatch> found_b = store->find(b, root(), {});
+  ASSERT_TRUE(found_b);
+  ASSERT_EQ(found_b->tier, kSsd);
   env.inject(Fault::kReadError, "data-");
   EXPECT_FALSE(load_kv_like(*store, a));
   EXPECT_FALSE(store->stats().tier("ssd").available);
+  EXPECT_EQ(store->stats().corrupt_chunks, 1);
+  // b's chunks are only in the failed tier: a lookup no longer offers them, and a load found
+  // before the failure fails without touching the disk (and drops b).
+  EXPECT_FALSE(store->find(b, root(), {}));
+  EXPECT_EQ(store->acquire(found_b->item, 0, found_b->num_chunks).status().code(),
+            StatusCode::kDataLoss);
+  EXPECT_EQ(store->stats().corrupt_chunks, 2);
+  EXPECT_TRUE(load_kv_like(*store, c)) << "DRAM still serves";
+}
+
+TEST(TierStackTest, AFailedDropFailsTheTierAndTheItemStillLeaves) {
+  TempDir dir;
+  FaultEnv env;
+  auto store = KvStore::open(stack({lower_tier(dir, "ssd", 64, CodecKind::kIdentity, &env)})).value();
+  const std::vector<TokenId> a = tokens(1, 9), b = tokens(2, 9);
+  ASSERT_TRUE(save(*store, a, "conversation").ok());
+  ASSERT_TRUE(save_kv_like(*store, b).ok());  // a is demoted to SSD
+  store->wait_idle();
+  ASSERT_EQ(store->find(a, root(), {})->tier, kSsd);
+  env.inject(Fault::kWriteError, "index.journal");  // the DROP record cannot be written
+  EXPECT_TRUE(store->erase_session("conversation"));
+  EXPECT_EQ(env.remaining(), 0);
+  EXPECT_FALSE(store->stats().tier("ssd").available);
+  EXPECT_FALSE(store->find(a, root(), {})) << "the item left the store all the same";
   EXPECT_TRUE(load_kv_like(*store, b)) << "DRAM still serves";
+}
+
+TEST(TierStackTest, LowerTiersNeedDistinctNamesAndDirectories) {
+  TempDir dir;
+  EXPECT_EQ(KvStore::open(stack({lower_tier(dir, "ssd", 8), lower_tier(dir, "ssd", 8)})).status().code(),
+            StatusCode::kInvalidArgument);
+  SsdOptions same_dir = lower_tier(dir, "archive", 8);
+  same_dir.dir = dir.file("ssd");
+  EXPECT_EQ(KvStore::open(stack({lower_tier(dir, "ssd", 8), same_dir})).status().code(),
+            StatusCode::kInvalidArgument);
 }
 
 TEST(TierStackTest, ADiskWithoutRoomAtOpenLeavesADramOnlyStore) {
