@@ -1,5 +1,6 @@
 #include "strata/kv/kv_cache_manager.h"
 
+#include <algorithm>
 #include <unordered_set>
 
 #include "strata/common/check.h"
@@ -22,14 +23,25 @@ Status KvGeometry::validate() const {
     return invalid_argument_error("kv geometry: num_host_blocks must be >= 0, got " +
                                   std::to_string(num_host_blocks));
   }
+  STRATA_RETURN_IF_ERROR(positive("page_blocks", page_blocks));
+  if (num_blocks % page_blocks != 0 || num_host_blocks % page_blocks != 0) {
+    return invalid_argument_error("kv geometry: page_blocks " + std::to_string(page_blocks) +
+                                  " must divide num_blocks and num_host_blocks");
+  }
   return Status();
 }
 
 KvCacheManager::KvCacheManager(const KvGeometry& geometry, KvFormat format,
                                PrefixCacheOptions prefix)
-    : geometry_(geometry), format_(format), prefix_(prefix), pool_(geometry.num_blocks) {
+    : geometry_(geometry),
+      format_(format),
+      prefix_(prefix),
+      pool_(PageLayout::of(geometry, format), geometry.num_blocks / geometry.page_blocks) {
   STRATA_CHECK(geometry.validate().ok()) << geometry.validate().to_string();
-  if (geometry.num_host_blocks > 0) host_pool_ = std::make_unique<BlockPool>(geometry.num_host_blocks);
+  if (geometry.num_host_blocks > 0) {
+    host_pool_ = std::make_unique<BlockPool>(pool_.layout(),
+                                             geometry.num_host_blocks / geometry.page_blocks);
+  }
 }
 
 const KvCacheManager::Sequence& KvCacheManager::get(SeqId seq) const {
@@ -45,20 +57,70 @@ KvCacheManager::Sequence& KvCacheManager::get(SeqId seq) {
 }
 
 Status KvCacheManager::add_sequence(SeqId seq, std::vector<TokenId> prompt, std::string tenant_salt,
-                                    bool cacheable) {
+                                    bool cacheable, KvLayout layout) {
   if (sequences_.contains(seq)) {
     return invalid_argument_error("sequence " + std::to_string(seq.value) + " already exists");
   }
   if (prompt.empty()) return invalid_argument_error("a sequence needs at least one token");
+  const size_t layers = static_cast<size_t>(geometry_.num_layers);
   Sequence s;
+  s.formats.assign(layers, format_);
+  s.owners.resize(layers);
+  for (size_t l = 0; l < layers; ++l) s.owners[l] = static_cast<int32_t>(l);
+  if (!layout.formats.empty()) {
+    if (layout.formats.size() != layers) {
+      return invalid_argument_error("KV layout: " + std::to_string(layout.formats.size()) +
+                                    " formats for " + std::to_string(layers) + " layers");
+    }
+    for (size_t l = 0; l < layers; ++l) {
+      if (!pool_.layout().holds(layout.formats[l])) {
+        return invalid_argument_error("KV layout: layer " + std::to_string(l) + "'s format " +
+                                      format_name(layout.formats[l]) +
+                                      " is not one the pool holds");
+      }
+    }
+    s.formats = layout.formats;
+  }
+  if (!layout.shared_with.empty()) {
+    if (layout.shared_with.size() != layers) {
+      return invalid_argument_error("KV layout: " + std::to_string(layout.shared_with.size()) +
+                                    " sharing entries for " + std::to_string(layers) + " layers");
+    }
+    for (size_t l = 0; l < layers; ++l) {
+      const int32_t owner = layout.shared_with[l];
+      if (owner < 0) continue;
+      if (owner >= static_cast<int32_t>(l) || layout.shared_with[owner] >= 0 ||
+          !(s.formats[owner] == s.formats[l])) {
+        return invalid_argument_error("KV layout: layer " + std::to_string(l) +
+                                      " can share only an earlier layer that shares none, in the "
+                                      "same format (got layer " + std::to_string(owner) + ")");
+      }
+      s.owners[l] = owner;
+    }
+  }
   s.tokens = std::move(prompt);
   s.tenant_salt = std::move(tenant_salt);
   s.cacheable = cacheable;
-  s.last_hash = prefix_root(prefix_.model_fingerprint, format_, geometry_.block_size_tokens,
-                            s.tenant_salt);
+  // Sequences of different layouts hold different bytes for the same tokens: they never share.
+  s.last_hash = layout.is_default()
+                    ? prefix_root(prefix_.model_fingerprint, format_, geometry_.block_size_tokens,
+                                  s.tenant_salt)
+                    : prefix_root(prefix_.model_fingerprint, layout_name(s),
+                                  geometry_.block_size_tokens, s.tenant_salt);
+  s.layout = std::move(layout);
   sequences_.emplace(seq, std::move(s));
   ++generation_;
   return Status();
+}
+
+std::string KvCacheManager::layout_name(const Sequence& s) {
+  std::string name;
+  for (size_t l = 0; l < s.formats.size(); ++l) {
+    if (l > 0) name += ";";
+    name += format_name(s.formats[l]);
+    if (s.owners[l] != static_cast<int32_t>(l)) name += "=" + std::to_string(s.owners[l]);
+  }
+  return name;
 }
 
 void KvCacheManager::append_tokens(SeqId seq, std::span<const TokenId> tokens) {
@@ -102,9 +164,14 @@ StatusOr<KvPlan> KvCacheManager::prepare(std::vector<KvRequest> requests) const 
   plan.generation_ = generation_;
   const int64_t block = geometry_.block_size_tokens;
   const int64_t layers = geometry_.num_layers;
-  std::unordered_set<ChunkHash> acquired;  // evictable groups this plan takes (count once)
+  std::vector<ChunkHash> acquired;  // evictable groups this plan takes
   std::unordered_set<SeqId> seen;
-  int64_t needed = 0;
+  // Blocks to allocate, per format of the pool.
+  std::vector<int64_t> needed(pool_.layout().formats().size(), 0);
+  auto need = [&](const KvFormat& f, int64_t n) {
+    const auto& formats = pool_.layout().formats();
+    needed[std::find(formats.begin(), formats.end(), f) - formats.begin()] += n;
+  };
   for (const KvRequest& r : requests) {
     STRATA_CHECK(seen.insert(r.seq).second) << "sequence " << r.seq.value << " planned twice";
     STRATA_CHECK(r.num_new_tokens > 0) << "empty request for sequence " << r.seq.value;
@@ -115,9 +182,7 @@ StatusOr<KvPlan> KvCacheManager::prepare(std::vector<KvRequest> requests) const 
     const int64_t loads = have_blocks == 0 ? blocks_to_load(s, hashes.size()) : 0;
     if (!hashes.empty()) {
       for (const ChunkHash& h : hashes) {
-        if (pool_.is_evictable(h) && acquired.insert(h).second) {
-          needed += static_cast<int64_t>(pool_.find_cached(h)->size());
-        }
+        if (pool_.is_evictable(h)) acquired.push_back(h);
       }
       computed = static_cast<int64_t>(hashes.size()) * block;
       have_blocks = static_cast<int64_t>(hashes.size());
@@ -127,26 +192,41 @@ StatusOr<KvPlan> KvCacheManager::prepare(std::vector<KvRequest> requests) const 
     STRATA_CHECK_LE(computed + r.num_new_tokens, static_cast<int64_t>(s.tokens.size()))
         << "sequence " << r.seq.value << " has no tokens for that many positions";
     const int64_t want_blocks = (computed + r.num_new_tokens + block - 1) / block;
-    needed += (want_blocks - std::min(want_blocks, have_blocks)) * layers;
-    if (s.swapped) {
-      needed += have_blocks * layers;  // every block comes back from the host pool
-      continue;
+    for (int64_t l = 0; l < layers; ++l) {
+      if (s.owners[l] != l) continue;  // shares another layer's blocks
+      need(s.formats[l], want_blocks - std::min(want_blocks, have_blocks));
+      // Every block comes back from the host pool.
+      if (s.swapped) need(s.formats[l], have_blocks);
     }
+    if (s.swapped) continue;
     // Writing into a partial last block that another sequence shares needs a private copy.
     if (computed % block != 0 && have_blocks > 0 && s.tables.size() == static_cast<size_t>(layers)) {
       for (int64_t l = 0; l < layers; ++l) {
-        if (pool_.refcount(s.tables[l][have_blocks - 1]) > 1) ++needed;
+        if (s.owners[l] == l && is_shared(s, l, have_blocks - 1)) need(s.formats[l], 1);
       }
     }
   }
-  if (needed > pool_.num_available()) {
-    return resource_exhausted_error("KV cache: step needs " + std::to_string(needed) +
+  std::sort(acquired.begin(), acquired.end());
+  acquired.erase(std::unique(acquired.begin(), acquired.end()), acquired.end());
+  int64_t pages = pool_.pages_pinned_by(acquired);
+  for (size_t f = 0; f < needed.size(); ++f) {
+    pages += pool_.pages_for(needed[f], pool_.layout().formats()[f]);
+  }
+  if (pages > pool_.num_available_pages()) {
+    const int64_t page_blocks = pool_.layout().page_blocks();
+    return resource_exhausted_error("KV cache: step needs " + std::to_string(pages * page_blocks) +
                                     " blocks, " + std::to_string(pool_.num_available()) +
                                     " available");
   }
   plan.requests_ = std::move(requests);
-  plan.num_blocks_needed_ = static_cast<int32_t>(needed);
+  plan.num_blocks_needed_ = static_cast<int32_t>(pages * pool_.layout().page_blocks());
   return plan;
+}
+
+bool KvCacheManager::is_shared(const Sequence& s, int64_t layer, int64_t token_block) const {
+  const BlockId b = s.tables[layer][token_block];
+  const auto entries = std::count(s.owners.begin(), s.owners.end(), s.owners[layer]);
+  return pool_.refcount(b) > entries;
 }
 
 void KvCacheManager::commit(KvPlan&& plan, StepCopies* copies) {
@@ -193,14 +273,7 @@ void KvCacheManager::commit(KvPlan&& plan, StepCopies* copies) {
   for (const KvRequest& r : plan.requests_) {
     Sequence& s = get(r.seq);
     if (!s.swapped) continue;
-    for (auto& table : s.tables) {
-      for (BlockId& entry : table) {
-        const BlockId device = pool_.allocate(1, format_)[0];
-        copies->swap_in.push_back({entry, device});
-        host_pool_->release(entry);
-        entry = device;
-      }
-    }
+    move_blocks(s, *host_pool_, pool_, &copies->swap_in);
     s.swapped = false;
   }
 
@@ -209,23 +282,50 @@ void KvCacheManager::commit(KvPlan&& plan, StepCopies* copies) {
     const int64_t have = num_token_blocks(s);
     if (s.num_computed % block != 0 && have > 0) {
       for (int64_t l = 0; l < layers; ++l) {
-        BlockId& last = s.tables[l][have - 1];
-        if (pool_.refcount(last) > 1) {
-          const BlockId fresh = pool_.allocate(1, format_)[0];
-          copies->device.push_back({last, fresh});
-          pool_.release(last);
-          last = fresh;
-        }
+        if (s.owners[l] != l || !is_shared(s, l, have - 1)) continue;
+        const BlockId last = s.tables[l][have - 1];
+        const BlockId fresh = pool_.allocate(1, s.formats[l])[0];
+        copies->device.push_back({last, fresh, s.formats[l]});
+        set_entry(s, l, have - 1, fresh, pool_, pool_);
+        pool_.release(fresh);  // set_entry took one reference per table entry
       }
     }
     const int64_t want = (s.num_computed + r.num_new_tokens + block - 1) / block;
-    if (want > have) {
-      std::vector<BlockId> fresh =
-          pool_.allocate(static_cast<int32_t>((want - have) * layers), format_);
-      size_t next = 0;
+    for (int64_t l = 0; l < layers && want > have; ++l) {
+      if (s.owners[l] != l) continue;
+      std::vector<BlockId> fresh = pool_.allocate(static_cast<int32_t>(want - have), s.formats[l]);
+      s.tables[l].insert(s.tables[l].end(), fresh.begin(), fresh.end());
+    }
+    for (int64_t l = 0; l < layers && want > have; ++l) {
+      if (s.owners[l] == l) continue;
       for (int64_t i = have; i < want; ++i) {
-        for (int64_t l = 0; l < layers; ++l) s.tables[l].push_back(fresh[next++]);
+        const BlockId b = s.tables[s.owners[l]][i];
+        pool_.retain(b);
+        s.tables[l].push_back(b);
       }
+    }
+  }
+}
+
+void KvCacheManager::set_entry(Sequence& s, int64_t owner, int64_t token_block, BlockId block,
+                               BlockPool& from, BlockPool& to) {
+  for (size_t l = 0; l < s.tables.size(); ++l) {
+    if (s.owners[l] != owner) continue;
+    from.release(s.tables[l][token_block]);
+    to.retain(block);
+    s.tables[l][token_block] = block;
+  }
+}
+
+void KvCacheManager::move_blocks(Sequence& s, BlockPool& from, BlockPool& to,
+                                 std::vector<BlockCopy>* copies) {
+  for (size_t l = 0; l < s.tables.size(); ++l) {
+    if (s.owners[l] != static_cast<int32_t>(l)) continue;
+    for (size_t i = 0; i < s.tables[l].size(); ++i) {
+      const BlockId moved = to.allocate(1, s.formats[l])[0];
+      copies->push_back({s.tables[l][i], moved, s.formats[l]});
+      set_entry(s, static_cast<int64_t>(l), static_cast<int64_t>(i), moved, from, to);
+      to.release(moved);  // set_entry took one reference per table entry
     }
   }
 }
@@ -233,20 +333,24 @@ void KvCacheManager::commit(KvPlan&& plan, StepCopies* copies) {
 bool KvCacheManager::can_swap_out(SeqId seq) const {
   const Sequence& s = get(seq);
   if (!host_pool_ || s.swapped || s.tables.empty()) return false;
-  return num_token_blocks(s) * geometry_.num_layers <= host_pool_->num_free();
+  int64_t pages = 0;
+  std::vector<int64_t> needed(pool_.layout().formats().size(), 0);
+  for (size_t l = 0; l < s.tables.size(); ++l) {
+    if (s.owners[l] != static_cast<int32_t>(l)) continue;
+    const auto& formats = pool_.layout().formats();
+    needed[std::find(formats.begin(), formats.end(), s.formats[l]) - formats.begin()] +=
+        num_token_blocks(s);
+  }
+  for (size_t f = 0; f < needed.size(); ++f) {
+    pages += host_pool_->pages_for(needed[f], pool_.layout().formats()[f]);
+  }
+  return pages <= host_pool_->num_available_pages();
 }
 
 void KvCacheManager::swap_out(SeqId seq, StepCopies* copies) {
   STRATA_CHECK(can_swap_out(seq)) << "swap_out of sequence " << seq.value;
   Sequence& s = get(seq);
-  for (auto& table : s.tables) {
-    for (BlockId& entry : table) {
-      const BlockId host = host_pool_->allocate(1, format_)[0];
-      copies->swap_out.push_back({entry, host});
-      pool_.release(entry);
-      entry = host;
-    }
-  }
+  move_blocks(s, pool_, *host_pool_, &copies->swap_out);
   // Its device blocks are gone, so it no longer uses the cached groups they belonged to.
   for (const ChunkHash& h : s.groups) pool_.release_cached(h);
   s.groups.clear();
@@ -273,6 +377,8 @@ void KvCacheManager::mark_computed(SeqId seq, int64_t num_tokens) {
   }
   s.num_hashed_blocks = std::max(s.num_hashed_blocks, full);
 }
+
+const KvLayout& KvCacheManager::layout(SeqId seq) const { return get(seq).layout; }
 
 void KvCacheManager::free(SeqId seq) {
   auto it = sequences_.find(seq);

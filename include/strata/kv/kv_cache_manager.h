@@ -11,8 +11,11 @@
 // by the next plan that schedules it.
 //
 // Page tables: tables(seq)[layer][i] is the block holding tokens [i*B, (i+1)*B) of that layer,
-// B = block_size_tokens. Today every layer has its own blocks; cross-layer sharing will make two
-// layers' entries equal, and per-KV-head tables will split a layer's table by head group.
+// B = block_size_tokens, in the format the sequence's KvLayout gives that layer (the pool's base
+// format by default). A layer that shares another's blocks (KvLayout::shared_with) has a table
+// equal to its owner's; each table entry holds one reference on its block.
+// Capacity is counted in pages (page_layout.h): a plan fits when the pages its new blocks need, by
+// format, are available; num_blocks() and num_available_blocks() give pages in base blocks.
 //
 // Not thread-safe: one owner (the scheduler's thread).
 #pragma once
@@ -29,6 +32,7 @@
 #include "strata/common/status.h"
 #include "strata/kv/block_pool.h"
 #include "strata/kv/kv_types.h"
+#include "strata/kv/page_layout.h"
 
 namespace strata::kv {
 
@@ -74,9 +78,11 @@ class KvCacheManager {
 
   // Registers a sequence with no blocks. INVALID_ARGUMENT if the id is in use or prompt is empty.
   // A sequence that is not `cacheable` neither uses nor publishes to the prefix cache (it must
-  // compute every token, e.g. to score its prompt).
+  // compute every token, e.g. to score its prompt). `layout` gives each layer's format (one the
+  // pool holds) and the layers that share an earlier layer's blocks; INVALID_ARGUMENT naming the
+  // layer otherwise. Only sequences of the same layout share cached prefixes.
   Status add_sequence(SeqId seq, std::vector<TokenId> prompt, std::string tenant_salt,
-                      bool cacheable = true);
+                      bool cacheable = true, KvLayout layout = {});
   // Appends tokens (e.g. the sampled one) whose KV a later step computes.
   void append_tokens(SeqId seq, std::span<const TokenId> tokens);
   // Declares that the first num_blocks token blocks of a sequence without blocks can be loaded
@@ -111,6 +117,8 @@ class KvCacheManager {
   Status fork(SeqId parent, SeqId child);
 
   bool has_sequence(SeqId seq) const { return sequences_.contains(seq); }
+  // As given to add_sequence (empty vectors for the default layout).
+  const KvLayout& layout(SeqId seq) const;
   const std::vector<std::vector<BlockId>>& tables(SeqId seq) const { return get(seq).tables; }
   const std::vector<TokenId>& tokens(SeqId seq) const { return get(seq).tokens; }
   int64_t num_computed_tokens(SeqId seq) const { return get(seq).num_computed; }
@@ -123,6 +131,9 @@ class KvCacheManager {
   // Blocks a plan may use: free plus evictable cached ones.
   int32_t num_available_blocks() const { return pool_.num_available(); }
   int32_t num_cached_groups() const { return pool_.num_cached_groups(); }
+  const PageLayout& page_layout() const { return pool_.layout(); }
+  int64_t capacity_bytes() const { return pool_.capacity_bytes(); }
+  int64_t used_bytes() const { return pool_.used_bytes(); }  // bytes of allocated device blocks
   // Cached token blocks (one group: the block of every layer) evicted to make room.
   int64_t num_evicted_groups() const { return pool_.num_evicted_groups(); }
   int32_t num_host_blocks() const { return host_pool_ ? host_pool_->num_blocks() : 0; }
@@ -144,6 +155,9 @@ class KvCacheManager {
     int64_t num_hashed_blocks = 0;             // full blocks whose hash is known
     ChunkHash last_hash;                       // hash of block num_hashed_blocks - 1 (or root)
     bool swapped = false;                      // tables name host-pool blocks
+    KvLayout layout;                           // as given
+    std::vector<KvFormat> formats;             // per layer
+    std::vector<int32_t> owners;               // per layer: the layer whose blocks it uses
   };
 
   const Sequence& get(SeqId seq) const;
@@ -151,6 +165,17 @@ class KvCacheManager {
   int64_t num_token_blocks(const Sequence& s) const {
     return s.tables.empty() ? 0 : static_cast<int64_t>(s.tables[0].size());
   }
+  // The layout as text for the prefix root: "int8/token64;int8/token64=0;...".
+  static std::string layout_name(const Sequence& s);
+  // Whether the block of an owner layer's table is referenced beyond that sequence's own entries.
+  bool is_shared(const Sequence& s, int64_t layer, int64_t token_block) const;
+  // Points every table entry of token block i that `owner`'s blocks back (the owner's and its
+  // sharers') at `block`: releases the old block in `from`, retains the new one in `to`.
+  static void set_entry(Sequence& s, int64_t owner, int64_t token_block, BlockId block,
+                        BlockPool& from, BlockPool& to);
+  // Moves every block of s from one pool to fresh blocks of the other, appending the copies.
+  static void move_blocks(Sequence& s, BlockPool& from, BlockPool& to,
+                          std::vector<BlockCopy>* copies);
   // Cached groups covering the longest full-block prefix of s.tokens, leaving >= 1 token.
   std::vector<ChunkHash> match_prefix(const Sequence& s) const;
   // Blocks of a sequence without blocks that its first commit loads (beyond `num_cached`).

@@ -1,10 +1,9 @@
 // Vocabulary of the paged KV cache: block ids, per-block formats, geometry, content hashes.
 //
 // A *block* holds the keys and values of block_size_tokens consecutive token positions for all KV
-// heads of ONE layer. Blocks of every layer come from one pool, so two layers' page tables may
-// point at the same block (cross-layer sharing) and a layer that shares needs no blocks of its
-// own. Device layout of the pool (owned by the executor):
-//   [num_blocks, 2 (K, V), num_kv_heads, block_size_tokens, head_dim] in the block's format.
+// heads of ONE layer, in a page format (kv_format.h). Blocks of every layer come from one pool of
+// fixed-byte pages (page_layout.h), so two layers' page tables may point at the same block
+// (cross-layer sharing) and a layer that shares needs no blocks of its own.
 #pragma once
 
 #include <compare>
@@ -23,10 +22,12 @@ struct BlockId {
   auto operator<=>(const BlockId&) const = default;
 };
 
-// A block the executor must copy before the step (copy-on-write of a shared partial block).
+// A block the executor must copy before the step (copy-on-write of a shared partial block, a swap
+// between the device and host pools): both blocks are in `format`.
 struct BlockCopy {
   BlockId source;
   BlockId destination;
+  KvFormat format;
 };
 
 // Token blocks [first_block, first_block + num_blocks) of a sequence whose KV comes from outside
@@ -54,12 +55,32 @@ struct KvGeometry {
   int32_t num_kv_heads = 0;
   int32_t head_dim = 0;
   int32_t block_size_tokens = 16;
+  // Capacity of the device pool, in blocks of its base format (the compute dtype's plain format):
+  // num_blocks / page_blocks pages.
   int32_t num_blocks = 0;
-  // Blocks of the host (pinned DRAM) pool that preempted sequences swap to; 0 disables swapping.
+  // Blocks of the host (pinned DRAM) pool that preempted sequences swap to, counted alike; 0
+  // disables swapping.
   int32_t num_host_blocks = 0;
+  // Base blocks per page (divides num_blocks and num_host_blocks); a page holds more blocks of a
+  // smaller format (page_layout.h).
+  int32_t page_blocks = 1;
+  // Formats besides the base one that blocks may take (a sequence's KvLayout picks among them).
+  std::vector<KvFormat> formats;
 
   // INVALID_ARGUMENT naming the first non-positive field.
   Status validate() const;
+};
+
+// How one sequence's KV is laid out in the pool, per layer: the format of the layer's blocks, and
+// whether the layer has blocks at all or reads another layer's (cross-layer sharing: its page
+// table aliases the owner's, and its own keys and values are never written). Empty vectors mean
+// every layer in the pool's base format, each with its own blocks.
+struct KvLayout {
+  std::vector<KvFormat> formats;    // per layer, or empty
+  std::vector<int32_t> shared_with;  // per layer: -1, or the earlier layer whose blocks it reads
+
+  bool is_default() const { return formats.empty() && shared_with.empty(); }
+  bool operator==(const KvLayout&) const = default;
 };
 
 // 128-bit content identity of a token block given everything before it (see prefix_hash.h).

@@ -18,6 +18,10 @@ namespace strata::kv {
 
 ChunkHash prefix_root(uint64_t model_fingerprint, KvFormat format, int32_t block_size_tokens,
                       std::string_view tenant_salt);
+// The same with the format given by name: format_name() of one format (the overload above), or a
+// sequence's per-layer layout spelled out (KvCacheManager).
+ChunkHash prefix_root(uint64_t model_fingerprint, std::string_view format_name,
+                      int32_t block_size_tokens, std::string_view tenant_salt);
 ChunkHash chain_hash(ChunkHash parent, std::span<const TokenId> block_tokens);
 
 }  // namespace strata::kv
