@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include <vector>
+
 namespace strata::kernels::aten {
 namespace {
 
@@ -109,6 +111,76 @@ at::Tensor unpack_kv(const at::Tensor& bytes, const kv::TensorFormat& f, int64_t
                               .reshape({h, layout.groups_per_head, 1});
   const at::Tensor q = unpack_bits(data, dtype_bits(f.dtype), h * b * d).to(at::kFloat).reshape({h, b, d});
   return from_groups(to_groups(q, f) * scale + zero, f, h, b, d);
+}
+
+namespace {
+
+// n blocks' regions of one tensor (K or V), [n, layout.total_bytes], as the bytes pack_kv gives
+// for one tensor of n * H heads (data of every head, then every scale, then every zero): the
+// per-head parts of a region are in head order, so n regions concatenate head-wise.
+at::Tensor regions_to_heads(const at::Tensor& regions, const kv::TensorFormat& f, int64_t n,
+                            int64_t h, int64_t b, int64_t d) {
+  const kv::TensorLayout one = kv::tensor_layout(f, h, b, d);
+  const kv::TensorLayout all = kv::tensor_layout(f, n * h, b, d);
+  at::Tensor out = at::zeros({all.total_bytes}, regions.options());
+  out.slice(0, 0, all.data_bytes).copy_(regions.slice(1, 0, one.data_bytes).reshape({-1}));
+  if (one.scale_bytes > 0) {
+    out.slice(0, all.scales_offset, all.scales_offset + all.scale_bytes)
+        .copy_(regions.slice(1, one.scales_offset, one.scales_offset + one.scale_bytes).reshape({-1}));
+  }
+  if (one.zero_bytes > 0) {
+    out.slice(0, all.zeros_offset, all.total_bytes)
+        .copy_(regions.slice(1, one.zeros_offset, one.total_bytes).reshape({-1}));
+  }
+  return out;
+}
+
+// The inverse of regions_to_heads.
+at::Tensor heads_to_regions(const at::Tensor& bytes, const kv::TensorFormat& f, int64_t n,
+                            int64_t h, int64_t b, int64_t d) {
+  const kv::TensorLayout one = kv::tensor_layout(f, h, b, d);
+  const kv::TensorLayout all = kv::tensor_layout(f, n * h, b, d);
+  at::Tensor out = at::zeros({n, one.total_bytes}, bytes.options());
+  out.slice(1, 0, one.data_bytes).copy_(bytes.slice(0, 0, all.data_bytes).view({n, -1}));
+  if (one.scale_bytes > 0) {
+    out.slice(1, one.scales_offset, one.scales_offset + one.scale_bytes)
+        .copy_(bytes.slice(0, all.scales_offset, all.scales_offset + all.scale_bytes).view({n, -1}));
+  }
+  if (one.zero_bytes > 0) {
+    out.slice(1, one.zeros_offset, one.total_bytes)
+        .copy_(bytes.slice(0, all.zeros_offset, all.total_bytes).view({n, -1}));
+  }
+  return out;
+}
+
+}  // namespace
+
+at::Tensor pack_kv_blocks(const at::Tensor& blocks, const kv::KvFormat& format) {
+  const int64_t n = blocks.size(0), h = blocks.size(2), b = blocks.size(3), d = blocks.size(4);
+  std::vector<at::Tensor> parts;
+  for (int64_t kv_index = 0; kv_index < 2; ++kv_index) {
+    const kv::TensorFormat& f = kv_index == 0 ? format.key : format.value;
+    const at::Tensor heads = blocks.select(1, kv_index).reshape({n * h, b, d});
+    parts.push_back(heads_to_regions(pack_kv(heads, f), f, n, h, b, d));
+  }
+  return at::cat(parts, 1);
+}
+
+at::Tensor unpack_kv_blocks(const at::Tensor& bytes, const kv::KvFormat& format, int64_t h,
+                            int64_t b, int64_t d) {
+  const int64_t n = bytes.size(0);
+  const int64_t key_bytes = kv::tensor_layout(format.key, h, b, d).total_bytes;
+  TORCH_CHECK(bytes.size(1) == kv::block_bytes(format, h, b, d), "a ", kv::format_name(format),
+              " block has ", kv::block_bytes(format, h, b, d), " bytes, got ", bytes.size(1));
+  std::vector<at::Tensor> parts;
+  for (int64_t kv_index = 0; kv_index < 2; ++kv_index) {
+    const kv::TensorFormat& f = kv_index == 0 ? format.key : format.value;
+    const at::Tensor regions = kv_index == 0 ? bytes.slice(1, 0, key_bytes)
+                                             : bytes.slice(1, key_bytes, bytes.size(1));
+    parts.push_back(unpack_kv(regions_to_heads(regions, f, n, h, b, d), f, n * h, b, d)
+                        .view({n, h, b, d}));
+  }
+  return at::stack(parts, 1);
 }
 
 }  // namespace strata::kernels::aten

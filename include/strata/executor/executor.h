@@ -51,6 +51,12 @@ struct ExecutorOptions {
   // Bytes of the host pool preempted sequences swap to (pinned when the device is CUDA);
   // 0 disables swapping.
   int64_t host_kv_cache_bytes = 0;
+  // Page formats a sequence's layers may take besides the compute dtype's (kv::KvLayout); they
+  // share the pool's pages (kv/page_layout.h) and are read and written through the formats'
+  // libtorch reference.
+  std::vector<kv::KvFormat> kv_formats;
+  // Base blocks per page; 0: 1 when kv_formats adds no format, else 4.
+  int32_t kv_page_blocks = 0;
   // Strata's CUDA kernels where the start-up self-check passes them (kStrata), or libtorch for
   // every op (kTorch). The CPU always runs libtorch.
   kernels::KernelBackend kernels = kernels::KernelBackend::kStrata;

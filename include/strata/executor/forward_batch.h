@@ -30,6 +30,11 @@ struct SequenceChunk {
   // Borrowed: must stay valid during forward().
   std::span<const std::vector<kv::BlockId>> tables;
   LogitsMode logits = LogitsMode::kLast;
+  // The format of each layer's blocks and the layers that share another's (kv::KvLayout, as the
+  // KV manager holds it; borrowed). nullptr or a default layout: every layer in the pool's base
+  // format with its own blocks. A sharing layer's table must equal its owner's; its keys and
+  // values are not written, its attention reads the owner's.
+  const kv::KvLayout* layout = nullptr;
 };
 
 // KV of whole token blocks that a sequence of the batch loads instead of computing (from the KV

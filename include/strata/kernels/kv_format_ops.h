@@ -23,4 +23,14 @@ at::Tensor pack_kv(const at::Tensor& x, const kv::TensorFormat& format);
 at::Tensor unpack_kv(const at::Tensor& bytes, const kv::TensorFormat& format,
                      int64_t num_kv_heads, int64_t block_size_tokens, int64_t head_dim);
 
+// Whole KV blocks, keys and values, many at once (one libtorch call chain for all of them):
+// blocks [n, 2 (K, V), num_kv_heads, block_size_tokens, head_dim], any float dtype -> uint8
+// [n, block_bytes(format)], each row the K region then the V region of one block. Equal, block by
+// block, to pack_kv of its keys followed by pack_kv of its values.
+at::Tensor pack_kv_blocks(const at::Tensor& blocks, const kv::KvFormat& format);
+
+// The inverse: float32 [n, 2, num_kv_heads, block_size_tokens, head_dim] from [n, block_bytes].
+at::Tensor unpack_kv_blocks(const at::Tensor& bytes, const kv::KvFormat& format,
+                            int64_t num_kv_heads, int64_t block_size_tokens, int64_t head_dim);
+
 }  // namespace strata::kernels::aten

@@ -1,0 +1,119 @@
+#include "kv_pool.h"
+
+#include <ATen/ATen.h>
+
+#include <map>
+
+#include "strata/kernels/kv_format_ops.h"
+
+namespace strata::executor {
+
+StatusOr<KvPool> KvPool::allocate(kv::PageLayout layout, int64_t num_pages, int64_t num_host_pages,
+                                  at::Device device, at::ScalarType dtype, int64_t num_kv_heads,
+                                  int64_t block_size_tokens, int64_t head_dim) {
+  KvPool pool;
+  pool.layout_ = std::move(layout);
+  pool.dtype_ = dtype;
+  pool.heads_ = num_kv_heads;
+  pool.block_ = block_size_tokens;
+  pool.dim_ = head_dim;
+  const int64_t page_bytes = pool.layout_.page_bytes();
+  try {
+    pool.pages_ = at::zeros({num_pages, page_bytes}, at::TensorOptions().dtype(at::kByte).device(device));
+    if (num_host_pages > 0) {
+      pool.host_pages_ = at::empty({num_host_pages, page_bytes},
+                                   at::TensorOptions().dtype(at::kByte).pinned_memory(device.is_cuda()));
+    }
+  } catch (const std::exception& e) {
+    return resource_exhausted_error("cannot allocate the KV pool: " + std::string(e.what()));
+  }
+  pool.base_view_ = pool.pages_.view({-1}).view(dtype).view(
+      {num_pages * pool.layout_.page_blocks(), 2, num_kv_heads, block_size_tokens, head_dim});
+  return pool;
+}
+
+bool KvPool::is_valid(kv::BlockId block, const kv::KvFormat& format, int64_t pages) const {
+  return block.value >= 0 && layout_.page_of(block) < pages &&
+         layout_.slot_of(block) < layout_.blocks_per_page(format);
+}
+
+at::Tensor KvPool::base_indices(const std::vector<kv::BlockId>& blocks) const {
+  std::vector<int64_t> indices;
+  indices.reserve(blocks.size());
+  for (kv::BlockId b : blocks) indices.push_back(layout_.base_index(b));
+  return at::tensor(indices, at::kLong).to(pages_.device());
+}
+
+at::Tensor KvPool::gather(const at::Tensor& pages, const std::vector<kv::BlockId>& blocks,
+                          const kv::KvFormat& format) const {
+  const int64_t bytes = layout_.block_bytes(format);
+  // Blocks by slot: the blocks of one slot are the same byte range of their pages.
+  std::map<int32_t, std::pair<std::vector<int64_t>, std::vector<int64_t>>> by_slot;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    auto& [page_ids, rows] = by_slot[layout_.slot_of(blocks[i])];
+    page_ids.push_back(layout_.page_of(blocks[i]));
+    rows.push_back(static_cast<int64_t>(i));
+  }
+  at::Tensor out = at::empty({static_cast<int64_t>(blocks.size()), bytes}, pages.options());
+  for (const auto& [slot, ids] : by_slot) {
+    const at::Tensor page_ids = at::tensor(ids.first, at::kLong).to(pages.device());
+    const at::Tensor rows = at::tensor(ids.second, at::kLong).to(pages.device());
+    out.index_copy_(0, rows, pages.index_select(0, page_ids).narrow(1, slot * bytes, bytes));
+  }
+  return out;
+}
+
+void KvPool::scatter(at::Tensor& pages, const std::vector<kv::BlockId>& blocks,
+                     const kv::KvFormat& format, const at::Tensor& bytes) const {
+  const int64_t size = layout_.block_bytes(format);
+  std::map<int32_t, std::pair<std::vector<int64_t>, std::vector<int64_t>>> by_slot;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    auto& [page_ids, rows] = by_slot[layout_.slot_of(blocks[i])];
+    page_ids.push_back(layout_.page_of(blocks[i]));
+    rows.push_back(static_cast<int64_t>(i));
+  }
+  const at::Tensor source = bytes.to(pages.device());
+  for (const auto& [slot, ids] : by_slot) {
+    const at::Tensor page_ids = at::tensor(ids.first, at::kLong).to(pages.device());
+    const at::Tensor rows = at::tensor(ids.second, at::kLong).to(pages.device());
+    at::Tensor region = pages.narrow(1, slot * size, size);
+    region.index_copy_(0, page_ids, source.index_select(0, rows));
+  }
+}
+
+at::Tensor KvPool::read(const std::vector<kv::BlockId>& blocks, const kv::KvFormat& format) const {
+  if (format == layout_.base()) return base_view_.index_select(0, base_indices(blocks));
+  return kernels::aten::unpack_kv_blocks(gather(pages_, blocks, format), format, heads_, block_, dim_)
+      .to(dtype_);
+}
+
+void KvPool::write(const std::vector<kv::BlockId>& blocks, const kv::KvFormat& format,
+                   const at::Tensor& values) {
+  if (format == layout_.base()) {
+    base_view_.index_copy_(0, base_indices(blocks), values.to(dtype_));
+    return;
+  }
+  scatter(pages_, blocks, format, kernels::aten::pack_kv_blocks(values, format));
+}
+
+void KvPool::copy(const std::vector<kv::BlockCopy>& copies, Side from, Side to) {
+  at::Tensor& source = from == Side::kDevice ? pages_ : host_pages_;
+  at::Tensor& destination = to == Side::kDevice ? pages_ : host_pages_;
+  // One gather and one scatter per format, in the copies' order within it (a copy list never
+  // writes a block another copy of the same list reads).
+  std::vector<kv::KvFormat> formats;
+  for (const kv::BlockCopy& c : copies) {
+    if (std::find(formats.begin(), formats.end(), c.format) == formats.end()) formats.push_back(c.format);
+  }
+  for (const kv::KvFormat& format : formats) {
+    std::vector<kv::BlockId> sources, destinations;
+    for (const kv::BlockCopy& c : copies) {
+      if (!(c.format == format)) continue;
+      sources.push_back(c.source);
+      destinations.push_back(c.destination);
+    }
+    scatter(destination, destinations, format, gather(source, sources, format));
+  }
+}
+
+}  // namespace strata::executor

@@ -1,0 +1,238 @@
+// The KV store's transfers around a forward pass (CachedAttention): loads of stored chunks into
+// the pool layer by layer, the read buffer's pre-loads, and layer-wise saves out of the pool.
+
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "layers.h"
+#include "torch_executor.h"
+
+namespace strata::executor {
+
+using kernels::KernelOp;
+
+void TorchExecutor::rotate_keys(at::Tensor& blocks, const at::Tensor& first_positions,
+                                bool inverse) const {
+  const int64_t n = blocks.size(0), heads = blocks.size(2), block = blocks.size(3);
+  const int64_t dim = blocks.size(4);
+  at::Tensor positions =
+      (first_positions.unsqueeze(1) + at::arange(block, first_positions.options())).reshape({-1});
+  if (inverse) positions = -positions;
+  // In float32 whatever the pool's dtype, so a round trip loses no more than one rounding.
+  const RotaryTables tables = make_rotary_tables(positions, inv_freq_, at::kFloat);
+  at::Tensor keys = blocks.select(1, 0).permute({0, 2, 1, 3}).reshape({n * block, heads, dim});
+  keys = kernels::apply_rotary(keys.to(at::kFloat).contiguous(), tables.cos, tables.sin,
+                               kernel_report_.backend(KernelOp::kRotary));
+  blocks.select(1, 0).copy_(keys.view({n, block, heads, dim}).permute({0, 2, 1, 3}));
+}
+
+TorchExecutor::StagedLoads TorchExecutor::stage_loads(const ForwardBatch& batch) {
+  StagedLoads staged;
+  const int64_t block = kv_geometry_.block_size_tokens;
+  const int64_t num_layers = config_.num_layers;
+  std::vector<int64_t> first_positions;
+  std::vector<std::vector<int64_t>> destinations(num_layers);
+  for (const KvLoad& load : batch.loads) {
+    auto chunk = std::find_if(batch.chunks.begin(), batch.chunks.end(),
+                              [&](const SequenceChunk& c) { return c.seq == load.seq; });
+    // The read buffer serves the load if it holds the same chunks, from some row on.
+    at::Tensor buffer;
+    int64_t row = 0;
+    if (auto it = read_buffers_.find(load.seq); it != read_buffers_.end()) {
+      const std::vector<const std::byte*>& held = it->second.chunks;
+      auto first = std::find(held.begin(), held.end(), load.chunks.front());
+      if (first != held.end() && held.end() - first >= std::ssize(load.chunks) &&
+          std::equal(load.chunks.begin(), load.chunks.end(), first)) {
+        buffer = it->second.layers;
+        row = first - held.begin();
+      }
+    }
+    for (size_t j = 0; j < load.chunks.size(); ++j) {
+      const int64_t token_block = load.first_block + static_cast<int64_t>(j);
+      staged.sources.push_back(load.chunks[j]);
+      staged.preloaded.emplace_back(buffer, row + static_cast<int64_t>(j));
+      first_positions.push_back(token_block * block);
+      for (int64_t l = 0; l < num_layers; ++l) {
+        destinations[l].push_back(pool_.layout().base_index(chunk->tables[l][token_block]));
+      }
+    }
+  }
+  // A pre-load is for the sequence's next pass only.
+  for (const SequenceChunk& c : batch.chunks) read_buffers_.erase(c.seq);
+  if (staged.sources.empty()) return staged;
+  const int64_t n = static_cast<int64_t>(staged.sources.size());
+  std::vector<int64_t> flat;
+  for (const auto& d : destinations) flat.insert(flat.end(), d.begin(), d.end());
+  const auto long_opts = at::TensorOptions().dtype(at::kLong);
+  staged.destinations = at::tensor(flat, long_opts).view({num_layers, n}).to(device_);
+  staged.first_positions = at::tensor(first_positions, long_opts).to(device_);
+  if (device_.is_cuda()) {
+    // Every layer's host-to-device copies go out now on a side stream; layer l's attention waits
+    // only for layer l's event, so loading later layers overlaps computing earlier ones.
+    staged.device_staging = at::empty({num_layers, n, 2, config_.num_kv_heads, block,
+                                       config_.head_dim},
+                                      at::TensorOptions().dtype(dtype_).device(device_));
+    // Layers held by a read buffer are device-to-device copies, queued behind that buffer's
+    // pre-load on the same stream.
+    const c10::cuda::CUDAStream compute = c10::cuda::getCurrentCUDAStream(device_.index());
+    const c10::cuda::CUDAStream read = read_stream();
+    at::cuda::CUDAEvent staging_ready;
+    staging_ready.record(compute);
+    staging_ready.block(read);
+    staged.copies_start.emplace(cudaEventDefault);
+    staged.copies_end.emplace(cudaEventDefault);
+    staged.copies_start->record(read);
+    auto* base = static_cast<std::byte*>(staged.device_staging.data_ptr());
+    staged.layer_ready.resize(static_cast<size_t>(num_layers));
+    for (int64_t l = 0; l < num_layers; ++l) {
+      for (int64_t j = 0; j < n; ++j) {
+        // cudaMemcpyDefault: host chunk or read buffer, the runtime tells them apart.
+        const cudaError_t rc =
+            cudaMemcpyAsync(base + (l * n + j) * block_bytes_, load_source(staged, j, l),
+                            static_cast<size_t>(block_bytes_), cudaMemcpyDefault, read.stream());
+        TORCH_CHECK(rc == cudaSuccess, "KV load copy failed: ", cudaGetErrorString(rc));
+      }
+      staged.layer_ready[l].record(read);
+    }
+    staged.copies_end->record(read);
+  }
+  return staged;
+}
+
+const std::byte* TorchExecutor::load_source(const StagedLoads& loads, int64_t j,
+                                            int64_t layer) const {
+  const auto& [buffer, row] = loads.preloaded[j];
+  if (buffer.defined() && layer < buffer.size(0)) {
+    return static_cast<const std::byte*>(buffer.data_ptr()) +
+           (layer * buffer.size(1) + row) * block_bytes_;
+  }
+  return loads.sources[j] + layer * block_bytes_;
+}
+
+c10::cuda::CUDAStream TorchExecutor::read_stream() {
+  if (!read_stream_) read_stream_ = c10::cuda::getStreamFromPool(false, device_.index());
+  return *read_stream_;
+}
+
+void TorchExecutor::preload(const ForwardBatch& batch) {
+  for (const KvPreload& p : batch.preloads) {
+    const auto n = std::ssize(p.chunks);
+    ReadBuffer buffer{p.chunks, at::empty({p.num_layers, n, 2, config_.num_kv_heads,
+                                           kv_geometry_.block_size_tokens, config_.head_dim},
+                                          at::TensorOptions().dtype(dtype_).device(device_))};
+    auto* base = static_cast<std::byte*>(buffer.layers.data_ptr());
+    if (!device_.is_cuda()) {
+      for (int64_t l = 0; l < p.num_layers; ++l) {
+        for (int64_t j = 0; j < n; ++j) {
+          std::memcpy(base + (l * n + j) * block_bytes_, p.chunks[j] + l * block_bytes_,
+                      static_cast<size_t>(block_bytes_));
+        }
+      }
+    } else {
+      const c10::cuda::CUDAStream read = read_stream();
+      at::cuda::CUDAEvent buffer_ready;  // its memory may have been in use on the compute stream
+      buffer_ready.record(c10::cuda::getCurrentCUDAStream(device_.index()));
+      buffer_ready.block(read);
+      for (int64_t l = 0; l < p.num_layers; ++l) {
+        for (int64_t j = 0; j < n; ++j) {
+          const cudaError_t rc = cudaMemcpyAsync(
+              base + (l * n + j) * block_bytes_, p.chunks[j] + l * block_bytes_,
+              static_cast<size_t>(block_bytes_), cudaMemcpyHostToDevice, read.stream());
+          TORCH_CHECK(rc == cudaSuccess, "KV pre-load copy failed: ", cudaGetErrorString(rc));
+        }
+      }
+      // Dropped before use, its memory must not be reused while the copies run.
+      c10::cuda::CUDACachingAllocator::recordStream(buffer.layers.storage().data_ptr(), read);
+    }
+    read_buffers_[p.seq] = std::move(buffer);
+  }
+}
+
+void TorchExecutor::insert_loaded_layer(StagedLoads& loads, int64_t layer) {
+  const int64_t n = static_cast<int64_t>(loads.sources.size());
+  at::Tensor blocks;
+  if (device_.is_cuda()) {
+    loads.layer_ready[layer].block(c10::cuda::getCurrentCUDAStream(device_.index()));
+    blocks = loads.device_staging[layer].clone();
+  } else {
+    blocks = at::empty({n, 2, config_.num_kv_heads, kv_geometry_.block_size_tokens,
+                        config_.head_dim},
+                       at::TensorOptions().dtype(dtype_));
+    auto* out = static_cast<std::byte*>(blocks.data_ptr());
+    for (int64_t j = 0; j < n; ++j) {
+      std::memcpy(out + j * block_bytes_, load_source(loads, j, layer),
+                  static_cast<size_t>(block_bytes_));
+    }
+  }
+  rotate_keys(blocks, loads.first_positions, /*inverse=*/false);
+  pool_.base_view().index_copy_(0, loads.destinations[layer], blocks);
+}
+
+TorchExecutor::StagedSaves TorchExecutor::stage_saves(const ForwardBatch& batch) {
+  StagedSaves staged;
+  const int64_t block = kv_geometry_.block_size_tokens;
+  const int64_t num_layers = config_.num_layers;
+  std::vector<int64_t> first_positions;
+  std::vector<std::vector<int64_t>> sources(num_layers);
+  for (const KvSave& save : batch.saves) {
+    auto chunk = std::find_if(batch.chunks.begin(), batch.chunks.end(),
+                              [&](const SequenceChunk& c) { return c.seq == save.seq; });
+    for (size_t j = 0; j < save.chunks.size(); ++j) {
+      const int64_t token_block = save.first_block + static_cast<int64_t>(j);
+      staged.destinations.push_back(save.chunks[j]);
+      first_positions.push_back(token_block * block);
+      for (int64_t l = 0; l < num_layers; ++l) {
+        sources[l].push_back(pool_.layout().base_index(chunk->tables[l][token_block]));
+      }
+    }
+  }
+  if (staged.destinations.empty()) return staged;
+  const int64_t n = static_cast<int64_t>(staged.destinations.size());
+  std::vector<int64_t> flat;
+  for (const auto& s : sources) flat.insert(flat.end(), s.begin(), s.end());
+  const auto long_opts = at::TensorOptions().dtype(at::kLong);
+  staged.sources = at::tensor(flat, long_opts).view({num_layers, n}).to(device_);
+  staged.first_positions = at::tensor(first_positions, long_opts).to(device_);
+  if (device_.is_cuda()) {
+    staged.write_buffer =
+        at::empty({num_layers, n, 2, config_.num_kv_heads, block, config_.head_dim},
+                  at::TensorOptions().dtype(dtype_).device(device_));
+    staged.write = c10::cuda::getStreamFromPool(false, device_.index());
+  }
+  return staged;
+}
+
+void TorchExecutor::save_layer(StagedSaves& saves, int64_t layer) {
+  const int64_t n = static_cast<int64_t>(saves.destinations.size());
+  // [n, 2, Hkv, B, D]
+  at::Tensor blocks = pool_.base_view().index_select(0, saves.sources[layer]);
+  rotate_keys(blocks, saves.first_positions, /*inverse=*/true);
+  if (!device_.is_cuda()) {
+    const auto* base = static_cast<const std::byte*>(blocks.data_ptr());
+    for (int64_t j = 0; j < n; ++j) {
+      std::memcpy(saves.destinations[j] + layer * block_bytes_, base + j * block_bytes_,
+                  static_cast<size_t>(block_bytes_));
+    }
+    return;
+  }
+  // The gather and un-rotation run on the compute stream into the write buffer; the host copies
+  // wait for them on the write stream, overlapping the layers that follow.
+  saves.write_buffer[layer].copy_(blocks);
+  at::cuda::CUDAEvent gathered;
+  gathered.record(c10::cuda::getCurrentCUDAStream(device_.index()));
+  gathered.block(*saves.write);
+  const auto* base = static_cast<const std::byte*>(saves.write_buffer[layer].data_ptr());
+  for (int64_t j = 0; j < n; ++j) {
+    const cudaError_t rc = cudaMemcpyAsync(
+        saves.destinations[j] + layer * block_bytes_, base + j * block_bytes_,
+        static_cast<size_t>(block_bytes_), cudaMemcpyDeviceToHost, saves.write->stream());
+    TORCH_CHECK(rc == cudaSuccess, "KV save copy failed: ", cudaGetErrorString(rc));
+  }
+}
+
+}  // namespace strata::executor

@@ -1,0 +1,143 @@
+// libtorch implementation of Executor (private to the executor module): a Llama/Qwen2 decoder
+// over variable-length batches.
+//
+// Tokens of all chunks are packed into one [num_tokens, hidden] activation so every projection
+// and MLP runs as one matmul; attention reads and writes the paged KV pool through each layer's
+// page tables (kernels/attention on CUDA, the same contract in ATen on CPU).
+//
+// Files: torch_executor.cpp (weights, the pool, validation, the forward pass), kv_transfers.cpp
+// (the KV store's loads, pre-loads and saves around it), format_reference.cpp (layers whose
+// pages are not in the pool's base format).
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <optional>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "kv_pool.h"
+#include "strata/executor/executor.h"
+#include "strata/kernels/torch_ops.h"
+
+namespace strata::executor {
+
+struct LayerWeights {
+  at::Tensor attn_norm;  // [hidden]
+  at::Tensor wq, wk, wv;  // [heads * head_dim, hidden], [kv_heads * head_dim, hidden] x2
+  at::Tensor bq, bk, bv;  // biases (undefined unless qkv_bias)
+  at::Tensor wo;         // [hidden, heads * head_dim]
+  at::Tensor ffn_norm;   // [hidden]
+  at::Tensor w_gate_up;  // [2 * intermediate, hidden]: gate rows then up rows (one matmul)
+  at::Tensor w_down;     // [hidden, intermediate]
+};
+
+class TorchExecutor final : public Executor {
+ public:
+  TorchExecutor(model::ModelConfig config, ExecutorOptions options)
+      : config_(std::move(config)), options_(options) {}
+
+  Status load(const model::ModelSource& source);
+
+  const model::ModelConfig& config() const override { return config_; }
+  const ExecutorOptions& options() const override { return options_; }
+  void init_calling_thread() const override;
+  const kv::KvGeometry& kv_geometry() const override { return kv_geometry_; }
+  kv::KvFormat kv_format() const override { return kv_format_; }
+  const kernels::KernelReport& kernel_report() const override { return kernel_report_; }
+  int64_t kv_chunk_bytes() const override { return kv_geometry_.num_layers * block_bytes_; }
+  void drop_preload(SeqId seq) override { read_buffers_.erase(seq); }
+  void register_host_memory(void* data, size_t bytes) const override;
+  void unregister_host_memory(void* data) const override;
+  StatusOr<ForwardResult> forward(const ForwardBatch& batch) override;
+
+ private:
+  // Pre-loaded first layers of a sequence's chunks (CachedAttention's read buffer).
+  struct ReadBuffer {
+    std::vector<const std::byte*> chunks;  // the host chunks, in block order
+    at::Tensor layers;  // [num_layers, num_chunks, 2, Hkv, B, D] on the device: layers 0.. of them
+  };
+  // Copies the batch's preloads into read buffers (on CUDA: on the read stream, after the batch's
+  // own loads).
+  void preload(const ForwardBatch& batch);
+  // The batch's loads, staged for layer-by-layer insertion into the pool.
+  struct StagedLoads {
+    std::vector<const std::byte*> sources;  // one host chunk per loaded block
+    // Per loaded block: the read buffer holding its first layers (undefined if none) and its row.
+    std::vector<std::pair<at::Tensor, int64_t>> preloaded;
+    at::Tensor destinations;                // [num_layers, num_chunks] pool block ids (device)
+    at::Tensor first_positions;             // [num_chunks] first position of each block
+    at::Tensor device_staging;              // CUDA: [num_layers, num_chunks, 2, Hkv, B, D]
+    std::vector<at::cuda::CUDAEvent> layer_ready;  // CUDA: layer l's copies are done
+    std::optional<at::cuda::CUDAEvent> copies_start, copies_end;  // CUDA: timing the copies
+  };
+  StagedLoads stage_loads(const ForwardBatch& batch);
+  // Bytes of layer `layer` of staged block j: from its read buffer, or from its host chunk.
+  const std::byte* load_source(const StagedLoads& loads, int64_t j, int64_t layer) const;
+  // CUDA: the stream of every load and pre-load, so pre-loads are ordered before their use.
+  c10::cuda::CUDAStream read_stream();
+  // Writes layer `layer` of every staged chunk into its pool block, keys rotated to position.
+  void insert_loaded_layer(StagedLoads& loads, int64_t layer);
+  // The batch's saves, staged for layer-by-layer copies out of the pool.
+  struct StagedSaves {
+    std::vector<std::byte*> destinations;        // one host chunk per saved block
+    at::Tensor sources;                          // [num_layers, num_chunks] pool block ids (device)
+    at::Tensor first_positions;                  // [num_chunks] first position of each block
+    at::Tensor write_buffer;                     // CUDA: [num_layers, num_chunks, 2, Hkv, B, D]
+    std::optional<c10::cuda::CUDAStream> write;  // CUDA: the stream of the device-to-host copies
+  };
+  StagedSaves stage_saves(const ForwardBatch& batch);
+  // Copies layer `layer` of every staged block out of the pool into its host chunk, keys rotated
+  // back to before RoPE (on CUDA: into the write buffer, then an asynchronous copy to the host).
+  void save_layer(StagedSaves& saves, int64_t layer);
+  // blocks: [n, 2, Hkv, B, D]; rotates the keys of block i by the positions
+  // first_positions[i] + [0, B) (inverse: by their negation, undoing RoPE). In place.
+  void rotate_keys(at::Tensor& blocks, const at::Tensor& first_positions, bool inverse) const;
+  StatusOr<at::Tensor> load_weight(const model::ModelSource& source, const std::string& name);
+  Status allocate_kv_pool();
+  Status validate(const ForwardBatch& batch) const;
+  // A chunk's KV layout: one entry per layer, formats the pool holds, sharing layers whose tables
+  // equal their owners' over the chunk's blocks.
+  Status validate_layout(const SequenceChunk& chunk, int64_t needed_blocks) const;
+  const kv::KvFormat& format_of(const SequenceChunk& chunk, int64_t layer) const {
+    const kv::KvLayout* l = chunk.layout;
+    return l && layer < std::ssize(l->formats) ? l->formats[layer] : kv_format_;
+  }
+  static bool shares(const SequenceChunk& chunk, int64_t layer) {
+    const kv::KvLayout* l = chunk.layout;
+    return l && layer < std::ssize(l->shared_with) && l->shared_with[layer] >= 0;
+  }
+  // Layer `layer` of the chunks whose blocks there are in another format than the base one (and
+  // that do not share them): writes their new keys and values (k, v: [num_tokens, Hkv, D], the
+  // batch's rows) by re-quantizing each block they touch from its dequantized values.
+  void write_other_formats(const ForwardBatch& batch, int64_t layer, const at::Tensor& k,
+                           const at::Tensor& v);
+  // Attention of layer `layer` over a dequantized copy of every block the batch reads there (the
+  // CPU reference of attention over pages of any format): q [num_tokens, H, D].
+  at::Tensor attend_dequantized(const ForwardBatch& batch, int64_t layer, const at::Tensor& q,
+                                const at::Tensor& seq_lens, const at::Tensor& cu_q_lens,
+                                int64_t max_q_len, double scale, kernels::KernelBackend backend);
+  ForwardResult run(const ForwardBatch& batch);
+
+  model::ModelConfig config_;
+  ExecutorOptions options_;
+  at::Device device_ = at::kCPU;
+  at::ScalarType dtype_ = at::kFloat;
+  at::Tensor embedding_;    // [vocab, hidden]
+  at::Tensor output_norm_;  // [hidden]
+  at::Tensor lm_head_;      // [vocab, hidden]; aliases embedding_ when tied
+  at::Tensor inv_freq_;     // [head_dim / 2], float32
+  std::vector<LayerWeights> layers_;
+  kv::KvGeometry kv_geometry_;
+  kv::KvFormat kv_format_;
+  int64_t block_bytes_ = 0;  // one base-format block: [2, Hkv, B, D] in dtype_
+  KvPool pool_;  // keys stored after RoPE
+  std::unordered_map<SeqId, ReadBuffer> read_buffers_;
+  std::optional<c10::cuda::CUDAStream> read_stream_;
+  kernels::KernelReport kernel_report_;  // each custom op's implementation (start-up self-check)
+};
+
+}  // namespace strata::executor
