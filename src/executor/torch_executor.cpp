@@ -194,6 +194,7 @@ Status TorchExecutor::validate(const ForwardBatch& batch) const {
                                     " layers");
     }
     const int64_t needed_blocks = (end + block - 1) / block;
+    STRATA_RETURN_IF_ERROR(validate_formats(chunk));
     for (size_t l = 0; l < chunk.tables.size(); ++l) {
       const std::vector<kv::BlockId>& table = chunk.tables[l];
       if (static_cast<int64_t>(table.size()) < needed_blocks) {
@@ -207,7 +208,7 @@ Status TorchExecutor::validate(const ForwardBatch& batch) const {
         }
       }
     }
-    STRATA_RETURN_IF_ERROR(validate_layout(chunk, needed_blocks));
+    STRATA_RETURN_IF_ERROR(validate_sharing(chunk, needed_blocks));
   }
   for (const KvLoad& load : batch.loads) {
     const std::string seq = "sequence " + std::to_string(load.seq.value);
@@ -277,7 +278,7 @@ Status TorchExecutor::validate(const ForwardBatch& batch) const {
   return Status();
 }
 
-Status TorchExecutor::validate_layout(const SequenceChunk& chunk, int64_t needed_blocks) const {
+Status TorchExecutor::validate_formats(const SequenceChunk& chunk) const {
   if (chunk.layout == nullptr) return Status();
   const kv::KvLayout& layout = *chunk.layout;
   const std::string seq = "sequence " + std::to_string(chunk.seq.value);
@@ -292,15 +293,21 @@ Status TorchExecutor::validate_layout(const SequenceChunk& chunk, int64_t needed
                                     kv::format_name(layout.formats[l]) + " is not in the pool");
     }
   }
-  for (size_t l = 0; l < layout.shared_with.size(); ++l) {
-    const int32_t owner = layout.shared_with[l];
+  return Status();
+}
+
+Status TorchExecutor::validate_sharing(const SequenceChunk& chunk, int64_t needed_blocks) const {
+  if (chunk.layout == nullptr) return Status();
+  const std::vector<int32_t>& shared_with = chunk.layout->shared_with;
+  for (size_t l = 0; l < shared_with.size(); ++l) {
+    const int32_t owner = shared_with[l];
     if (owner < 0) continue;
     if (owner >= static_cast<int32_t>(l) ||
         !std::equal(chunk.tables[l].begin(), chunk.tables[l].begin() + needed_blocks,
                     chunk.tables[owner].begin(), chunk.tables[owner].begin() + needed_blocks)) {
-      return invalid_argument_error(seq + ": layer " + std::to_string(l) +
-                                    " shares blocks but its page table is not layer " +
-                                    std::to_string(owner) + "'s");
+      return invalid_argument_error("sequence " + std::to_string(chunk.seq.value) + ": layer " +
+                                    std::to_string(l) + " shares blocks but its page table is "
+                                    "not layer " + std::to_string(owner) + "'s");
     }
   }
   return Status();

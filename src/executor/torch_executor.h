@@ -99,9 +99,10 @@ class TorchExecutor final : public Executor {
   StatusOr<at::Tensor> load_weight(const model::ModelSource& source, const std::string& name);
   Status allocate_kv_pool();
   Status validate(const ForwardBatch& batch) const;
-  // A chunk's KV layout: one entry per layer, formats the pool holds, sharing layers whose tables
-  // equal their owners' over the chunk's blocks.
-  Status validate_layout(const SequenceChunk& chunk, int64_t needed_blocks) const;
+  // A chunk's KV layout: one entry per layer and formats the pool holds; sharing layers whose
+  // tables equal their owners' over the chunk's blocks (REQUIRES the tables cover them).
+  Status validate_formats(const SequenceChunk& chunk) const;
+  Status validate_sharing(const SequenceChunk& chunk, int64_t needed_blocks) const;
   const kv::KvFormat& format_of(const SequenceChunk& chunk, int64_t layer) const {
     const kv::KvLayout* l = chunk.layout;
     return l && layer < std::ssize(l->formats) ? l->formats[layer] : kv_format_;

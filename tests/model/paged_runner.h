@@ -22,6 +22,7 @@ class PagedRunner {
     SeqId seq;
     std::vector<TokenId> tokens;
     LogitsMode logits = LogitsMode::kLast;
+    kv::KvLayout layout = {};  // used when the step creates its sequence
   };
 
   // Appends each step's tokens to its sequence (creating it on first use) and runs them in one
@@ -30,7 +31,7 @@ class PagedRunner {
     std::vector<kv::KvRequest> requests;
     for (const Step& s : steps) {
       if (!kv_.has_sequence(s.seq)) {
-        Status added = kv_.add_sequence(s.seq, s.tokens, "");
+        Status added = kv_.add_sequence(s.seq, s.tokens, "", true, s.layout);
         if (!added.ok()) return added;
       } else {
         kv_.append_tokens(s.seq, s.tokens);
@@ -43,7 +44,8 @@ class PagedRunner {
     kv_.commit(std::move(plan).value(), &batch.copies);
     for (const Step& s : steps) {
       const int64_t start = kv_.num_computed_tokens(s.seq);
-      batch.chunks.push_back({s.seq, s.tokens, start, kv_.tables(s.seq), s.logits});
+      batch.chunks.push_back(
+          {s.seq, s.tokens, start, kv_.tables(s.seq), s.logits, &kv_.layout(s.seq)});
     }
     StatusOr<ForwardResult> result = executor_.forward(batch);
     if (result.ok()) {
