@@ -7,16 +7,6 @@
 namespace strata::kernels::aten {
 namespace {
 
-at::ScalarType float_type(DType dtype) {
-  switch (dtype) {
-    case DType::kFloat32: return at::kFloat;
-    case DType::kBFloat16: return at::kBFloat16;
-    case DType::kFloat16: return at::kHalf;
-    default: break;
-  }
-  TORCH_CHECK(false, "not an unquantized KV dtype: ", dtype_name(dtype));
-}
-
 constexpr float kFp8Max = 448.0f;  // largest finite e4m3fn
 
 // One row per group: per token [H, G, group_size] (consecutive head_dim elements), per channel
@@ -54,12 +44,22 @@ at::Tensor as_bytes(const at::Tensor& t) { return t.contiguous().view(at::kByte)
 
 }  // namespace
 
+at::ScalarType scalar_type(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32: return at::kFloat;
+    case DType::kBFloat16: return at::kBFloat16;
+    case DType::kFloat16: return at::kHalf;
+    default: break;
+  }
+  TORCH_CHECK(false, "not an unquantized dtype: ", dtype_name(dtype));
+}
+
 at::Tensor pack_kv(const at::Tensor& x, const kv::TensorFormat& f) {
   const int64_t h = x.size(0), b = x.size(1), d = x.size(2);
   const kv::TensorLayout layout = kv::tensor_layout(f, h, b, d);
   at::Tensor out = at::zeros({layout.total_bytes}, x.options().dtype(at::kByte));
   if (!dtype_is_quantized(f.dtype)) {
-    out.copy_(as_bytes(x.to(float_type(f.dtype))));
+    out.copy_(as_bytes(x.to(scalar_type(f.dtype))));
     return out;
   }
   const at::Tensor groups = to_groups(x.to(at::kFloat), f);
@@ -94,7 +94,7 @@ at::Tensor unpack_kv(const at::Tensor& bytes, const kv::TensorFormat& f, int64_t
               b, ", ", d, "] has ", layout.total_bytes, " bytes, got ", bytes.numel());
   const at::Tensor data = bytes.slice(0, 0, layout.data_bytes);
   if (!dtype_is_quantized(f.dtype)) {
-    return data.view(float_type(f.dtype)).reshape({h, b, d}).to(at::kFloat);
+    return data.view(scalar_type(f.dtype)).reshape({h, b, d}).to(at::kFloat);
   }
   const at::Tensor scale = bytes.slice(0, layout.scales_offset, layout.scales_offset + layout.scale_bytes)
                                .view(at::kHalf)

@@ -311,6 +311,11 @@ std::string Metrics::render(const engine::EngineStats& engine) const {
           ? 1.0 - static_cast<double>(engine.kv_blocks_available) / engine.kv_blocks_total
           : 0.0;
   gauge("strata_kv_pool_usage_ratio", "Fraction of KV pool blocks held by requests.", usage);
+  gauge("strata_kv_pool_capacity_bytes", "Bytes of the GPU KV pool's pages.",
+        static_cast<double>(engine.kv_capacity_bytes));
+  gauge("strata_kv_pool_used_bytes",
+        "Bytes of allocated KV blocks, each in its page format (cached prefix blocks included).",
+        static_cast<double>(engine.kv_used_bytes));
   gauge("strata_kv_host_pool_blocks", "Blocks in the host (swap) KV pool.",
         engine.kv_host_blocks_total);
   gauge("strata_kv_host_pool_blocks_free", "Free blocks in the host (swap) KV pool.",

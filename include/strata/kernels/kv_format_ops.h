@@ -11,8 +11,15 @@
 namespace at {
 class Tensor;
 }
+namespace c10 {
+enum class ScalarType : int8_t;  // ATen's element types (opaque here)
+}
 
 namespace strata::kernels::aten {
+
+// The ATen element type of an unquantized dtype (float32, bfloat16, float16): a compute dtype, or
+// the element of a plain page format. Throws c10::Error for the quantized ones.
+c10::ScalarType scalar_type(DType dtype);
 
 // x: one block's keys or values, [num_kv_heads, block_size_tokens, head_dim], any float dtype.
 // Returns its bytes in `format` (uint8, tensor_layout(...).total_bytes, on x's device): packed

@@ -262,6 +262,8 @@ TEST(MetricsTest, EngineGaugesAndCounters) {
   stats.num_preemptions = 7;
   stats.num_swap_outs = 2;
   stats.num_steps = 12345;
+  stats.kv_capacity_bytes = 4 << 20;
+  stats.kv_used_bytes = 3 << 20;
   const std::string text = Metrics().render(stats);
   expect_valid_exposition(text);
   const auto samples = samples_of(text);
@@ -271,6 +273,8 @@ TEST(MetricsTest, EngineGaugesAndCounters) {
   EXPECT_EQ(samples.at("strata_kv_pool_blocks"), "200");
   EXPECT_EQ(samples.at("strata_kv_pool_blocks_available"), "150");
   EXPECT_EQ(samples.at("strata_kv_pool_usage_ratio"), "0.25");
+  EXPECT_EQ(samples.at("strata_kv_pool_capacity_bytes"), "4194304");
+  EXPECT_EQ(samples.at("strata_kv_pool_used_bytes"), "3145728");
   EXPECT_EQ(samples.at("strata_kv_host_pool_blocks"), "64");
   EXPECT_EQ(samples.at("strata_kv_host_pool_blocks_free"), "60");
   EXPECT_EQ(samples.at("strata_prefix_cache_lookup_tokens_total"), "1000");
