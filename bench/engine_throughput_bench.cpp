@@ -72,10 +72,10 @@ int main(int argc, char** argv) {
   engine::EngineOptions options;
   options.executor.device = *executor::parse_device(args.device);
   options.executor.dtype = *executor::parse_dtype(args.dtype);
-  options.executor.num_threads = args.threads;
+  options.executor.cpu_threads = args.threads;
   options.scheduler.max_num_seqs = 256;
   options.scheduler.max_num_batched_tokens = 2048;
-  options.enable_prefix_caching = false;  // distinct prompts anyway; measure the plain path
+  options.executor.enable_prefix_caching = false;  // distinct prompts anyway; the plain path
   auto engine = engine::Engine::create(std::move(source).value(), std::move(tok).value(), options);
   if (!engine.ok()) return std::fprintf(stderr, "%s\n", engine.status().to_string().c_str()), 1;
 

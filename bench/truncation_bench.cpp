@@ -101,7 +101,7 @@ int main(int argc, char** argv) {
   if (!dtype.ok()) return fail(dtype.status());
   executor::ExecutorOptions options;
   options.dtype = *dtype;
-  options.kv_cache_bytes = o.kv_cache_bytes;
+  options.cache_bytes = o.kv_cache_bytes;
   auto exec = executor::Executor::create(**source, options);
   if (!exec.ok()) return fail(exec.status());
   auto text = bench::read_data_file(o.text);

@@ -178,8 +178,8 @@ Status chat(const std::vector<std::string>& args) {
     if (!loaded.chat_template) return loaded.chat_template_error;
     std::fprintf(stderr, "%s on %s (%s).",
                  loaded.engine->model_config().name.c_str(),
-                 executor::device_name(loaded.engine->executor().options().device).c_str(),
-                 dtype_name(loaded.engine->executor().options().dtype));
+                 executor::device_name(loaded.engine->executor().device()).c_str(),
+                 dtype_name(loaded.engine->executor().dtype()));
     backend = std::make_unique<LocalChat>(std::move(loaded), params, system);
   } else {
     const std::string address = flags.get("server", "127.0.0.1:50051");

@@ -142,8 +142,8 @@ Status generate(const std::vector<std::string>& args) {
         {"decode_tokens_per_s", num_decoded > 0 ? num_decoded / (decode_ms / 1e3) : 0.0}}},
       {"model",
        {{"path", deployment.model.path},
-        {"device", executor::device_name(engine.executor().options().device)},
-        {"dtype", dtype_name(engine.executor().options().dtype)}}},
+        {"device", executor::device_name(engine.executor().device())},
+        {"dtype", dtype_name(engine.executor().dtype())}}},
   };
   std::cout << out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << std::endl;
   return Status();

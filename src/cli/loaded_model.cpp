@@ -1,6 +1,5 @@
 #include "loaded_model.h"
 
-#include <chrono>
 #include <utility>
 #include <vector>
 
@@ -45,6 +44,7 @@ std::optional<tokenizer::ChatTemplateKind> to_template_kind(config::ChatTemplate
   return std::nullopt;
 }
 
+// The deployment's sections, as they are, are what the engine and its modules take.
 StatusOr<engine::EngineOptions> engine_options(const config::DeploymentConfig& d) {
   if (d.devices.tensor_parallel_size > 1) {
     return unimplemented_error("devices.tensor_parallel_size " +
@@ -52,40 +52,12 @@ StatusOr<engine::EngineOptions> engine_options(const config::DeploymentConfig& d
                                ": tensor parallelism is not implemented yet; use 1");
   }
   engine::EngineOptions o;
-  STRATA_ASSIGN_OR_RETURN(o.executor.device,
-                          executor::parse_device(config::device_config_name(d.devices)));
-  const bool cuda = o.executor.device.kind == executor::DeviceKind::kCuda;
-  o.executor.dtype = d.model.dtype.value_or(cuda ? DType::kBFloat16 : DType::kFloat32);
-  o.executor.num_threads = d.devices.cpu_threads;
-  o.executor.kernels = d.executor.kernels;
-  o.executor.kv_block_size_tokens = d.kv_cache.block_size_tokens;
-  o.executor.kv_cache_bytes = d.kv_cache.cache_bytes.value_or(0);
-  if (d.kv_cache.gpu_memory_fraction) {
-    o.executor.kv_cache_memory_fraction = *d.kv_cache.gpu_memory_fraction;
-  }
-  o.executor.host_kv_cache_bytes = d.kv_cache.host_cache_bytes;
-  o.enable_prefix_caching = d.kv_cache.enable_prefix_caching;
-  o.scheduler = d.scheduler;  // the section's scheduler part
-  o.max_queued_requests = d.scheduler.max_queued_requests;
-  o.overflow_truncation_fraction = d.scheduler.overflow_truncation_fraction;
-  if (d.kv_store.enabled()) {
-    const config::KvStoreSection& k = d.kv_store;
-    store::StoreOptions& s = o.store.emplace();
-    s.dram_bytes = k.dram_bytes;
-    if (k.ssd_bytes > 0) {
-      s.tiers.push_back({.name = "ssd",
-                         .dir = k.ssd_dir,
-                         .capacity_bytes = k.ssd_bytes,
-                         .file_bytes = k.ssd_file_bytes,
-                         .direct_io = k.direct_io,
-                         .codec = k.ssd_codec});
-    }
-    s.policy = k.eviction_policy;
-    s.io_threads = k.io_threads;
-    s.ttl = std::chrono::seconds(k.ttl_seconds);
-    s.dram_reserve_fraction = k.dram_reserve_fraction;
-    o.read_buffer_layers = k.read_buffer_layers;
-  }
+  static_cast<executor::DevicesConfig&>(o.executor) = d.devices;
+  static_cast<executor::KernelsConfig&>(o.executor) = d.executor;
+  static_cast<executor::KvCacheConfig&>(o.executor) = d.kv_cache;
+  o.executor.dtype = d.model.dtype;
+  o.scheduler = d.scheduler;
+  o.kv_store = d.kv_store;
   return o;
 }
 

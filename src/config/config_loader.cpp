@@ -15,7 +15,7 @@ namespace strata::config {
 namespace {
 
 constexpr std::string_view kOptionalKeys[] = {"kv_cache.gpu_memory_fraction",
-                                              "kv_cache.cache_bytes"};
+                                              "kv_cache.cache_bytes", "kv_cache.page_format"};
 constexpr std::string_view kListKeys[] = {"server.api_keys"};
 
 bool contains(std::span<const std::string_view> list, std::string_view key) {
@@ -216,8 +216,7 @@ Status read_device(const Context& ctx, const YAML::Node& node, DevicesSection& o
     const std::string& s = node.Scalar();
     for (DeviceKind kind : {DeviceKind::kAuto, DeviceKind::kCpu, DeviceKind::kCuda}) {
       if (s == config_name(kind)) {
-        out.device = kind;
-        out.cuda_index = 0;
+        out.device = {kind, 0};
         return Status();
       }
     }
@@ -228,8 +227,7 @@ Status read_device(const Context& ctx, const YAML::Node& node, DevicesSection& o
       const char* begin = s.data() + kCudaPrefix.size();
       const auto [end, ec] = std::from_chars(begin, s.data() + s.size(), index);
       if (ec == std::errc() && end == s.data() + s.size()) {
-        out.device = DeviceKind::kCuda;
-        out.cuda_index = index;
+        out.device = {DeviceKind::kCuda, index};
         return Status();
       }
     }
@@ -355,7 +353,22 @@ Status read_kv_cache(Context& ctx, const YAML::Node& node, KvCacheSection& out) 
   STRATA_RETURN_IF_ERROR(m.get("host_cache_bytes", [&](const YAML::Node& n, const std::string& k) {
     return read_bytes(ctx, n, k, out.host_cache_bytes);
   }));
-  return m.get("enable_prefix_caching", into(ctx, out.enable_prefix_caching));
+  STRATA_RETURN_IF_ERROR(m.get("enable_prefix_caching", into(ctx, out.enable_prefix_caching)));
+  STRATA_RETURN_IF_ERROR(m.get("page_format", [&](const YAML::Node& n, const std::string& k) {
+    if (n.IsNull() || (n.IsScalar() && n.Scalar() == "auto")) {
+      out.page_format.reset();
+      return Status();
+    }
+    if (n.IsScalar()) {
+      if (StatusOr<kv::KvFormat> format = kv::parse_format(n.Scalar()); format.ok()) {
+        out.page_format = *format;
+        return Status();
+      }
+    }
+    return type_error(ctx, n, k,
+                      "auto or a page format (bfloat16, int8/token64, k:int8/token64,v:int4/token32)");
+  }));
+  return m.get("page_blocks", into(ctx, out.page_blocks));
 }
 
 Status read_kv_store(Context& ctx, const YAML::Node& node, KvStoreSection& out) {
@@ -613,6 +626,8 @@ std::string to_yaml(const DeploymentConfig& config) {
   }
   emit_plain(out, "host_cache_bytes", format_byte_size(kv.host_cache_bytes));
   emit_plain(out, "enable_prefix_caching", kv.enable_prefix_caching ? "true" : "false");
+  emit_plain(out, "page_format", kv.page_format ? kv::format_name(*kv.page_format) : "auto");
+  emit_plain(out, "page_blocks", std::to_string(kv.page_blocks));
   out << YAML::EndMap;
 
   const KvStoreSection& store = config.kv_store;

@@ -93,14 +93,14 @@ const KeyCheck<ModelSection> kModelKeys[] = {
 const KeyCheck<DevicesSection> kDevicesKeys[] = {
     {"devices.device",
      [](const DevicesSection& d) {
-       if (d.cuda_index < 0) {
+       if (d.device.index < 0) {
          return invalid_argument_error("devices.device: the CUDA device index must be >= 0, got " +
-                                       std::to_string(d.cuda_index));
+                                       std::to_string(d.device.index));
        }
-       if (d.device != DeviceKind::kCuda && d.cuda_index != 0) {
+       if (d.device.kind != DeviceKind::kCuda && d.device.index != 0) {
          return invalid_argument_error("devices.device: a CUDA device index (" +
-                                       std::to_string(d.cuda_index) + ") needs device cuda, got " +
-                                       std::string(config_name(d.device)));
+                                       std::to_string(d.device.index) + ") needs device cuda, got " +
+                                       std::string(config_name(d.device.kind)));
        }
        return Status();
      }},
@@ -143,6 +143,9 @@ const KeyCheck<KvCacheSection> kKvCacheKeys[] = {
        return at_least("kv_cache.host_cache_bytes", k.host_cache_bytes, 0);
      }},
     {"kv_cache.enable_prefix_caching", nullptr},
+    {"kv_cache.page_format", nullptr},  // checked against the model when the pool is built
+    {"kv_cache.page_blocks",
+     [](const KvCacheSection& k) { return in_range("kv_cache.page_blocks", k.page_blocks, 0, 64); }},
 };
 
 const KeyCheck<KvStoreSection> kKvStoreKeys[] = {
@@ -299,7 +302,7 @@ Status ModelSection::validate() const { return check_keys(kModelKeys, *this); }
 
 Status DevicesSection::validate() const {
   STRATA_RETURN_IF_ERROR(check_keys(kDevicesKeys, *this));
-  if (device == DeviceKind::kCpu && tensor_parallel_size != 1) {
+  if (device.kind == DeviceKind::kCpu && tensor_parallel_size != 1) {
     return invalid_argument_error("devices.tensor_parallel_size must be 1 on the cpu device, got " +
                                   std::to_string(tensor_parallel_size));
   }
@@ -307,10 +310,10 @@ Status DevicesSection::validate() const {
 }
 
 std::string device_config_name(const DevicesSection& devices) {
-  if (devices.device == DeviceKind::kCuda && devices.cuda_index != 0) {
-    return "cuda:" + std::to_string(devices.cuda_index);
+  if (devices.device.kind == DeviceKind::kCuda && devices.device.index != 0) {
+    return "cuda:" + std::to_string(devices.device.index);
   }
-  return std::string(config_name(devices.device));
+  return std::string(config_name(devices.device.kind));
 }
 
 Status KvCacheSection::validate() const {
@@ -386,10 +389,16 @@ Status DeploymentConfig::validate() const {
   STRATA_RETURN_IF_ERROR(scheduler.validate());
   STRATA_RETURN_IF_ERROR(server.validate());
   STRATA_RETURN_IF_ERROR(logging.validate());
-  if (kv_cache.gpu_memory_fraction && devices.device == DeviceKind::kCpu) {
+  if (kv_cache.gpu_memory_fraction && devices.device.kind == DeviceKind::kCpu) {
     return invalid_argument_error(
         "kv_cache.gpu_memory_fraction needs a cuda or auto device, but devices.device is cpu; "
         "size a CPU pool with kv_cache.cache_bytes");
+  }
+  if (kv_cache.page_format && kv_store.enabled()) {
+    return invalid_argument_error(
+        "kv_cache.page_format is " + kv::format_name(*kv_cache.page_format) +
+        " but the KV store saves the compute dtype's exact KV and quantized pages do not save to "
+        "it yet; unset kv_cache.page_format or set kv_store.dram_bytes to 0");
   }
   return Status();
 }

@@ -107,9 +107,16 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<model::ModelSou
                                                  std::unique_ptr<tokenizer::Tokenizer> tokenizer,
                                                  const EngineOptions& options) {
   STRATA_RETURN_IF_ERROR(options.scheduler.validate());
-  if (!(options.overflow_truncation_fraction >= 0 && options.overflow_truncation_fraction <= 0.9)) {
+  const double truncation = options.scheduler.overflow_truncation_fraction;
+  if (!(truncation >= 0 && truncation <= 0.9)) {
     return invalid_argument_error("overflow_truncation_fraction must be in [0, 0.9], got " +
-                                  std::to_string(options.overflow_truncation_fraction));
+                                  std::to_string(truncation));
+  }
+  if (options.executor.page_format && options.kv_store.enabled()) {
+    return invalid_argument_error(
+        "kv_cache.page_format " + kv::format_name(*options.executor.page_format) +
+        " with the KV store: stored chunks hold the compute dtype's exact KV, and quantized "
+        "pages do not save to it yet; unset one of them");
   }
   std::unique_ptr<Engine> engine(new Engine());
   engine->options_ = options;
@@ -141,10 +148,13 @@ Status Engine::start_on_step_thread() {
   model_fingerprint_ = source_->content_fingerprint();
   kv_ = std::make_unique<kv::KvCacheManager>(
       executor_->kv_geometry(), executor_->kv_format(),
-      kv::PrefixCacheOptions{options_.enable_prefix_caching, model_fingerprint_});
+      kv::PrefixCacheOptions{options_.executor.enable_prefix_caching, model_fingerprint_});
+  if (options_.executor.page_format && !(*options_.executor.page_format == executor_->kv_format())) {
+    layout_.formats.assign(executor_->kv_geometry().num_layers, *options_.executor.page_format);
+  }
   scheduler_ = std::make_unique<scheduler::Scheduler>(options_.scheduler, *kv_);
-  if (options_.store) {
-    restore::RestoreOptions restore{*options_.store, options_.read_buffer_layers};
+  if (options_.kv_store.enabled()) {
+    restore::RestoreOptions restore{options_.kv_store};
     restore.lookup_depth = std::min<int64_t>(options_.scheduler.max_num_seqs, restore.lookup_depth);
     STRATA_ASSIGN_OR_RETURN(restore_, restore::RestoreCoordinator::open(
                                           restore, *executor_, *kv_, *scheduler_,
@@ -187,7 +197,7 @@ StatusOr<std::shared_ptr<RequestStream>> Engine::submit(GenerateRequest request)
     }
   }
   const int64_t prompt_len = static_cast<int64_t>(request.prompt_token_ids.size());
-  if (prompt_len >= config.max_context_tokens && options_.overflow_truncation_fraction == 0) {
+  if (prompt_len >= config.max_context_tokens && options_.scheduler.overflow_truncation_fraction == 0) {
     return invalid_argument_error("prompt: " + std::to_string(prompt_len) +
                                   " tokens leave no room in the context window of " +
                                   std::to_string(config.max_context_tokens));
@@ -204,7 +214,7 @@ StatusOr<std::shared_ptr<RequestStream>> Engine::submit(GenerateRequest request)
     std::scoped_lock lock(mutex_);
     if (stopping_) return Status(StatusCode::kUnavailable, "the engine is shutting down");
     const int64_t queued = static_cast<int64_t>(inbox_.size()) + stats_.num_waiting;
-    if (queued >= options_.max_queued_requests) {
+    if (queued >= options_.scheduler.max_queued_requests) {
       return resource_exhausted_error("the request queue is full (" + std::to_string(queued) +
                                       " waiting); retry later");
     }
@@ -257,6 +267,8 @@ void Engine::refresh_stats() {
   stats_.num_running = static_cast<int64_t>(scheduler_->num_running());
   stats_.kv_blocks_total = kv_->num_blocks();
   stats_.kv_blocks_available = kv_->num_available_blocks();
+  stats_.kv_capacity_bytes = kv_->capacity_bytes();
+  stats_.kv_used_bytes = kv_->used_bytes();
   stats_.prefix_lookup_tokens = kv_->prefix_stats().lookup_tokens;
   stats_.prefix_hit_tokens = kv_->prefix_stats().hit_tokens;
   stats_.prefix_evicted_blocks = kv_->num_evicted_groups();
@@ -297,7 +309,7 @@ void Engine::admit(std::vector<std::pair<GenerateRequest, std::shared_ptr<Reques
       active->usage.truncated_prompt_tokens = drop;
     }
     Status added = scheduler_->add(seq, std::move(prompt), request.priority,
-                                   std::move(request.tenant), /*cacheable=*/!scores_prompt);
+                                   std::move(request.tenant), /*cacheable=*/!scores_prompt, layout_);
     Active& ref = *active;
     active_.emplace(seq, std::move(active));
     if (!added.ok()) {
@@ -310,7 +322,7 @@ void Engine::admit(std::vector<std::pair<GenerateRequest, std::shared_ptr<Reques
 
 int64_t Engine::tokens_to_drop(std::span<const TokenId> prompt,
                                const std::optional<store::StoreMatch>& match) const {
-  const double fraction = options_.overflow_truncation_fraction;
+  const double fraction = options_.scheduler.overflow_truncation_fraction;
   if (fraction == 0) return 0;
   const int64_t block = kv_->geometry().block_size_tokens;
   const int64_t window = executor_->config().max_context_tokens;
@@ -396,6 +408,7 @@ void Engine::build_chunks(const scheduler::ScheduledBatch& batch, executor::Forw
                     tokens.begin() + chunk.start_position + chunk.num_tokens);
     c.start_position = chunk.start_position;
     c.tables = kv_->tables(chunk.seq);
+    c.layout = &kv_->layout(chunk.seq);
     c.logits = chunk.samples ? executor::LogitsMode::kLast : executor::LogitsMode::kNone;
     Active& active = *active_.at(chunk.seq);
     // Until the first token is out, a scored prompt needs every position's logits (a sequence

@@ -28,7 +28,7 @@ kernels::KernelReport choose_kernels(const model::ModelConfig& config,
   shape.num_heads = config.num_heads;
   shape.num_kv_heads = config.num_kv_heads;
   shape.head_dim = config.head_dim;
-  shape.block_size = options.kv_block_size_tokens;
+  shape.block_size = options.block_size_tokens;
   shape.dtype = dtype;
   shape.device = device;
   return kernels::run_kernel_self_check(

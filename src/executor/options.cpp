@@ -1,7 +1,5 @@
 // The spellings of executor options (dtype, device) that configs and command lines use.
 
-#include <c10/cuda/CUDAFunctions.h>
-
 #include <algorithm>
 #include <string>
 
@@ -19,10 +17,7 @@ StatusOr<DType> parse_dtype(const std::string& name) {
 
 StatusOr<Device> parse_device(const std::string& name) {
   if (name == "cpu") return Device{DeviceKind::kCpu, 0};
-  if (name == "auto") {
-    return c10::cuda::device_count() > 0 ? Device{DeviceKind::kCuda, 0}
-                                          : Device{DeviceKind::kCpu, 0};
-  }
+  if (name == "auto") return Device{DeviceKind::kAuto, 0};
   if (name == "cuda") return Device{DeviceKind::kCuda, 0};
   if (name.starts_with("cuda:")) {
     const std::string index = name.substr(5);
@@ -34,7 +29,12 @@ StatusOr<Device> parse_device(const std::string& name) {
 }
 
 std::string device_name(const Device& device) {
-  return device.kind == DeviceKind::kCpu ? "cpu" : "cuda:" + std::to_string(device.index);
+  switch (device.kind) {
+    case DeviceKind::kAuto: return "auto";
+    case DeviceKind::kCpu: return "cpu";
+    case DeviceKind::kCuda: break;
+  }
+  return "cuda:" + std::to_string(device.index);
 }
 
 }  // namespace strata::executor

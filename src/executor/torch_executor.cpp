@@ -18,6 +18,7 @@
 #include "kernel_choice.h"
 #include "layers.h"
 #include "strata/common/check.h"
+#include "strata/kernels/kv_format_ops.h"
 #include "strata/model/model_source.h"
 
 namespace strata::executor {
@@ -25,28 +26,18 @@ namespace {
 
 using kernels::KernelOp;
 
-at::ScalarType to_scalar_type(DType dtype) {
-  switch (dtype) {
-    case DType::kFloat32: return at::kFloat;
-    case DType::kBFloat16: return at::kBFloat16;
-    case DType::kFloat16: return at::kHalf;
-    case DType::kFloat8E4M3:
-    case DType::kInt8:
-    case DType::kInt4:
-    case DType::kInt2: break;  // KV page formats, never a compute dtype (parse_dtype)
-  }
-  STRATA_CHECK(false) << "not a compute dtype: " << dtype_name(dtype);
-  return at::kFloat;
-}
 // Base blocks per page when the pool also holds smaller formats, so that their blocks cost close
 // to their own bytes (with one base block per page, an int8 block of a bf16 pool would fill a
 // page alone): kv/page_layout.h.
 constexpr int32_t kDefaultPageBlocks = 4;
+// Share of the GPU memory left after the weights that the KV pool takes by default.
+constexpr double kDefaultMemoryFraction = 0.9;
+
 }  // namespace
 
 void TorchExecutor::init_calling_thread() const {
   at::init_num_threads();
-  if (options_.num_threads > 0) at::set_num_threads(options_.num_threads);
+  if (options_.cpu_threads > 0) at::set_num_threads(options_.cpu_threads);
 }
 
 StatusOr<at::Tensor> TorchExecutor::load_weight(const model::ModelSource& source,
@@ -59,17 +50,28 @@ StatusOr<at::Tensor> TorchExecutor::load_weight(const model::ModelSource& source
 }
 
 Status TorchExecutor::load(const model::ModelSource& source) {
-  dtype_ = to_scalar_type(options_.dtype);
-  if (options_.device.kind == DeviceKind::kCuda) {
+  device_choice_ = options_.device;
+  if (device_choice_.kind == DeviceKind::kAuto) {
+    device_choice_ = c10::cuda::device_count() > 0 ? Device{DeviceKind::kCuda, 0}
+                                                   : Device{DeviceKind::kCpu, 0};
+  }
+  compute_dtype_ = options_.dtype.value_or(
+      device_choice_.kind == DeviceKind::kCuda ? DType::kBFloat16 : DType::kFloat32);
+  if (dtype_is_quantized(compute_dtype_)) {
+    return invalid_argument_error(std::string("compute dtype ") + dtype_name(compute_dtype_) +
+                                  ": use float32, bfloat16 or float16");
+  }
+  dtype_ = kernels::aten::scalar_type(compute_dtype_);
+  if (device_choice_.kind == DeviceKind::kCuda) {
     const int num_devices = c10::cuda::device_count();
-    if (options_.device.index >= num_devices) {
-      return failed_precondition_error("device cuda:" + std::to_string(options_.device.index) +
+    if (device_choice_.index >= num_devices) {
+      return failed_precondition_error("device cuda:" + std::to_string(device_choice_.index) +
                                        " requested but " + std::to_string(num_devices) +
                                        " CUDA device(s) are present");
     }
-    device_ = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(options_.device.index));
-  } else if (options_.num_threads > 0) {
-    at::set_num_threads(options_.num_threads);
+    device_ = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device_choice_.index));
+  } else if (options_.cpu_threads > 0) {
+    at::set_num_threads(options_.cpu_threads);
   }
   try {
     STRATA_ASSIGN_OR_RETURN(embedding_, load_weight(source, "token_embd.weight"));
@@ -110,38 +112,40 @@ Status TorchExecutor::load(const model::ModelSource& source) {
 }
 
 Status TorchExecutor::allocate_kv_pool() {
-  if (options_.kv_block_size_tokens < 1) {
-    return invalid_argument_error("kv_block_size_tokens must be positive, got " +
-                                  std::to_string(options_.kv_block_size_tokens));
+  const int64_t block = options_.block_size_tokens;
+  if (block < 1) {
+    return invalid_argument_error("block_size_tokens must be positive, got " +
+                                  std::to_string(block));
   }
-  kv_format_ = kv::KvFormat::plain(options_.dtype);
+  kv_format_ = kv::KvFormat::plain(compute_dtype_);
   kv_geometry_.num_layers = static_cast<int32_t>(config_.num_layers);
   kv_geometry_.num_kv_heads = static_cast<int32_t>(config_.num_kv_heads);
   kv_geometry_.head_dim = static_cast<int32_t>(config_.head_dim);
-  kv_geometry_.block_size_tokens = options_.kv_block_size_tokens;
+  kv_geometry_.block_size_tokens = static_cast<int32_t>(block);
   kv_geometry_.formats = options_.kv_formats;
+  if (options_.page_format) kv_geometry_.formats.insert(kv_geometry_.formats.begin(), *options_.page_format);
   // Pages of one base block unless smaller formats are to share them.
-  const bool others = std::any_of(options_.kv_formats.begin(), options_.kv_formats.end(),
+  const bool others = std::any_of(kv_geometry_.formats.begin(), kv_geometry_.formats.end(),
                                   [&](const kv::KvFormat& f) { return !(f == kv_format_); });
   kv_geometry_.page_blocks =
-      options_.kv_page_blocks > 0 ? options_.kv_page_blocks : (others ? kDefaultPageBlocks : 1);
+      options_.page_blocks > 0 ? options_.page_blocks : (others ? kDefaultPageBlocks : 1);
   StatusOr<kv::PageLayout> layout =
       kv::PageLayout::create(kv_format_, kv_geometry_.formats, kv_geometry_.page_blocks,
-                             config_.num_kv_heads, options_.kv_block_size_tokens, config_.head_dim);
+                             config_.num_kv_heads, block, config_.head_dim);
   if (!layout.ok()) return invalid_argument_error("KV pool: " + layout.status().message());
   block_bytes_ = layout->block_bytes(kv_format_);
   const int64_t page_bytes = layout->page_bytes();
   const int64_t blocks_per_context =
-      (config_.max_context_tokens + options_.kv_block_size_tokens - 1) /
-      options_.kv_block_size_tokens * config_.num_layers;
-  int64_t bytes = options_.kv_cache_bytes;
+      (config_.max_context_tokens + block - 1) / block * config_.num_layers;
+  int64_t bytes = options_.cache_bytes.value_or(0);
   if (bytes == 0 && device_.is_cuda()) {
     size_t free_bytes = 0, total_bytes = 0;
     const c10::cuda::CUDAGuard guard(device_);
     if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
       return internal_error("cudaMemGetInfo failed");
     }
-    bytes = static_cast<int64_t>(options_.kv_cache_memory_fraction * static_cast<double>(free_bytes));
+    bytes = static_cast<int64_t>(options_.gpu_memory_fraction.value_or(kDefaultMemoryFraction) *
+                                 static_cast<double>(free_bytes));
   } else if (bytes == 0) {
     bytes = 4 * blocks_per_context * block_bytes_;
   }
@@ -154,7 +158,7 @@ Status TorchExecutor::allocate_kv_pool() {
         std::to_string(config_.max_context_tokens) + " tokens needs " +
         std::to_string(blocks_per_context));
   }
-  const int64_t num_host_pages = options_.host_kv_cache_bytes / page_bytes;
+  const int64_t num_host_pages = options_.host_cache_bytes / page_bytes;
   if (num_pages * layout->max_blocks_per_page() > INT32_MAX ||
       num_host_pages * layout->max_blocks_per_page() > INT32_MAX) {
     return invalid_argument_error("KV pool has too many blocks");
@@ -164,7 +168,7 @@ Status TorchExecutor::allocate_kv_pool() {
   STRATA_ASSIGN_OR_RETURN(pool_, KvPool::allocate(std::move(layout).value(), num_pages,
                                                   num_host_pages, device_, dtype_,
                                                   config_.num_kv_heads,
-                                                  options_.kv_block_size_tokens, config_.head_dim));
+                                                  block, config_.head_dim));
   return Status();
 }
 

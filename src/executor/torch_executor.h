@@ -44,6 +44,8 @@ class TorchExecutor final : public Executor {
 
   const model::ModelConfig& config() const override { return config_; }
   const ExecutorOptions& options() const override { return options_; }
+  Device device() const override { return device_choice_; }
+  DType dtype() const override { return compute_dtype_; }
   void init_calling_thread() const override;
   const kv::KvGeometry& kv_geometry() const override { return kv_geometry_; }
   kv::KvFormat kv_format() const override { return kv_format_; }
@@ -126,6 +128,8 @@ class TorchExecutor final : public Executor {
   model::ModelConfig config_;
   ExecutorOptions options_;
   at::Device device_ = at::kCPU;
+  Device device_choice_;         // options_.device resolved
+  DType compute_dtype_ = DType::kFloat32;  // options_.dtype resolved
   at::ScalarType dtype_ = at::kFloat;
   at::Tensor embedding_;    // [vocab, hidden]
   at::Tensor output_norm_;  // [hidden]

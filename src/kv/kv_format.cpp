@@ -1,5 +1,7 @@
 #include "strata/kv/kv_format.h"
 
+#include <optional>
+
 namespace strata::kv {
 
 TensorLayout tensor_layout(const TensorFormat& format, int64_t num_kv_heads,
@@ -63,6 +65,53 @@ std::string format_name(const TensorFormat& format) {
 std::string format_name(const KvFormat& format) {
   if (format.key == format.value) return format_name(format.key);
   return "k:" + format_name(format.key) + ",v:" + format_name(format.value);
+}
+
+namespace {
+
+std::optional<TensorFormat> parse_tensor_format(std::string_view text) {
+  const size_t slash = text.find('/');
+  const std::optional<DType> dtype = dtype_from_name(text.substr(0, slash));
+  if (!dtype) return std::nullopt;
+  TensorFormat f{*dtype, Grouping::kNone, 0};
+  if (slash == std::string_view::npos) return f;
+  const std::string_view grouping = text.substr(slash + 1);
+  if (grouping == "channel") {
+    f.grouping = Grouping::kPerChannel;
+    return f;
+  }
+  constexpr std::string_view kToken = "token";
+  if (!grouping.starts_with(kToken) || grouping.size() == kToken.size() ||
+      grouping.size() > kToken.size() + 4) {
+    return std::nullopt;
+  }
+  for (char c : grouping.substr(kToken.size())) {
+    if (c < '0' || c > '9') return std::nullopt;
+    f.group_size = f.group_size * 10 + (c - '0');
+  }
+  f.grouping = Grouping::kPerToken;
+  return f;
+}
+
+}  // namespace
+
+StatusOr<KvFormat> parse_format(std::string_view name) {
+  auto error = [&] {
+    return invalid_argument_error(
+        "unknown KV format '" + std::string(name) +
+        "' (a dtype such as bfloat16, int8/token64, int4/channel, or k:FORMAT,v:FORMAT)");
+  };
+  if (name.starts_with("k:")) {
+    const size_t comma = name.find(",v:");
+    if (comma == std::string_view::npos) return error();
+    const std::optional<TensorFormat> key = parse_tensor_format(name.substr(2, comma - 2));
+    const std::optional<TensorFormat> value = parse_tensor_format(name.substr(comma + 3));
+    if (!key || !value) return error();
+    return KvFormat{*key, *value};
+  }
+  const std::optional<TensorFormat> both = parse_tensor_format(name);
+  if (!both) return error();
+  return KvFormat{*both, *both};
 }
 
 }  // namespace strata::kv

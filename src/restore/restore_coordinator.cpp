@@ -82,7 +82,7 @@ StatusOr<std::unique_ptr<RestoreCoordinator>> RestoreCoordinator::open(
     scheduler::Scheduler& scheduler, uint64_t model_fingerprint) {
   std::unique_ptr<RestoreCoordinator> c(
       new RestoreCoordinator(options, executor, kv, scheduler, model_fingerprint));
-  store::StoreOptions store = options.store;
+  store::StoreOptions store = store::StoreOptions::from_config(options.store);
   store.chunk_bytes = executor.kv_chunk_bytes();
   store.block_size_tokens = executor.kv_geometry().block_size_tokens;
   store.layout_tag =
@@ -328,7 +328,7 @@ void RestoreCoordinator::plan_saves(executor::ForwardBatch& forward) {
 }
 
 void RestoreCoordinator::plan_preload(executor::ForwardBatch& forward) {
-  if (options_.read_buffer_layers == 0) return;
+  if (options_.store.read_buffer_layers == 0) return;
   for (SeqId seq : scheduler_.waiting()) {
     Sequence& sequence = *sequences_.at(seq);
     if (!sequence.stored) continue;
@@ -352,7 +352,9 @@ void RestoreCoordinator::plan_preload(executor::ForwardBatch& forward) {
 
 int64_t RestoreCoordinator::preload_layers(int64_t chunks, int64_t new_tokens) const {
   const int64_t num_layers = executor_.config().num_layers;
-  if (options_.read_buffer_layers > 0) return std::min(options_.read_buffer_layers, num_layers);
+  if (options_.store.read_buffer_layers > 0) {
+    return std::min<int64_t>(options_.store.read_buffer_layers, num_layers);
+  }
   // Unmeasured yet: half the layers.
   if (load_bytes_per_second_ <= 0 || prefill_seconds_per_token_layer_ <= 0) {
     return std::max<int64_t>(1, num_layers / 2);

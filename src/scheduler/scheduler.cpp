@@ -37,7 +37,7 @@ void Scheduler::insert_sorted(std::vector<SeqId>& queue, SeqId seq) const {
 }
 
 Status Scheduler::add(SeqId seq, std::vector<TokenId> prompt, int32_t priority,
-                      std::string tenant_salt, bool cacheable) {
+                      std::string tenant_salt, bool cacheable, kv::KvLayout layout) {
   if (entries_.contains(seq)) {
     return invalid_argument_error("sequence " + std::to_string(seq.value) + " already queued");
   }
@@ -50,7 +50,7 @@ Status Scheduler::add(SeqId seq, std::vector<TokenId> prompt, int32_t priority,
                                   " tokens needs " + std::to_string(blocks_needed) +
                                   " KV blocks; the pool has " + std::to_string(g.num_blocks));
   }
-  STRATA_RETURN_IF_ERROR(kv_.add_sequence(seq, std::move(prompt), tenant_salt, cacheable));
+  STRATA_RETURN_IF_ERROR(kv_.add_sequence(seq, std::move(prompt), tenant_salt, cacheable, layout));
   entries_.emplace(seq, Entry{priority, next_arrival_++, std::move(tenant_salt), cacheable});
   insert_sorted(waiting_, seq);
   return Status();
@@ -88,10 +88,11 @@ void Scheduler::restart(SeqId seq) {
 
 void Scheduler::requeue(SeqId seq) {
   std::vector<TokenId> tokens = kv_.tokens(seq);
+  kv::KvLayout layout = kv_.layout(seq);
   kv_.free(seq);
   const Entry& entry = entries_.at(seq);
-  const Status status =
-      kv_.add_sequence(seq, std::move(tokens), entry.tenant_salt, entry.cacheable);
+  const Status status = kv_.add_sequence(seq, std::move(tokens), entry.tenant_salt,
+                                         entry.cacheable, std::move(layout));
   STRATA_CHECK(status.ok()) << status.to_string();
   insert_sorted(waiting_, seq);
 }

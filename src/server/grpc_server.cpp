@@ -215,8 +215,8 @@ class GenerationService final : public pb::Generation::Service {
     info->set_vocab_size(static_cast<int32_t>(c.vocab_size));
     info->set_max_context_tokens(static_cast<int32_t>(c.max_context_tokens));
     info->set_num_layers(static_cast<int32_t>(c.num_layers));
-    info->set_device(executor::device_name(ex.options().device));
-    info->set_dtype(dtype_name(ex.options().dtype));
+    info->set_device(executor::device_name(ex.device()));
+    info->set_dtype(dtype_name(ex.dtype()));
     info->set_kv_block_size_tokens(ex.kv_geometry().block_size_tokens);
     info->set_kv_blocks(ex.kv_geometry().num_blocks);
     return grpc::Status::OK;

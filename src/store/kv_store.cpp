@@ -10,6 +10,24 @@
 
 namespace strata::store {
 
+StoreOptions StoreOptions::from_config(const StoreConfig& config) {
+  StoreOptions o;
+  o.dram_bytes = config.dram_bytes;
+  if (!config.ssd_dir.empty() && config.ssd_bytes > 0) {
+    o.tiers.push_back({.name = "ssd",
+                       .dir = config.ssd_dir,
+                       .capacity_bytes = config.ssd_bytes,
+                       .file_bytes = config.ssd_file_bytes,
+                       .direct_io = config.direct_io,
+                       .codec = config.ssd_codec});
+  }
+  o.policy = config.eviction_policy;
+  o.io_threads = config.io_threads;
+  o.ttl = std::chrono::seconds(config.ttl_seconds);
+  o.dram_reserve_fraction = config.dram_reserve_fraction;
+  return o;
+}
+
 Status StoreOptions::validate() const {
   if (chunk_bytes <= 0) return invalid_argument_error("store: chunk size must be positive");
   if (block_size_tokens <= 0) return invalid_argument_error("store: block size must be positive");

@@ -38,11 +38,11 @@ struct Turn {
   Usage usage;
 };
 
-EngineOptions options_with(std::optional<store::StoreOptions> store, bool prefix_caching) {
+EngineOptions options_with(std::optional<store::StoreConfig> store, bool prefix_caching) {
   EngineOptions options;
-  options.executor.kv_cache_bytes = kPoolBytes;
-  options.enable_prefix_caching = prefix_caching;
-  options.store = std::move(store);
+  options.executor.cache_bytes = kPoolBytes;
+  options.executor.enable_prefix_caching = prefix_caching;
+  options.kv_store = store.value_or(store::StoreConfig{});
   return options;
 }
 
@@ -62,12 +62,13 @@ std::unique_ptr<Engine> make_engine(const EngineOptions& options,
   return engine.ok() ? std::move(engine).value() : nullptr;
 }
 
-store::StoreOptions store_options(const std::string& ssd_dir) {
-  store::StoreOptions o;
+store::StoreConfig store_options(const std::string& ssd_dir) {
+  store::StoreConfig o;
   o.dram_bytes = 64 << 20;  // 91 chunks of 737,280 bytes
   if (!ssd_dir.empty()) {
-    o.tiers.push_back(
-        {.name = "ssd", .dir = ssd_dir, .capacity_bytes = 128 << 20, .file_bytes = 64 << 20});
+    o.ssd_dir = ssd_dir;
+    o.ssd_bytes = 128 << 20;
+    o.ssd_file_bytes = 64 << 20;
   }
   return o;
 }
@@ -193,7 +194,7 @@ TEST_F(EngineStoreTest, ResumedTurnFromDramMatchesRecompute) {
 TEST_F(EngineStoreTest, APreloadedTurnMatchesRecompute) {
   EngineOptions options = options_with(store_options(""), false);
   options.scheduler.max_num_seqs = 1;  // the second request waits while the first decodes
-  options.read_buffer_layers = 7;
+  options.kv_store.read_buffer_layers = 7;
   std::unique_ptr<Engine> engine = make_engine(options);
   ASSERT_TRUE(engine);
   run_first_turn(*engine, "");
@@ -310,9 +311,9 @@ TEST_F(EngineStoreTest, OnCudaAResumedTurnMatchesRecompute) {
   const Turn expected = run_turn(**recompute, second_prompt, "");
   recompute->reset();
 
-  cuda.store = store_options("");
+  cuda.kv_store = store_options("");
   cuda.scheduler.max_num_seqs = 1;
-  cuda.read_buffer_layers = 7;
+  cuda.kv_store.read_buffer_layers = 7;
   std::unique_ptr<Engine> engine = make_engine(cuda);
   ASSERT_TRUE(engine);
   ASSERT_EQ(run_turn(*engine, *history_, "").tokens, first.tokens);
@@ -461,11 +462,11 @@ class EngineTruncationTest : public ::testing::Test {
     return std::string(STRATA_TEST_DATA_DIR) +
            (layers == 1 ? "/model/tiny_qwen2_1layer.gguf" : "/model/tiny_qwen2.gguf");
   }
-  static std::unique_ptr<Engine> engine(double fraction, std::optional<store::StoreOptions> store,
+  static std::unique_ptr<Engine> engine(double fraction, std::optional<store::StoreConfig> store,
                                         int layers = 2) {
     EngineOptions options;
-    options.overflow_truncation_fraction = fraction;
-    options.store = std::move(store);
+    options.scheduler.overflow_truncation_fraction = fraction;
+    options.kv_store = store.value_or(store::StoreConfig{});
     return make_engine(options, tiny_qwen2(layers));
   }
   static std::vector<TokenId> random_tokens(size_t n, uint32_t seed) {
@@ -510,7 +511,7 @@ TEST_F(EngineTruncationTest, AnOverflowingPromptRunsWithItsOldestHistoryDropped)
 }
 
 TEST_F(EngineTruncationTest, ASessionKeepsLoadingItsTruncatedHistory) {
-  store::StoreOptions store;
+  store::StoreConfig store;
   store.dram_bytes = 16 << 20;
   std::unique_ptr<Engine> e = engine(0.5, store, /*layers=*/1);
   std::unique_ptr<Engine> plain = engine(0, std::nullopt, /*layers=*/1);

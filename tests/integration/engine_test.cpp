@@ -137,7 +137,7 @@ void expect_pool_fully_free(Engine& engine) {
 
 EngineOptions small_engine_options() {
   EngineOptions options;
-  options.executor.kv_block_size_tokens = 8;
+  options.executor.block_size_tokens = 8;
   options.scheduler.max_num_seqs = 64;
   options.scheduler.max_num_batched_tokens = 256;  // long prompts are chunked
   return options;
@@ -145,7 +145,7 @@ EngineOptions small_engine_options() {
 
 TEST(EngineTest, SixtyFourConcurrentGreedyRequestsMatchSoloRuns) {
   EngineOptions roomy = small_engine_options();
-  roomy.executor.kv_cache_bytes = 16 << 20;  // ~8K blocks: all 64 requests fit at once
+  roomy.executor.cache_bytes = 16 << 20;  // ~8K blocks: all 64 requests fit at once
   std::unique_ptr<Engine> solo_engine = make_engine(tiny_qwen2_path(), small_engine_options());
   std::unique_ptr<Engine> engine = make_engine(tiny_qwen2_path(), roomy);
   ASSERT_TRUE(solo_engine && engine);
@@ -162,7 +162,7 @@ TEST(EngineTest, PreemptionUnderATinyPoolKeepsTheTokens) {
   EngineOptions options = small_engine_options();
   // tiny_qwen2: 2 layers, 2 KV heads x 16 dims, 512-token context. The smallest pool the
   // executor accepts holds one full context (128 blocks of 8 tokens over 2 layers).
-  options.executor.kv_cache_bytes = 130 * (2 * 2 * 8 * 16 * 4);
+  options.executor.cache_bytes = 130 * (2 * 2 * 8 * 16 * 4);
   std::unique_ptr<Engine> solo_engine = make_engine(tiny_qwen2_path(), small_engine_options());
   std::unique_ptr<Engine> engine = make_engine(tiny_qwen2_path(), options);
   ASSERT_TRUE(solo_engine && engine);
@@ -175,8 +175,8 @@ TEST(EngineTest, PreemptionUnderATinyPoolKeepsTheTokens) {
 
 TEST(EngineTest, SwapPreemptionUnderATinyPoolKeepsTheTokens) {
   EngineOptions options = small_engine_options();
-  options.executor.kv_cache_bytes = 130 * (2 * 2 * 8 * 16 * 4);
-  options.executor.host_kv_cache_bytes = 4 << 20;
+  options.executor.cache_bytes = 130 * (2 * 2 * 8 * 16 * 4);
+  options.executor.host_cache_bytes = 4 << 20;
   options.scheduler.preemption_mode = scheduler::PreemptionMode::kSwap;
   std::unique_ptr<Engine> solo_engine = make_engine(tiny_qwen2_path(), small_engine_options());
   std::unique_ptr<Engine> engine = make_engine(tiny_qwen2_path(), options);
@@ -187,6 +187,29 @@ TEST(EngineTest, SwapPreemptionUnderATinyPoolKeepsTheTokens) {
   const EngineStats stats = engine->stats();
   EXPECT_GT(stats.num_swap_outs, 0) << "the pool was meant to force swapping";
   EXPECT_EQ(stats.kv_host_blocks_free, stats.kv_host_blocks_total);
+  expect_pool_fully_free(*engine);
+}
+
+// kv_cache.page_format: every layer on int8 pages (four base blocks to a page), through swapping
+// under a tiny pool and shared prefixes; the swapped bytes come back as they left.
+TEST(EngineTest, QuantizedPagesSwapAndShareAndKeepTheTokens) {
+  EngineOptions solo_options = small_engine_options();
+  solo_options.executor.page_format = kv::KvFormat{{DType::kInt8, kv::Grouping::kPerToken, 16},
+                                                   {DType::kInt8, kv::Grouping::kPerToken, 16}};
+  EngineOptions options = solo_options;
+  options.executor.cache_bytes = 132 * (2 * 2 * 8 * 16 * 4);
+  options.executor.host_cache_bytes = 4 << 20;
+  options.scheduler.preemption_mode = scheduler::PreemptionMode::kSwap;
+  std::unique_ptr<Engine> solo_engine = make_engine(tiny_qwen2_path(), solo_options);
+  std::unique_ptr<Engine> engine = make_engine(tiny_qwen2_path(), options);
+  ASSERT_TRUE(solo_engine && engine);
+  EXPECT_EQ(engine->executor().kv_geometry().page_blocks, 4);
+  const int vocab = static_cast<int>(engine->model_config().vocab_size);
+  const std::vector<GenerateRequest> requests = mixed_requests(24, vocab, 40, 5);
+  expect_same_as_solo(run_solo(*solo_engine, requests), run_concurrent(*engine, requests));
+  const EngineStats stats = engine->stats();
+  EXPECT_GT(stats.num_swap_outs, 0) << "the pool was meant to force swapping";
+  EXPECT_GT(stats.prefix_hit_tokens, 0) << "int8 sequences share their int8 prefixes";
   expect_pool_fully_free(*engine);
 }
 
@@ -276,7 +299,7 @@ TEST(EngineTest, InvalidRequestsAreRejectedNamingTheField) {
 
 TEST(EngineTest, AFullQueueRefusesNewRequests) {
   EngineOptions options = small_engine_options();
-  options.max_queued_requests = 4;
+  options.scheduler.max_queued_requests = 4;
   options.scheduler.max_num_seqs = 1;  // one runs, the others queue
   std::unique_ptr<Engine> engine = make_engine(tiny_qwen2_path(), options);
   ASSERT_TRUE(engine);
@@ -379,7 +402,7 @@ TEST(EngineTest, PromptLogprobsMatchHfOverChunkedPrefill) {
 
 TEST(EngineTest, PromptLogprobsAreRejectedOutOfRangeOrForAPromptThatWouldBeTruncated) {
   EngineOptions options = small_engine_options();
-  options.overflow_truncation_fraction = 0.5;
+  options.scheduler.overflow_truncation_fraction = 0.5;
   std::unique_ptr<Engine> engine = make_engine(tiny_qwen2_path(), options);
   ASSERT_TRUE(engine);
   GenerateRequest request;

@@ -139,7 +139,7 @@ TEST(ExecutorReferenceTest, BatchedEqualsSoloAndRejectsBadInput) {
       model::open_model_source(data_path("tiny_qwen2.gguf"));
   ASSERT_TRUE(source.ok()) << source.status().to_string();
   ExecutorOptions options;
-  options.kv_block_size_tokens = 4;  // several blocks per sequence
+  options.block_size_tokens = 4;  // several blocks per sequence
   StatusOr<std::unique_ptr<Executor>> executor = Executor::create(**source, options);
   ASSERT_TRUE(executor.ok());
   Executor& ex = **executor;

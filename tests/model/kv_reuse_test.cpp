@@ -30,7 +30,7 @@ class KvReuseTest : public ::testing::Test {
     source_ = model::open_model_source(STRATA_TEST_MODEL).value().release();
     tokenizer_ = tokenizer::Tokenizer::from_gguf(*source_->gguf()).value().release();
     ExecutorOptions options;
-    options.kv_cache_bytes = int64_t{400} << 20;
+    options.cache_bytes = int64_t{400} << 20;
     executor_ = Executor::create(*source_, options).value().release();
   }
   static void TearDownTestSuite() {

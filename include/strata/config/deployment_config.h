@@ -2,9 +2,10 @@
 // top-level section. Plain data with defaults; config_loader.h reads and writes the YAML form, and
 // configs/default.yaml documents every key once.
 //
-// The structs use the enums of the modules they configure (strata::DType,
-// kernels::KernelBackend, scheduler::PreemptionMode, store::EvictionPolicy, store::CodecKind:
-// plain headers); this module links only strata_common.
+// The sections are the configurations of the modules they configure (executor::DevicesConfig,
+// KernelsConfig and KvCacheConfig, store::StoreConfig, engine::SchedulingConfig: plain headers),
+// with validation added, so the engine takes them as they are; this module links strata_common
+// and strata_kv (page format names).
 //
 // Validation: every validate() returns INVALID_ARGUMENT whose message starts with the full dotted
 // key it is about ("scheduler.max_num_seqs must be >= 1, got 0"); the loader relies on that to add
@@ -20,10 +21,13 @@
 
 #include "strata/common/dtype.h"
 #include "strata/common/status.h"
+#include "strata/engine/engine_config.h"
+#include "strata/executor/executor_config.h"
 #include "strata/kernels/kernel_selection.h"
 #include "strata/scheduler/scheduler.h"
 #include "strata/store/codec.h"
 #include "strata/store/placement_policy.h"
+#include "strata/store/store_config.h"
 
 namespace strata::config {
 
@@ -55,54 +59,36 @@ struct ModelSection {
 
 // ---- devices --------------------------------------------------------------------------------
 
-enum class DeviceKind {
-  kAuto,  // cuda:0 when a GPU is present, else the CPU (the caller resolves it)
-  kCpu,
-  kCuda,
-};
+using executor::Device;
+using executor::DeviceKind;
 
-struct DevicesSection {
-  DeviceKind device = DeviceKind::kAuto;
-  int32_t cuda_index = 0;  // N of "cuda:N" ("cuda" is "cuda:0"); 0 unless device is kCuda
-  // GPUs one model replica is split across. Values > 1 parse and validate (they need a CUDA or
-  // auto device) so deployment files can be written ahead, but the engine does not implement
-  // tensor parallelism yet: callers reject them with UNIMPLEMENTED.
-  int32_t tensor_parallel_size = 1;
-  int32_t cpu_threads = 0;  // CPU intra-op threads; 0 keeps the runtime's default
-
+// device ("auto" | "cpu" | "cuda" | "cuda:N"), tensor_parallel_size, cpu_threads: the executor's
+// DevicesConfig.
+struct DevicesSection : executor::DevicesConfig {
   // INVALID_ARGUMENT naming devices.<key>.
   Status validate() const;
   bool operator==(const DevicesSection&) const = default;
 };
 
-// "auto" | "cpu" | "cuda" | "cuda:N": the YAML spelling of a DevicesSection's device, and the
-// string executor::parse_device() accepts.
+// "auto" | "cpu" | "cuda" | "cuda:N": the YAML spelling of a DevicesSection's device ("cuda" for
+// the first GPU), which executor::parse_device() accepts too.
 std::string device_config_name(const DevicesSection& devices);
 
 // ---- executor -------------------------------------------------------------------------------
 
-struct ExecutorSection {
-  // strata: Strata's CUDA kernels, each after it passes the start-up self-check against
-  // libtorch (an op that fails it runs libtorch); torch: libtorch for every op. The CPU always
-  // runs libtorch.
-  kernels::KernelBackend kernels = kernels::KernelBackend::kStrata;
-
+// kernels: strata | torch (executor::KernelsConfig).
+struct ExecutorSection : executor::KernelsConfig {
   Status validate() const { return Status(); }  // every value of the enum is valid
   bool operator==(const ExecutorSection&) const = default;
 };
 
 // ---- kv_cache -------------------------------------------------------------------------------
 
-struct KvCacheSection {
-  int32_t block_size_tokens = 16;  // a power of two in [1, 256]
-  // The device KV pool's size is one of: a fraction of the GPU's memory (needs a CUDA or auto
-  // device), or an explicit byte count. Neither: the executor's default (see ExecutorOptions).
-  // Setting both is an error.
-  std::optional<double> gpu_memory_fraction;  // in (0, 1]
-  std::optional<int64_t> cache_bytes;         // >= 1
-  int64_t host_cache_bytes = 0;  // host swap pool for preempted sequences; 0 disables swapping
-  bool enable_prefix_caching = true;
-
+// The device KV pool (executor::KvCacheConfig): block_size_tokens is a power of two in [1, 256];
+// gpu_memory_fraction (in (0, 1], needs a CUDA or auto device) and cache_bytes (>= 1) are not
+// both set; format is a page format name (kv::parse_format) that validates for the model's
+// head_dim; page_blocks in [0, 64].
+struct KvCacheSection : executor::KvCacheConfig {
   // INVALID_ARGUMENT naming kv_cache.<key>.
   Status validate() const;
   bool operator==(const KvCacheSection&) const = default;
@@ -114,29 +100,10 @@ struct KvCacheSection {
 using store::EvictionPolicy;
 using store::CodecKind;
 
-// The multi-tier KV store: the KV of finished conversation turns kept in host DRAM and on a local
-// SSD, so the next turn loads it instead of recomputing its history (docs/kv-store.md).
-struct KvStoreSection {
-  int64_t dram_bytes = 0;  // DRAM tier capacity; 0 disables the whole store
-  // The SSD tier: a directory (relative paths are relative to the process's working directory)
-  // and its capacity; "" and 0: no SSD tier. With the store on, set both or neither.
-  std::string ssd_dir;
-  int64_t ssd_bytes = 0;
-  int64_t ssd_file_bytes = int64_t{1} << 30;  // one preallocated data file; >= 1MiB
-  bool direct_io = true;  // O_DIRECT; buffered I/O where the file system refuses it
-  // How the SSD tier stores chunks: identity (as they are) or zstd (lossless, fewer bytes).
-  CodecKind ssd_codec = CodecKind::kIdentity;
-  EvictionPolicy eviction_policy = EvictionPolicy::kSchedulerAware;
-  int32_t io_threads = 2;      // in [1, 64]
-  int64_t ttl_seconds = 3600;  // items unused this long leave the store; 0: never
-  // Share of DRAM the I/O threads keep free for saves and prefetches, in [0, 0.9].
-  double dram_reserve_fraction = 0.1;
-  // Layers of the next waiting request's stored KV pre-loaded to the device during the current
-  // pass (the read buffer): -1 sized from measured load and prefill times, 0 off, n fixed.
-  int32_t read_buffer_layers = -1;
-
-  bool enabled() const { return dram_bytes > 0; }
-
+// The multi-tier KV store (store::StoreConfig): the KV of finished conversation turns kept in
+// host DRAM and on a local SSD, so the next turn loads it instead of recomputing its history
+// (docs/kv-store.md).
+struct KvStoreSection : store::StoreConfig {
   // INVALID_ARGUMENT naming kv_store.<key>.
   Status validate() const;
   bool operator==(const KvStoreSection&) const = default;
@@ -146,20 +113,10 @@ struct KvStoreSection {
 
 using scheduler::PreemptionMode;
 
-// The scheduler's own options (scheduler::SchedulerConfig: max_num_seqs, max_num_batched_tokens,
-// preemption_mode) are this section's first keys, handed to the scheduler as they are; the rest
-// are the engine's admission rules.
-struct SchedulerSection : scheduler::SchedulerConfig {
-  // Requests that may wait for admission before new ones are refused (the servers will answer
-  // 429 / RESOURCE_EXHAUSTED past it).
-  int64_t max_queued_requests = 1024;
-  // What happens to a prompt that fills the model's context window: 0 rejects it
-  // (INVALID_ARGUMENT / HTTP 400); f in (0, 0.9] drops its oldest history after the first block
-  // (whole KV blocks) so that the rest fills at most (1 - f) of the window, and, with a KV store,
-  // still loads the kept history from the store (its keys are re-rotated to the new positions:
-  // CachedAttention's decoupled truncation). In [0, 0.9].
-  double overflow_truncation_fraction = 0;
-
+// The scheduler's own options (max_num_seqs, max_num_batched_tokens, preemption_mode) and the
+// engine's admission rules (max_queued_requests, overflow_truncation_fraction in [0, 0.9]):
+// engine::SchedulingConfig.
+struct SchedulerSection : engine::SchedulingConfig {
   // INVALID_ARGUMENT naming scheduler.<key>.
   Status validate() const;
   bool operator==(const SchedulerSection&) const = default;

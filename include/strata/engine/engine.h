@@ -35,6 +35,7 @@
 
 #include "strata/common/ids.h"
 #include "strata/common/status.h"
+#include "strata/engine/engine_config.h"
 #include "strata/executor/executor.h"
 #include "strata/model/model_config.h"
 #include "strata/sampling/sampler.h"
@@ -42,6 +43,7 @@
 #include "strata/restore/restore_coordinator.h"
 #include "strata/scheduler/scheduler.h"
 #include "strata/store/kv_store.h"
+#include "strata/store/store_config.h"
 
 namespace strata::model {
 class ModelSource;
@@ -131,27 +133,13 @@ struct GenerateRequest {
   std::string session;
 };
 
+// The deployment file's sections the engine runs from, as they are.
 struct EngineOptions {
-  executor::ExecutorOptions executor;
-  scheduler::SchedulerConfig scheduler;
-  bool enable_prefix_caching = true;
-  // Requests waiting for admission beyond which submit() answers RESOURCE_EXHAUSTED, so a burst
-  // cannot grow memory without bound.
-  int64_t max_queued_requests = 1024;
-  // A prompt that fills the context window: 0 rejects it at submit(); f in (0, 0.9] drops its
-  // oldest history after the first block (whole blocks: the first block holds the attention sink
-  // and the system prompt) so that the rest fills at most (1 - f) of the window. With a store the
-  // kept history still loads, re-rotated to its new positions (CachedAttention's decoupled
-  // truncation); a session's later turns keep at least the amount its stored KV dropped.
-  double overflow_truncation_fraction = 0;
-  // The host DRAM / SSD KV store; none when unset. The engine fills in chunk_bytes,
-  // block_size_tokens, layout_tag and the host-memory hooks from the executor.
-  std::optional<store::StoreOptions> store;
-  // With a store: layers of the next waiting request's stored KV copied to the device while the
-  // current pass runs (CachedAttention's read buffer). -1 sizes it per request from the measured
-  // load and prefill times (store::read_buffer_layers); 0 turns pre-loading off (layer-wise
-  // loading within the pass only); n > 0 pre-loads min(n, layers).
-  int64_t read_buffer_layers = -1;
+  executor::ExecutorOptions executor;  // also kv_cache.enable_prefix_caching and kv_cache.page_format
+  SchedulingConfig scheduler;
+  // The host DRAM / SSD KV store and its read buffer; off unless kv_store.enabled(). The restore
+  // coordinator completes it with the executor's chunk layout (store::StoreOptions::from_config).
+  store::StoreConfig kv_store;
 };
 
 // The engine's counters; what the restore coordinator did with the KV store comes first.
@@ -161,6 +149,8 @@ struct EngineStats : restore::RestoreStats {
   int64_t num_swapped = 0;
   int32_t kv_blocks_total = 0;
   int32_t kv_blocks_available = 0;  // free or evictable
+  int64_t kv_capacity_bytes = 0;    // the device pool's pages
+  int64_t kv_used_bytes = 0;        // of those, bytes of allocated blocks (in their formats)
   int32_t kv_host_blocks_total = 0;
   int32_t kv_host_blocks_free = 0;
   int64_t prefix_lookup_tokens = 0;
@@ -229,6 +219,7 @@ class Engine {
   std::unique_ptr<tokenizer::Tokenizer> tokenizer_;
   std::unique_ptr<executor::Executor> executor_;
   std::unique_ptr<kv::KvCacheManager> kv_;
+  kv::KvLayout layout_;  // every sequence's: kv_cache.page_format on every layer, or the default
   std::unique_ptr<scheduler::Scheduler> scheduler_;
   // Declared after the executor: destroyed first, while its pending saves can still complete.
   // Null without a KV store.

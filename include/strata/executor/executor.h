@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <memory>
 #include <span>
 #include <string>
@@ -18,6 +19,7 @@
 #include "strata/executor/forward_batch.h"
 #include "strata/kernels/kernel_selection.h"
 #include "strata/common/dtype.h"
+#include "strata/executor/executor_config.h"
 #include "strata/kv/kv_types.h"
 #include "strata/model/model_config.h"
 
@@ -27,53 +29,42 @@ class ModelSource;
 
 namespace strata::executor {
 
-enum class DeviceKind { kCpu, kCuda };
 // A compute dtype (strata::DType): "float32" | "bfloat16" | "float16" (also "fp32", "bf16",
 // "fp16"); INVALID_ARGUMENT for anything else.
 StatusOr<DType> parse_dtype(const std::string& name);
-// "cpu" | "cuda" | "cuda:N"; "auto" picks cuda:0 when a GPU is present, else cpu.
-struct Device {
-  DeviceKind kind = DeviceKind::kCpu;
-  int index = 0;
-};
-StatusOr<Device> parse_device(const std::string& name);
-std::string device_name(const Device& device);
 
-struct ExecutorOptions {
-  Device device;
-  DType dtype = DType::kFloat32;
-  int num_threads = 0;  // CPU intra-op threads; 0 keeps libtorch's default
-  int32_t kv_block_size_tokens = 16;
-  // Bytes of the KV pool. 0: on CUDA, kv_cache_memory_fraction of the device memory left after
-  // the weights; on CPU, enough for max_context_tokens x 4 sequences.
-  int64_t kv_cache_bytes = 0;
-  double kv_cache_memory_fraction = 0.9;
-  // Bytes of the host pool preempted sequences swap to (pinned when the device is CUDA);
-  // 0 disables swapping.
-  int64_t host_kv_cache_bytes = 0;
-  // Page formats a sequence's layers may take besides the compute dtype's (kv::KvLayout); they
-  // share the pool's pages (kv/page_layout.h) and are read and written through the formats'
-  // libtorch reference.
+// The deployment file's devices, executor and kv_cache sections as they are, and the model's
+// compute dtype.
+struct ExecutorOptions : DevicesConfig, KernelsConfig, KvCacheConfig {
+  // Built in code, an executor runs float32 on the CPU unless told otherwise; a deployment file's
+  // sections replace these with their own defaults (device auto, dtype auto).
+  ExecutorOptions() {
+    device = {DeviceKind::kCpu, 0};
+    dtype = DType::kFloat32;
+  }
+
+  // The compute dtype: float32, bfloat16 or float16; nullopt: bfloat16 on CUDA, float32 on the CPU.
+  std::optional<DType> dtype;
+  // Page formats besides KvCacheConfig::page_format that sequences may take (kv::KvLayout, per
+  // sequence and per layer); they share the pool's pages like it.
   std::vector<kv::KvFormat> kv_formats;
-  // Base blocks per page; 0: 1 when kv_formats adds no format, else 4.
-  int32_t kv_page_blocks = 0;
-  // Strata's CUDA kernels where the start-up self-check passes them (kStrata), or libtorch for
-  // every op (kTorch). The CPU always runs libtorch.
-  kernels::KernelBackend kernels = kernels::KernelBackend::kStrata;
 };
 
 class Executor {
  public:
   virtual ~Executor() = default;
 
-  // Loads and converts every weight of `source` to options.dtype on options.device, then
-  // allocates the KV pool. FAILED_PRECONDITION if CUDA is requested without a device,
+  // Loads and converts every weight of `source` to the compute dtype on the device, then
+  // allocates the KV pool (INVALID_ARGUMENT for a page format that does not fit it). FAILED_PRECONDITION if CUDA is requested without a device,
   // RESOURCE_EXHAUSTED if the pool cannot hold one full context; other errors name the tensor.
   static StatusOr<std::unique_ptr<Executor>> create(const model::ModelSource& source,
                                                     const ExecutorOptions& options);
 
   virtual const model::ModelConfig& config() const = 0;
   virtual const ExecutorOptions& options() const = 0;
+  // The device and compute dtype it runs on (options() resolved: never kAuto, never nullopt).
+  virtual Device device() const = 0;
+  virtual DType dtype() const = 0;
 
   // Sets up the calling thread to run forward() (intra-op thread pool size and affinity); call it
   // once on that thread before its first forward(). Without it a thread other than the one that

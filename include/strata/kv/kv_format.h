@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "strata/common/dtype.h"
 #include "strata/common/status.h"
@@ -72,5 +73,8 @@ Status validate(const TensorFormat& format, int64_t head_dim, int64_t block_size
 // "bfloat16", "int4/token32", "int2/channel", "k:int8/token128,v:int4/token32".
 std::string format_name(const TensorFormat& format);
 std::string format_name(const KvFormat& format);
+// The inverse of format_name (dtype spellings of dtype_from_name accepted: "bf16", "fp8"):
+// INVALID_ARGUMENT naming the text for anything else. Does not validate() the result.
+StatusOr<KvFormat> parse_format(std::string_view name);
 
 }  // namespace strata::kv

@@ -47,14 +47,9 @@ class KvCacheManager;
 namespace strata::restore {
 
 struct RestoreOptions {
-  // The tiers; the coordinator fills in chunk_bytes, block_size_tokens, layout_tag and the
-  // host-memory hooks from the executor.
-  store::StoreOptions store;
-  // Layers of the next waiting request's stored KV copied to the device while the current pass
-  // runs (CachedAttention's read buffer). -1 sizes it per request from the measured load and
-  // prefill times (store::read_buffer_layers); 0 turns pre-loading off (layer-wise loading within
-  // the pass only); n > 0 pre-loads min(n, layers).
-  int64_t read_buffer_layers = -1;
+  // The store's tiers and read buffer (the deployment's kv_store section); the coordinator adds
+  // the chunk layout and host-memory hooks from the executor (StoreOptions::from_config).
+  store::StoreConfig store;
   // Waiting requests whose prompts are looked up again when the store publishes saves.
   int64_t lookup_depth = 16;
 };

@@ -68,10 +68,10 @@ class Scheduler {
   Scheduler(const SchedulerConfig& config, kv::KvCacheManager& kv);
 
   // Queues a new sequence. INVALID_ARGUMENT if the id is in use or the prompt is empty, or if the
-  // prompt alone could never fit in the KV pool. `cacheable`: see KvCacheManager::add_sequence
-  // (kept when the sequence is recomputed).
+  // prompt alone could never fit in the KV pool. `cacheable` and `layout`: see
+  // KvCacheManager::add_sequence (kept when the sequence is recomputed).
   Status add(SeqId seq, std::vector<TokenId> prompt, int32_t priority, std::string tenant_salt,
-             bool cacheable = true);
+             bool cacheable = true, kv::KvLayout layout = {});
   // Drops a sequence wherever it is and frees its KV at once (finish or cancel). Unknown: no-op.
   void remove(SeqId seq);
   // Sends a sequence of the batch just scheduled back to waiting with its KV freed, to compute

@@ -48,6 +48,7 @@
 #include "strata/kv/kv_types.h"
 #include "strata/store/dram_tier.h"
 #include "strata/store/placement_policy.h"
+#include "strata/store/store_config.h"
 #include "strata/store/ssd_tier.h"
 
 namespace strata::store {
@@ -73,6 +74,10 @@ struct StoreOptions {
 
   // INVALID_ARGUMENT naming store.<key>.
   Status validate() const;
+  // The options a deployment's kv_store section describes: its DRAM tier, an "ssd" tier below it
+  // when ssd_dir is set, its policy, I/O threads, TTL and reserve. The caller sets chunk_bytes,
+  // block_size_tokens, layout_tag and the host-memory hooks.
+  static StoreOptions from_config(const StoreConfig& config);
 };
 
 // Index of a tier in the stack: 0 is DRAM, then StoreOptions::tiers in order.

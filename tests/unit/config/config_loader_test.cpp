@@ -9,27 +9,13 @@
 #include <sstream>
 #include <string>
 
+#include "config_test_util.h"
 #include "strata/config/deployment_config.h"
 
 namespace strata::config {
 namespace {
 
-std::string config_path(const std::string& name) {
-  return std::string(STRATA_SOURCE_DIR) + "/configs/" + name;
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream file(path);
-  std::ostringstream text;
-  text << file.rdbuf();
-  return text.str();
-}
-
-DeploymentConfig with_path(std::string path) {
-  DeploymentConfig config;
-  config.model.path = std::move(path);
-  return config;
-}
+using namespace test_util;
 
 // ---- shipped files -----------------------------------------------------------------------------
 
@@ -38,7 +24,7 @@ TEST(ConfigLoaderTest, DefaultYamlIsTheStructDefaultsOnCpuWithTheSmallModel) {
   ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
   DeploymentConfig expected = with_path(".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf");
   expected.model.dtype = DType::kFloat32;
-  expected.devices.device = DeviceKind::kCpu;
+  expected.devices.device.kind = DeviceKind::kCpu;
   // The store is off unless configured; default.yaml turns it on with small tiers.
   expected.kv_store.dram_bytes = int64_t{512} << 20;
   expected.kv_store.ssd_dir = ".cache/kv-store";
@@ -68,8 +54,8 @@ TEST(ConfigLoaderTest, DefaultYamlWritesEveryKeyExactlyOnce) {
 TEST(ConfigLoaderTest, SingleGpuYaml) {
   StatusOr<DeploymentConfig> loaded = load_config_file(config_path("single-gpu.yaml"));
   ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
-  EXPECT_EQ(loaded->devices.device, DeviceKind::kCuda);
-  EXPECT_EQ(loaded->devices.cuda_index, 0);
+  EXPECT_EQ(loaded->devices.device.kind, DeviceKind::kCuda);
+  EXPECT_EQ(loaded->devices.device.index, 0);
   EXPECT_EQ(loaded->model.dtype, DType::kBFloat16);
   EXPECT_EQ(loaded->kv_cache.gpu_memory_fraction, 0.9);
   EXPECT_FALSE(loaded->kv_cache.cache_bytes.has_value());
@@ -123,7 +109,7 @@ TEST(ConfigLoaderTest, OnlyAModelPathGivesEveryDefault) {
   EXPECT_EQ(c.model.dtype, std::nullopt);
   EXPECT_EQ(c.model.chat_template, ChatTemplateFallback::kNone);
   EXPECT_EQ(c.model.served_name, "");
-  EXPECT_EQ(c.devices.device, DeviceKind::kAuto);
+  EXPECT_EQ(c.devices.device.kind, DeviceKind::kAuto);
   EXPECT_EQ(c.devices.tensor_parallel_size, 1);
   EXPECT_EQ(c.devices.cpu_threads, 0);
   EXPECT_EQ(c.kv_cache.block_size_tokens, 16);
@@ -184,31 +170,6 @@ TEST(ConfigLoaderTest, EffectiveServedName) {
   named.served_name = "chat";
   EXPECT_EQ(named.effective_served_name(), "chat");
 }
-
-// ---- validation -------------------------------------------------------------------------------
-
-struct ErrorCase {
-  const char* name;
-  std::string yaml;  // after a valid `model:` section unless it has its own
-  StatusCode code;   // kOk: valid
-  std::string message_part;
-};
-
-void expect_cases(const std::vector<ErrorCase>& cases) {
-  for (const ErrorCase& c : cases) {
-    SCOPED_TRACE(c.name);
-    const std::string model = c.yaml.starts_with("model:") ? "" : "model:\n  path: m.gguf\n";
-    StatusOr<DeploymentConfig> loaded = parse_config(model + c.yaml, "t.yaml");
-    EXPECT_EQ(loaded.status().code(), c.code) << loaded.status().to_string();
-    if (!c.message_part.empty()) {
-      EXPECT_NE(loaded.status().message().find(c.message_part), std::string::npos)
-          << "message: " << loaded.status().message() << "\nwant: " << c.message_part;
-    }
-  }
-}
-
-constexpr StatusCode kOk = StatusCode::kOk;
-constexpr StatusCode kInvalid = StatusCode::kInvalidArgument;
 
 TEST(ConfigLoaderTest, ValidationErrorsNameTheKeyAndItsPosition) {
   expect_cases({
@@ -301,12 +262,12 @@ TEST(ConfigLoaderTest, ValidateWorksOnStructsBuiltInCode) {
   config.scheduler.max_num_seqs = 0;
   EXPECT_EQ(config.validate().message(), "scheduler.max_num_seqs must be >= 1, got 0");
   config.scheduler.max_num_seqs = 1;
-  config.devices.cuda_index = 2;  // without device cuda
+  config.devices.device.index = 2;  // without device cuda
   EXPECT_EQ(config.validate().message(),
             "devices.device: a CUDA device index (2) needs device cuda, got auto");
   EXPECT_EQ(validate_key(config, "devices.nope").code(), StatusCode::kNotFound);
   EXPECT_TRUE(validate_key(config, "scheduler.max_num_seqs").ok());
-  config.devices.cuda_index = 0;
+  config.devices.device.index = 0;
   config.scheduler.overflow_truncation_fraction = 1;
   EXPECT_EQ(config.validate().message(),
             "scheduler.overflow_truncation_fraction must be in [0, 0.9], got 1");
@@ -449,317 +410,18 @@ TEST(ConfigLoaderTest, DeviceSpellings) {
     StatusOr<DeploymentConfig> loaded =
         parse_config("model: {path: m}\ndevices: {device: '" + text + "'}\n", "t.yaml");
     ASSERT_TRUE(loaded.ok()) << text << ": " << loaded.status().to_string();
-    EXPECT_EQ(loaded->devices.device, kind) << text;
-    EXPECT_EQ(loaded->devices.cuda_index, index) << text;
+    EXPECT_EQ(loaded->devices.device.kind, kind) << text;
+    EXPECT_EQ(loaded->devices.device.index, index) << text;
   }
   DevicesSection devices;
-  devices.device = DeviceKind::kCuda;
-  devices.cuda_index = 3;
+  devices.device.kind = DeviceKind::kCuda;
+  devices.device.index = 3;
   EXPECT_EQ(device_config_name(devices), "cuda:3");
-  devices.cuda_index = 0;
+  devices.device.index = 0;
   EXPECT_EQ(device_config_name(devices), "cuda");
 }
 
 // ---- byte sizes -------------------------------------------------------------------------------
-
-TEST(ConfigLoaderTest, ParseByteSize) {
-  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
-  const std::pair<std::string, std::optional<int64_t>> cases[] = {
-      {"0", 0},
-      {"1234", 1234},
-      {"512B", 512},
-      {"1KiB", 1024},
-      {"512MiB", int64_t{512} << 20},
-      {"4GiB", int64_t{4} << 30},
-      {"4 GiB", int64_t{4} << 30},
-      {"2TiB", int64_t{2} << 40},
-      {"1KB", 1000},
-      {"3MB", 3000000},
-      {"2GB", 2000000000},
-      {"1TB", 1000000000000},
-      {std::to_string(kMax), kMax},
-      {"", std::nullopt},
-      {"GiB", std::nullopt},
-      {"-1", std::nullopt},
-      {"+1", std::nullopt},
-      {"1.5GiB", std::nullopt},
-      {"4gib", std::nullopt},
-      {"4Gi", std::nullopt},
-      {"4  GiB", std::nullopt},
-      {"4 ", std::nullopt},
-      {" 4", std::nullopt},
-      {"8589934592GiB", std::nullopt},         // 2^33 GiB overflows
-      {"99999999999999999999", std::nullopt},  // > int64
-  };
-  for (const auto& [text, bytes] : cases) {
-    EXPECT_EQ(parse_byte_size(text), bytes) << "'" << text << "'";
-  }
-}
-
-TEST(ConfigLoaderTest, FormatByteSizeIsExactAndParsesBack) {
-  EXPECT_EQ(format_byte_size(0), "0");
-  EXPECT_EQ(format_byte_size(1000), "1000");
-  EXPECT_EQ(format_byte_size(1024), "1KiB");
-  EXPECT_EQ(format_byte_size(int64_t{512} << 20), "512MiB");
-  EXPECT_EQ(format_byte_size(int64_t{8} << 30), "8GiB");
-  EXPECT_EQ(format_byte_size(int64_t{3} << 40), "3TiB");
-  EXPECT_EQ(format_byte_size((int64_t{1} << 30) + 1024), "1048577KiB");
-  for (int64_t bytes : {int64_t{0}, int64_t{1}, int64_t{1536}, int64_t{5} << 30,
-                        std::numeric_limits<int64_t>::max()}) {
-    EXPECT_EQ(parse_byte_size(format_byte_size(bytes)), bytes) << bytes;
-  }
-}
-
-TEST(ConfigLoaderTest, ByteSizeKeysInTheFile) {
-  StatusOr<DeploymentConfig> loaded = parse_config(
-      "model: {path: m}\nkv_cache: {cache_bytes: 512MiB, host_cache_bytes: 10GB}\n", "t.yaml");
-  ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
-  EXPECT_EQ(loaded->kv_cache.cache_bytes, int64_t{512} << 20);
-  EXPECT_EQ(loaded->kv_cache.host_cache_bytes, 10000000000);
-}
-
-// ---- kv_store ---------------------------------------------------------------------------------
-
-TEST(ConfigLoaderTest, KvStoreSectionIsRead) {
-  StatusOr<DeploymentConfig> loaded = parse_config(
-      "model: {path: m}\n"
-      "kv_store:\n"
-      "  dram_bytes: 8GiB\n"
-      "  ssd_dir: /mnt/nvme/kv\n"
-      "  ssd_bytes: 100GB\n"
-      "  ssd_file_bytes: 2GiB\n"
-      "  direct_io: false\n"
-      "  ssd_codec: zstd\n"
-      "  eviction_policy: lru\n"
-      "  io_threads: 16\n"
-      "  ttl_seconds: 0\n"
-      "  dram_reserve_fraction: 0.25\n"
-      "  read_buffer_layers: 15\n",
-      "t.yaml");
-  ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
-  const KvStoreSection& store = loaded->kv_store;
-  EXPECT_TRUE(store.enabled());
-  EXPECT_EQ(store.dram_bytes, int64_t{8} << 30);
-  EXPECT_EQ(store.ssd_dir, "/mnt/nvme/kv");
-  EXPECT_EQ(store.ssd_bytes, 100000000000);
-  EXPECT_EQ(store.ssd_file_bytes, int64_t{2} << 30);
-  EXPECT_FALSE(store.direct_io);
-  EXPECT_EQ(store.ssd_codec, CodecKind::kZstd);
-  EXPECT_EQ(store.eviction_policy, EvictionPolicy::kLru);
-  EXPECT_EQ(store.io_threads, 16);
-  EXPECT_EQ(store.ttl_seconds, 0);
-  EXPECT_EQ(store.dram_reserve_fraction, 0.25);
-  EXPECT_EQ(store.read_buffer_layers, 15);
-  // The other sections keep their defaults.
-  DeploymentConfig expected = with_path("m");
-  expected.kv_store = store;
-  EXPECT_EQ(*loaded, expected);
-}
-
-TEST(ConfigLoaderTest, KvStoreIsOffWhenAbsentOrEmpty) {
-  for (const char* text : {"model: {path: m}\n", "model: {path: m}\nkv_store:\n",
-                           "model: {path: m}\nkv_store: {}\n"}) {
-    StatusOr<DeploymentConfig> loaded = parse_config(text, "t.yaml");
-    ASSERT_TRUE(loaded.ok()) << text << ": " << loaded.status().to_string();
-    EXPECT_EQ(loaded->kv_store, KvStoreSection()) << text;
-    EXPECT_FALSE(loaded->kv_store.enabled()) << text;
-  }
-}
-
-TEST(ConfigLoaderTest, EvictionPolicySpellings) {
-  const std::pair<std::string, EvictionPolicy> cases[] = {
-      {"scheduler_aware", EvictionPolicy::kSchedulerAware},
-      {"lru", EvictionPolicy::kLru},
-      {"fifo", EvictionPolicy::kFifo},
-  };
-  for (const auto& [name, policy] : cases) {
-    EXPECT_EQ(config_name(policy), name);
-    StatusOr<DeploymentConfig> loaded =
-        parse_config("model: {path: m}\nkv_store: {eviction_policy: " + name + "}\n", "t.yaml");
-    ASSERT_TRUE(loaded.ok()) << name << ": " << loaded.status().to_string();
-    EXPECT_EQ(loaded->kv_store.eviction_policy, policy) << name;
-  }
-}
-
-TEST(ConfigLoaderTest, KvStoreValidationErrorsNameTheKeyAndItsPosition) {
-  expect_cases({
-      {"file bytes below 1MiB", "kv_store:\n  ssd_file_bytes: 512KiB\n", kInvalid,
-       "t.yaml:4:3: kv_store.ssd_file_bytes must be >= 1MiB, got 512KiB"},
-      {"file bytes 0", "kv_store: {ssd_file_bytes: 0}\n", kInvalid,
-       "kv_store.ssd_file_bytes must be >= 1MiB, got 0"},
-      {"file bytes 1MiB", "kv_store: {ssd_file_bytes: 1MiB}\n", kOk, ""},
-      {"io threads 0", "kv_store:\n  io_threads: 0\n", kInvalid,
-       "t.yaml:4:3: kv_store.io_threads must be in [1, 64], got 0"},
-      {"io threads 65", "kv_store: {io_threads: 65}\n", kInvalid,
-       "kv_store.io_threads must be in [1, 64], got 65"},
-      {"io threads 1", "kv_store: {io_threads: 1}\n", kOk, ""},
-      {"io threads 64", "kv_store: {io_threads: 64}\n", kOk, ""},
-      {"ttl -1", "kv_store:\n  ttl_seconds: -1\n", kInvalid,
-       "t.yaml:4:3: kv_store.ttl_seconds must be >= 0, got -1"},
-      {"ttl 0 never expires", "kv_store: {ttl_seconds: 0}\n", kOk, ""},
-      {"reserve 0.95", "kv_store:\n  dram_reserve_fraction: 0.95\n", kInvalid,
-       "t.yaml:4:3: kv_store.dram_reserve_fraction must be in [0, 0.9], got 0.95"},
-      {"reserve -0.1", "kv_store: {dram_reserve_fraction: -0.1}\n", kInvalid,
-       "kv_store.dram_reserve_fraction must be in [0, 0.9], got -0.1"},
-      {"reserve nan", "kv_store: {dram_reserve_fraction: nan}\n", kInvalid,
-       "kv_store.dram_reserve_fraction must be in [0, 0.9], got nan"},
-      {"read buffer -2", "kv_store: {read_buffer_layers: -2}\n", kInvalid,
-       "kv_store.read_buffer_layers must be in [-1, 1024], got -2"},
-      {"reserve 0", "kv_store: {dram_reserve_fraction: 0}\n", kOk, ""},
-      {"reserve 0.9", "kv_store: {dram_reserve_fraction: 0.9}\n", kOk, ""},
-      {"ssd dir with a newline", "kv_store: {ssd_dir: \"/mnt/a\\nb\"}\n", kInvalid,
-       "kv_store.ssd_dir must not contain control characters"},
-      {"ssd dir with a space", "kv_store: {ssd_dir: '/mnt/nvme 0/kv'}\n", kOk, ""},
-      // Between keys, checked only while the store is on (dram_bytes > 0).
-      {"ssd dir without bytes",
-       "kv_store:\n  dram_bytes: 1GiB\n  ssd_dir: /mnt/kv\n  ssd_bytes: 0\n", kInvalid,
-       "t.yaml:6:3: kv_store.ssd_bytes must be > 0 when kv_store.ssd_dir is set, got 0; set "
-       "kv_store.ssd_dir to \"\" for no SSD tier"},
-      {"ssd dir, bytes left out", "kv_store: {dram_bytes: 1GiB, ssd_dir: /mnt/kv}\n", kInvalid,
-       "t.yaml: kv_store.ssd_bytes must be > 0 when kv_store.ssd_dir is set"},
-      {"ssd bytes without dir", "kv_store:\n  dram_bytes: 1GiB\n  ssd_bytes: 10GiB\n", kInvalid,
-       "t.yaml:5:3: kv_store.ssd_bytes is 10GiB but kv_store.ssd_dir is not set; set "
-       "kv_store.ssd_dir, or kv_store.ssd_bytes to 0 for no SSD tier"},
-      {"dram only", "kv_store: {dram_bytes: 1GiB}\n", kOk, ""},
-      {"dram and ssd", "kv_store: {dram_bytes: 1GiB, ssd_dir: kv, ssd_bytes: 1GiB}\n", kOk, ""},
-      {"store off ignores the ssd pair", "kv_store: {dram_bytes: 0, ssd_dir: /mnt/kv}\n", kOk, ""},
-      // Wrong types.
-      {"eviction policy", "kv_store:\n  eviction_policy: lfu\n", kInvalid,
-       "t.yaml:4:20: kv_store.eviction_policy: expected one of scheduler_aware, lru, fifo, got "
-       "'lfu'"},
-      {"eviction policy case", "kv_store: {eviction_policy: LRU}\n", kInvalid,
-       "kv_store.eviction_policy: expected one of scheduler_aware, lru, fifo, got 'LRU'"},
-      {"dram bytes word", "kv_store: {dram_bytes: lots}\n", kInvalid,
-       "kv_store.dram_bytes: expected a byte size (an integer, optionally followed by KiB"},
-      {"dram bytes negative", "kv_store: {dram_bytes: -1}\n", kInvalid,
-       "kv_store.dram_bytes: expected a byte size"},
-      {"ssd bytes fractional", "kv_store: {ssd_bytes: 1.5TiB}\n", kInvalid,
-       "kv_store.ssd_bytes: expected a byte size"},
-      {"file bytes null", "kv_store: {ssd_file_bytes: ~}\n", kInvalid,
-       "kv_store.ssd_file_bytes: expected a byte size"},
-      {"ssd dir map", "kv_store: {ssd_dir: {a: 1}}\n", kInvalid,
-       "kv_store.ssd_dir: expected a string, got a map"},
-      {"direct io yes", "kv_store: {direct_io: yes}\n", kInvalid,
-       "kv_store.direct_io: expected a boolean (true or false), got 'yes'"},
-      {"io threads word", "kv_store: {io_threads: two}\n", kInvalid,
-       "kv_store.io_threads: expected an integer, got 'two'"},
-      {"ttl float", "kv_store: {ttl_seconds: 1.5}\n", kInvalid,
-       "kv_store.ttl_seconds: expected an integer, got '1.5'"},
-      {"reserve word", "kv_store: {dram_reserve_fraction: tenth}\n", kInvalid,
-       "kv_store.dram_reserve_fraction: expected a number, got 'tenth'"},
-      {"section from list", "kv_store: [a]\n", kInvalid, "kv_store: expected a map, got a list"},
-      {"repeated key", "kv_store:\n  io_threads: 1\n  io_threads: 2\n", kInvalid,
-       "t.yaml:5:3: 'kv_store.io_threads' is set twice"},
-  });
-}
-
-TEST(ConfigLoaderTest, KvStoreValidateWorksOnStructsBuiltInCode) {
-  KvStoreSection store;
-  EXPECT_TRUE(store.validate().ok());
-  store.dram_bytes = -1;
-  EXPECT_EQ(store.validate().message(), "kv_store.dram_bytes must be >= 0, got -1");
-  store.dram_bytes = int64_t{1} << 30;
-  store.ssd_bytes = -5;
-  EXPECT_EQ(store.validate().message(), "kv_store.ssd_bytes must be >= 0, got -5");
-  store.ssd_bytes = 0;
-  store.ssd_file_bytes = -1;
-  EXPECT_EQ(store.validate().message(), "kv_store.ssd_file_bytes must be >= 1MiB, got -1");
-  store.ssd_file_bytes = 1000;
-  EXPECT_EQ(store.validate().message(), "kv_store.ssd_file_bytes must be >= 1MiB, got 1000");
-  store.ssd_file_bytes = int64_t{1} << 20;
-  EXPECT_TRUE(store.validate().ok());
-
-  DeploymentConfig config = with_path("m");
-  config.kv_store.io_threads = 0;
-  EXPECT_EQ(config.validate().message(), "kv_store.io_threads must be in [1, 64], got 0");
-  EXPECT_EQ(validate_key(config, "kv_store.io_threads").message(),
-            "kv_store.io_threads must be in [1, 64], got 0");
-  EXPECT_TRUE(validate_key(config, "kv_store.ttl_seconds").ok());
-  EXPECT_EQ(validate_key(config, "kv_store.nope").code(), StatusCode::kNotFound);
-}
-
-TEST(ConfigLoaderTest, KvStoreOverrides) {
-  DeploymentConfig config = with_path("m");
-  const std::pair<std::string, std::string> overrides[] = {
-      {"kv_store.eviction_policy", "lru"},
-      {"kv_store.dram_bytes", "16GiB"},
-      {"kv_store.ssd_dir", "/mnt/nvme0/kv"},
-      {"kv_store.ssd_bytes", "1TB"},
-      {"kv_store.ssd_file_bytes", "256MiB"},
-      {"kv_store.direct_io", "false"},
-      {"kv_store.io_threads", "8"},
-      {"kv_store.ttl_seconds", "0"},
-      {"kv_store.dram_reserve_fraction", "0.2"},
-  };
-  for (const auto& [key, value] : overrides) {
-    const Status status = apply_override(config, key, value);
-    EXPECT_TRUE(status.ok()) << key << "=" << value << ": " << status.to_string();
-  }
-  KvStoreSection expected;
-  expected.eviction_policy = EvictionPolicy::kLru;
-  expected.dram_bytes = int64_t{16} << 30;
-  expected.ssd_dir = "/mnt/nvme0/kv";
-  expected.ssd_bytes = 1000000000000;
-  expected.ssd_file_bytes = int64_t{256} << 20;
-  expected.direct_io = false;
-  expected.io_threads = 8;
-  expected.ttl_seconds = 0;
-  expected.dram_reserve_fraction = 0.2;
-  EXPECT_EQ(config.kv_store, expected);
-  EXPECT_TRUE(config.validate().ok()) << config.validate().to_string();
-  ASSERT_TRUE(apply_override(config, "kv_store.eviction_policy", "fifo").ok());
-  EXPECT_EQ(config.kv_store.eviction_policy, EvictionPolicy::kFifo);
-  // An empty value clears the directory (the store then has no SSD tier once ssd_bytes is 0).
-  ASSERT_TRUE(apply_override(config, "kv_store.ssd_dir", "").ok());
-  EXPECT_EQ(config.kv_store.ssd_dir, "");
-
-  const DeploymentConfig original = with_path("m");
-  const struct {
-    std::string key;
-    std::string value;
-    std::string message;  // exact
-  } bad[] = {
-      {"kv_store.eviction_policy", "lfu",
-       "kv_store.eviction_policy: expected one of scheduler_aware, lru, fifo, got 'lfu'"},
-      {"kv_store.io_threads", "0", "kv_store.io_threads must be in [1, 64], got 0"},
-      {"kv_store.ssd_file_bytes", "4KiB", "kv_store.ssd_file_bytes must be >= 1MiB, got 4KiB"},
-      {"kv_store.dram_reserve_fraction", "1",
-       "kv_store.dram_reserve_fraction must be in [0, 0.9], got 1"},
-      {"kv_store.ttl_seconds", "-1", "kv_store.ttl_seconds must be >= 0, got -1"},
-      {"kv_store.dram_bytes", "null",
-       "kv_store.dram_bytes: expected a byte size (an integer, optionally followed by KiB, MiB, "
-       "GiB, TiB, KB, MB, GB or TB), got 'null'"},
-      {"kv_store.ssd_path", "/x",
-       "unknown key 'kv_store.ssd_path'; allowed keys in 'kv_store': dram_bytes, ssd_dir, "
-       "ssd_bytes, ssd_file_bytes, direct_io, ssd_codec, eviction_policy, io_threads, ttl_seconds, "
-       "dram_reserve_fraction, read_buffer_layers"},
-      {"kv_store", "1",
-       "'kv_store' is a section; override one of its keys: dram_bytes, ssd_dir, ssd_bytes, "
-       "ssd_file_bytes, direct_io, ssd_codec, eviction_policy, io_threads, ttl_seconds, "
-       "dram_reserve_fraction, read_buffer_layers"},
-  };
-  for (const auto& c : bad) {
-    DeploymentConfig changed = original;
-    const Status status = apply_override(changed, c.key, c.value);
-    EXPECT_EQ(status.code(), kInvalid) << c.key << "=" << c.value;
-    EXPECT_EQ(status.message(), c.message);
-    EXPECT_EQ(changed, original) << c.key << "=" << c.value;
-  }
-}
-
-TEST(ConfigLoaderTest, KvStoreOverridesLeaveTheSsdPairToValidate) {
-  DeploymentConfig config = with_path("m");
-  ASSERT_TRUE(apply_override(config, "kv_store.dram_bytes", "1GiB").ok());
-  // Adding an SSD tier passes through "directory without capacity".
-  ASSERT_TRUE(apply_override(config, "kv_store.ssd_dir", "/mnt/kv").ok());
-  EXPECT_EQ(config.validate().message(),
-            "kv_store.ssd_bytes must be > 0 when kv_store.ssd_dir is set, got 0; set "
-            "kv_store.ssd_dir to \"\" for no SSD tier");
-  ASSERT_TRUE(apply_override(config, "kv_store.ssd_bytes", "64GiB").ok());
-  EXPECT_TRUE(config.validate().ok()) << config.validate().to_string();
-}
-
-// ---- API keys ---------------------------------------------------------------------------------
 
 TEST(ConfigLoaderTest, ResolveApiKeys) {
   int calls = 0;
@@ -827,8 +489,8 @@ TEST(ConfigLoaderTest, OverridesSetOneKeyWithTheFileSpelling) {
   EXPECT_EQ(config.model.path, "/models/x # not a comment");
   EXPECT_EQ(config.model.dtype, DType::kBFloat16);
   EXPECT_EQ(config.model.chat_template, ChatTemplateFallback::kChatML);
-  EXPECT_EQ(config.devices.device, DeviceKind::kCuda);
-  EXPECT_EQ(config.devices.cuda_index, 1);
+  EXPECT_EQ(config.devices.device.kind, DeviceKind::kCuda);
+  EXPECT_EQ(config.devices.device.index, 1);
   EXPECT_EQ(config.kv_cache.cache_bytes, int64_t{4} << 30);
   EXPECT_FALSE(config.kv_cache.enable_prefix_caching);
   EXPECT_EQ(config.server.host, "::");
@@ -914,8 +576,8 @@ DeploymentConfig everything_changed() {
   c.model.dtype = DType::kFloat16;
   c.model.chat_template = ChatTemplateFallback::kMistral;
   c.model.served_name = "null";
-  c.devices.device = DeviceKind::kCuda;
-  c.devices.cuda_index = 5;
+  c.devices.device.kind = DeviceKind::kCuda;
+  c.devices.device.index = 5;
   c.devices.tensor_parallel_size = 4;
   c.devices.cpu_threads = 12;
   c.executor.kernels = strata::kernels::KernelBackend::kTorch;

@@ -55,6 +55,21 @@ TEST(PageLayoutTest, RefusesFormatsThatDoNotFitOrDoNotValidate) {
   EXPECT_FALSE(PageLayout::create(kBf16, {}, 0, kHeads, kBlock, kDim).ok());
 }
 
+TEST(KvFormatNameTest, NamesParseBackToTheirFormats) {
+  for (const KvFormat& f : {kBf16, kInt4, kK8V4, KvFormat::plain(DType::kFloat8E4M3),
+                            KvFormat{{DType::kInt2, Grouping::kPerChannel, 0},
+                                     {DType::kFloat16, Grouping::kNone, 0}}}) {
+    StatusOr<KvFormat> parsed = parse_format(format_name(f));
+    ASSERT_TRUE(parsed.ok()) << format_name(f) << ": " << parsed.status().to_string();
+    EXPECT_EQ(*parsed, f) << format_name(f);
+  }
+  EXPECT_EQ(*parse_format("bf16"), kBf16) << "dtype spellings";
+  for (const char* bad : {"", "int3", "int4/token", "int4/tokens8", "int4/row", "k:int8/token64",
+                          "k:int8/token64,v:", "int8/token123456"}) {
+    EXPECT_FALSE(parse_format(bad).ok()) << bad;
+  }
+}
+
 TEST(BlockPoolPagesTest, SmallFormatsShareAPageAndCapacityIsInBytes) {
   BlockPool pool(layout(2), 4);
   EXPECT_EQ(pool.capacity_bytes(), 4 * 256);

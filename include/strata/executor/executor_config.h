@@ -1,0 +1,69 @@
+// The executor's configuration as the deployment file writes it: the devices, executor and
+// kv_cache sections are these structs (config::DevicesSection and the others derive from them and
+// add validation), and ExecutorOptions holds them as they are. Plain header: no libtorch.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "strata/common/status.h"
+#include "strata/kernels/kernel_selection.h"
+#include "strata/kv/kv_format.h"
+
+namespace strata::executor {
+
+enum class DeviceKind {
+  kAuto,  // cuda:0 when a GPU is present, else the CPU (resolved when the executor is created)
+  kCpu,
+  kCuda,
+};
+
+struct Device {
+  DeviceKind kind = DeviceKind::kAuto;
+  int32_t index = 0;  // N of cuda:N; 0 unless kind is kCuda
+  bool operator==(const Device&) const = default;
+};
+
+// "auto" | "cpu" | "cuda" | "cuda:N" (N a decimal of at most 3 digits); INVALID_ARGUMENT
+// otherwise. device_name() is its inverse ("cuda:0" for the first GPU, "auto", "cpu").
+StatusOr<Device> parse_device(const std::string& name);
+std::string device_name(const Device& device);
+
+struct DevicesConfig {
+  Device device;
+  // GPUs one model replica is split across. Values > 1 parse and validate (they need a CUDA or
+  // auto device) so deployment files can be written ahead, but the engine does not implement
+  // tensor parallelism yet: callers reject them with UNIMPLEMENTED.
+  int32_t tensor_parallel_size = 1;
+  int32_t cpu_threads = 0;  // CPU intra-op threads; 0 keeps libtorch's default
+  bool operator==(const DevicesConfig&) const = default;
+};
+
+struct KernelsConfig {
+  // kStrata: Strata's CUDA kernels, each after it passes the start-up self-check against libtorch
+  // (an op that fails it runs libtorch); kTorch: libtorch for every op. The CPU always runs
+  // libtorch.
+  kernels::KernelBackend kernels = kernels::KernelBackend::kStrata;
+  bool operator==(const KernelsConfig&) const = default;
+};
+
+struct KvCacheConfig {
+  int32_t block_size_tokens = 16;
+  // The device pool's size: a fraction of the GPU memory left after the weights, or a byte count.
+  // Neither: 90% of that memory on CUDA, four full contexts on the CPU.
+  std::optional<double> gpu_memory_fraction;
+  std::optional<int64_t> cache_bytes;
+  int64_t host_cache_bytes = 0;  // host swap pool for preempted sequences; 0 disables swapping
+  bool enable_prefix_caching = true;
+  // The page format of every sequence's layers; nullopt: the compute dtype's (the base format the
+  // kernels read). Another format shares the pool's pages (kv/page_layout.h) and is read and
+  // written through the formats' libtorch reference.
+  std::optional<kv::KvFormat> page_format;
+  // Base blocks per page; 0: 1 with the base format only, 4 when page_format adds another.
+  int32_t page_blocks = 0;
+  bool operator==(const KvCacheConfig&) const = default;
+};
+
+}  // namespace strata::executor

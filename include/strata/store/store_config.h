@@ -1,0 +1,39 @@
+// The KV store's configuration as the deployment file's kv_store section writes it
+// (config::KvStoreSection derives from it and adds validation): a DRAM tier, optionally an SSD
+// tier below it, the placement policy and the read buffer. KvStore takes it through
+// StoreOptions::from_config. Plain header.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "strata/store/codec.h"
+#include "strata/store/placement_policy.h"
+
+namespace strata::store {
+
+struct StoreConfig {
+  int64_t dram_bytes = 0;  // DRAM tier capacity; 0 disables the whole store
+  // The SSD tier: a directory (relative paths are relative to the process's working directory)
+  // and its capacity; "" and 0: no SSD tier. With the store on, set both or neither.
+  std::string ssd_dir;
+  int64_t ssd_bytes = 0;
+  int64_t ssd_file_bytes = int64_t{1} << 30;  // one preallocated data file; >= 1MiB
+  bool direct_io = true;  // O_DIRECT; buffered I/O where the file system refuses it
+  // How the SSD tier stores chunks: identity (as they are) or zstd (lossless, fewer bytes).
+  CodecKind ssd_codec = CodecKind::kIdentity;
+  EvictionPolicy eviction_policy = EvictionPolicy::kSchedulerAware;
+  int32_t io_threads = 2;      // in [1, 64]
+  int64_t ttl_seconds = 3600;  // items unused this long leave the store; 0: never
+  // Share of DRAM the I/O threads keep free for saves and prefetches, in [0, 0.9].
+  double dram_reserve_fraction = 0.1;
+  // Layers of the next waiting request's stored KV copied to the device while the current pass
+  // runs (CachedAttention's read buffer): -1 sized per request from the measured load and prefill
+  // times (store::read_buffer_layers), 0 off (layer-wise loading within the pass only), n fixed.
+  int32_t read_buffer_layers = -1;
+
+  bool enabled() const { return dram_bytes > 0; }
+  bool operator==(const StoreConfig&) const = default;
+};
+
+}  // namespace strata::store
