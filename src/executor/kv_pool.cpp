@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <map>
 
 #include "strata/kernels/kv_format_ops.h"
@@ -32,9 +33,10 @@ StatusOr<KvPool> KvPool::allocate(kv::PageLayout layout, int64_t num_pages, int6
   return pool;
 }
 
-bool KvPool::is_valid(kv::BlockId block, const kv::KvFormat& format, int64_t pages) const {
-  return block.value >= 0 && layout_.page_of(block) < pages &&
-         layout_.slot_of(block) < layout_.blocks_per_page(format);
+bool KvPool::is_valid(kv::BlockId block, const kv::KvFormat& format, int32_t heads,
+                      int64_t pages) const {
+  return layout_.holds(format, heads) && block.value >= 0 && layout_.page_of(block) < pages &&
+         layout_.slot_of(block) < layout_.blocks_per_page(format, heads);
 }
 
 at::Tensor KvPool::base_indices(const std::vector<kv::BlockId>& blocks) const {
@@ -45,8 +47,8 @@ at::Tensor KvPool::base_indices(const std::vector<kv::BlockId>& blocks) const {
 }
 
 at::Tensor KvPool::gather(const at::Tensor& pages, const std::vector<kv::BlockId>& blocks,
-                          const kv::KvFormat& format) const {
-  const int64_t bytes = layout_.block_bytes(format);
+                          const kv::BlockKind& kind) const {
+  const int64_t bytes = layout_.block_bytes(kind.format, kind.heads);
   // Blocks by slot: the blocks of one slot are the same byte range of their pages.
   std::map<int32_t, std::pair<std::vector<int64_t>, std::vector<int64_t>>> by_slot;
   for (size_t i = 0; i < blocks.size(); ++i) {
@@ -64,8 +66,8 @@ at::Tensor KvPool::gather(const at::Tensor& pages, const std::vector<kv::BlockId
 }
 
 void KvPool::scatter(at::Tensor& pages, const std::vector<kv::BlockId>& blocks,
-                     const kv::KvFormat& format, const at::Tensor& bytes) const {
-  const int64_t size = layout_.block_bytes(format);
+                     const kv::BlockKind& kind, const at::Tensor& bytes) const {
+  const int64_t size = layout_.block_bytes(kind.format, kind.heads);
   std::map<int32_t, std::pair<std::vector<int64_t>, std::vector<int64_t>>> by_slot;
   for (size_t i = 0; i < blocks.size(); ++i) {
     auto& [page_ids, rows] = by_slot[layout_.slot_of(blocks[i])];
@@ -81,38 +83,42 @@ void KvPool::scatter(at::Tensor& pages, const std::vector<kv::BlockId>& blocks,
   }
 }
 
-at::Tensor KvPool::read(const std::vector<kv::BlockId>& blocks, const kv::KvFormat& format) const {
-  if (format == layout_.base()) return base_view_.index_select(0, base_indices(blocks));
-  return kernels::aten::unpack_kv_blocks(gather(pages_, blocks, format), format, heads_, block_, dim_)
+at::Tensor KvPool::read(const std::vector<kv::BlockId>& blocks, const kv::KvFormat& format,
+                        int32_t heads) const {
+  if (is_base(format, heads)) return base_view_.index_select(0, base_indices(blocks));
+  const kv::BlockKind kind = layout_.kind(format, heads);
+  return kernels::aten::unpack_kv_blocks(gather(pages_, blocks, kind), format, kind.heads, block_,
+                                         dim_)
       .to(dtype_);
 }
 
 void KvPool::write(const std::vector<kv::BlockId>& blocks, const kv::KvFormat& format,
-                   const at::Tensor& values) {
-  if (format == layout_.base()) {
+                   int32_t heads, const at::Tensor& values) {
+  if (is_base(format, heads)) {
     base_view_.index_copy_(0, base_indices(blocks), values.to(dtype_));
     return;
   }
-  scatter(pages_, blocks, format, kernels::aten::pack_kv_blocks(values, format));
+  scatter(pages_, blocks, layout_.kind(format, heads), kernels::aten::pack_kv_blocks(values, format));
 }
 
 void KvPool::copy(const std::vector<kv::BlockCopy>& copies, Side from, Side to) {
   at::Tensor& source = from == Side::kDevice ? pages_ : host_pages_;
   at::Tensor& destination = to == Side::kDevice ? pages_ : host_pages_;
-  // One gather and one scatter per format, in the copies' order within it (a copy list never
+  // One gather and one scatter per kind, in the copies' order within it (a copy list never
   // writes a block another copy of the same list reads).
-  std::vector<kv::KvFormat> formats;
+  std::vector<kv::BlockKind> kinds;
   for (const kv::BlockCopy& c : copies) {
-    if (std::find(formats.begin(), formats.end(), c.format) == formats.end()) formats.push_back(c.format);
+    const kv::BlockKind kind = layout_.kind(c.format, c.heads);
+    if (std::find(kinds.begin(), kinds.end(), kind) == kinds.end()) kinds.push_back(kind);
   }
-  for (const kv::KvFormat& format : formats) {
+  for (const kv::BlockKind& kind : kinds) {
     std::vector<kv::BlockId> sources, destinations;
     for (const kv::BlockCopy& c : copies) {
-      if (!(c.format == format)) continue;
+      if (!(layout_.kind(c.format, c.heads) == kind)) continue;
       sources.push_back(c.source);
       destinations.push_back(c.destination);
     }
-    scatter(destination, destinations, format, gather(source, sources, format));
+    scatter(destination, destinations, kind, gather(source, sources, kind));
   }
 }
 

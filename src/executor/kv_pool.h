@@ -8,8 +8,9 @@
 //   base_view()   the device pages as base-format blocks, [num_pages * page_blocks, 2 (K, V),
 //                 num_kv_heads, block_size_tokens, head_dim] in the compute dtype: what the paged
 //                 attention and cache-write kernels read and write, indexed by base_index()
-//   blocks        read() and write() take and give [n, 2, num_kv_heads, block_size_tokens,
-//                 head_dim] in the compute dtype, dequantized from / quantized into the format
+//   blocks        read() and write() take and give [n, 2, heads, block_size_tokens, head_dim]
+//                 in the compute dtype, dequantized from / quantized into the format; `heads` is
+//                 the blocks' KV heads (a per-head table's group), 0 for all of them
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -33,13 +34,14 @@ class KvPool {
   const kv::PageLayout& layout() const { return layout_; }
   int64_t num_pages() const { return pages_.size(0); }
   int64_t num_host_pages() const { return host_pages_.defined() ? host_pages_.size(0) : 0; }
-  // Whether `block` exists in a pool of `pages` pages as a block of `format`.
-  bool is_valid(kv::BlockId block, const kv::KvFormat& format, int64_t pages) const;
+  // Whether `block` exists in a pool of `pages` pages as a block of that kind.
+  bool is_valid(kv::BlockId block, const kv::KvFormat& format, int32_t heads, int64_t pages) const;
   at::Tensor& base_view() { return base_view_; }
 
-  // Device blocks of one format, in the compute dtype.
-  at::Tensor read(const std::vector<kv::BlockId>& blocks, const kv::KvFormat& format) const;
-  void write(const std::vector<kv::BlockId>& blocks, const kv::KvFormat& format,
+  // Device blocks of one kind, in the compute dtype.
+  at::Tensor read(const std::vector<kv::BlockId>& blocks, const kv::KvFormat& format,
+                  int32_t heads = 0) const;
+  void write(const std::vector<kv::BlockId>& blocks, const kv::KvFormat& format, int32_t heads,
              const at::Tensor& values);
   // Copies blocks byte for byte (each in its own format): device -> host (swap-out), host ->
   // device (swap-in), or device -> device.
@@ -47,11 +49,14 @@ class KvPool {
   void copy(const std::vector<kv::BlockCopy>& copies, Side from, Side to);
 
  private:
-  // [n, block_bytes(format)] bytes of blocks of one format, and their inverse.
+  // [n, block_bytes(kind)] bytes of blocks of one kind, and their inverse.
   at::Tensor gather(const at::Tensor& pages, const std::vector<kv::BlockId>& blocks,
-                    const kv::KvFormat& format) const;
+                    const kv::BlockKind& kind) const;
   void scatter(at::Tensor& pages, const std::vector<kv::BlockId>& blocks,
-               const kv::KvFormat& format, const at::Tensor& bytes) const;
+               const kv::BlockKind& kind, const at::Tensor& bytes) const;
+  bool is_base(const kv::KvFormat& format, int32_t heads) const {
+    return format == layout_.base() && (heads == 0 || heads == heads_);
+  }
   at::Tensor base_indices(const std::vector<kv::BlockId>& blocks) const;
 
   kv::PageLayout layout_;

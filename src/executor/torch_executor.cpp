@@ -123,15 +123,22 @@ Status TorchExecutor::allocate_kv_pool() {
   kv_geometry_.head_dim = static_cast<int32_t>(config_.head_dim);
   kv_geometry_.block_size_tokens = static_cast<int32_t>(block);
   kv_geometry_.formats = options_.kv_formats;
-  if (options_.page_format) kv_geometry_.formats.insert(kv_geometry_.formats.begin(), *options_.page_format);
-  // Pages of one base block unless smaller formats are to share them.
-  const bool others = std::any_of(kv_geometry_.formats.begin(), kv_geometry_.formats.end(),
-                                  [&](const kv::KvFormat& f) { return !(f == kv_format_); });
+  if (options_.page_format) {
+    kv_geometry_.formats.insert(kv_geometry_.formats.begin(), *options_.page_format);
+  }
+  kv_geometry_.head_groups = options_.kv_head_groups;
+  // Pages of one base block unless smaller blocks (other formats, fewer heads) are to share them.
+  const bool others =
+      std::any_of(kv_geometry_.formats.begin(), kv_geometry_.formats.end(),
+                  [&](const kv::KvFormat& f) { return !(f == kv_format_); }) ||
+      std::any_of(kv_geometry_.head_groups.begin(), kv_geometry_.head_groups.end(),
+                  [](int32_t g) { return g > 1; });
   kv_geometry_.page_blocks =
       options_.page_blocks > 0 ? options_.page_blocks : (others ? kDefaultPageBlocks : 1);
   StatusOr<kv::PageLayout> layout =
       kv::PageLayout::create(kv_format_, kv_geometry_.formats, kv_geometry_.page_blocks,
-                             config_.num_kv_heads, block, config_.head_dim);
+                             config_.num_kv_heads, block, config_.head_dim,
+                             kv_geometry_.head_groups);
   if (!layout.ok()) return invalid_argument_error("KV pool: " + layout.status().message());
   block_bytes_ = layout->block_bytes(kv_format_);
   const int64_t page_bytes = layout->page_bytes();
@@ -192,21 +199,23 @@ Status TorchExecutor::validate(const ForwardBatch& batch) const {
                                     " tokens exceed the context window of " +
                                     std::to_string(config_.max_context_tokens));
     }
-    if (chunk.tables.size() != static_cast<size_t>(config_.num_layers)) {
+    STRATA_RETURN_IF_ERROR(validate_formats(chunk));
+    const int64_t num_tables = config_.num_layers * groups_of(chunk);
+    if (std::ssize(chunk.tables) != num_tables) {
       return invalid_argument_error(seq + ": " + std::to_string(chunk.tables.size()) +
                                     " page tables for " + std::to_string(config_.num_layers) +
-                                    " layers");
+                                    " layers of " + std::to_string(groups_of(chunk)) +
+                                    " KV head group(s)");
     }
     const int64_t needed_blocks = (end + block - 1) / block;
-    STRATA_RETURN_IF_ERROR(validate_formats(chunk));
-    for (size_t l = 0; l < chunk.tables.size(); ++l) {
-      const std::vector<kv::BlockId>& table = chunk.tables[l];
+    for (int64_t t = 0; t < num_tables; ++t) {
+      const std::vector<kv::BlockId>& table = chunk.tables[t];
       if (static_cast<int64_t>(table.size()) < needed_blocks) {
         return invalid_argument_error(seq + ": page tables do not cover position " +
                                       std::to_string(end - 1));
       }
       for (int64_t j = 0; j < needed_blocks; ++j) {
-        if (!pool_.is_valid(table[j], format_of(chunk, static_cast<int64_t>(l)), pool_.num_pages())) {
+        if (!pool_.is_valid(table[j], format_of(chunk, t), heads_of(chunk), pool_.num_pages())) {
           return invalid_argument_error(seq + ": block " + std::to_string(table[j].value) +
                                         " is outside the pool");
         }
@@ -265,8 +274,8 @@ Status TorchExecutor::validate(const ForwardBatch& batch) const {
   auto check = [&](const std::vector<kv::BlockCopy>& copies, int64_t source_pages,
                    int64_t destination_pages, const char* what) -> Status {
     for (const kv::BlockCopy& c : copies) {
-      if (!pool_.layout().holds(c.format) || !pool_.is_valid(c.source, c.format, source_pages) ||
-          !pool_.is_valid(c.destination, c.format, destination_pages)) {
+      if (!pool_.is_valid(c.source, c.format, c.heads, source_pages) ||
+          !pool_.is_valid(c.destination, c.format, c.heads, destination_pages)) {
         return invalid_argument_error(std::string(what) + " " + std::to_string(c.source.value) +
                                       " -> " + std::to_string(c.destination.value) +
                                       " is outside the pools");
@@ -286,15 +295,22 @@ Status TorchExecutor::validate_formats(const SequenceChunk& chunk) const {
   if (chunk.layout == nullptr) return Status();
   const kv::KvLayout& layout = *chunk.layout;
   const std::string seq = "sequence " + std::to_string(chunk.seq.value);
-  const size_t layers = static_cast<size_t>(config_.num_layers);
-  if ((!layout.formats.empty() && layout.formats.size() != layers) ||
-      (!layout.shared_with.empty() && layout.shared_with.size() != layers)) {
-    return invalid_argument_error(seq + ": a KV layout needs one entry per layer");
+  const int64_t layers = config_.num_layers;
+  const int32_t groups = layout.head_groups;
+  if (groups < 1 || config_.num_kv_heads % groups != 0) {
+    return invalid_argument_error(seq + ": " + std::to_string(groups) + " KV head groups of " +
+                                  std::to_string(config_.num_kv_heads) + " heads");
   }
-  for (size_t l = 0; l < layout.formats.size(); ++l) {
-    if (!pool_.layout().holds(layout.formats[l])) {
-      return invalid_argument_error(seq + ": layer " + std::to_string(l) + "'s KV format " +
-                                    kv::format_name(layout.formats[l]) + " is not in the pool");
+  if ((!layout.formats.empty() && std::ssize(layout.formats) != layers * groups) ||
+      (!layout.shared_with.empty() && std::ssize(layout.shared_with) != layers)) {
+    return invalid_argument_error(seq + ": a KV layout needs one format per page table and one "
+                                  "sharing entry per layer");
+  }
+  for (int64_t t = 0; t < layers * groups; ++t) {
+    if (!pool_.layout().holds(format_of(chunk, t), heads_of(chunk))) {
+      return invalid_argument_error(seq + ": layer " + std::to_string(t / groups) +
+                                    "'s KV format " + kv::format_name(format_of(chunk, t)) +
+                                    " is not in the pool");
     }
   }
   return Status();
@@ -303,12 +319,18 @@ Status TorchExecutor::validate_formats(const SequenceChunk& chunk) const {
 Status TorchExecutor::validate_sharing(const SequenceChunk& chunk, int64_t needed_blocks) const {
   if (chunk.layout == nullptr) return Status();
   const std::vector<int32_t>& shared_with = chunk.layout->shared_with;
-  for (size_t l = 0; l < shared_with.size(); ++l) {
+  const int32_t groups = groups_of(chunk);
+  for (int32_t l = 0; l < std::ssize(shared_with); ++l) {
     const int32_t owner = shared_with[l];
     if (owner < 0) continue;
-    if (owner >= static_cast<int32_t>(l) ||
-        !std::equal(chunk.tables[l].begin(), chunk.tables[l].begin() + needed_blocks,
-                    chunk.tables[owner].begin(), chunk.tables[owner].begin() + needed_blocks)) {
+    bool same = owner < l;
+    for (int32_t g = 0; g < groups && same; ++g) {
+      const std::vector<kv::BlockId>& mine = chunk.tables[l * groups + g];
+      const std::vector<kv::BlockId>& theirs = chunk.tables[owner * groups + g];
+      same = std::equal(mine.begin(), mine.begin() + needed_blocks, theirs.begin(),
+                        theirs.begin() + needed_blocks);
+    }
+    if (!same) {
       return invalid_argument_error("sequence " + std::to_string(chunk.seq.value) + ": layer " +
                                     std::to_string(l) + " shares blocks but its page table is "
                                     "not layer " + std::to_string(owner) + "'s");
@@ -378,10 +400,10 @@ ForwardResult TorchExecutor::run(const ForwardBatch& batch) {
       if (chunk.logits == LogitsMode::kAll || (chunk.logits == LogitsMode::kLast && i == n - 1)) {
         logit_rows.push_back(offset + i);
       }
-      // Tokens whose layer is in another format, or shares another layer's blocks, are not
-      // written by the cache-write kernel (slot -1).
+      // Tokens whose layer is not on the kernels' base view, or shares another layer's blocks,
+      // are not written by the cache-write kernel (slot -1).
       for (int64_t l = 0; l < num_layers; ++l) {
-        const bool base = format_of(chunk, l) == kv_format_ && !shares(chunk, l);
+        const bool base = on_base_view(chunk, l) && !shares(chunk, l);
         slot_data[l * num_tokens + offset + i] =
             base ? layout.base_index(chunk.tables[l][position / block]) * block + position % block
                  : -1;
@@ -389,7 +411,7 @@ ForwardResult TorchExecutor::run(const ForwardBatch& batch) {
     }
     const int64_t used_blocks = (chunk.start_position + n + block - 1) / block;
     for (int64_t l = 0; l < num_layers; ++l) {
-      if (!(format_of(chunk, l) == kv_format_)) {
+      if (!on_base_view(chunk, l)) {
         other_format[l] = true;  // this layer's attention reads a dequantized copy
         continue;
       }

@@ -105,17 +105,30 @@ class TorchExecutor final : public Executor {
   // tables equal their owners' over the chunk's blocks (REQUIRES the tables cover them).
   Status validate_formats(const SequenceChunk& chunk) const;
   Status validate_sharing(const SequenceChunk& chunk, int64_t needed_blocks) const;
-  const kv::KvFormat& format_of(const SequenceChunk& chunk, int64_t layer) const {
+  // A chunk's KV head groups (page tables per layer), the KV heads of its blocks (0: all), and
+  // the format of its table t (layer t / groups).
+  static int32_t groups_of(const SequenceChunk& chunk) {
+    return chunk.layout ? chunk.layout->head_groups : 1;
+  }
+  int32_t heads_of(const SequenceChunk& chunk) const {
+    return groups_of(chunk) == 1 ? 0 : static_cast<int32_t>(config_.num_kv_heads) / groups_of(chunk);
+  }
+  const kv::KvFormat& format_of(const SequenceChunk& chunk, int64_t table) const {
     const kv::KvLayout* l = chunk.layout;
-    return l && layer < std::ssize(l->formats) ? l->formats[layer] : kv_format_;
+    return l && table < std::ssize(l->formats) ? l->formats[table] : kv_format_;
+  }
+  // Whether the kernels run a chunk's layer on the pool's base view (one table of base blocks).
+  bool on_base_view(const SequenceChunk& chunk, int64_t layer) const {
+    return groups_of(chunk) == 1 && format_of(chunk, layer) == kv_format_;
   }
   static bool shares(const SequenceChunk& chunk, int64_t layer) {
     const kv::KvLayout* l = chunk.layout;
     return l && layer < std::ssize(l->shared_with) && l->shared_with[layer] >= 0;
   }
-  // Layer `layer` of the chunks whose blocks there are in another format than the base one (and
-  // that do not share them): writes their new keys and values (k, v: [num_tokens, Hkv, D], the
-  // batch's rows) by re-quantizing each block they touch from its dequantized values.
+  // Layer `layer` of the chunks that are not on the base view there (another format, or per-head
+  // tables) and do not share another layer's blocks: writes their new keys and values (k, v:
+  // [num_tokens, Hkv, D], the batch's rows) by re-quantizing each block they touch from its
+  // dequantized values, table by table.
   void write_other_formats(const ForwardBatch& batch, int64_t layer, const at::Tensor& k,
                            const at::Tensor& v);
   // Attention of layer `layer` over a dequantized copy of every block the batch reads there (the

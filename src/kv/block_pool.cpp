@@ -19,17 +19,17 @@ BlockPool::BlockPool(PageLayout layout, int32_t num_pages)
   for (int32_t p = num_pages - 1; p >= 0; --p) free_pages_.push_back(p);
 }
 
-std::set<int32_t>& BlockPool::open_pages(const KvFormat& format) {
-  for (auto& [f, pages] : open_) {
-    if (f == format) return pages;
+std::set<int32_t>& BlockPool::open_pages(const BlockKind& kind) {
+  for (auto& [k, pages] : open_) {
+    if (k == kind) return pages;
   }
-  return open_.emplace_back(format, std::set<int32_t>()).second;
+  return open_.emplace_back(kind, std::set<int32_t>()).second;
 }
 
-int64_t BlockPool::pinned_room(const KvFormat& format) const {
+int64_t BlockPool::pinned_room(const BlockKind& kind) const {
   int64_t room = 0;
-  for (const auto& [f, pages] : open_) {
-    if (!(f == format)) continue;
+  for (const auto& [k, pages] : open_) {
+    if (!(k == kind)) continue;
     for (int32_t p : pages) {
       if (!is_unpinned(pages_[p])) room += std::popcount(pages_[p].free_slots);
     }
@@ -37,10 +37,10 @@ int64_t BlockPool::pinned_room(const KvFormat& format) const {
   return room;
 }
 
-int32_t BlockPool::pages_for(int64_t n, const KvFormat& format) const {
-  const int64_t rest = n - pinned_room(format);
+int32_t BlockPool::pages_for(int64_t n, const KvFormat& format, int32_t heads) const {
+  const int64_t rest = n - pinned_room(layout_.kind(format, heads));
   if (rest <= 0) return 0;
-  const int64_t per_page = layout_.blocks_per_page(format);
+  const int64_t per_page = layout_.blocks_per_page(format, heads);
   return static_cast<int32_t>((rest + per_page - 1) / per_page);
 }
 
@@ -68,7 +68,7 @@ void BlockPool::update_page(int32_t page, int32_t used_delta, int32_t evictable_
   num_evictable_pages_ += static_cast<int32_t>(is_unpinned(p)) - static_cast<int32_t>(was_unpinned);
   const bool is_open = p.used > 0 && p.used < p.capacity;
   if (was_open != is_open) {
-    std::set<int32_t>& open = open_pages(p.format);
+    std::set<int32_t>& open = open_pages(p.kind);
     if (is_open) {
       open.insert(page);
     } else {
@@ -81,17 +81,18 @@ void BlockPool::update_page(int32_t page, int32_t used_delta, int32_t evictable_
   }
 }
 
-std::vector<BlockId> BlockPool::allocate(int32_t n, KvFormat format) {
-  STRATA_CHECK(pages_for(n, format) <= num_available_pages())
+std::vector<BlockId> BlockPool::allocate(int32_t n, KvFormat format, int32_t heads) {
+  STRATA_CHECK(pages_for(n, format, heads) <= num_available_pages())
       << "allocate(" << n << ") of " << format_name(format) << " with " << num_available()
       << " blocks available";
-  const int32_t per_page = layout_.blocks_per_page(format);
-  const int64_t bytes = layout_.block_bytes(format);
+  const BlockKind kind = layout_.kind(format, heads);
+  const int32_t per_page = layout_.blocks_per_page(format, heads);
+  const int64_t bytes = layout_.block_bytes(format, heads);
   std::vector<BlockId> blocks;
   blocks.reserve(n);
   while (static_cast<int32_t>(blocks.size()) < n) {
     int32_t page = -1;
-    for (int32_t p : open_pages(format)) {
+    for (int32_t p : open_pages(kind)) {
       if (!is_unpinned(pages_[p])) {
         page = p;
         break;
@@ -105,7 +106,7 @@ std::vector<BlockId> BlockPool::allocate(int32_t n, KvFormat format) {
       page = free_pages_.back();
       free_pages_.pop_back();
       Page& fresh = pages_[page];
-      fresh.format = format;
+      fresh.kind = kind;
       fresh.capacity = per_page;
       fresh.free_slots = per_page == 64 ? ~uint64_t{0} : (uint64_t{1} << per_page) - 1;
     }
@@ -131,7 +132,7 @@ void BlockPool::release(BlockId block) {
   if (--refcounts_[block.value] > 0) return;
   const int32_t page = layout_.page_of(block);
   pages_[page].free_slots |= uint64_t{1} << layout_.slot_of(block);
-  used_bytes_ -= layout_.block_bytes(pages_[page].format);
+  used_bytes_ -= layout_.block_bytes(pages_[page].kind.format, pages_[page].kind.heads);
   update_page(page, -1, 0);
 }
 

@@ -62,42 +62,8 @@ Status KvCacheManager::add_sequence(SeqId seq, std::vector<TokenId> prompt, std:
     return invalid_argument_error("sequence " + std::to_string(seq.value) + " already exists");
   }
   if (prompt.empty()) return invalid_argument_error("a sequence needs at least one token");
-  const size_t layers = static_cast<size_t>(geometry_.num_layers);
   Sequence s;
-  s.formats.assign(layers, format_);
-  s.owners.resize(layers);
-  for (size_t l = 0; l < layers; ++l) s.owners[l] = static_cast<int32_t>(l);
-  if (!layout.formats.empty()) {
-    if (layout.formats.size() != layers) {
-      return invalid_argument_error("KV layout: " + std::to_string(layout.formats.size()) +
-                                    " formats for " + std::to_string(layers) + " layers");
-    }
-    for (size_t l = 0; l < layers; ++l) {
-      if (!pool_.layout().holds(layout.formats[l])) {
-        return invalid_argument_error("KV layout: layer " + std::to_string(l) + "'s format " +
-                                      format_name(layout.formats[l]) +
-                                      " is not one the pool holds");
-      }
-    }
-    s.formats = layout.formats;
-  }
-  if (!layout.shared_with.empty()) {
-    if (layout.shared_with.size() != layers) {
-      return invalid_argument_error("KV layout: " + std::to_string(layout.shared_with.size()) +
-                                    " sharing entries for " + std::to_string(layers) + " layers");
-    }
-    for (size_t l = 0; l < layers; ++l) {
-      const int32_t owner = layout.shared_with[l];
-      if (owner < 0) continue;
-      if (owner >= static_cast<int32_t>(l) || layout.shared_with[owner] >= 0 ||
-          !(s.formats[owner] == s.formats[l])) {
-        return invalid_argument_error("KV layout: layer " + std::to_string(l) +
-                                      " can share only an earlier layer that shares none, in the "
-                                      "same format (got layer " + std::to_string(owner) + ")");
-      }
-      s.owners[l] = owner;
-    }
-  }
+  STRATA_RETURN_IF_ERROR(apply_layout(layout, s));
   s.tokens = std::move(prompt);
   s.tenant_salt = std::move(tenant_salt);
   s.cacheable = cacheable;
@@ -113,12 +79,62 @@ Status KvCacheManager::add_sequence(SeqId seq, std::vector<TokenId> prompt, std:
   return Status();
 }
 
+Status KvCacheManager::apply_layout(const KvLayout& layout, Sequence& s) const {
+  const int32_t layers = geometry_.num_layers;
+  const int32_t groups = layout.head_groups;
+  if (groups < 1 || geometry_.num_kv_heads % groups != 0 ||
+      (groups > 1 && std::find(geometry_.head_groups.begin(), geometry_.head_groups.end(),
+                               groups) == geometry_.head_groups.end())) {
+    return invalid_argument_error("KV layout: " + std::to_string(groups) +
+                                  " head groups is not a split the pool was built for");
+  }
+  const size_t tables = static_cast<size_t>(layers) * groups;
+  s.groups_per_layer = groups;
+  s.heads = groups == 1 ? 0 : geometry_.num_kv_heads / groups;
+  s.formats.assign(tables, format_);
+  s.owners.resize(tables);
+  for (size_t t = 0; t < tables; ++t) s.owners[t] = static_cast<int32_t>(t);
+  if (!layout.formats.empty()) {
+    if (layout.formats.size() != tables) {
+      return invalid_argument_error("KV layout: " + std::to_string(layout.formats.size()) +
+                                    " formats for " + std::to_string(tables) + " page tables");
+    }
+    for (size_t t = 0; t < tables; ++t) {
+      if (!pool_.layout().holds(layout.formats[t], s.heads)) {
+        return invalid_argument_error("KV layout: layer " + std::to_string(t / groups) +
+                                      "'s format " + format_name(layout.formats[t]) +
+                                      " is not one the pool holds");
+      }
+    }
+    s.formats = layout.formats;
+  }
+  if (layout.shared_with.empty()) return Status();
+  if (layout.shared_with.size() != static_cast<size_t>(layers)) {
+    return invalid_argument_error("KV layout: " + std::to_string(layout.shared_with.size()) +
+                                  " sharing entries for " + std::to_string(layers) + " layers");
+  }
+  for (int32_t l = 0; l < layers; ++l) {
+    const int32_t owner = layout.shared_with[l];
+    if (owner < 0) continue;
+    bool same_format = owner < l;
+    for (int32_t g = 0; g < groups && same_format; ++g) {
+      same_format = s.formats[owner * groups + g] == s.formats[l * groups + g];
+    }
+    if (owner >= l || layout.shared_with[owner] >= 0 || !same_format) {
+      return invalid_argument_error("KV layout: layer " + std::to_string(l) +
+                                    " can share only an earlier layer that shares none, in the "
+                                    "same format (got layer " + std::to_string(owner) + ")");
+    }
+    for (int32_t g = 0; g < groups; ++g) s.owners[l * groups + g] = owner * groups + g;
+  }
+  return Status();
+}
+
 std::string KvCacheManager::layout_name(const Sequence& s) {
-  std::string name;
-  for (size_t l = 0; l < s.formats.size(); ++l) {
-    if (l > 0) name += ";";
-    name += format_name(s.formats[l]);
-    if (s.owners[l] != static_cast<int32_t>(l)) name += "=" + std::to_string(s.owners[l]);
+  std::string name = "groups" + std::to_string(s.groups_per_layer);
+  for (size_t t = 0; t < s.formats.size(); ++t) {
+    name += ";" + format_name(s.formats[t]);
+    if (s.owners[t] != static_cast<int32_t>(t)) name += "=" + std::to_string(s.owners[t]);
   }
   return name;
 }
@@ -163,15 +179,9 @@ StatusOr<KvPlan> KvCacheManager::prepare(std::vector<KvRequest> requests) const 
   KvPlan plan;
   plan.generation_ = generation_;
   const int64_t block = geometry_.block_size_tokens;
-  const int64_t layers = geometry_.num_layers;
   std::vector<ChunkHash> acquired;  // evictable groups this plan takes
   std::unordered_set<SeqId> seen;
-  // Blocks to allocate, per format of the pool.
-  std::vector<int64_t> needed(pool_.layout().formats().size(), 0);
-  auto need = [&](const KvFormat& f, int64_t n) {
-    const auto& formats = pool_.layout().formats();
-    needed[std::find(formats.begin(), formats.end(), f) - formats.begin()] += n;
-  };
+  std::vector<int64_t> needed(pool_.layout().kinds().size(), 0);  // blocks to allocate, per kind
   for (const KvRequest& r : requests) {
     STRATA_CHECK(seen.insert(r.seq).second) << "sequence " << r.seq.value << " planned twice";
     STRATA_CHECK(r.num_new_tokens > 0) << "empty request for sequence " << r.seq.value;
@@ -192,26 +202,24 @@ StatusOr<KvPlan> KvCacheManager::prepare(std::vector<KvRequest> requests) const 
     STRATA_CHECK_LE(computed + r.num_new_tokens, static_cast<int64_t>(s.tokens.size()))
         << "sequence " << r.seq.value << " has no tokens for that many positions";
     const int64_t want_blocks = (computed + r.num_new_tokens + block - 1) / block;
-    for (int64_t l = 0; l < layers; ++l) {
-      if (s.owners[l] != l) continue;  // shares another layer's blocks
-      need(s.formats[l], want_blocks - std::min(want_blocks, have_blocks));
+    const int64_t tables = std::ssize(s.owners);
+    for (int64_t t = 0; t < tables; ++t) {
+      if (s.owners[t] != t) continue;  // shares another layer's blocks
+      count(needed, s, t, want_blocks - std::min(want_blocks, have_blocks));
       // Every block comes back from the host pool.
-      if (s.swapped) need(s.formats[l], have_blocks);
+      if (s.swapped) count(needed, s, t, have_blocks);
     }
     if (s.swapped) continue;
     // Writing into a partial last block that another sequence shares needs a private copy.
-    if (computed % block != 0 && have_blocks > 0 && s.tables.size() == static_cast<size_t>(layers)) {
-      for (int64_t l = 0; l < layers; ++l) {
-        if (s.owners[l] == l && is_shared(s, l, have_blocks - 1)) need(s.formats[l], 1);
+    if (computed % block != 0 && have_blocks > 0 && std::ssize(s.tables) == tables) {
+      for (int64_t t = 0; t < tables; ++t) {
+        if (s.owners[t] == t && is_shared(s, t, have_blocks - 1)) count(needed, s, t, 1);
       }
     }
   }
   std::sort(acquired.begin(), acquired.end());
   acquired.erase(std::unique(acquired.begin(), acquired.end()), acquired.end());
-  int64_t pages = pool_.pages_pinned_by(acquired);
-  for (size_t f = 0; f < needed.size(); ++f) {
-    pages += pool_.pages_for(needed[f], pool_.layout().formats()[f]);
-  }
+  const int64_t pages = pool_.pages_pinned_by(acquired) + pages_for(pool_, needed);
   if (pages > pool_.num_available_pages()) {
     const int64_t page_blocks = pool_.layout().page_blocks();
     return resource_exhausted_error("KV cache: step needs " + std::to_string(pages * page_blocks) +
@@ -223,17 +231,32 @@ StatusOr<KvPlan> KvCacheManager::prepare(std::vector<KvRequest> requests) const 
   return plan;
 }
 
-bool KvCacheManager::is_shared(const Sequence& s, int64_t layer, int64_t token_block) const {
-  const BlockId b = s.tables[layer][token_block];
-  const auto entries = std::count(s.owners.begin(), s.owners.end(), s.owners[layer]);
+bool KvCacheManager::is_shared(const Sequence& s, int64_t table, int64_t token_block) const {
+  const BlockId b = s.tables[table][token_block];
+  const auto entries = std::count(s.owners.begin(), s.owners.end(), s.owners[table]);
   return pool_.refcount(b) > entries;
+}
+
+void KvCacheManager::count(std::vector<int64_t>& per_kind, const Sequence& s, int64_t table,
+                           int64_t n) const {
+  const std::vector<BlockKind>& kinds = pool_.layout().kinds();
+  const BlockKind kind = pool_.layout().kind(s.formats[table], s.heads);
+  per_kind[std::find(kinds.begin(), kinds.end(), kind) - kinds.begin()] += n;
+}
+
+int64_t KvCacheManager::pages_for(const BlockPool& pool, const std::vector<int64_t>& per_kind) {
+  int64_t pages = 0;
+  for (size_t k = 0; k < per_kind.size(); ++k) {
+    const BlockKind& kind = pool.layout().kinds()[k];
+    pages += pool.pages_for(per_kind[k], kind.format, kind.heads);
+  }
+  return pages;
 }
 
 void KvCacheManager::commit(KvPlan&& plan, StepCopies* copies) {
   STRATA_CHECK_EQ(plan.generation_, generation_) << "stale KV plan";
   ++generation_;
   const int64_t block = geometry_.block_size_tokens;
-  const int64_t layers = geometry_.num_layers;
   std::unordered_map<SeqId, const std::vector<ChunkHash>*> attaches;
   for (const KvPlan::Attach& a : plan.attaches_) attaches.emplace(a.seq, &a.hashes);
 
@@ -242,14 +265,14 @@ void KvCacheManager::commit(KvPlan&& plan, StepCopies* copies) {
   for (const KvRequest& r : plan.requests_) {
     Sequence& s = get(r.seq);
     if (!s.tables.empty()) continue;
-    s.tables.assign(layers, {});
+    s.tables.assign(s.owners.size(), {});
     if (auto it = attaches.find(r.seq); it != attaches.end()) {
       for (const ChunkHash& h : *it->second) {
         pool_.acquire_cached(h);
         const std::vector<BlockId>& group = *pool_.find_cached(h);
-        for (int64_t l = 0; l < layers; ++l) {
-          pool_.retain(group[l]);
-          s.tables[l].push_back(group[l]);
+        for (size_t t = 0; t < s.tables.size(); ++t) {
+          pool_.retain(group[t]);
+          s.tables[t].push_back(group[t]);
         }
         s.groups.push_back(h);
       }
@@ -280,28 +303,30 @@ void KvCacheManager::commit(KvPlan&& plan, StepCopies* copies) {
   for (const KvRequest& r : plan.requests_) {
     Sequence& s = get(r.seq);
     const int64_t have = num_token_blocks(s);
+    const int64_t tables = std::ssize(s.tables);
     if (s.num_computed % block != 0 && have > 0) {
-      for (int64_t l = 0; l < layers; ++l) {
-        if (s.owners[l] != l || !is_shared(s, l, have - 1)) continue;
-        const BlockId last = s.tables[l][have - 1];
-        const BlockId fresh = pool_.allocate(1, s.formats[l])[0];
-        copies->device.push_back({last, fresh, s.formats[l]});
-        set_entry(s, l, have - 1, fresh, pool_, pool_);
+      for (int64_t t = 0; t < tables; ++t) {
+        if (s.owners[t] != t || !is_shared(s, t, have - 1)) continue;
+        const BlockId last = s.tables[t][have - 1];
+        const BlockId fresh = pool_.allocate(1, s.formats[t], s.heads)[0];
+        copies->device.push_back({last, fresh, s.formats[t], s.heads});
+        set_entry(s, t, have - 1, fresh, pool_, pool_);
         pool_.release(fresh);  // set_entry took one reference per table entry
       }
     }
     const int64_t want = (s.num_computed + r.num_new_tokens + block - 1) / block;
-    for (int64_t l = 0; l < layers && want > have; ++l) {
-      if (s.owners[l] != l) continue;
-      std::vector<BlockId> fresh = pool_.allocate(static_cast<int32_t>(want - have), s.formats[l]);
-      s.tables[l].insert(s.tables[l].end(), fresh.begin(), fresh.end());
+    for (int64_t t = 0; t < tables && want > have; ++t) {
+      if (s.owners[t] != t) continue;
+      std::vector<BlockId> fresh =
+          pool_.allocate(static_cast<int32_t>(want - have), s.formats[t], s.heads);
+      s.tables[t].insert(s.tables[t].end(), fresh.begin(), fresh.end());
     }
-    for (int64_t l = 0; l < layers && want > have; ++l) {
-      if (s.owners[l] == l) continue;
+    for (int64_t t = 0; t < tables && want > have; ++t) {
+      if (s.owners[t] == t) continue;
       for (int64_t i = have; i < want; ++i) {
-        const BlockId b = s.tables[s.owners[l]][i];
+        const BlockId b = s.tables[s.owners[t]][i];
         pool_.retain(b);
-        s.tables[l].push_back(b);
+        s.tables[t].push_back(b);
       }
     }
   }
@@ -319,12 +344,12 @@ void KvCacheManager::set_entry(Sequence& s, int64_t owner, int64_t token_block, 
 
 void KvCacheManager::move_blocks(Sequence& s, BlockPool& from, BlockPool& to,
                                  std::vector<BlockCopy>* copies) {
-  for (size_t l = 0; l < s.tables.size(); ++l) {
-    if (s.owners[l] != static_cast<int32_t>(l)) continue;
-    for (size_t i = 0; i < s.tables[l].size(); ++i) {
-      const BlockId moved = to.allocate(1, s.formats[l])[0];
-      copies->push_back({s.tables[l][i], moved, s.formats[l]});
-      set_entry(s, static_cast<int64_t>(l), static_cast<int64_t>(i), moved, from, to);
+  for (size_t t = 0; t < s.tables.size(); ++t) {
+    if (s.owners[t] != static_cast<int32_t>(t)) continue;
+    for (size_t i = 0; i < s.tables[t].size(); ++i) {
+      const BlockId moved = to.allocate(1, s.formats[t], s.heads)[0];
+      copies->push_back({s.tables[t][i], moved, s.formats[t], s.heads});
+      set_entry(s, static_cast<int64_t>(t), static_cast<int64_t>(i), moved, from, to);
       to.release(moved);  // set_entry took one reference per table entry
     }
   }
@@ -333,18 +358,11 @@ void KvCacheManager::move_blocks(Sequence& s, BlockPool& from, BlockPool& to,
 bool KvCacheManager::can_swap_out(SeqId seq) const {
   const Sequence& s = get(seq);
   if (!host_pool_ || s.swapped || s.tables.empty()) return false;
-  int64_t pages = 0;
-  std::vector<int64_t> needed(pool_.layout().formats().size(), 0);
-  for (size_t l = 0; l < s.tables.size(); ++l) {
-    if (s.owners[l] != static_cast<int32_t>(l)) continue;
-    const auto& formats = pool_.layout().formats();
-    needed[std::find(formats.begin(), formats.end(), s.formats[l]) - formats.begin()] +=
-        num_token_blocks(s);
+  std::vector<int64_t> needed(pool_.layout().kinds().size(), 0);
+  for (int64_t t = 0; t < std::ssize(s.tables); ++t) {
+    if (s.owners[t] == t) count(needed, s, t, num_token_blocks(s));
   }
-  for (size_t f = 0; f < needed.size(); ++f) {
-    pages += host_pool_->pages_for(needed[f], pool_.layout().formats()[f]);
-  }
-  return pages <= host_pool_->num_available_pages();
+  return pages_for(*host_pool_, needed) <= host_pool_->num_available_pages();
 }
 
 void KvCacheManager::swap_out(SeqId seq, StepCopies* copies) {

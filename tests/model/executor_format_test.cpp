@@ -55,9 +55,14 @@ class ExecutorFormatTest : public ::testing::Test {
   }
   static void TearDownTestSuite() { delete source_; }
 
-  static std::unique_ptr<Executor> make(std::vector<KvFormat> formats) {
+  static std::unique_ptr<Executor> make(std::vector<KvFormat> formats,
+                                        std::vector<int32_t> head_groups = {}) {
     ExecutorOptions options;
     options.kv_formats = std::move(formats);
+    options.kv_head_groups = std::move(head_groups);
+    // One-head int4 blocks of an fp32 pool: 76 to a page of 4 base blocks, past the 64 a page
+    // holds; pages of 2 base blocks hold 38.
+    if (!options.kv_head_groups.empty()) options.page_blocks = 2;
     StatusOr<std::unique_ptr<Executor>> executor = Executor::create(*source_, options);
     EXPECT_TRUE(executor.ok()) << executor.status().to_string();
     return executor.ok() ? std::move(executor).value() : nullptr;
@@ -187,6 +192,37 @@ TEST_F(ExecutorFormatTest, SharingLayersNeverWriteTheirOwnersBlocks) {
     EXPECT_EQ(one.kv().used_bytes(), two.kv().used_bytes());
     EXPECT_EQ(one.kv().tables(SeqId{1})[1], one.kv().tables(SeqId{1})[0]);
   }
+}
+
+// Per-KV-head tables (SmolLM2 has 3 KV heads: a table and one-head blocks each): in the base format
+// they hold the same values as whole-layer blocks; heads may take different formats.
+TEST_F(ExecutorFormatTest, PerHeadTablesHoldEachHeadInItsOwnFormat) {
+  std::unique_ptr<Executor> executor = make({kInt8, kInt4}, {3});
+  ASSERT_TRUE(executor);
+  const std::vector<TokenId> p = prompt(45, 9);
+  const auto base = run(*executor, {{SeqId{1}, p, {}}})[0];
+  KvLayout per_head{{}, {}, 3};
+  EXPECT_LT(max_abs_diff(run(*executor, {{SeqId{1}, p, per_head}})[0], base), 1e-4)
+      << "one-head fp32 blocks are the same values";
+  auto heads = [&](const KvFormat& first, const KvFormat& rest) {
+    KvLayout l{{}, {}, 3};
+    for (int layer = 0; layer < kLayers; ++layer) {
+      l.formats.insert(l.formats.end(), {first, rest, rest});
+    }
+    return max_abs_diff(run(*executor, {{SeqId{1}, p, l}})[0], base);
+  };
+  const double int8 = heads(kInt8, kInt8);
+  const double mixed = heads(kInt8, kInt4);
+  const double int4 = heads(kInt4, kInt4);
+  std::printf("per-head max |logit diff|: int8 %.4f, head 0 int8 + heads 1-2 int4 %.4f, int4 %.4f\n",
+              int8, mixed, int4);
+  EXPECT_LT(int8, mixed) << "heads 1 and 2 lose bits";
+  EXPECT_LT(mixed, int4) << "head 0 keeps them";
+  // Batched beside whole-layer sequences of other formats.
+  const auto batched = run(*executor, {{SeqId{1}, p, per_head},
+                                       {SeqId{2}, prompt(30, 10), every_layer(kInt4)},
+                                       {SeqId{3}, prompt(20, 11), {}}});
+  EXPECT_LT(max_abs_diff(batched[0], base), 1e-3);
 }
 
 TEST_F(ExecutorFormatTest, ForwardRefusesLayoutsThatDoNotFit) {

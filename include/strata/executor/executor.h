@@ -48,6 +48,9 @@ struct ExecutorOptions : DevicesConfig, KernelsConfig, KvCacheConfig {
   // Page formats besides KvCacheConfig::page_format that sequences may take (kv::KvLayout, per
   // sequence and per layer); they share the pool's pages like it.
   std::vector<kv::KvFormat> kv_formats;
+  // KV head groups besides 1 that a sequence's layout may split each layer into (per-KV-head
+  // page tables; each divides the model's KV heads).
+  std::vector<int32_t> kv_head_groups;
 };
 
 class Executor {

@@ -3,8 +3,9 @@
 // hash after the sequences that computed them finish, and evicted least-recently-used only when
 // space is needed.
 //
-// Blocks: a page holds blocks of one format (PageLayout::blocks_per_page); a block is allocated
-// into a page of its format that already has room and is pinned (below), else into a free page.
+// Blocks: a page holds blocks of one kind, a format and a number of KV heads
+// (PageLayout::blocks_per_page; `heads` 0 below means all); a block is allocated into a page of
+// its kind that already has room and is pinned (below), else into a free page.
 // Capacity is counted in pages, reported in base-format blocks (num_blocks(), num_available()) and
 // in bytes.
 //
@@ -54,21 +55,22 @@ class BlockPool {
   int32_t num_cached_groups() const { return static_cast<int32_t>(cached_.size()); }
   int64_t num_evicted_groups() const { return num_evicted_groups_; }  // since construction
 
-  // Pages that allocating n more blocks of `format` takes from num_available_pages(): the blocks
-  // that do not fit in pinned pages of that format, in whole pages.
-  int32_t pages_for(int64_t n, const KvFormat& format) const;
+  // Pages that allocating n more blocks of a kind takes from num_available_pages(): the blocks
+  // that do not fit in pinned pages of that kind, in whole pages.
+  int32_t pages_for(int64_t n, const KvFormat& format, int32_t heads = 0) const;
   // Available pages that acquiring these evictable groups would pin.
   int32_t pages_pinned_by(std::span<const ChunkHash> groups) const;
 
-  // Takes n blocks, each with refcount 1 and the given format, evicting unused cached groups
-  // (least recently used first) when free pages run short. REQUIRES pages_for(n, format) <=
+  // Takes n blocks of a kind, each with refcount 1, evicting unused cached groups (least recently
+  // used first) when free pages run short. REQUIRES pages_for(n, format, heads) <=
   // num_available_pages().
-  std::vector<BlockId> allocate(int32_t n, KvFormat format);
+  std::vector<BlockId> allocate(int32_t n, KvFormat format, int32_t heads = 0);
   void retain(BlockId block);
   // Drops one reference; at zero the block is free again.
   void release(BlockId block);
   int32_t refcount(BlockId block) const { return refcounts_[block.value]; }
-  KvFormat format(BlockId block) const { return pages_[layout_.page_of(block)].format; }
+  KvFormat format(BlockId block) const { return pages_[layout_.page_of(block)].kind.format; }
+  int32_t heads(BlockId block) const { return pages_[layout_.page_of(block)].kind.heads; }
 
   // --- prefix cache storage ---
   // Caches `blocks` (one per layer; layers that share a block name it twice) under `hash` with
@@ -87,8 +89,8 @@ class BlockPool {
 
  private:
   struct Page {
-    KvFormat format;
-    int32_t capacity = 0;   // blocks of `format` it holds; 0 while free
+    BlockKind kind;
+    int32_t capacity = 0;   // blocks of `kind` it holds; 0 while free
     int32_t used = 0;       // blocks with refcount > 0
     int32_t evictable = 0;  // of those, blocks of evictable cached groups
     uint64_t free_slots = 0;  // bit s: slot s is unused
@@ -102,17 +104,17 @@ class BlockPool {
   static bool is_unpinned(const Page& p) { return p.used > 0 && p.used == p.evictable; }
   // Applies a change to a page's counts, keeping num_evictable_pages_ and the open sets right.
   void update_page(int32_t page, int32_t used_delta, int32_t evictable_delta);
-  std::set<int32_t>& open_pages(const KvFormat& format);
-  // Free slots of pinned pages of `format`.
-  int64_t pinned_room(const KvFormat& format) const;
+  std::set<int32_t>& open_pages(const BlockKind& kind);
+  // Free slots of pinned pages of `kind`.
+  int64_t pinned_room(const BlockKind& kind) const;
   void evict_one();
 
   PageLayout layout_;
   std::vector<Page> pages_;
   std::vector<int32_t> refcounts_;  // per block id
   std::vector<int32_t> free_pages_;  // pages without blocks (used as a stack)
-  // Per format, pages with blocks and free slots.
-  std::vector<std::pair<KvFormat, std::set<int32_t>>> open_;
+  // Per kind, pages with blocks and free slots.
+  std::vector<std::pair<BlockKind, std::set<int32_t>>> open_;
   int32_t num_evictable_pages_ = 0;  // pages with blocks, none pinned
   int64_t used_bytes_ = 0;
   std::unordered_map<ChunkHash, CachedGroup> cached_;

@@ -10,10 +10,12 @@
 // A sequence may be swapped out to the host pool (its tables then name host blocks) and back in
 // by the next plan that schedules it.
 //
-// Page tables: tables(seq)[layer][i] is the block holding tokens [i*B, (i+1)*B) of that layer,
-// B = block_size_tokens, in the format the sequence's KvLayout gives that layer (the pool's base
-// format by default). A layer that shares another's blocks (KvLayout::shared_with) has a table
-// equal to its owner's; each table entry holds one reference on its block.
+// Page tables: tables(seq)[t][i] is the block holding tokens [i*B, (i+1)*B) of table t,
+// B = block_size_tokens: with the default layout table t is layer t; with KvLayout::head_groups G
+// table layer * G + g holds the blocks of the layer's g-th group of num_kv_heads / G KV heads. A
+// table's blocks are in the format the layout gives it (the pool's base format by default). The
+// tables of a layer that shares another's blocks (KvLayout::shared_with) equal its owner's; each
+// table entry holds one reference on its block.
 // Capacity is counted in pages (page_layout.h): a plan fits when the pages its new blocks need, by
 // format, are available; num_blocks() and num_available_blocks() give pages in base blocks.
 //
@@ -156,8 +158,10 @@ class KvCacheManager {
     ChunkHash last_hash;                       // hash of block num_hashed_blocks - 1 (or root)
     bool swapped = false;                      // tables name host-pool blocks
     KvLayout layout;                           // as given
-    std::vector<KvFormat> formats;             // per layer
-    std::vector<int32_t> owners;               // per layer: the layer whose blocks it uses
+    int32_t groups_per_layer = 1;              // KV head groups: tables per layer
+    int32_t heads = 0;                         // KV heads per block (0: all)
+    std::vector<KvFormat> formats;             // per table
+    std::vector<int32_t> owners;               // per table: the table whose blocks it uses
   };
 
   const Sequence& get(SeqId seq) const;
@@ -165,10 +169,17 @@ class KvCacheManager {
   int64_t num_token_blocks(const Sequence& s) const {
     return s.tables.empty() ? 0 : static_cast<int64_t>(s.tables[0].size());
   }
-  // The layout as text for the prefix root: "int8/token64;int8/token64=0;...".
+  // Fills s.groups_per_layer, heads, formats and owners from a layout; INVALID_ARGUMENT naming
+  // what the pool cannot hold.
+  Status apply_layout(const KvLayout& layout, Sequence& s) const;
+  // The layout as text for the prefix root: "groups1;int8/token64;int8/token64=0;...".
   static std::string layout_name(const Sequence& s);
-  // Whether the block of an owner layer's table is referenced beyond that sequence's own entries.
-  bool is_shared(const Sequence& s, int64_t layer, int64_t token_block) const;
+  // Whether the block of an owner table is referenced beyond that sequence's own entries.
+  bool is_shared(const Sequence& s, int64_t table, int64_t token_block) const;
+  // per_kind[kind of s's table] += n (indexed like PageLayout::kinds()).
+  void count(std::vector<int64_t>& per_kind, const Sequence& s, int64_t table, int64_t n) const;
+  // Pages `pool` must give for blocks counted per kind.
+  static int64_t pages_for(const BlockPool& pool, const std::vector<int64_t>& per_kind);
   // Points every table entry of token block i that `owner`'s blocks back (the owner's and its
   // sharers') at `block`: releases the old block in `from`, retains the new one in `to`.
   static void set_entry(Sequence& s, int64_t owner, int64_t token_block, BlockId block,

@@ -23,11 +23,12 @@ struct BlockId {
 };
 
 // A block the executor must copy before the step (copy-on-write of a shared partial block, a swap
-// between the device and host pools): both blocks are in `format`.
+// between the device and host pools): both blocks are in `format`, with `heads` KV heads (0: all).
 struct BlockCopy {
   BlockId source;
   BlockId destination;
   KvFormat format;
+  int32_t heads = 0;
 };
 
 // Token blocks [first_block, first_block + num_blocks) of a sequence whose KV comes from outside
@@ -66,20 +67,26 @@ struct KvGeometry {
   int32_t page_blocks = 1;
   // Formats besides the base one that blocks may take (a sequence's KvLayout picks among them).
   std::vector<KvFormat> formats;
+  // Numbers of KV head groups besides 1 that a sequence's layout may split a layer into (each
+  // divides num_kv_heads); every format then also comes in blocks of num_kv_heads / G heads.
+  std::vector<int32_t> head_groups;
 
   // INVALID_ARGUMENT naming the first non-positive field.
   Status validate() const;
 };
 
-// How one sequence's KV is laid out in the pool, per layer: the format of the layer's blocks, and
-// whether the layer has blocks at all or reads another layer's (cross-layer sharing: its page
-// table aliases the owner's, and its own keys and values are never written). Empty vectors mean
-// every layer in the pool's base format, each with its own blocks.
+// How one sequence's KV is laid out in the pool. Each layer's KV heads are split into head_groups
+// groups of num_kv_heads / head_groups heads, each with its own page table (per-KV-head tables;
+// table t = layer * head_groups + group, holding blocks of that group's heads only). Each table
+// has a format; a layer may read another layer's blocks instead of having its own (cross-layer
+// sharing: its tables alias the owner's, and its own keys and values are never written). Empty
+// vectors and one group mean every layer in the pool's base format with its own blocks.
 struct KvLayout {
-  std::vector<KvFormat> formats;    // per layer, or empty
+  std::vector<KvFormat> formats;    // per table, or empty
   std::vector<int32_t> shared_with;  // per layer: -1, or the earlier layer whose blocks it reads
+  int32_t head_groups = 1;
 
-  bool is_default() const { return formats.empty() && shared_with.empty(); }
+  bool is_default() const { return formats.empty() && shared_with.empty() && head_groups == 1; }
   bool operator==(const KvLayout&) const = default;
 };
 

@@ -251,5 +251,51 @@ TEST(KvLayoutTest, BadLayoutsAreRefusedNamingTheLayer) {
   EXPECT_FALSE(m.has_sequence(SeqId{1}));
 }
 
+// Per-KV-head tables: two KV heads, each layer split into two tables of one-head blocks.
+TEST(KvLayoutTest, PerHeadTablesHoldBlocksOfTheirHeadsOnly) {
+  KvGeometry g{.num_layers = 2, .num_kv_heads = 2, .head_dim = kDim, .block_size_tokens = kBlock,
+               .num_blocks = 32, .page_blocks = 2, .formats = {kInt4}, .head_groups = {2}};
+  KvCacheManager m(g, kBf16, {});
+  const PageLayout& l = m.page_layout();
+  EXPECT_EQ(l.block_bytes(kBf16, 1) * 2, l.block_bytes(kBf16));
+  EXPECT_EQ(l.blocks_per_page(kBf16, 1), 2 * l.blocks_per_page(kBf16));
+  // Layer 0: head 0 bf16, head 1 int4; layer 1 shares layer 0.
+  const KvLayout per_head{{kBf16, kInt4, kBf16, kInt4}, {-1, 0}, 2};
+  ASSERT_TRUE(m.add_sequence(SeqId{1}, tokens(9), "", true, per_head).ok());
+  step(m, SeqId{1}, 9);
+  const auto& t = m.tables(SeqId{1});
+  ASSERT_EQ(t.size(), 4u) << "two tables a layer";
+  EXPECT_EQ(t[2], t[0]);
+  EXPECT_EQ(t[3], t[1]);
+  EXPECT_NE(t[0][0], t[1][0]);
+  EXPECT_EQ(m.used_bytes(), 3 * (l.block_bytes(kBf16, 1) + l.block_bytes(kInt4, 1)));
+  // A fork's copy-on-write and a swap move one-head blocks in their own format.
+  ASSERT_TRUE(m.fork(SeqId{1}, SeqId{2}).ok());
+  m.append_tokens(SeqId{2}, std::vector<TokenId>{7});
+  const StepCopies cow = step(m, SeqId{2}, 1);
+  ASSERT_EQ(cow.device.size(), 2u);
+  EXPECT_EQ(cow.device[0].heads, 1);
+  EXPECT_EQ(cow.device[1].format, kInt4);
+  m.free(SeqId{1});
+  m.free(SeqId{2});
+  EXPECT_EQ(m.num_available_blocks(), 32);
+}
+
+TEST(KvLayoutTest, HeadGroupsMustBeASplitThePoolWasBuiltFor) {
+  KvGeometry g{.num_layers = 2, .num_kv_heads = 2, .head_dim = kDim, .block_size_tokens = kBlock,
+               .num_blocks = 32, .page_blocks = 2, .formats = {}, .head_groups = {2}};
+  KvCacheManager m(g, kBf16, {});
+  EXPECT_FALSE(m.add_sequence(SeqId{1}, tokens(4), "", true, {{}, {}, 4}).ok());
+  EXPECT_FALSE(m.add_sequence(SeqId{1}, tokens(4), "", true, {{kBf16, kBf16}, {}, 2}).ok())
+      << "one format per table: four";
+  KvCacheManager whole({.num_layers = 2, .num_kv_heads = 2, .head_dim = kDim,
+                        .block_size_tokens = kBlock, .num_blocks = 32},
+                       kBf16, {});
+  const Status s = whole.add_sequence(SeqId{1}, tokens(4), "", true, {{}, {}, 2});
+  EXPECT_NE(s.message().find("head groups"), std::string::npos) << s.to_string();
+  EXPECT_TRUE(PageLayout::create(kBf16, {}, 1, 2, kBlock, kDim, {3}).status().message().find(
+                  "does not divide") != std::string::npos);
+}
+
 }  // namespace
 }  // namespace strata::kv
