@@ -46,10 +46,14 @@ at::Tensor as_bytes(const at::Tensor& t) { return t.contiguous().view(at::kByte)
 
 at::ScalarType scalar_type(DType dtype) {
   switch (dtype) {
-    case DType::kFloat32: return at::kFloat;
-    case DType::kBFloat16: return at::kBFloat16;
-    case DType::kFloat16: return at::kHalf;
-    default: break;
+    case DType::kFloat32:
+      return at::kFloat;
+    case DType::kBFloat16:
+      return at::kBFloat16;
+    case DType::kFloat16:
+      return at::kHalf;
+    default:
+      break;
   }
   TORCH_CHECK(false, "not an unquantized dtype: ", dtype_name(dtype));
 }
@@ -126,7 +130,8 @@ at::Tensor regions_to_heads(const at::Tensor& regions, const kv::TensorFormat& f
   out.slice(0, 0, all.data_bytes).copy_(regions.slice(1, 0, one.data_bytes).reshape({-1}));
   if (one.scale_bytes > 0) {
     out.slice(0, all.scales_offset, all.scales_offset + all.scale_bytes)
-        .copy_(regions.slice(1, one.scales_offset, one.scales_offset + one.scale_bytes).reshape({-1}));
+        .copy_(
+            regions.slice(1, one.scales_offset, one.scales_offset + one.scale_bytes).reshape({-1}));
   }
   if (one.zero_bytes > 0) {
     out.slice(0, all.zeros_offset, all.total_bytes)
@@ -144,7 +149,8 @@ at::Tensor heads_to_regions(const at::Tensor& bytes, const kv::TensorFormat& f, 
   out.slice(1, 0, one.data_bytes).copy_(bytes.slice(0, 0, all.data_bytes).view({n, -1}));
   if (one.scale_bytes > 0) {
     out.slice(1, one.scales_offset, one.scales_offset + one.scale_bytes)
-        .copy_(bytes.slice(0, all.scales_offset, all.scales_offset + all.scale_bytes).view({n, -1}));
+        .copy_(
+            bytes.slice(0, all.scales_offset, all.scales_offset + all.scale_bytes).view({n, -1}));
   }
   if (one.zero_bytes > 0) {
     out.slice(1, one.zeros_offset, one.total_bytes)
@@ -175,10 +181,10 @@ at::Tensor unpack_kv_blocks(const at::Tensor& bytes, const kv::KvFormat& format,
   std::vector<at::Tensor> parts;
   for (int64_t kv_index = 0; kv_index < 2; ++kv_index) {
     const kv::TensorFormat& f = kv_index == 0 ? format.key : format.value;
-    const at::Tensor regions = kv_index == 0 ? bytes.slice(1, 0, key_bytes)
-                                             : bytes.slice(1, key_bytes, bytes.size(1));
-    parts.push_back(unpack_kv(regions_to_heads(regions, f, n, h, b, d), f, n * h, b, d)
-                        .view({n, h, b, d}));
+    const at::Tensor regions =
+        kv_index == 0 ? bytes.slice(1, 0, key_bytes) : bytes.slice(1, key_bytes, bytes.size(1));
+    parts.push_back(
+        unpack_kv(regions_to_heads(regions, f, n, h, b, d), f, n * h, b, d).view({n, h, b, d}));
   }
   return at::stack(parts, 1);
 }

@@ -230,7 +230,6 @@ StatusOr<bench::LoadOptions> load_options(const Flags& flags) {
   return options;
 }
 
-
 StatusOr<Workload> build_workload(const Flags& flags, bool multiturn,
                                   const tokenizer::Tokenizer& tok) {
   Workload workload;

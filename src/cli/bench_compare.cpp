@@ -1,10 +1,10 @@
 // `strata bench compare`: one workload on several configurations of the in-process engine (a
 // fresh engine per run) and on peer servers, side by side in compare.md / compare.json and plots.
 
+#include <dirent.h>
 #include <sys/stat.h>  // mkdir
 #include <sys/wait.h>
 #include <unistd.h>
-#include <dirent.h>
 
 #include <cmath>
 #include <cstdio>
@@ -50,8 +50,8 @@ StatusOr<std::vector<double>> parse_rates(const Flags& flags) {
   std::string item;
   while (std::getline(in, item, ',')) {
     char* end = nullptr;
-    const double rate = item == "inf" ? std::numeric_limits<double>::infinity()
-                                      : std::strtod(item.c_str(), &end);
+    const double rate =
+        item == "inf" ? std::numeric_limits<double>::infinity() : std::strtod(item.c_str(), &end);
     if (item != "inf" && (item.empty() || *end != '\0' || !(rate > 0))) {
       return invalid_argument_error("--request-rates: '" + item + "' is not a rate > 0 or inf");
     }
@@ -73,8 +73,8 @@ std::string compare_row(const std::string& variant, const Json& r) {
   if (r.contains("turns")) {
     for (const Json& turn : r["turns"]) {
       if (turn["turn"].get<int64_t>() < 2) continue;
-      const double n = static_cast<double>(turn["requests"].get<int64_t>() -
-                                           turn["failed"].get<int64_t>());
+      const double n =
+          static_cast<double>(turn["requests"].get<int64_t>() - turn["failed"].get<int64_t>());
       later_sum += turn["mean_ttft_ms"].get<double>() * n;
       later_count += n;
     }
@@ -143,8 +143,9 @@ Status bench_compare(const Flags& flags, const std::vector<std::string>& args) {
   const std::vector<std::string>& variant_specs = flags.get_all("variant");
   const std::vector<std::string>& peer_specs = flags.get_all("peer");
   if (variant_specs.empty() && peer_specs.empty()) {
-    return invalid_argument_error("give at least one --variant NAME[:key=value,...] or "
-                                  "--peer NAME=URL");
+    return invalid_argument_error(
+        "give at least one --variant NAME[:key=value,...] or "
+        "--peer NAME=URL");
   }
   STRATA_ASSIGN_OR_RETURN(std::vector<double> rates, parse_rates(flags));
   STRATA_ASSIGN_OR_RETURN(bench::LoadOptions load, load_options(flags));
@@ -157,7 +158,8 @@ Status bench_compare(const Flags& flags, const std::vector<std::string>& args) {
     config::DeploymentConfig d = base;
     for (const auto& [key, value] : variant.overrides) {
       const Status status = config::apply_override(d, key, value);
-      if (!status.ok()) return invalid_argument_error("--variant " + spec + ": " + status.message());
+      if (!status.ok())
+        return invalid_argument_error("--variant " + spec + ": " + status.message());
     }
     STRATA_RETURN_IF_ERROR(d.validate());
     variants.emplace_back(std::move(variant), std::move(d));
@@ -263,7 +265,8 @@ Status bench_compare(const Flags& flags, const std::vector<std::string>& args) {
   }
   STRATA_RETURN_IF_ERROR(
       write_file(out_dir + "/compare.json", Json{{"command", command}, {"runs", runs}}.dump(1)));
-  STRATA_RETURN_IF_ERROR(write_file(out_dir + "/compare.md", "Command: `" + command + "`\n\n" + table));
+  STRATA_RETURN_IF_ERROR(
+      write_file(out_dir + "/compare.md", "Command: `" + command + "`\n\n" + table));
   std::fputs(table.c_str(), stdout);
   std::fprintf(stderr, "wrote %s/compare.json and %s/compare.md\n", out_dir.c_str(),
                out_dir.c_str());
@@ -278,8 +281,10 @@ Status bench_compare(const Flags& flags, const std::vector<std::string>& args) {
   int wait_status = 0;
   if (pid < 0 || ::waitpid(pid, &wait_status, 0) < 0 || !WIFEXITED(wait_status) ||
       WEXITSTATUS(wait_status) != 0) {
-    std::fprintf(stderr, "warning: no plots: %s %s failed (install matplotlib, or pass "
-                 "--plot-python PYTHON or --no-plots)\n", python.c_str(), STRATA_PLOT_SCRIPT);
+    std::fprintf(stderr,
+                 "warning: no plots: %s %s failed (install matplotlib, or pass "
+                 "--plot-python PYTHON or --no-plots)\n",
+                 python.c_str(), STRATA_PLOT_SCRIPT);
   }
   return Status();
 }

@@ -176,8 +176,7 @@ Status chat(const std::vector<std::string>& args) {
     std::fprintf(stderr, "loading %s ...\n", deployment.model.path.c_str());
     STRATA_ASSIGN_OR_RETURN(LoadedEngine loaded, load_engine(deployment));
     if (!loaded.chat_template) return loaded.chat_template_error;
-    std::fprintf(stderr, "%s on %s (%s).",
-                 loaded.engine->model_config().name.c_str(),
+    std::fprintf(stderr, "%s on %s (%s).", loaded.engine->model_config().name.c_str(),
                  executor::device_name(loaded.engine->executor().device()).c_str(),
                  dtype_name(loaded.engine->executor().dtype()));
     backend = std::make_unique<LocalChat>(std::move(loaded), params, system);

@@ -4,8 +4,8 @@
 #include <vector>
 
 #include "strata/config/config_loader.h"
-#include "strata/store/kv_store.h"
 #include "strata/model/model_source.h"
+#include "strata/store/kv_store.h"
 #include "strata/tokenizer/tokenizer.h"
 
 namespace strata::cli {

@@ -365,8 +365,8 @@ Status read_kv_cache(Context& ctx, const YAML::Node& node, KvCacheSection& out) 
         return Status();
       }
     }
-    return type_error(ctx, n, k,
-                      "auto or a page format (bfloat16, int8/token64, k:int8/token64,v:int4/token32)");
+    return type_error(
+        ctx, n, k, "auto or a page format (bfloat16, int8/token64, k:int8/token64,v:int4/token32)");
   }));
   return m.get("page_blocks", into(ctx, out.page_blocks));
 }

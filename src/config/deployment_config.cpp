@@ -98,9 +98,9 @@ const KeyCheck<DevicesSection> kDevicesKeys[] = {
                                        std::to_string(d.device.index));
        }
        if (d.device.kind != DeviceKind::kCuda && d.device.index != 0) {
-         return invalid_argument_error("devices.device: a CUDA device index (" +
-                                       std::to_string(d.device.index) + ") needs device cuda, got " +
-                                       std::string(config_name(d.device.kind)));
+         return invalid_argument_error(
+             "devices.device: a CUDA device index (" + std::to_string(d.device.index) +
+             ") needs device cuda, got " + std::string(config_name(d.device.kind)));
        }
        return Status();
      }},
@@ -145,7 +145,9 @@ const KeyCheck<KvCacheSection> kKvCacheKeys[] = {
     {"kv_cache.enable_prefix_caching", nullptr},
     {"kv_cache.page_format", nullptr},  // checked against the model when the pool is built
     {"kv_cache.page_blocks",
-     [](const KvCacheSection& k) { return in_range("kv_cache.page_blocks", k.page_blocks, 0, 64); }},
+     [](const KvCacheSection& k) {
+       return in_range("kv_cache.page_blocks", k.page_blocks, 0, 64);
+     }},
 };
 
 const KeyCheck<KvStoreSection> kKvStoreKeys[] = {

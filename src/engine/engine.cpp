@@ -149,7 +149,8 @@ Status Engine::start_on_step_thread() {
   kv_ = std::make_unique<kv::KvCacheManager>(
       executor_->kv_geometry(), executor_->kv_format(),
       kv::PrefixCacheOptions{options_.executor.enable_prefix_caching, model_fingerprint_});
-  if (options_.executor.page_format && !(*options_.executor.page_format == executor_->kv_format())) {
+  if (options_.executor.page_format &&
+      !(*options_.executor.page_format == executor_->kv_format())) {
     layout_.formats.assign(executor_->kv_geometry().num_layers, *options_.executor.page_format);
   }
   scheduler_ = std::make_unique<scheduler::Scheduler>(options_.scheduler, *kv_);
@@ -197,7 +198,8 @@ StatusOr<std::shared_ptr<RequestStream>> Engine::submit(GenerateRequest request)
     }
   }
   const int64_t prompt_len = static_cast<int64_t>(request.prompt_token_ids.size());
-  if (prompt_len >= config.max_context_tokens && options_.scheduler.overflow_truncation_fraction == 0) {
+  if (prompt_len >= config.max_context_tokens &&
+      options_.scheduler.overflow_truncation_fraction == 0) {
     return invalid_argument_error("prompt: " + std::to_string(prompt_len) +
                                   " tokens leave no room in the context window of " +
                                   std::to_string(config.max_context_tokens));
@@ -308,8 +310,9 @@ void Engine::admit(std::vector<std::pair<GenerateRequest, std::shared_ptr<Reques
       prompt.erase(prompt.begin() + block, prompt.begin() + block + drop);
       active->usage.truncated_prompt_tokens = drop;
     }
-    Status added = scheduler_->add(seq, std::move(prompt), request.priority,
-                                   std::move(request.tenant), /*cacheable=*/!scores_prompt, layout_);
+    Status added =
+        scheduler_->add(seq, std::move(prompt), request.priority, std::move(request.tenant),
+                        /*cacheable=*/!scores_prompt, layout_);
     Active& ref = *active;
     active_.emplace(seq, std::move(active));
     if (!added.ok()) {

@@ -20,10 +20,12 @@ StatusOr<KvPool> KvPool::allocate(kv::PageLayout layout, int64_t num_pages, int6
   pool.dim_ = head_dim;
   const int64_t page_bytes = pool.layout_.page_bytes();
   try {
-    pool.pages_ = at::zeros({num_pages, page_bytes}, at::TensorOptions().dtype(at::kByte).device(device));
+    pool.pages_ =
+        at::zeros({num_pages, page_bytes}, at::TensorOptions().dtype(at::kByte).device(device));
     if (num_host_pages > 0) {
-      pool.host_pages_ = at::empty({num_host_pages, page_bytes},
-                                   at::TensorOptions().dtype(at::kByte).pinned_memory(device.is_cuda()));
+      pool.host_pages_ =
+          at::empty({num_host_pages, page_bytes},
+                    at::TensorOptions().dtype(at::kByte).pinned_memory(device.is_cuda()));
     }
   } catch (const std::exception& e) {
     return resource_exhausted_error("cannot allocate the KV pool: " + std::string(e.what()));
@@ -98,7 +100,8 @@ void KvPool::write(const std::vector<kv::BlockId>& blocks, const kv::KvFormat& f
     base_view_.index_copy_(0, base_indices(blocks), values.to(dtype_));
     return;
   }
-  scatter(pages_, blocks, layout_.kind(format, heads), kernels::aten::pack_kv_blocks(values, format));
+  scatter(pages_, blocks, layout_.kind(format, heads),
+          kernels::aten::pack_kv_blocks(values, format));
 }
 
 void KvPool::copy(const std::vector<kv::BlockCopy>& copies, Side from, Side to) {

@@ -52,8 +52,8 @@ class KvPool {
   // [n, block_bytes(kind)] bytes of blocks of one kind, and their inverse.
   at::Tensor gather(const at::Tensor& pages, const std::vector<kv::BlockId>& blocks,
                     const kv::BlockKind& kind) const;
-  void scatter(at::Tensor& pages, const std::vector<kv::BlockId>& blocks,
-               const kv::BlockKind& kind, const at::Tensor& bytes) const;
+  void scatter(at::Tensor& pages, const std::vector<kv::BlockId>& blocks, const kv::BlockKind& kind,
+               const at::Tensor& bytes) const;
   bool is_base(const kv::KvFormat& format, int32_t heads) const {
     return format == layout_.base() && (heads == 0 || heads == heads_);
   }

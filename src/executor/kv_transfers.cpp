@@ -74,9 +74,9 @@ TorchExecutor::StagedLoads TorchExecutor::stage_loads(const ForwardBatch& batch)
   if (device_.is_cuda()) {
     // Every layer's host-to-device copies go out now on a side stream; layer l's attention waits
     // only for layer l's event, so loading later layers overlaps computing earlier ones.
-    staged.device_staging = at::empty({num_layers, n, 2, config_.num_kv_heads, block,
-                                       config_.head_dim},
-                                      at::TensorOptions().dtype(dtype_).device(device_));
+    staged.device_staging =
+        at::empty({num_layers, n, 2, config_.num_kv_heads, block, config_.head_dim},
+                  at::TensorOptions().dtype(dtype_).device(device_));
     // Layers held by a read buffer are device-to-device copies, queued behind that buffer's
     // pre-load on the same stream.
     const c10::cuda::CUDAStream compute = c10::cuda::getCurrentCUDAStream(device_.index());
@@ -160,9 +160,9 @@ void TorchExecutor::insert_loaded_layer(StagedLoads& loads, int64_t layer) {
     loads.layer_ready[layer].block(c10::cuda::getCurrentCUDAStream(device_.index()));
     blocks = loads.device_staging[layer].clone();
   } else {
-    blocks = at::empty({n, 2, config_.num_kv_heads, kv_geometry_.block_size_tokens,
-                        config_.head_dim},
-                       at::TensorOptions().dtype(dtype_));
+    blocks =
+        at::empty({n, 2, config_.num_kv_heads, kv_geometry_.block_size_tokens, config_.head_dim},
+                  at::TensorOptions().dtype(dtype_));
     auto* out = static_cast<std::byte*>(blocks.data_ptr());
     for (int64_t j = 0; j < n; ++j) {
       std::memcpy(out + j * block_bytes_, load_source(loads, j, layer),

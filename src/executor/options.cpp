@@ -30,9 +30,12 @@ StatusOr<Device> parse_device(const std::string& name) {
 
 std::string device_name(const Device& device) {
   switch (device.kind) {
-    case DeviceKind::kAuto: return "auto";
-    case DeviceKind::kCpu: return "cpu";
-    case DeviceKind::kCuda: break;
+    case DeviceKind::kAuto:
+      return "auto";
+    case DeviceKind::kCpu:
+      return "cpu";
+    case DeviceKind::kCuda:
+      break;
   }
   return "cuda:" + std::to_string(device.index);
 }

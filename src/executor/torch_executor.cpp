@@ -52,8 +52,8 @@ StatusOr<at::Tensor> TorchExecutor::load_weight(const model::ModelSource& source
 Status TorchExecutor::load(const model::ModelSource& source) {
   device_choice_ = options_.device;
   if (device_choice_.kind == DeviceKind::kAuto) {
-    device_choice_ = c10::cuda::device_count() > 0 ? Device{DeviceKind::kCuda, 0}
-                                                   : Device{DeviceKind::kCpu, 0};
+    device_choice_ =
+        c10::cuda::device_count() > 0 ? Device{DeviceKind::kCuda, 0} : Device{DeviceKind::kCpu, 0};
   }
   compute_dtype_ = options_.dtype.value_or(
       device_choice_.kind == DeviceKind::kCuda ? DType::kBFloat16 : DType::kFloat32);
@@ -128,17 +128,15 @@ Status TorchExecutor::allocate_kv_pool() {
   }
   kv_geometry_.head_groups = options_.kv_head_groups;
   // Pages of one base block unless smaller blocks (other formats, fewer heads) are to share them.
-  const bool others =
-      std::any_of(kv_geometry_.formats.begin(), kv_geometry_.formats.end(),
-                  [&](const kv::KvFormat& f) { return !(f == kv_format_); }) ||
-      std::any_of(kv_geometry_.head_groups.begin(), kv_geometry_.head_groups.end(),
-                  [](int32_t g) { return g > 1; });
+  const bool others = std::any_of(kv_geometry_.formats.begin(), kv_geometry_.formats.end(),
+                                  [&](const kv::KvFormat& f) { return !(f == kv_format_); }) ||
+                      std::any_of(kv_geometry_.head_groups.begin(), kv_geometry_.head_groups.end(),
+                                  [](int32_t g) { return g > 1; });
   kv_geometry_.page_blocks =
       options_.page_blocks > 0 ? options_.page_blocks : (others ? kDefaultPageBlocks : 1);
-  StatusOr<kv::PageLayout> layout =
-      kv::PageLayout::create(kv_format_, kv_geometry_.formats, kv_geometry_.page_blocks,
-                             config_.num_kv_heads, block, config_.head_dim,
-                             kv_geometry_.head_groups);
+  StatusOr<kv::PageLayout> layout = kv::PageLayout::create(
+      kv_format_, kv_geometry_.formats, kv_geometry_.page_blocks, config_.num_kv_heads, block,
+      config_.head_dim, kv_geometry_.head_groups);
   if (!layout.ok()) return invalid_argument_error("KV pool: " + layout.status().message());
   block_bytes_ = layout->block_bytes(kv_format_);
   const int64_t page_bytes = layout->page_bytes();
@@ -172,10 +170,9 @@ Status TorchExecutor::allocate_kv_pool() {
   }
   kv_geometry_.num_blocks = static_cast<int32_t>(num_blocks);
   kv_geometry_.num_host_blocks = static_cast<int32_t>(num_host_pages * kv_geometry_.page_blocks);
-  STRATA_ASSIGN_OR_RETURN(pool_, KvPool::allocate(std::move(layout).value(), num_pages,
-                                                  num_host_pages, device_, dtype_,
-                                                  config_.num_kv_heads,
-                                                  block, config_.head_dim));
+  STRATA_ASSIGN_OR_RETURN(
+      pool_, KvPool::allocate(std::move(layout).value(), num_pages, num_host_pages, device_, dtype_,
+                              config_.num_kv_heads, block, config_.head_dim));
   return Status();
 }
 
@@ -303,7 +300,8 @@ Status TorchExecutor::validate_formats(const SequenceChunk& chunk) const {
   }
   if ((!layout.formats.empty() && std::ssize(layout.formats) != layers * groups) ||
       (!layout.shared_with.empty() && std::ssize(layout.shared_with) != layers)) {
-    return invalid_argument_error(seq + ": a KV layout needs one format per page table and one "
+    return invalid_argument_error(seq +
+                                  ": a KV layout needs one format per page table and one "
                                   "sharing entry per layer");
   }
   for (int64_t t = 0; t < layers * groups; ++t) {
@@ -332,8 +330,10 @@ Status TorchExecutor::validate_sharing(const SequenceChunk& chunk, int64_t neede
     }
     if (!same) {
       return invalid_argument_error("sequence " + std::to_string(chunk.seq.value) + ": layer " +
-                                    std::to_string(l) + " shares blocks but its page table is "
-                                    "not layer " + std::to_string(owner) + "'s");
+                                    std::to_string(l) +
+                                    " shares blocks but its page table is "
+                                    "not layer " +
+                                    std::to_string(owner) + "'s");
     }
   }
   return Status();
@@ -470,10 +470,10 @@ ForwardResult TorchExecutor::run(const ForwardBatch& batch) {
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     }
     at::Tensor attn =  // [tokens, H, D]
-        other_format[l] ? attend_dequantized(batch, l, q, seq_lens_t, cu_q_lens_t, max_q_len,
-                                             scale, attention)
-                        : kernels::paged_attention(q, pool_.base_view(), tables[l], seq_lens_t,
-                                                   cu_q_lens_t, max_q_len, scale, attention);
+        other_format[l]
+            ? attend_dequantized(batch, l, q, seq_lens_t, cu_q_lens_t, max_q_len, scale, attention)
+            : kernels::paged_attention(q, pool_.base_view(), tables[l], seq_lens_t, cu_q_lens_t,
+                                       max_q_len, scale, attention);
     x = x + at::linear(attn.view({num_tokens, num_heads * head_dim}), w.wo);
 
     h = kernels::rms_norm(x, w.ffn_norm, config_.rms_norm_eps, norm);
@@ -515,7 +515,6 @@ void TorchExecutor::unregister_host_memory(void* data) const {
   if (!device_.is_cuda()) return;
   if (cudaHostUnregister(data) != cudaSuccess) (void)cudaGetLastError();
 }
-
 
 StatusOr<std::unique_ptr<Executor>> Executor::create(const model::ModelSource& source,
                                                      const ExecutorOptions& options) {

@@ -26,13 +26,13 @@
 namespace strata::executor {
 
 struct LayerWeights {
-  at::Tensor attn_norm;  // [hidden]
+  at::Tensor attn_norm;   // [hidden]
   at::Tensor wq, wk, wv;  // [heads * head_dim, hidden], [kv_heads * head_dim, hidden] x2
   at::Tensor bq, bk, bv;  // biases (undefined unless qkv_bias)
-  at::Tensor wo;         // [hidden, heads * head_dim]
-  at::Tensor ffn_norm;   // [hidden]
-  at::Tensor w_gate_up;  // [2 * intermediate, hidden]: gate rows then up rows (one matmul)
-  at::Tensor w_down;     // [hidden, intermediate]
+  at::Tensor wo;          // [hidden, heads * head_dim]
+  at::Tensor ffn_norm;    // [hidden]
+  at::Tensor w_gate_up;   // [2 * intermediate, hidden]: gate rows then up rows (one matmul)
+  at::Tensor w_down;      // [hidden, intermediate]
 };
 
 class TorchExecutor final : public Executor {
@@ -70,10 +70,10 @@ class TorchExecutor final : public Executor {
     std::vector<const std::byte*> sources;  // one host chunk per loaded block
     // Per loaded block: the read buffer holding its first layers (undefined if none) and its row.
     std::vector<std::pair<at::Tensor, int64_t>> preloaded;
-    at::Tensor destinations;                // [num_layers, num_chunks] pool block ids (device)
-    at::Tensor first_positions;             // [num_chunks] first position of each block
-    at::Tensor device_staging;              // CUDA: [num_layers, num_chunks, 2, Hkv, B, D]
-    std::vector<at::cuda::CUDAEvent> layer_ready;  // CUDA: layer l's copies are done
+    at::Tensor destinations;     // [num_layers, num_chunks] pool block ids (device)
+    at::Tensor first_positions;  // [num_chunks] first position of each block
+    at::Tensor device_staging;   // CUDA: [num_layers, num_chunks, 2, Hkv, B, D]
+    std::vector<at::cuda::CUDAEvent> layer_ready;                 // CUDA: layer l's copies are done
     std::optional<at::cuda::CUDAEvent> copies_start, copies_end;  // CUDA: timing the copies
   };
   StagedLoads stage_loads(const ForwardBatch& batch);
@@ -111,7 +111,8 @@ class TorchExecutor final : public Executor {
     return chunk.layout ? chunk.layout->head_groups : 1;
   }
   int32_t heads_of(const SequenceChunk& chunk) const {
-    return groups_of(chunk) == 1 ? 0 : static_cast<int32_t>(config_.num_kv_heads) / groups_of(chunk);
+    return groups_of(chunk) == 1 ? 0
+                                 : static_cast<int32_t>(config_.num_kv_heads) / groups_of(chunk);
   }
   const kv::KvFormat& format_of(const SequenceChunk& chunk, int64_t table) const {
     const kv::KvLayout* l = chunk.layout;
@@ -141,7 +142,7 @@ class TorchExecutor final : public Executor {
   model::ModelConfig config_;
   ExecutorOptions options_;
   at::Device device_ = at::kCPU;
-  Device device_choice_;         // options_.device resolved
+  Device device_choice_;                   // options_.device resolved
   DType compute_dtype_ = DType::kFloat32;  // options_.dtype resolved
   at::ScalarType dtype_ = at::kFloat;
   at::Tensor embedding_;    // [vocab, hidden]
@@ -152,7 +153,7 @@ class TorchExecutor final : public Executor {
   kv::KvGeometry kv_geometry_;
   kv::KvFormat kv_format_;
   int64_t block_bytes_ = 0;  // one base-format block: [2, Hkv, B, D] in dtype_
-  KvPool pool_;  // keys stored after RoPE
+  KvPool pool_;              // keys stored after RoPE
   std::unordered_map<SeqId, ReadBuffer> read_buffers_;
   std::optional<c10::cuda::CUDAStream> read_stream_;
   kernels::KernelReport kernel_report_;  // each custom op's implementation (start-up self-check)

@@ -140,7 +140,8 @@ bool BlockPool::insert_cached(const ChunkHash& hash, std::span<const BlockId> bl
   if (cached_.contains(hash)) return false;
   CachedGroup group{{blocks.begin(), blocks.end()}, {}, /*users=*/1, lru_.end()};
   for (BlockId b : blocks) {
-    if (std::find(group.distinct.begin(), group.distinct.end(), b) != group.distinct.end()) continue;
+    if (std::find(group.distinct.begin(), group.distinct.end(), b) != group.distinct.end())
+      continue;
     group.distinct.push_back(b);
     retain(b);
   }

@@ -68,11 +68,10 @@ Status KvCacheManager::add_sequence(SeqId seq, std::vector<TokenId> prompt, std:
   s.tenant_salt = std::move(tenant_salt);
   s.cacheable = cacheable;
   // Sequences of different layouts hold different bytes for the same tokens: they never share.
-  s.last_hash = layout.is_default()
-                    ? prefix_root(prefix_.model_fingerprint, format_, geometry_.block_size_tokens,
-                                  s.tenant_salt)
-                    : prefix_root(prefix_.model_fingerprint, layout_name(s),
-                                  geometry_.block_size_tokens, s.tenant_salt);
+  s.last_hash = layout.is_default() ? prefix_root(prefix_.model_fingerprint, format_,
+                                                  geometry_.block_size_tokens, s.tenant_salt)
+                                    : prefix_root(prefix_.model_fingerprint, layout_name(s),
+                                                  geometry_.block_size_tokens, s.tenant_salt);
   s.layout = std::move(layout);
   sequences_.emplace(seq, std::move(s));
   ++generation_;
@@ -123,7 +122,8 @@ Status KvCacheManager::apply_layout(const KvLayout& layout, Sequence& s) const {
     if (owner >= l || layout.shared_with[owner] >= 0 || !same_format) {
       return invalid_argument_error("KV layout: layer " + std::to_string(l) +
                                     " can share only an earlier layer that shares none, in the "
-                                    "same format (got layer " + std::to_string(owner) + ")");
+                                    "same format (got layer " +
+                                    std::to_string(owner) + ")");
     }
     for (int32_t g = 0; g < groups; ++g) s.owners[l * groups + g] = owner * groups + g;
   }

@@ -21,7 +21,8 @@ StatusOr<PageLayout> PageLayout::create(KvFormat base, std::vector<KvFormat> oth
   }
   layout.num_kv_heads_ = static_cast<int32_t>(num_kv_heads);
   layout.page_blocks_ = page_blocks;
-  layout.page_bytes_ = page_blocks * kv::block_bytes(base, num_kv_heads, block_size_tokens, head_dim);
+  layout.page_bytes_ =
+      page_blocks * kv::block_bytes(base, num_kv_heads, block_size_tokens, head_dim);
   std::vector<int32_t> heads = {static_cast<int32_t>(num_kv_heads)};
   for (int32_t g : head_groups) {
     if (g < 1 || num_kv_heads % g != 0) {
@@ -37,8 +38,8 @@ StatusOr<PageLayout> PageLayout::create(KvFormat base, std::vector<KvFormat> oth
     for (int32_t h : heads) {
       const int64_t bytes = kv::block_bytes(f, h, block_size_tokens, head_dim);
       const int64_t per_page = layout.page_bytes_ / bytes;
-      const std::string name = "KV format " + format_name(f) + " with " + std::to_string(h) +
-                               " head(s) a block";
+      const std::string name =
+          "KV format " + format_name(f) + " with " + std::to_string(h) + " head(s) a block";
       if (per_page < 1) {
         return invalid_argument_error(name + ": a block of " + std::to_string(bytes) +
                                       " bytes does not fit a page of " +
@@ -53,7 +54,8 @@ StatusOr<PageLayout> PageLayout::create(KvFormat base, std::vector<KvFormat> oth
       layout.blocks_per_page_.push_back(static_cast<int32_t>(per_page));
     }
   }
-  layout.stride_ = *std::max_element(layout.blocks_per_page_.begin(), layout.blocks_per_page_.end());
+  layout.stride_ =
+      *std::max_element(layout.blocks_per_page_.begin(), layout.blocks_per_page_.end());
   return layout;
 }
 
@@ -72,9 +74,9 @@ bool PageLayout::holds(const KvFormat& format, int32_t heads) const {
 
 size_t PageLayout::index_of(const KvFormat& format, int32_t heads) const {
   const auto it = std::find(kinds_.begin(), kinds_.end(), kind(format, heads));
-  STRATA_CHECK(it != kinds_.end()) << "KV format " << format_name(format) << " with "
-                                    << kind(format, heads).heads
-                                    << " head(s) a block is not one of the pool's";
+  STRATA_CHECK(it != kinds_.end())
+      << "KV format " << format_name(format) << " with " << kind(format, heads).heads
+      << " head(s) a block is not one of the pool's";
   return static_cast<size_t>(it - kinds_.begin());
 }
 

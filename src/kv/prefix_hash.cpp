@@ -19,8 +19,8 @@ ChunkHash prefix_root(uint64_t model_fingerprint, KvFormat format, int32_t block
   return prefix_root(model_fingerprint, format_name(format), block_size_tokens, tenant_salt);
 }
 
-ChunkHash prefix_root(uint64_t model_fingerprint, std::string_view name,
-                      int32_t block_size_tokens, std::string_view tenant_salt) {
+ChunkHash prefix_root(uint64_t model_fingerprint, std::string_view name, int32_t block_size_tokens,
+                      std::string_view tenant_salt) {
   std::vector<uint8_t> bytes(8 + 4 + name.size() + 1 + tenant_salt.size());
   std::memcpy(bytes.data(), &model_fingerprint, 8);
   std::memcpy(bytes.data() + 8, &block_size_tokens, 4);

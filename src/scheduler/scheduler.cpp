@@ -91,8 +91,8 @@ void Scheduler::requeue(SeqId seq) {
   kv::KvLayout layout = kv_.layout(seq);
   kv_.free(seq);
   const Entry& entry = entries_.at(seq);
-  const Status status = kv_.add_sequence(seq, std::move(tokens), entry.tenant_salt,
-                                         entry.cacheable, std::move(layout));
+  const Status status = kv_.add_sequence(seq, std::move(tokens), entry.tenant_salt, entry.cacheable,
+                                         std::move(layout));
   STRATA_CHECK(status.ok()) << status.to_string();
   insert_sorted(waiting_, seq);
 }

@@ -36,7 +36,8 @@ KvFormat symmetric(DType dtype, int group) {
 }
 const KvFormat kBf16 = KvFormat::plain(DType::kBFloat16);
 const KvFormat kInt8 = symmetric(DType::kInt8, 64);
-const KvFormat kK8V4{{DType::kInt8, Grouping::kPerToken, 64}, {DType::kInt4, Grouping::kPerToken, 64}};
+const KvFormat kK8V4{{DType::kInt8, Grouping::kPerToken, 64},
+                     {DType::kInt4, Grouping::kPerToken, 64}};
 const KvFormat kInt4 = symmetric(DType::kInt4, 32);
 const KvFormat kInt2 = symmetric(DType::kInt2, 32);
 const KvFormat kFp8 = symmetric(DType::kFloat8E4M3, 64);
@@ -96,7 +97,8 @@ class ExecutorFormatTest : public ::testing::Test {
       if (!out.ok()) return logits;
       const int64_t vocab = out->vocab_size;
       for (size_t i = 0; i < seqs.size(); ++i) {
-        logits[i].emplace_back(out->logits.begin() + i * vocab, out->logits.begin() + (i + 1) * vocab);
+        logits[i].emplace_back(out->logits.begin() + i * vocab,
+                               out->logits.begin() + (i + 1) * vocab);
       }
     }
     return logits;
@@ -214,8 +216,9 @@ TEST_F(ExecutorFormatTest, PerHeadTablesHoldEachHeadInItsOwnFormat) {
   const double int8 = heads(kInt8, kInt8);
   const double mixed = heads(kInt8, kInt4);
   const double int4 = heads(kInt4, kInt4);
-  std::printf("per-head max |logit diff|: int8 %.4f, head 0 int8 + heads 1-2 int4 %.4f, int4 %.4f\n",
-              int8, mixed, int4);
+  std::printf(
+      "per-head max |logit diff|: int8 %.4f, head 0 int8 + heads 1-2 int4 %.4f, int4 %.4f\n", int8,
+      mixed, int4);
   EXPECT_LT(int8, mixed) << "heads 1 and 2 lose bits";
   EXPECT_LT(mixed, int4) << "head 0 keeps them";
   // Batched beside whole-layer sequences of other formats.

@@ -38,9 +38,9 @@
 #include "strata/engine/engine_config.h"
 #include "strata/executor/executor.h"
 #include "strata/model/model_config.h"
+#include "strata/restore/restore_coordinator.h"
 #include "strata/sampling/sampler.h"
 #include "strata/sampling/sampling_params.h"
-#include "strata/restore/restore_coordinator.h"
 #include "strata/scheduler/scheduler.h"
 #include "strata/store/kv_store.h"
 #include "strata/store/store_config.h"
@@ -135,7 +135,8 @@ struct GenerateRequest {
 
 // The deployment file's sections the engine runs from, as they are.
 struct EngineOptions {
-  executor::ExecutorOptions executor;  // also kv_cache.enable_prefix_caching and kv_cache.page_format
+  // Also kv_cache.enable_prefix_caching and kv_cache.page_format, which the engine reads.
+  executor::ExecutorOptions executor;
   SchedulingConfig scheduler;
   // The host DRAM / SSD KV store and its read buffer; off unless kv_store.enabled(). The restore
   // coordinator completes it with the executor's chunk layout (store::StoreOptions::from_config).

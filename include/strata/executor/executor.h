@@ -8,18 +8,18 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
-#include <optional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "strata/common/dtype.h"
 #include "strata/common/ids.h"
 #include "strata/common/status.h"
+#include "strata/executor/executor_config.h"
 #include "strata/executor/forward_batch.h"
 #include "strata/kernels/kernel_selection.h"
-#include "strata/common/dtype.h"
-#include "strata/executor/executor_config.h"
 #include "strata/kv/kv_types.h"
 #include "strata/model/model_config.h"
 
@@ -58,8 +58,9 @@ class Executor {
   virtual ~Executor() = default;
 
   // Loads and converts every weight of `source` to the compute dtype on the device, then
-  // allocates the KV pool (INVALID_ARGUMENT for a page format that does not fit it). FAILED_PRECONDITION if CUDA is requested without a device,
-  // RESOURCE_EXHAUSTED if the pool cannot hold one full context; other errors name the tensor.
+  // allocates the KV pool (INVALID_ARGUMENT for a page format that does not fit it).
+  // FAILED_PRECONDITION if CUDA is requested without a device, RESOURCE_EXHAUSTED if the pool
+  // cannot hold one full context; other errors name the tensor.
   static StatusOr<std::unique_ptr<Executor>> create(const model::ModelSource& source,
                                                     const ExecutorOptions& options);
 

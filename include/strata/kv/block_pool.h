@@ -44,7 +44,9 @@ class BlockPool {
   int32_t num_pages() const { return static_cast<int32_t>(pages_.size()); }
   // In base-format blocks: pages x page_blocks.
   int32_t num_blocks() const { return num_pages() * layout_.page_blocks(); }
-  int32_t num_free() const { return static_cast<int32_t>(free_pages_.size()) * layout_.page_blocks(); }
+  int32_t num_free() const {
+    return static_cast<int32_t>(free_pages_.size()) * layout_.page_blocks();
+  }
   // Base-format blocks obtainable now: free pages plus those eviction can free.
   int32_t num_available() const { return num_available_pages() * layout_.page_blocks(); }
   int32_t num_available_pages() const {
@@ -90,9 +92,9 @@ class BlockPool {
  private:
   struct Page {
     BlockKind kind;
-    int32_t capacity = 0;   // blocks of `kind` it holds; 0 while free
-    int32_t used = 0;       // blocks with refcount > 0
-    int32_t evictable = 0;  // of those, blocks of evictable cached groups
+    int32_t capacity = 0;     // blocks of `kind` it holds; 0 while free
+    int32_t used = 0;         // blocks with refcount > 0
+    int32_t evictable = 0;    // of those, blocks of evictable cached groups
     uint64_t free_slots = 0;  // bit s: slot s is unused
   };
   struct CachedGroup {
@@ -111,7 +113,7 @@ class BlockPool {
 
   PageLayout layout_;
   std::vector<Page> pages_;
-  std::vector<int32_t> refcounts_;  // per block id
+  std::vector<int32_t> refcounts_;   // per block id
   std::vector<int32_t> free_pages_;  // pages without blocks (used as a stack)
   // Per kind, pages with blocks and free slots.
   std::vector<std::pair<BlockKind, std::set<int32_t>>> open_;

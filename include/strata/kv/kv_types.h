@@ -66,10 +66,10 @@ struct KvGeometry {
   // smaller format (page_layout.h).
   int32_t page_blocks = 1;
   // Formats besides the base one that blocks may take (a sequence's KvLayout picks among them).
-  std::vector<KvFormat> formats;
+  std::vector<KvFormat> formats = {};
   // Numbers of KV head groups besides 1 that a sequence's layout may split a layer into (each
   // divides num_kv_heads); every format then also comes in blocks of num_kv_heads / G heads.
-  std::vector<int32_t> head_groups;
+  std::vector<int32_t> head_groups = {};
 
   // INVALID_ARGUMENT naming the first non-positive field.
   Status validate() const;
@@ -82,8 +82,8 @@ struct KvGeometry {
 // sharing: its tables alias the owner's, and its own keys and values are never written). Empty
 // vectors and one group mean every layer in the pool's base format with its own blocks.
 struct KvLayout {
-  std::vector<KvFormat> formats;    // per table, or empty
-  std::vector<int32_t> shared_with;  // per layer: -1, or the earlier layer whose blocks it reads
+  std::vector<KvFormat> formats = {};     // per table, or empty
+  std::vector<int32_t> shared_with = {};  // per layer: -1, or the earlier layer it reads
   int32_t head_groups = 1;
 
   bool is_default() const { return formats.empty() && shared_with.empty() && head_groups == 1; }

@@ -48,8 +48,8 @@
 #include "strata/kv/kv_types.h"
 #include "strata/store/dram_tier.h"
 #include "strata/store/placement_policy.h"
-#include "strata/store/store_config.h"
 #include "strata/store/ssd_tier.h"
+#include "strata/store/store_config.h"
 
 namespace strata::store {
 

@@ -314,7 +314,6 @@ TEST(ConfigSectionsTest, KvStoreOverridesLeaveTheSsdPairToValidate) {
 
 // ---- API keys ---------------------------------------------------------------------------------
 
-
 // ---- kv_cache page formats ------------------------------------------------------------------
 
 TEST(ConfigSectionsTest, PageFormatIsReadByNameAndWrittenBack) {

@@ -31,7 +31,6 @@ inline DeploymentConfig with_path(std::string path) {
   return config;
 }
 
-
 // ---- validation -------------------------------------------------------------------------------
 
 struct ErrorCase {

@@ -187,7 +187,8 @@ TEST(KvFormatBlocks, ManyBlocksAreEachBlockPackedOnItsOwn) {
       kv::KvFormat::plain(DType::kBFloat16),
       {{DType::kInt8, Grouping::kPerToken, 64}, {DType::kInt4, Grouping::kPerToken, 32}},
       {{DType::kInt4, Grouping::kPerChannel, 0}, {DType::kInt2, Grouping::kPerToken, 16}},
-      {{DType::kFloat8E4M3, Grouping::kPerToken, 64}, {DType::kFloat8E4M3, Grouping::kPerToken, 64}}};
+      {{DType::kFloat8E4M3, Grouping::kPerToken, 64},
+       {DType::kFloat8E4M3, Grouping::kPerToken, 64}}};
   const int64_t n = 5, heads = 3, block = 16, dim = 64;
   for (const kv::KvFormat& f : formats) {
     const at::Tensor blocks = at::randn({n, 2, heads, block, dim});
@@ -195,7 +196,8 @@ TEST(KvFormatBlocks, ManyBlocksAreEachBlockPackedOnItsOwn) {
     ASSERT_EQ(packed.size(1), kv::block_bytes(f, heads, block, dim)) << kv::format_name(f);
     const at::Tensor unpacked = unpack_kv_blocks(packed, f, heads, block, dim);
     for (int64_t i = 0; i < n; ++i) {
-      const at::Tensor one = at::cat({pack_kv(blocks[i][0], f.key), pack_kv(blocks[i][1], f.value)});
+      const at::Tensor one =
+          at::cat({pack_kv(blocks[i][0], f.key), pack_kv(blocks[i][1], f.value)});
       EXPECT_EQ(bytes_of(packed[i]), bytes_of(one)) << kv::format_name(f) << " block " << i;
       const int64_t key_bytes = kv::tensor_layout(f.key, heads, block, dim).total_bytes;
       const at::Tensor k = unpack_kv(one.slice(0, 0, key_bytes), f.key, heads, block, dim);

@@ -15,12 +15,15 @@ namespace {
 constexpr int64_t kHeads = 1, kBlock = 4, kDim = 8;
 const KvFormat kBf16 = KvFormat::plain(DType::kBFloat16);
 // int4 with one group per token: data 16 + scales 8 + zeros 8 per tensor = 64 bytes a block.
-const KvFormat kInt4{{DType::kInt4, Grouping::kPerToken, 8}, {DType::kInt4, Grouping::kPerToken, 8}};
+const KvFormat kInt4{{DType::kInt4, Grouping::kPerToken, 8},
+                     {DType::kInt4, Grouping::kPerToken, 8}};
 // K int8 (32 + 16 + 8 + 8 = 48... data 32, scales at 32, 8 + 8: 48) and V int4 (32): 80 bytes.
-const KvFormat kK8V4{{DType::kInt8, Grouping::kPerToken, 8}, {DType::kInt4, Grouping::kPerToken, 8}};
+const KvFormat kK8V4{{DType::kInt8, Grouping::kPerToken, 8},
+                     {DType::kInt4, Grouping::kPerToken, 8}};
 
 PageLayout layout(int32_t page_blocks) {
-  StatusOr<PageLayout> l = PageLayout::create(kBf16, {kInt4, kK8V4}, page_blocks, kHeads, kBlock, kDim);
+  StatusOr<PageLayout> l =
+      PageLayout::create(kBf16, {kInt4, kK8V4}, page_blocks, kHeads, kBlock, kDim);
   EXPECT_TRUE(l.ok()) << l.status().to_string();
   return std::move(l).value();
 }
@@ -46,11 +49,12 @@ TEST(PageLayoutTest, PagesHoldAsManyBlocksAsTheirBytesAllow) {
 }
 
 TEST(PageLayoutTest, RefusesFormatsThatDoNotFitOrDoNotValidate) {
-  StatusOr<PageLayout> big = PageLayout::create(kBf16, {KvFormat::plain(DType::kFloat32)}, 1,
-                                                kHeads, kBlock, kDim);
+  StatusOr<PageLayout> big =
+      PageLayout::create(kBf16, {KvFormat::plain(DType::kFloat32)}, 1, kHeads, kBlock, kDim);
   ASSERT_FALSE(big.ok());
   EXPECT_NE(big.status().message().find("does not fit a page"), std::string::npos);
-  const KvFormat odd{{DType::kInt4, Grouping::kPerToken, 3}, {DType::kInt4, Grouping::kPerToken, 8}};
+  const KvFormat odd{{DType::kInt4, Grouping::kPerToken, 3},
+                     {DType::kInt4, Grouping::kPerToken, 8}};
   EXPECT_FALSE(PageLayout::create(kBf16, {odd}, 1, kHeads, kBlock, kDim).ok());
   EXPECT_FALSE(PageLayout::create(kBf16, {}, 0, kHeads, kBlock, kDim).ok());
 }
@@ -133,8 +137,12 @@ TEST(BlockPoolPagesTest, AGroupNamingABlockTwiceHoldsItOnce) {
 constexpr int32_t kLayers = 4;
 
 KvGeometry geometry(int32_t num_blocks, int32_t page_blocks) {
-  return {.num_layers = kLayers, .num_kv_heads = kHeads, .head_dim = kDim,
-          .block_size_tokens = kBlock, .num_blocks = num_blocks, .page_blocks = page_blocks,
+  return {.num_layers = kLayers,
+          .num_kv_heads = kHeads,
+          .head_dim = kDim,
+          .block_size_tokens = kBlock,
+          .num_blocks = num_blocks,
+          .page_blocks = page_blocks,
           .formats = {kInt4, kK8V4}};
 }
 
@@ -178,7 +186,8 @@ TEST(KvLayoutTest, APlanThatDoesNotFitInPagesIsRefused) {
   KvCacheManager m(geometry(4, 2), kBf16, {});  // 2 pages
   ASSERT_TRUE(m.add_sequence(SeqId{1}, tokens(8), "").ok());
   EXPECT_FALSE(m.prepare({{SeqId{1}, 8}}).ok()) << "8 bf16 blocks need 4 pages";
-  ASSERT_TRUE(m.add_sequence(SeqId{2}, tokens(8), "", true, {{kInt4, kInt4, kInt4, kInt4}, {}}).ok());
+  ASSERT_TRUE(
+      m.add_sequence(SeqId{2}, tokens(8), "", true, {{kInt4, kInt4, kInt4, kInt4}, {}}).ok());
   EXPECT_TRUE(m.prepare({{SeqId{2}, 8}}).ok()) << "8 int4 blocks fit 2 pages";
 }
 
@@ -246,15 +255,22 @@ TEST(KvLayoutTest, BadLayoutsAreRefusedNamingTheLayer) {
   EXPECT_NE(s.message().find("layer 1"), std::string::npos) << "only an earlier layer";
   s = m.add_sequence(SeqId{1}, tokens(4), "", true, {{}, {-1, 0, 1, -1}});
   EXPECT_NE(s.message().find("layer 2"), std::string::npos) << "not a layer that shares";
-  s = m.add_sequence(SeqId{1}, tokens(4), "", true, {{kBf16, kInt4, kBf16, kBf16}, {-1, 0, -1, -1}});
+  s = m.add_sequence(SeqId{1}, tokens(4), "", true,
+                     {{kBf16, kInt4, kBf16, kBf16}, {-1, 0, -1, -1}});
   EXPECT_NE(s.message().find("same format"), std::string::npos);
   EXPECT_FALSE(m.has_sequence(SeqId{1}));
 }
 
 // Per-KV-head tables: two KV heads, each layer split into two tables of one-head blocks.
 TEST(KvLayoutTest, PerHeadTablesHoldBlocksOfTheirHeadsOnly) {
-  KvGeometry g{.num_layers = 2, .num_kv_heads = 2, .head_dim = kDim, .block_size_tokens = kBlock,
-               .num_blocks = 32, .page_blocks = 2, .formats = {kInt4}, .head_groups = {2}};
+  KvGeometry g{.num_layers = 2,
+               .num_kv_heads = 2,
+               .head_dim = kDim,
+               .block_size_tokens = kBlock,
+               .num_blocks = 32,
+               .page_blocks = 2,
+               .formats = {kInt4},
+               .head_groups = {2}};
   KvCacheManager m(g, kBf16, {});
   const PageLayout& l = m.page_layout();
   EXPECT_EQ(l.block_bytes(kBf16, 1) * 2, l.block_bytes(kBf16));
@@ -282,19 +298,30 @@ TEST(KvLayoutTest, PerHeadTablesHoldBlocksOfTheirHeadsOnly) {
 }
 
 TEST(KvLayoutTest, HeadGroupsMustBeASplitThePoolWasBuiltFor) {
-  KvGeometry g{.num_layers = 2, .num_kv_heads = 2, .head_dim = kDim, .block_size_tokens = kBlock,
-               .num_blocks = 32, .page_blocks = 2, .formats = {}, .head_groups = {2}};
+  KvGeometry g{.num_layers = 2,
+               .num_kv_heads = 2,
+               .head_dim = kDim,
+               .block_size_tokens = kBlock,
+               .num_blocks = 32,
+               .page_blocks = 2,
+               .formats = {},
+               .head_groups = {2}};
   KvCacheManager m(g, kBf16, {});
   EXPECT_FALSE(m.add_sequence(SeqId{1}, tokens(4), "", true, {{}, {}, 4}).ok());
   EXPECT_FALSE(m.add_sequence(SeqId{1}, tokens(4), "", true, {{kBf16, kBf16}, {}, 2}).ok())
       << "one format per table: four";
-  KvCacheManager whole({.num_layers = 2, .num_kv_heads = 2, .head_dim = kDim,
-                        .block_size_tokens = kBlock, .num_blocks = 32},
+  KvCacheManager whole({.num_layers = 2,
+                        .num_kv_heads = 2,
+                        .head_dim = kDim,
+                        .block_size_tokens = kBlock,
+                        .num_blocks = 32},
                        kBf16, {});
   const Status s = whole.add_sequence(SeqId{1}, tokens(4), "", true, {{}, {}, 2});
   EXPECT_NE(s.message().find("head groups"), std::string::npos) << s.to_string();
-  EXPECT_TRUE(PageLayout::create(kBf16, {}, 1, 2, kBlock, kDim, {3}).status().message().find(
-                  "does not divide") != std::string::npos);
+  EXPECT_TRUE(PageLayout::create(kBf16, {}, 1, 2, kBlock, kDim, {3})
+                  .status()
+                  .message()
+                  .find("does not divide") != std::string::npos);
 }
 
 }  // namespace
