@@ -6,8 +6,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <limits>
 
@@ -134,6 +136,24 @@ void remove_flat_directory(const std::string& dir) {
   ::rmdir(dir.c_str());
 }
 
+// Creates `dir` and its missing parents (mkdir -p), so that a long comparison cannot end with
+// nowhere to write its results. FAILED_PRECONDITION naming the directory.
+Status make_directories(const std::string& dir) {
+  for (size_t slash = dir.find('/', 1); ; slash = dir.find('/', slash + 1)) {
+    const std::string prefix = dir.substr(0, slash);
+    if (!prefix.empty() && ::mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) {
+      return failed_precondition_error("cannot create " + prefix + ": " + std::strerror(errno));
+    }
+    if (slash == std::string::npos) break;
+  }
+  struct stat info{};
+  if (::stat(dir.c_str(), &info) != 0 || !S_ISDIR(info.st_mode) ||
+      ::access(dir.c_str(), W_OK) != 0) {
+    return failed_precondition_error(dir + " is not a writable directory");
+  }
+  return Status();
+}
+
 }  // namespace
 
 Status bench_compare(const Flags& flags, const std::vector<std::string>& args) {
@@ -165,7 +185,7 @@ Status bench_compare(const Flags& flags, const std::vector<std::string>& args) {
     variants.emplace_back(std::move(variant), std::move(d));
   }
   const std::string out_dir = flags.get("output-dir", "bench-compare");
-  ::mkdir(out_dir.c_str(), 0755);
+  STRATA_RETURN_IF_ERROR(make_directories(out_dir));  // before any run, not after the last
   // One workload for every run, counted with the model's tokenizer.
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<tokenizer::Tokenizer> tok,
                           load_tokenizer(base.model.path));

@@ -48,21 +48,29 @@ at::Tensor KvPool::base_indices(const std::vector<kv::BlockId>& blocks) const {
   return at::tensor(indices, at::kLong).to(pages_.device());
 }
 
+std::vector<KvPool::SlotRun> KvPool::by_slot(const std::vector<kv::BlockId>& blocks,
+                                             at::Device device) const {
+  std::map<int32_t, std::pair<std::vector<int64_t>, std::vector<int64_t>>> runs;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    auto& [pages, rows] = runs[layout_.slot_of(blocks[i])];
+    pages.push_back(layout_.page_of(blocks[i]));
+    rows.push_back(static_cast<int64_t>(i));
+  }
+  std::vector<SlotRun> out;
+  for (const auto& [slot, ids] : runs) {
+    out.push_back({slot, at::tensor(ids.first, at::kLong).to(device),
+                   at::tensor(ids.second, at::kLong).to(device)});
+  }
+  return out;
+}
+
 at::Tensor KvPool::gather(const at::Tensor& pages, const std::vector<kv::BlockId>& blocks,
                           const kv::BlockKind& kind) const {
   const int64_t bytes = layout_.block_bytes(kind.format, kind.heads);
-  // Blocks by slot: the blocks of one slot are the same byte range of their pages.
-  std::map<int32_t, std::pair<std::vector<int64_t>, std::vector<int64_t>>> by_slot;
-  for (size_t i = 0; i < blocks.size(); ++i) {
-    auto& [page_ids, rows] = by_slot[layout_.slot_of(blocks[i])];
-    page_ids.push_back(layout_.page_of(blocks[i]));
-    rows.push_back(static_cast<int64_t>(i));
-  }
   at::Tensor out = at::empty({static_cast<int64_t>(blocks.size()), bytes}, pages.options());
-  for (const auto& [slot, ids] : by_slot) {
-    const at::Tensor page_ids = at::tensor(ids.first, at::kLong).to(pages.device());
-    const at::Tensor rows = at::tensor(ids.second, at::kLong).to(pages.device());
-    out.index_copy_(0, rows, pages.index_select(0, page_ids).narrow(1, slot * bytes, bytes));
+  for (const SlotRun& run : by_slot(blocks, pages.device())) {
+    out.index_copy_(0, run.rows,
+                    pages.index_select(0, run.pages).narrow(1, run.slot * bytes, bytes));
   }
   return out;
 }
@@ -70,18 +78,10 @@ at::Tensor KvPool::gather(const at::Tensor& pages, const std::vector<kv::BlockId
 void KvPool::scatter(at::Tensor& pages, const std::vector<kv::BlockId>& blocks,
                      const kv::BlockKind& kind, const at::Tensor& bytes) const {
   const int64_t size = layout_.block_bytes(kind.format, kind.heads);
-  std::map<int32_t, std::pair<std::vector<int64_t>, std::vector<int64_t>>> by_slot;
-  for (size_t i = 0; i < blocks.size(); ++i) {
-    auto& [page_ids, rows] = by_slot[layout_.slot_of(blocks[i])];
-    page_ids.push_back(layout_.page_of(blocks[i]));
-    rows.push_back(static_cast<int64_t>(i));
-  }
   const at::Tensor source = bytes.to(pages.device());
-  for (const auto& [slot, ids] : by_slot) {
-    const at::Tensor page_ids = at::tensor(ids.first, at::kLong).to(pages.device());
-    const at::Tensor rows = at::tensor(ids.second, at::kLong).to(pages.device());
-    at::Tensor region = pages.narrow(1, slot * size, size);
-    region.index_copy_(0, page_ids, source.index_select(0, rows));
+  for (const SlotRun& run : by_slot(blocks, pages.device())) {
+    at::Tensor region = pages.narrow(1, run.slot * size, size);
+    region.index_copy_(0, run.pages, source.index_select(0, run.rows));
   }
 }
 

@@ -49,6 +49,14 @@ class KvPool {
   void copy(const std::vector<kv::BlockCopy>& copies, Side from, Side to);
 
  private:
+  // The blocks of one slot (the same byte range of their pages): their pages, and their rows in
+  // the list they came from, as index tensors on the pool's device.
+  struct SlotRun {
+    int32_t slot = 0;
+    at::Tensor pages;
+    at::Tensor rows;
+  };
+  std::vector<SlotRun> by_slot(const std::vector<kv::BlockId>& blocks, at::Device device) const;
   // [n, block_bytes(kind)] bytes of blocks of one kind, and their inverse.
   at::Tensor gather(const at::Tensor& pages, const std::vector<kv::BlockId>& blocks,
                     const kv::BlockKind& kind) const;

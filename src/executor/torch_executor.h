@@ -6,8 +6,8 @@
 // page tables (kernels/attention on CUDA, the same contract in ATen on CPU).
 //
 // Files: torch_executor.cpp (weights, the pool, validation, the forward pass), kv_transfers.cpp
-// (the KV store's loads, pre-loads and saves around it), format_reference.cpp (layers whose
-// pages are not in the pool's base format).
+// (the KV store's loads, pre-loads and saves around it), format_reference.cpp (layers not on the
+// pool's base view: pages of other formats, per-KV-head tables).
 #pragma once
 
 #include <ATen/ATen.h>

@@ -10,60 +10,6 @@
 
 namespace strata::store {
 
-StoreOptions StoreOptions::from_config(const StoreConfig& config) {
-  StoreOptions o;
-  o.dram_bytes = config.dram_bytes;
-  if (!config.ssd_dir.empty() && config.ssd_bytes > 0) {
-    o.tiers.push_back({.name = "ssd",
-                       .dir = config.ssd_dir,
-                       .capacity_bytes = config.ssd_bytes,
-                       .file_bytes = config.ssd_file_bytes,
-                       .direct_io = config.direct_io,
-                       .codec = config.ssd_codec});
-  }
-  o.policy = config.eviction_policy;
-  o.io_threads = config.io_threads;
-  o.ttl = std::chrono::seconds(config.ttl_seconds);
-  o.dram_reserve_fraction = config.dram_reserve_fraction;
-  return o;
-}
-
-Status StoreOptions::validate() const {
-  if (chunk_bytes <= 0) return invalid_argument_error("store: chunk size must be positive");
-  if (block_size_tokens <= 0) return invalid_argument_error("store: block size must be positive");
-  const int64_t chunk = round_up_to_page(chunk_bytes);
-  if (dram_bytes < chunk) {
-    return invalid_argument_error("store.dram_bytes must hold at least one chunk (" +
-                                  std::to_string(chunk) + " bytes), got " + std::to_string(dram_bytes));
-  }
-  if (std::ssize(tiers) + 1 > kMaxTiers) {
-    return invalid_argument_error("store: at most " + std::to_string(kMaxTiers - 1) +
-                                  " tiers below DRAM");
-  }
-  for (size_t i = 0; i < tiers.size(); ++i) {
-    const SsdOptions& t = tiers[i];
-    for (size_t j = 0; j < i; ++j) {
-      if (tiers[j].name == t.name || tiers[j].dir == t.dir) {
-        return invalid_argument_error("store: two lower tiers share the name or directory of '" +
-                                      t.name + "'");
-      }
-    }
-    if (t.name.empty() || t.name == "dram" || t.name == "gpu") {
-      return invalid_argument_error("store: a lower tier needs its own name, got '" + t.name + "'");
-    }
-    if (t.capacity_bytes <= 0 || t.dir.empty()) {
-      return invalid_argument_error("store." + t.name + ": set a directory and a positive capacity");
-    }
-  }
-  if (!(dram_reserve_fraction >= 0 && dram_reserve_fraction <= 0.9)) {
-    return invalid_argument_error("store.dram_reserve_fraction must be in [0, 0.9], got " +
-                                  std::to_string(dram_reserve_fraction));
-  }
-  if (io_threads < 1) return invalid_argument_error("store.io_threads must be >= 1");
-  if (ttl.count() < 0) return invalid_argument_error("store.ttl_seconds must be >= 0");
-  return Status();
-}
-
 const TierStats& StoreStats::tier(std::string_view name) const {
   for (const TierStats& t : tiers) {
     if (t.name == name) return t;

@@ -321,8 +321,8 @@ def main():
         check("serve: random prompts over OpenAI HTTP", test_serve_random_over_http)
         def test_compare_perplexity_across_variants():
             # The KV block size and the prefill chunking change how the prompt is computed,
-            # not what it scores.
-            out = os.path.join(work, "compare_ppl")
+            # not what it scores. The output directory's parents are created first.
+            out = os.path.join(work, "nested", "compare_ppl")
             bench("compare", "--model", args.model, "--workload", "ppl", "--dataset-path",
                   excerpt, "--context-len", "200", "--num-prompts", "2",
                   "--variant", "default",
@@ -336,6 +336,17 @@ def main():
             assert max(ppl) - min(ppl) <= 1e-3 * min(ppl), ppl
             table = open(os.path.join(out, "compare.md")).read()
             assert "| perplexity |" in table and table.count("| small |") == 1, table
+            # An output directory that cannot exist fails before anything runs.
+            blocked = os.path.join(work, "compare_ppl_file")
+            open(blocked, "w").close()
+            started = time.monotonic()
+            done = bench("compare", "--model", args.model, "--workload", "ppl", "--dataset-path",
+                         excerpt, "--num-prompts", "2", "--variant", "default",
+                         "--output-dir", os.path.join(blocked, "out"), "--disable-tqdm",
+                         expect_rc=1)
+            assert "cannot create" in done.stderr, done.stderr
+            assert "loading" not in done.stderr, done.stderr
+            assert time.monotonic() - started < 60
 
         check("compare: engine variants and a peer server", test_compare_variants_and_a_peer)
         check("ppl: equals HF over HTTP, gRPC and in process",

@@ -57,8 +57,10 @@ class ExecutorFormatTest : public ::testing::Test {
   static void TearDownTestSuite() { delete source_; }
 
   static std::unique_ptr<Executor> make(std::vector<KvFormat> formats,
-                                        std::vector<int32_t> head_groups = {}) {
+                                        std::vector<int32_t> head_groups = {},
+                                        DType dtype = DType::kFloat32) {
     ExecutorOptions options;
+    options.dtype = dtype;
     options.kv_formats = std::move(formats);
     options.kv_head_groups = std::move(head_groups);
     // One-head int4 blocks of an fp32 pool: 76 to a page of 4 base blocks, past the 64 a page
@@ -122,16 +124,20 @@ class ExecutorFormatTest : public ::testing::Test {
 model::ModelSource* ExecutorFormatTest::source_ = nullptr;
 
 TEST_F(ExecutorFormatTest, BaseSequencesGiveTodaysLogitsBesideQuantizedPages) {
-  std::unique_ptr<Executor> plain = make({});
-  std::unique_ptr<Executor> mixed = make({kInt4, kK8V4});
-  ASSERT_TRUE(plain && mixed);
-  EXPECT_EQ(plain->kv_geometry().page_blocks, 1);
-  EXPECT_EQ(mixed->kv_geometry().page_blocks, 4) << "base blocks are found through pages";
-  const auto today = run(*plain, {{SeqId{1}, prompt(70, 1), {}}, {SeqId{2}, prompt(40, 2), {}}});
-  const auto paged =
-      run(*mixed, {{SeqId{1}, prompt(70, 1), {}}, {SeqId{2}, prompt(40, 2), every_layer(kInt4)}});
-  EXPECT_EQ(paged[0], today[0]) << "bit for bit";
-  EXPECT_GT(max_abs_diff(paged[1], today[1]), 0) << "the neighbour really is on int4 pages";
+  // float32 pages (the CPU's default) and bfloat16 pages (the GPU's) alike.
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    std::unique_ptr<Executor> plain = make({}, {}, dtype);
+    std::unique_ptr<Executor> mixed = make({kInt4, kK8V4}, {}, dtype);
+    ASSERT_TRUE(plain && mixed);
+    EXPECT_EQ(plain->kv_geometry().page_blocks, 1);
+    EXPECT_EQ(mixed->kv_geometry().page_blocks, 4) << "base blocks are found through pages";
+    const auto today = run(*plain, {{SeqId{1}, prompt(70, 1), {}}, {SeqId{2}, prompt(40, 2), {}}});
+    const auto paged = run(
+        *mixed, {{SeqId{1}, prompt(70, 1), {}}, {SeqId{2}, prompt(40, 2), every_layer(kInt4)}});
+    EXPECT_EQ(paged[0], today[0]) << "bit for bit";
+    EXPECT_GT(max_abs_diff(paged[1], today[1]), 0) << "the neighbour really is on int4 pages";
+  }
 }
 
 TEST_F(ExecutorFormatTest, QuantizedLayersStayCloseInOrderOfTheirBits) {
