@@ -17,7 +17,8 @@
 // tables of a layer that shares another's blocks (KvLayout::shared_with) equal its owner's; each
 // table entry holds one reference on its block.
 // Capacity is counted in pages (page_layout.h): a plan fits when the pages its new blocks need, by
-// format, are available; num_blocks() and num_available_blocks() give pages in base blocks.
+// kind (format, heads), are available; num_blocks() and num_available_blocks() give pages in base
+// blocks.
 //
 // Not thread-safe: one owner (the scheduler's thread).
 #pragma once
@@ -80,9 +81,10 @@ class KvCacheManager {
 
   // Registers a sequence with no blocks. INVALID_ARGUMENT if the id is in use or prompt is empty.
   // A sequence that is not `cacheable` neither uses nor publishes to the prefix cache (it must
-  // compute every token, e.g. to score its prompt). `layout` gives each layer's format (one the
-  // pool holds) and the layers that share an earlier layer's blocks; INVALID_ARGUMENT naming the
-  // layer otherwise. Only sequences of the same layout share cached prefixes.
+  // compute every token, e.g. to score its prompt). `layout` gives the KV head groups (page tables
+  // per layer), each table's format (a kind the pool holds) and the layers that share an earlier
+  // layer's blocks; INVALID_ARGUMENT naming the layer otherwise. Only sequences of the same layout
+  // share cached prefixes.
   Status add_sequence(SeqId seq, std::vector<TokenId> prompt, std::string tenant_salt,
                       bool cacheable = true, KvLayout layout = {});
   // Appends tokens (e.g. the sampled one) whose KV a later step computes.
