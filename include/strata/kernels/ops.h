@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "strata/common/dtype.h"
+#include "strata/kv/leankv_pages.h"
 
 namespace strata::kernels {
 
@@ -116,5 +117,17 @@ struct ReshapeAndCacheParams {
 
 // REQUIRES: every slot < num_blocks * block_size; no two tokens share a slot.
 void launch_reshape_and_cache(const ReshapeAndCacheParams& params, cudaStream_t stream);
+
+// ---------------------------------------------------------------------------------------------
+// LeanKV's page manager on the device: kv/leankv_pages.h's allocate_pages, release_pages and
+// split_pages (same contract, bit-identical state) over device memory, each one thread block and
+// one prefix sum for the whole batch. The state and the batch's arrays are device pointers; the
+// launch reads nothing back (a failed allocation shows in counters[kShortfall]).
+void launch_leankv_allocate(const kv::leankv::PageManagerState& state,
+                            const kv::leankv::PageBatch& batch, cudaStream_t stream);
+void launch_leankv_release(const kv::leankv::PageManagerState& state,
+                           const kv::leankv::PageBatch& batch, cudaStream_t stream);
+void launch_leankv_split(const kv::leankv::PageManagerState& state,
+                         const kv::leankv::PageBatch& batch, cudaStream_t stream);
 
 }  // namespace strata::kernels
