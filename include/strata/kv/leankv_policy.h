@@ -1,0 +1,56 @@
+// LeanKV's token significance policy (LeanKV §3.2-3.3, docs/leankv.md): which tier each token of
+// one (request, layer, KV head) lives in, high precision (K8V4), low precision (K4V2) or pruned,
+// from the attention it receives. No token budget: global thresholds alpha / length decide, so
+// each head keeps what its own attention needs.
+//
+// Positions are 0-based here (the paper's i is position + 1). A token's *significance* is the
+// mean attention it received from the later tokens of its sequence,
+//   score(p) = acc(p) / (n - 1 - p)      for a sequence of n tokens, p < n - 1,
+// where acc(p) sums, over every later query, the max over the KV head's query-head group of that
+// query's softmax probability on p (the prompt's column sums start it, each decode step adds its
+// row; docs/leankv.md says why max per row rather than max of the sums).
+//
+// The `window` most recent tokens stay in full precision outside the tiers. When a new token
+// enters, the oldest window token (the *candidate*) leaves it and Algorithm 1 runs once: the
+// candidate enters the tier its score reaches, and at most one token of that tier (the *victim*,
+// its least significant) moves down one tier or out. Consequences the tests hold the policy to:
+// a head's stored tokens grow by at most one per step, neither tier ever shrinks during decode,
+// window tokens are never touched, and tokens only move down.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+namespace strata::kv::leankv {
+
+enum class Tier : int8_t { kHigh = 0, kLow = 1, kPruned = 2, kWindow = 3 };
+
+struct Thresholds {
+  double alpha_high = 1.0;  // high precision when score >= alpha_high / length
+  double alpha_low = 0.02;  // low precision when score >= alpha_low / length; pruned below
+  int32_t window = 64;      // most recent tokens kept in full precision (>= 1)
+};
+
+// Prompt phase: the tier of every token of a prompt of n = scores.size() tokens from its scores
+// (scores[p] = score(p) above; the last token's is not read). The last `window` tokens are
+// kWindow; token p before them is kHigh if scores[p] >= alpha_high / (p + 1), kLow if
+// scores[p] >= alpha_low / (p + 1), kPruned otherwise (the paper's 1/i "theoretical average").
+void prompt_tiers(std::span<const float> scores, const Thresholds& thresholds,
+                  std::span<Tier> tiers);
+
+// What one decode step does to one head's tiers (Algorithm 1).
+struct DecodeAction {
+  Tier candidate = Tier::kPruned;  // where the candidate goes (kHigh, kLow or kPruned)
+  int32_t victim = -1;             // index in the candidate's tier (its scores span), or -1
+  Tier victim_to = Tier::kPruned;  // kLow (demoted from high) or kPruned
+};
+
+// Algorithm 1 for a sequence of `length` tokens (the new one included), with thresholds
+// T_h = alpha_high / length and T_l = alpha_low / length. high / low: scores of the tokens now in
+// each tier; candidate: the candidate's score. The victim is the least significant token of the
+// candidate's tier (lowest index on ties); from high it is demoted when its score is in
+// [T_l, T_h) and pruned below T_l, from low it is pruned below T_l, and otherwise stays.
+DecodeAction decode_step(float candidate, std::span<const float> high, std::span<const float> low,
+                         int64_t length, const Thresholds& thresholds);
+
+}  // namespace strata::kv::leankv
