@@ -1,0 +1,68 @@
+// LeanKV's operations in libtorch (docs/leankv.md): the CPU path of LeanKV deployments and the
+// reference its CUDA kernels are tested against. Pages are kv/leankv_page_format.h's unified
+// pages; the pool is uint8 [num_pages, page_bytes]; tables and counts are the page manager's
+// (kv/leankv_pages.h). Any device; the index tensors on the pool's device.
+#pragma once
+
+#include <cstdint>
+#include <tuple>
+#include <utility>
+
+#include "strata/kv/leankv_page_format.h"
+
+namespace at {
+class Tensor;
+}
+
+namespace strata::kernels::aten {
+
+// Prompt significance: for a prompt of n tokens, q [n, num_heads, d] and k [n, num_kv_heads, d]
+// (after RoPE), A_g = causal softmax(q_g k^T * scale) per query head g. Returns float32
+// [num_kv_heads, n]: acc[h, p] = max over the query heads g of KV head h of sum_{j > p} A_g[j, p]
+// (the last token's is 0). Computed in chunks of query rows, never the whole n x n at once.
+at::Tensor leankv_prompt_scores(const at::Tensor& q, const at::Tensor& k, double scale);
+
+// Quantize-on-append: writes n tokens of one precision into the pool. page, slot: [n] int64
+// (the page and the token's slot in it, slot < tokens_per_page; no two tokens share one);
+// key, value: [n, d] any float dtype; acc: [n] float32; position: [n] int32.
+void leankv_write_tokens(at::Tensor& pool, const kv::leankv::PageFormat& format,
+                         kv::leankv::Precision precision, const at::Tensor& page,
+                         const at::Tensor& slot, const at::Tensor& key, const at::Tensor& value,
+                         const at::Tensor& acc, const at::Tensor& position);
+
+// Dequantize-on-read of n tokens at (page, slot): (key, value) float32 [n, d] (scale * q + zero),
+// acc float32 [n], position int32 [n].
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> leankv_read_tokens(
+    const at::Tensor& pool, const kv::leankv::PageFormat& format, kv::leankv::Precision precision,
+    const at::Tensor& page, const at::Tensor& slot);
+
+// Where one entry's stored tokens are: its high tokens fill its high pages in order (token i at
+// table[e, i / T_high], slot i % T_high), its low tokens its low pages (token j at
+// table[e, W - 1 - j / T_low], slot j % T_low). tables [num_entries, W] int32; token_counts
+// [num_entries, 2] int32 (high, low tokens). Returns int64 (page [m], slot [m]) of the entry's
+// tokens of that precision, in token order.
+std::pair<at::Tensor, at::Tensor> leankv_token_slots(const kv::leankv::PageFormat& format,
+                                                     kv::leankv::Precision precision,
+                                                     const at::Tensor& tables,
+                                                     const at::Tensor& token_counts, int64_t entry);
+
+// Decode attention over LeanKV pages and a full-precision window, one query token per sequence
+// (the contract of the fused CUDA kernel):
+//   q            [num_seqs, num_heads, d]
+//   pool, tables, token_counts  as above
+//   entries      [num_seqs, num_kv_heads] int32: the entry of each sequence's KV head (this layer)
+//   window       [num_seqs, 2 (K, V), num_kv_heads, window_capacity, d], q's dtype: the recent
+//                tokens in full precision, the new token's included, in any order
+//   window_lens  [num_seqs] int32 (<= window_capacity), window_acc [num_seqs, num_kv_heads,
+//                window_capacity] float32
+// Query head g attends over its KV head's stored tokens (high pages, then low, dequantized) and
+// its window: out[s, g] = softmax(q k^T * scale) v, in float32, returned in q's dtype. Each
+// token's accumulator (in its page's scores segment, or window_acc) grows by the max over the KV
+// head's query heads of the probability it received.
+at::Tensor leankv_decode_attention(const at::Tensor& q, at::Tensor& pool,
+                                   const kv::leankv::PageFormat& format, const at::Tensor& tables,
+                                   const at::Tensor& token_counts, const at::Tensor& entries,
+                                   const at::Tensor& window, const at::Tensor& window_lens,
+                                   at::Tensor& window_acc, double scale);
+
+}  // namespace strata::kernels::aten
