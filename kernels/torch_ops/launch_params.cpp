@@ -79,4 +79,38 @@ ReshapeAndCacheParams reshape_and_cache_params(at::Tensor& kv_cache, const at::T
   return params;
 }
 
+LeanKvDecodeParams leankv_decode_params(at::Tensor& out, const at::Tensor& q, at::Tensor& pool,
+                                        const kv::leankv::PageFormat& format,
+                                        const at::Tensor& tables, const at::Tensor& token_counts,
+                                        const at::Tensor& entries, const at::Tensor& window,
+                                        const at::Tensor& window_lens, at::Tensor& window_acc,
+                                        int64_t max_tokens, double scale) {
+  using kv::leankv::Precision;
+  LeanKvDecodeParams params;
+  params.out = out.data_ptr();
+  params.q = q.data_ptr();
+  params.pool = pool.data_ptr<uint8_t>();
+  params.tables = tables.data_ptr<int32_t>();
+  params.token_counts = token_counts.data_ptr<int32_t>();
+  params.entries = entries.data_ptr<int32_t>();
+  params.window = window.data_ptr();
+  params.window_lens = window_lens.data_ptr<int32_t>();
+  params.window_acc = window_acc.data_ptr<float>();
+  params.num_seqs = q.size(0);
+  params.num_heads = q.size(1);
+  params.num_kv_heads = entries.size(1);
+  params.head_dim = q.size(2);
+  params.table_width = tables.size(1);
+  params.window_capacity = window.size(3);
+  params.max_tokens = max_tokens;
+  params.page_bytes = format.page_bytes();
+  params.high = format.segments(Precision::kHigh);
+  params.low = format.segments(Precision::kLow);
+  params.high_bits = format.bits(Precision::kHigh);
+  params.low_bits = format.bits(Precision::kLow);
+  params.scale = static_cast<float>(scale);
+  params.kind = dtype_of(q);
+  return params;
+}
+
 }  // namespace strata::kernels

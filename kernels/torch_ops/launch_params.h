@@ -28,4 +28,13 @@ ReshapeAndCacheParams reshape_and_cache_params(at::Tensor& kv_cache, const at::T
                                                const at::Tensor& value,
                                                const at::Tensor& slot_mapping);
 
+// out: [num_seqs, num_heads, head_dim] contiguous, q's dtype; max_tokens bounds every head's
+// stored plus window tokens. The workspace is left empty.
+LeanKvDecodeParams leankv_decode_params(at::Tensor& out, const at::Tensor& q, at::Tensor& pool,
+                                        const kv::leankv::PageFormat& format,
+                                        const at::Tensor& tables, const at::Tensor& token_counts,
+                                        const at::Tensor& entries, const at::Tensor& window,
+                                        const at::Tensor& window_lens, at::Tensor& window_acc,
+                                        int64_t max_tokens, double scale);
+
 }  // namespace strata::kernels

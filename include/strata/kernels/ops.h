@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "strata/common/dtype.h"
+#include "strata/kv/leankv_page_format.h"
 #include "strata/kv/leankv_pages.h"
 
 namespace strata::kernels {
@@ -129,5 +130,49 @@ void launch_leankv_release(const kv::leankv::PageManagerState& state,
                            const kv::leankv::PageBatch& batch, cudaStream_t stream);
 void launch_leankv_split(const kv::leankv::PageManagerState& state,
                          const kv::leankv::PageBatch& batch, cudaStream_t stream);
+
+// LeanKV's decode attention over its pages (kv/leankv_page_format.h) and a full-precision window,
+// one query token per sequence: kernels::aten::leankv_decode_attention's contract (leankv_ops.h).
+//   q            [num_seqs, num_heads, head_dim] contiguous, `kind`
+//   pool         [num_pages, page_bytes]: read, and each attended token's accumulator (scores
+//                segment) grows by the max over its KV head's query heads of its probability
+//   tables       [num_entries, table_width] int32, token_counts [num_entries, 2] int32 (high,
+//                low tokens), entries [num_seqs, num_kv_heads] int32 (this layer's entries)
+//   window       [num_seqs, 2 (K, V), num_kv_heads, window_capacity, head_dim] contiguous, `kind`
+//   window_lens  [num_seqs] int32 in [1, window_capacity]; window_acc [num_seqs, num_kv_heads,
+//                window_capacity] float32, grows like the pages' accumulators
+//   out          [num_seqs, num_heads, head_dim] contiguous, `kind`
+// REQUIRES: num_heads / num_kv_heads <= 8; high + low tokens + window_lens[s] <= max_tokens for
+// every (sequence, KV head); the pool and page_bytes 16-byte aligned; workspace of
+// leankv_decode_workspace_bytes bytes (float logits, this launch only).
+struct LeanKvDecodeParams {
+  void* out = nullptr;
+  const void* q = nullptr;
+  unsigned char* pool = nullptr;
+  const int32_t* tables = nullptr;
+  const int32_t* token_counts = nullptr;
+  const int32_t* entries = nullptr;
+  const void* window = nullptr;
+  const int32_t* window_lens = nullptr;
+  float* window_acc = nullptr;
+  float* workspace = nullptr;
+  int64_t num_seqs = 0;
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;  // 64 or 128
+  int64_t table_width = 0;
+  int64_t window_capacity = 0;
+  int64_t max_tokens = 0;
+  int64_t page_bytes = 0;
+  kv::leankv::PageSegments high;  // the page format's segments and bits per precision
+  kv::leankv::PageSegments low;
+  kv::leankv::PrecisionBits high_bits;
+  kv::leankv::PrecisionBits low_bits;
+  float scale = 1.0f;
+  DType kind = DType::kBFloat16;  // kFloat16 or kBFloat16
+};
+
+size_t leankv_decode_workspace_bytes(const LeanKvDecodeParams& params);
+void launch_leankv_decode_attention(const LeanKvDecodeParams& params, cudaStream_t stream);
 
 }  // namespace strata::kernels

@@ -32,7 +32,6 @@ enum class Precision : int8_t { kHigh = 0, kLow = 1 };
 struct PrecisionBits {
   int32_t key = 8;
   int32_t value = 4;
-  bool operator==(const PrecisionBits&) const = default;
 };
 
 // Where one page's segments lie, in bytes from the page's start.
