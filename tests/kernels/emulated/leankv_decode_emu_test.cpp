@@ -2,8 +2,9 @@
 // the libtorch reference (kernels::aten::leankv_decode_attention), every schedule: the output, the
 // accumulators it adds to the pages' scores segments and to the window's, and nothing else in
 // the pool changed. Grid: fp16 / bf16 x head_dim 64 / 128 x GQA groups 1, 3, 8 x two page formats
-// (K8V4 / K4V2, and K8V8 / K2V2: every bit width on both K and V), three sequences of two KV heads
-// with ragged counts (empty sections, partial pages, several pages) and window lengths 1..8.
+// (K8V4 / K4V2, and K8V8 / K2V2: every bit width on both K and V) x pages of 16 / 32 high
+// tokens; three sequences of two KV heads with ragged counts (empty sections, partial pages,
+// several pages) and window lengths 1..8 (a head attending to one token included).
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -30,7 +31,7 @@ struct LeanCase {
 };
 
 LeanCase make_case(const PageFormat& f, at::ScalarType dtype, int64_t heads, int64_t seed) {
-  constexpr int64_t kSeqs = 3, kKvHeads = 2, kWidth = 6, kWindow = 8;
+  constexpr int64_t kSeqs = 3, kKvHeads = 2, kWidth = 10, kWindow = 8;
   const int64_t d = f.head_dim();
   at::manual_seed(seed);
   // (high, low) tokens per entry 2 * s + h: empty sections, partial pages, several pages.
@@ -41,7 +42,7 @@ LeanCase make_case(const PageFormat& f, at::ScalarType dtype, int64_t heads, int
   c.tables = at::full({kSeqs * kKvHeads, kWidth}, -1, at::kInt);
   c.token_counts = at::zeros({kSeqs * kKvHeads, 2}, at::kInt);
   // Pages handed out in a scrambled order, as a ring that wrapped would.
-  const at::Tensor order = at::randperm(40, at::kInt);
+  const at::Tensor order = at::randperm(64, at::kInt);
   int64_t next = 0;
   for (int64_t e = 0; e < kSeqs * kKvHeads; ++e) {
     const auto [high, low] = counts[e];
@@ -50,7 +51,7 @@ LeanCase make_case(const PageFormat& f, at::ScalarType dtype, int64_t heads, int
     c.token_counts[e][0] = high;
     c.token_counts[e][1] = low;
   }
-  c.pool = at::randint(0, 256, {40, f.page_bytes()}, at::kByte);  // unwritten bytes: noise
+  c.pool = at::randint(0, 256, {64, f.page_bytes()}, at::kByte);  // unwritten bytes: noise
   for (int64_t e = 0; e < kSeqs * kKvHeads; ++e) {
     for (Precision p : {Precision::kHigh, Precision::kLow}) {
       const auto [page, slot] = aten::leankv_token_slots(f, p, c.tables, c.token_counts, e);
@@ -68,16 +69,18 @@ LeanCase make_case(const PageFormat& f, at::ScalarType dtype, int64_t heads, int
   return c;
 }
 
-using Params = std::tuple<at::ScalarType, int64_t, int64_t, bool>;
+using Params = std::tuple<at::ScalarType, int64_t, int64_t, bool, int32_t>;
 
 class LeanKvDecodeEmuTest : public ::testing::TestWithParam<Params> {};
 
 TEST_P(LeanKvDecodeEmuTest, MatchesReference) {
-  const auto [dtype, head_dim, group, wide_formats] = GetParam();
+  const auto [dtype, head_dim, group, wide_formats, high_tokens] = GetParam();
   const PageFormat f =
       wide_formats
-          ? PageFormat::create(head_dim, PrecisionBits{8, 8}, PrecisionBits{2, 2}, 32).value()
-          : PageFormat::create(head_dim, PrecisionBits{8, 4}, PrecisionBits{4, 2}, 32).value();
+          ? PageFormat::create(head_dim, PrecisionBits{8, 8}, PrecisionBits{2, 2}, high_tokens)
+                .value()
+          : PageFormat::create(head_dim, PrecisionBits{8, 4}, PrecisionBits{4, 2}, high_tokens)
+                .value();
   const LeanCase c = make_case(f, dtype, 2 * group, head_dim + group);
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
 
@@ -125,12 +128,14 @@ TEST_P(LeanKvDecodeEmuTest, MatchesReference) {
 INSTANTIATE_TEST_SUITE_P(Grid, LeanKvDecodeEmuTest,
                          ::testing::Combine(::testing::Values(at::kHalf, at::kBFloat16),
                                             ::testing::Values<int64_t>(64, 128),
-                                            ::testing::Values<int64_t>(1, 3, 8), ::testing::Bool()),
+                                            ::testing::Values<int64_t>(1, 3, 8), ::testing::Bool(),
+                                            ::testing::Values<int32_t>(16, 32)),
                          [](const auto& info) {
                            return testing::dtype_label(std::get<0>(info.param)) + "_d" +
                                   std::to_string(std::get<1>(info.param)) + "_g" +
                                   std::to_string(std::get<2>(info.param)) +
-                                  (std::get<3>(info.param) ? "_k8v8_k2v2" : "_k8v4_k4v2");
+                                  (std::get<3>(info.param) ? "_k8v8_k2v2" : "_k8v4_k4v2") + "_t" +
+                                  std::to_string(std::get<4>(info.param));
                          });
 
 }  // namespace
