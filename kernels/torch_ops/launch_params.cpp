@@ -113,4 +113,26 @@ LeanKvDecodeParams leankv_decode_params(at::Tensor& out, const at::Tensor& q, at
   return params;
 }
 
+LeanKvWriteParams leankv_write_params(at::Tensor& pool, const kv::leankv::PageFormat& format,
+                                      kv::leankv::Precision precision, const at::Tensor& page,
+                                      const at::Tensor& slot, const at::Tensor& key,
+                                      const at::Tensor& value, const at::Tensor& acc,
+                                      const at::Tensor& position) {
+  LeanKvWriteParams params;
+  params.pool = pool.data_ptr<uint8_t>();
+  params.page_bytes = format.page_bytes();
+  params.segments = format.segments(precision);
+  params.bits = format.bits(precision);
+  params.page = page.data_ptr<int64_t>();
+  params.slot = slot.data_ptr<int64_t>();
+  params.key = key.data_ptr();
+  params.value = value.data_ptr();
+  params.acc = acc.data_ptr<float>();
+  params.position = position.data_ptr<int32_t>();
+  params.num_tokens = page.size(0);
+  params.head_dim = key.size(1);
+  params.kind = dtype_of(key);
+  return params;
+}
+
 }  // namespace strata::kernels

@@ -37,4 +37,11 @@ LeanKvDecodeParams leankv_decode_params(at::Tensor& out, const at::Tensor& q, at
                                         const at::Tensor& window_lens, at::Tensor& window_acc,
                                         int64_t max_tokens, double scale);
 
+// page, slot: [n] int64; key, value: [n, head_dim] contiguous; acc [n] float32; position [n] int32.
+LeanKvWriteParams leankv_write_params(at::Tensor& pool, const kv::leankv::PageFormat& format,
+                                      kv::leankv::Precision precision, const at::Tensor& page,
+                                      const at::Tensor& slot, const at::Tensor& key,
+                                      const at::Tensor& value, const at::Tensor& acc,
+                                      const at::Tensor& position);
+
 }  // namespace strata::kernels

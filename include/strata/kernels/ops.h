@@ -175,4 +175,26 @@ struct LeanKvDecodeParams {
 size_t leankv_decode_workspace_bytes(const LeanKvDecodeParams& params);
 void launch_leankv_decode_attention(const LeanKvDecodeParams& params, cudaStream_t stream);
 
+// LeanKV's quantize-on-append: kernels::aten::leankv_write_tokens's contract, bit-identical.
+// Token t's key and value rows ([num_tokens, head_dim] contiguous, `kind`: float32, float16 or
+// bfloat16) are quantized per token to `bits` and stored, with acc[t] and position[t], at slot
+// slot[t] of page page[t] (both int64; no two tokens share a slot) of a page of `segments`.
+struct LeanKvWriteParams {
+  unsigned char* pool = nullptr;
+  int64_t page_bytes = 0;
+  kv::leankv::PageSegments segments;
+  kv::leankv::PrecisionBits bits;
+  const int64_t* page = nullptr;
+  const int64_t* slot = nullptr;
+  const void* key = nullptr;
+  const void* value = nullptr;
+  const float* acc = nullptr;
+  const int32_t* position = nullptr;
+  int64_t num_tokens = 0;
+  int64_t head_dim = 0;  // 64 or 128
+  DType kind = DType::kBFloat16;
+};
+
+void launch_leankv_write_tokens(const LeanKvWriteParams& params, cudaStream_t stream);
+
 }  // namespace strata::kernels
