@@ -21,7 +21,9 @@
 namespace strata::cli::bench_runs {
 namespace {
 
-// "NAME[:section.key=value,...]" -> name and overrides.
+// "NAME[:section.key=value,...]" -> name and overrides. An item without '=' continues the
+// previous value after a comma, so a value may hold commas:
+// "k8v4:kv_cache.page_format=k:int8/token64,v:int4/token64".
 struct Variant {
   std::string name;
   std::vector<std::pair<std::string, std::string>> overrides;
@@ -37,11 +39,14 @@ StatusOr<Variant> parse_variant(const std::string& spec) {
   std::string item;
   while (std::getline(in, item, ',')) {
     const size_t eq = item.find('=');
-    if (eq == std::string::npos) {
+    if (eq != std::string::npos) {
+      variant.overrides.emplace_back(item.substr(0, eq), item.substr(eq + 1));
+    } else if (!variant.overrides.empty()) {
+      variant.overrides.back().second += "," + item;
+    } else {
       return invalid_argument_error("--variant " + spec + ": '" + item +
                                     "' is not section.key=value");
     }
-    variant.overrides.emplace_back(item.substr(0, eq), item.substr(eq + 1));
   }
   return variant;
 }
