@@ -279,6 +279,7 @@ void Engine::refresh_stats() {
   stats_.num_swapped = static_cast<int64_t>(scheduler_->num_swapped());
   stats_.kv_host_blocks_total = kv_->num_host_blocks();
   stats_.kv_host_blocks_free = kv_->num_free_host_blocks();
+  stats_.leankv = executor_->leankv_counts();
   if (restore_) static_cast<restore::RestoreStats&>(stats_) = restore_->stats();
 }
 
@@ -362,6 +363,7 @@ void Engine::finish(Active& active, RequestOutput output, FinishReason reason, s
   const SeqId seq{active.id.value};
   if (restore_) restore_->finish(seq, reason == FinishReason::kStop || reason == FinishReason::kLength);
   active.stream->push(std::move(output));
+  executor_->end_sequence(seq);
   scheduler_->remove(seq);
   active_.erase(seq);  // destroys `active`
 }
@@ -413,6 +415,7 @@ void Engine::build_chunks(const scheduler::ScheduledBatch& batch, executor::Forw
     c.tables = kv_->tables(chunk.seq);
     c.layout = &kv_->layout(chunk.seq);
     c.logits = chunk.samples ? executor::LogitsMode::kLast : executor::LogitsMode::kNone;
+    c.samples = chunk.samples;
     Active& active = *active_.at(chunk.seq);
     // Until the first token is out, a scored prompt needs every position's logits (a sequence
     // recomputed after preemption has them already).

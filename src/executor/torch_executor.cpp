@@ -108,6 +108,19 @@ Status TorchExecutor::load(const model::ModelSource& source) {
   }
   STRATA_RETURN_IF_ERROR(allocate_kv_pool());
   kernel_report_ = choose_kernels(config_, options_, device_, dtype_);
+  if (options_.leankv.enabled) {
+    if (device_.is_cuda()) {
+      return failed_precondition_error(
+          "leankv serves CPU deployments only for now: its decode policy runs on the host "
+          "(docs/leankv.md)");
+    }
+    if (options_.page_format || !options_.kv_formats.empty() || !options_.kv_head_groups.empty()) {
+      return invalid_argument_error("leankv keeps its own page formats: drop kv_cache.page_format");
+    }
+    STRATA_ASSIGN_OR_RETURN(LeanKvRuntime runtime,
+                            LeanKvRuntime::create(options_.leankv, config_, dtype_));
+    leankv_.emplace(std::move(runtime));
+  }
   return Status();
 }
 
@@ -348,7 +361,37 @@ StatusOr<ForwardResult> TorchExecutor::forward(const ForwardBatch& batch) {
   }
 }
 
-ForwardResult TorchExecutor::run(const ForwardBatch& batch) {
+std::pair<at::Tensor, at::Tensor> TorchExecutor::pool_kv(const SequenceChunk& chunk, int64_t layer,
+                                                         int64_t end) {
+  const int64_t block = kv_geometry_.block_size_tokens;
+  std::vector<int64_t> rows;
+  for (int64_t j = 0; j < (end + block - 1) / block; ++j) {
+    rows.push_back(pool_.layout().base_index(chunk.tables[layer][j]));
+  }
+  // [blocks, 2, Hkv, B, D] -> [2, blocks * B, Hkv, D]
+  const at::Tensor blocks =
+      pool_.base_view().index_select(0, at::tensor(rows, at::kLong).to(device_));
+  const at::Tensor kv =
+      blocks.permute({1, 0, 3, 2, 4}).reshape({2, -1, config_.num_kv_heads, config_.head_dim});
+  return {kv[0].narrow(0, 0, end), kv[1].narrow(0, 0, end)};
+}
+
+void TorchExecutor::observe_prompts(const ForwardBatch& batch, int64_t layer, const at::Tensor& q,
+                                    double scale) {
+  int64_t row = 0;
+  for (const SequenceChunk& chunk : batch.chunks) {
+    const int64_t n = static_cast<int64_t>(chunk.tokens.size());
+    if (!leankv_->decoding(chunk.seq) &&
+        (chunk.start_position == 0 || leankv_->observing(chunk.seq))) {
+      const int64_t end = chunk.start_position + n;
+      leankv_->observe_prompt(chunk.seq, layer, q.narrow(0, row, n),
+                              pool_kv(chunk, layer, end).first, chunk.start_position, scale);
+    }
+    row += n;
+  }
+}
+
+StatusOr<ForwardResult> TorchExecutor::run(const ForwardBatch& batch) {
   c10::InferenceMode inference_mode;
   const int64_t num_seqs = static_cast<int64_t>(batch.chunks.size());
   const int64_t num_layers = config_.num_layers;
@@ -425,12 +468,46 @@ ForwardResult TorchExecutor::run(const ForwardBatch& batch) {
   }
   result.row_offsets.push_back(static_cast<int64_t>(logit_rows.size()));
 
+  // LeanKV: sequences whose prompt was compressed decode from its pages (one token each); the
+  // others run paged attention over the pool as a sub-batch.
+  std::vector<SeqId> lean_seqs;
+  std::vector<int64_t> lean_positions, lean_rows, dense_rows, dense_seqs;
+  std::vector<int32_t> dense_cu_q_lens = {0};
+  for (int64_t s = 0, row = 0; s < num_seqs; ++s) {
+    const SequenceChunk& chunk = batch.chunks[s];
+    const int64_t n = static_cast<int64_t>(chunk.tokens.size());
+    if (leankv_ && chunk.start_position == 0) leankv_->end(chunk.seq);  // starts over
+    if (leankv_ && leankv_->decoding(chunk.seq)) {
+      if (n != 1) {
+        return invalid_argument_error("sequence " + std::to_string(chunk.seq.value) +
+                                      " decodes from LeanKV pages: one token per chunk, got " +
+                                      std::to_string(n));
+      }
+      lean_seqs.push_back(chunk.seq);
+      lean_positions.push_back(chunk.start_position);
+      lean_rows.push_back(row);
+    } else {
+      for (int64_t i = 0; i < n; ++i) dense_rows.push_back(row + i);
+      dense_seqs.push_back(s);
+      dense_cu_q_lens.push_back(dense_cu_q_lens.back() + static_cast<int32_t>(n));
+    }
+    row += n;
+  }
+  at::Tensor lean_rows_t, dense_rows_t, dense_seqs_t, dense_seq_lens_t, dense_cu_q_lens_t;
+  if (!lean_seqs.empty()) {
+    lean_rows_t = at::tensor(lean_rows, long_opts).to(device_);
+    dense_rows_t = at::tensor(dense_rows, long_opts).to(device_);
+    dense_seqs_t = at::tensor(dense_seqs, long_opts).to(device_);
+    dense_cu_q_lens_t = at::tensor(dense_cu_q_lens, at::kInt).to(device_);
+  }
+
   at::Tensor ids = at::tensor(token_ids, long_opts).to(device_);
   at::Tensor pos = at::tensor(positions, long_opts).to(device_);
   tables = tables.to(device_);
   slots = slots.to(device_);
   at::Tensor seq_lens_t = at::tensor(seq_lens, at::kInt).to(device_);
   at::Tensor cu_q_lens_t = at::tensor(cu_q_lens, at::kInt).to(device_);
+  if (!lean_seqs.empty()) dense_seq_lens_t = seq_lens_t.index_select(0, dense_seqs_t);
   const RotaryTables rope = make_rotary_tables(pos, inv_freq_, dtype_);
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
   const kernels::KernelBackend norm = kernel_report_.backend(KernelOp::kRmsNorm);
@@ -469,18 +546,46 @@ ForwardResult TorchExecutor::run(const ForwardBatch& batch) {
       result.save_seconds +=
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     }
-    at::Tensor attn =  // [tokens, H, D]
-        other_format[l]
-            ? attend_dequantized(batch, l, q, seq_lens_t, cu_q_lens_t, max_q_len, scale, attention)
-            : kernels::paged_attention(q, pool_.base_view(), tables[l], seq_lens_t, cu_q_lens_t,
-                                       max_q_len, scale, attention);
+    if (leankv_) observe_prompts(batch, l, q, scale);
+    at::Tensor attn;  // [tokens, H, D]
+    if (!lean_seqs.empty()) {
+      attn = at::empty({num_tokens, num_heads, head_dim}, q.options());
+      if (!dense_seqs.empty()) {
+        attn.index_copy_(
+            0, dense_rows_t,
+            kernels::paged_attention(q.index_select(0, dense_rows_t), pool_.base_view(),
+                                     tables[l].index_select(0, dense_seqs_t), dense_seq_lens_t,
+                                     dense_cu_q_lens_t, max_q_len, scale, attention));
+      }
+      attn.index_copy_(
+          0, lean_rows_t,
+          leankv_->attend(lean_seqs, lean_positions, l, q.index_select(0, lean_rows_t),
+                          k.index_select(0, lean_rows_t), v.index_select(0, lean_rows_t), scale));
+      STRATA_RETURN_IF_ERROR(leankv_->settle(lean_seqs, lean_positions, l));
+    } else {
+      attn = other_format[l] ? attend_dequantized(batch, l, q, seq_lens_t, cu_q_lens_t, max_q_len,
+                                                  scale, attention)
+                             : kernels::paged_attention(q, pool_.base_view(), tables[l], seq_lens_t,
+                                                        cu_q_lens_t, max_q_len, scale, attention);
+    }
     x = x + at::linear(attn.view({num_tokens, num_heads * head_dim}), w.wo);
 
     h = kernels::rms_norm(x, w.ffn_norm, config_.rms_norm_eps, norm);
     at::Tensor gate_up = at::linear(h, w.w_gate_up);
     const int64_t ffn = config_.intermediate_size;
-    x = x + at::linear(at::silu(gate_up.narrow(1, 0, ffn)) * gate_up.narrow(1, ffn, ffn),
-                       w.w_down);
+    x = x + at::linear(at::silu(gate_up.narrow(1, 0, ffn)) * gate_up.narrow(1, ffn, ffn), w.w_down);
+  }
+
+  // LeanKV: prompts that completed in this pass are compressed (a sequence that cannot be keeps
+  // decoding from the pool, where its KV still is).
+  if (leankv_) {
+    for (const SequenceChunk& chunk : batch.chunks) {
+      if (!chunk.samples || !leankv_->observing(chunk.seq)) continue;
+      const int64_t end = chunk.start_position + static_cast<int64_t>(chunk.tokens.size());
+      // A failure is counted (leankv_counts().failed_prompts); the sequence stays dense.
+      (void)leankv_->compress(chunk.seq, end,
+                              [&](int64_t layer) { return pool_kv(chunk, layer, end); });
+    }
   }
 
   result.load_copy_seconds = result.load_seconds;

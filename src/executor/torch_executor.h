@@ -7,7 +7,8 @@
 //
 // Files: torch_executor.cpp (weights, the pool, validation, the forward pass), kv_transfers.cpp
 // (the KV store's loads, pre-loads and saves around it), format_reference.cpp (layers not on the
-// pool's base view: pages of other formats, per-KV-head tables).
+// pool's base view: pages of other formats, per-KV-head tables), leankv_runtime.cpp (LeanKV's
+// per-sequence state: prompts compressed into its pages, decode from them).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "kv_pool.h"
+#include "leankv_runtime.h"
 #include "strata/executor/executor.h"
 #include "strata/kernels/torch_ops.h"
 
@@ -52,6 +54,12 @@ class TorchExecutor final : public Executor {
   const kernels::KernelReport& kernel_report() const override { return kernel_report_; }
   int64_t kv_chunk_bytes() const override { return kv_geometry_.num_layers * block_bytes_; }
   void drop_preload(SeqId seq) override { read_buffers_.erase(seq); }
+  void end_sequence(SeqId seq) override {
+    if (leankv_) leankv_->end(seq);
+  }
+  LeanKvCounts leankv_counts() const override {
+    return leankv_ ? leankv_->counts() : LeanKvCounts{};
+  }
   void register_host_memory(void* data, size_t bytes) const override;
   void unregister_host_memory(void* data) const override;
   StatusOr<ForwardResult> forward(const ForwardBatch& batch) override;
@@ -137,7 +145,13 @@ class TorchExecutor final : public Executor {
   at::Tensor attend_dequantized(const ForwardBatch& batch, int64_t layer, const at::Tensor& q,
                                 const at::Tensor& seq_lens, const at::Tensor& cu_q_lens,
                                 int64_t max_q_len, double scale, kernels::KernelBackend backend);
-  ForwardResult run(const ForwardBatch& batch);
+  StatusOr<ForwardResult> run(const ForwardBatch& batch);
+  // LeanKV (docs/leankv.md): the keys and values [end, Hkv, D] of a sequence's first `end`
+  // positions in a layer, read from the pool's base view.
+  std::pair<at::Tensor, at::Tensor> pool_kv(const SequenceChunk& chunk, int64_t layer, int64_t end);
+  // LeanKV: layer `layer`'s queries q [num_tokens, H, D] of the chunks computing a prompt (from
+  // position 0, under LeanKV) add to their keys' received attention.
+  void observe_prompts(const ForwardBatch& batch, int64_t layer, const at::Tensor& q, double scale);
 
   model::ModelConfig config_;
   ExecutorOptions options_;
@@ -157,6 +171,7 @@ class TorchExecutor final : public Executor {
   std::unordered_map<SeqId, ReadBuffer> read_buffers_;
   std::optional<c10::cuda::CUDAStream> read_stream_;
   kernels::KernelReport kernel_report_;  // each custom op's implementation (start-up self-check)
+  std::optional<LeanKvRuntime> leankv_;  // when options_.leankv.enabled
 };
 
 }  // namespace strata::executor

@@ -352,6 +352,41 @@ TEST(EngineTest, StopStringsAndStopTokensOnTheDefaultModel) {
   expect_pool_fully_free(*engine);
 }
 
+// LeanKV (docs/leankv.md) as a serving mode on the default model: prompts computed over chunked
+// prefill are compressed when they complete and decoding reads LeanKV pages; a request's tokens do
+// not depend on what it is batched with (as without LeanKV), every page comes back, and a real
+// prompt still gets its greedy answer.
+TEST(EngineTest, LeanKvServesBatchesLikeSoloRunsAndFreesItsPages) {
+  EngineOptions options;
+  options.executor.enable_prefix_caching = false;
+  options.executor.leankv.enabled = true;
+  options.executor.leankv.window = 16;
+  options.executor.leankv.max_sequences = 8;
+  options.executor.leankv.pool_bytes = int64_t{32} << 20;
+  options.scheduler.max_num_batched_tokens = 64;  // prompts of up to 120 tokens are chunked
+  std::unique_ptr<Engine> engine = make_engine(STRATA_TEST_MODEL, options);
+  ASSERT_TRUE(engine);
+  std::vector<GenerateRequest> requests = mixed_requests(4, 20000, 0, 11);
+  for (GenerateRequest& r : requests) {
+    r.prompt_token_ids.resize(std::max<size_t>(r.prompt_token_ids.size(), 40), 500);
+    r.sampling.max_tokens = 24;
+  }
+  const std::vector<Collected> solo = run_solo(*engine, requests);
+  const std::vector<Collected> batched = run_concurrent(*engine, requests);
+  expect_same_as_solo(solo, batched);
+  expect_pool_fully_free(*engine);
+  const EngineStats stats = engine->stats();
+  EXPECT_EQ(stats.leankv.failed_prompts, 0);
+  EXPECT_EQ(stats.leankv.pages_used, 0) << "LeanKV pages leaked";
+  EXPECT_GT(stats.leankv.num_pages, 0);
+
+  GenerateRequest question;
+  question.prompt_token_ids = engine->tokenizer().encode("The capital of France is", false);
+  question.sampling.temperature = 0;
+  question.sampling.max_tokens = 3;
+  EXPECT_EQ(run_solo(*engine, {question})[0].text, " Paris.\n");
+}
+
 // Prompt scoring (perplexity): the engine's prompt logprobs, computed over chunked prefill, equal
 // HF transformers' log-softmax of one full forward (tests/reference/model_reference.py).
 TEST(EngineTest, PromptLogprobsMatchHfOverChunkedPrefill) {

@@ -23,6 +23,7 @@ class PagedRunner {
     std::vector<TokenId> tokens;
     LogitsMode logits = LogitsMode::kLast;
     kv::KvLayout layout = {};  // used when the step creates its sequence
+    bool samples = true;       // the chunk ends at the sequence's last token (SequenceChunk)
   };
 
   // Appends each step's tokens to its sequence (creating it on first use) and runs them in one
@@ -45,7 +46,7 @@ class PagedRunner {
     for (const Step& s : steps) {
       const int64_t start = kv_.num_computed_tokens(s.seq);
       batch.chunks.push_back(
-          {s.seq, s.tokens, start, kv_.tables(s.seq), s.logits, &kv_.layout(s.seq)});
+          {s.seq, s.tokens, start, kv_.tables(s.seq), s.logits, &kv_.layout(s.seq), s.samples});
     }
     StatusOr<ForwardResult> result = executor_.forward(batch);
     if (result.ok()) {

@@ -164,6 +164,7 @@ struct EngineStats : restore::RestoreStats {
   // cache (hits) or none (misses).
   int64_t pool_prefix_hits = 0;
   int64_t pool_prefix_misses = 0;
+  executor::LeanKvCounts leankv;  // zeros unless leankv is enabled
 };
 
 class Engine {

@@ -51,6 +51,16 @@ struct ExecutorOptions : DevicesConfig, KernelsConfig, KvCacheConfig {
   // KV head groups besides 1 that a sequence's layout may split each layer into (per-KV-head
   // page tables; each divides the model's KV heads).
   std::vector<int32_t> kv_head_groups;
+  LeanKvConfig leankv;
+};
+
+// LeanKV's state over the live sequences (docs/leankv.md): stored tokens per tier, tokens pruned
+// so far, pages of its pool in use; and prompts it could not take (no pages or sequence slots:
+// they decode from the KV pool), since start.
+struct LeanKvCounts {
+  int64_t high = 0, low = 0, pruned = 0;
+  int64_t pages_used = 0, num_pages = 0;
+  int64_t failed_prompts = 0;
 };
 
 class Executor {
@@ -87,6 +97,11 @@ class Executor {
   virtual int64_t kv_chunk_bytes() const = 0;
   // Forgets a sequence's pre-loaded layers (ForwardBatch::preloads) that no pass will use.
   virtual void drop_preload(SeqId seq) = 0;
+  // Forgets what the executor keeps of a sequence besides the pool (LeanKV's pages and window):
+  // call when it finishes or is aborted. A chunk at position 0 also starts a sequence over.
+  virtual void end_sequence(SeqId seq) = 0;
+  // LeanKV's tokens per tier and pages (zeros when LeanKV is off).
+  virtual LeanKvCounts leankv_counts() const = 0;
   // Page-locks host memory that chunks are loaded from and saved to (no-op on the CPU).
   virtual void register_host_memory(void* data, size_t bytes) const = 0;
   virtual void unregister_host_memory(void* data) const = 0;

@@ -66,4 +66,20 @@ struct KvCacheConfig {
   bool operator==(const KvCacheConfig&) const = default;
 };
 
+// LeanKV (docs/leankv.md): sequences decode from mixed-precision, significance-tiered pages of
+// their own pool; their prompt is computed in the KV pool as usual and compressed when it
+// completes.
+struct LeanKvConfig {
+  bool enabled = false;
+  double alpha_high = 1.0;  // high precision when score >= alpha_high / length
+  double alpha_low = 0.02;  // low precision when score >= alpha_low / length; pruned below
+  int32_t window = 64;      // most recent tokens kept in full precision
+  int32_t high_key_bits = 8, high_value_bits = 4;  // 8, 4 or 2 each; low <= high
+  int32_t low_key_bits = 4, low_value_bits = 2;
+  int32_t high_tokens_per_page = 32;        // the page is the bytes of this many high tokens
+  int64_t pool_bytes = int64_t{256} << 20;  // LeanKV's page pool
+  int32_t max_sequences = 64;               // sequences holding LeanKV state at once
+  bool operator==(const LeanKvConfig&) const = default;
+};
+
 }  // namespace strata::executor

@@ -35,6 +35,9 @@ struct SequenceChunk {
   // format with its own blocks. A sharing layer's table must equal its owner's; its keys and
   // values are not written, its attention reads the owner's.
   const kv::KvLayout* layout = nullptr;
+  // The chunk ends at the sequence's last token: a token is sampled after it (the last chunk of a
+  // prompt, or a decode step). LeanKV compresses a prompt after its sampling chunk.
+  bool samples = true;
 };
 
 // KV of whole token blocks that a sequence of the batch loads instead of computing (from the KV

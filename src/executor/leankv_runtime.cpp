@@ -1,0 +1,432 @@
+#include "leankv_runtime.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <new>
+#include <string>
+
+#include "strata/common/check.h"
+#include "strata/kernels/leankv_ops.h"
+
+namespace strata::executor {
+namespace {
+
+using kv::leankv::Precision;
+using kv::leankv::Tier;
+
+constexpr int64_t kPromptRows = 128;  // query rows per step of observe_prompt
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+at::Tensor long_tensor(const std::vector<int64_t>& values) {
+  return at::tensor(values, at::TensorOptions().dtype(at::kLong));
+}
+
+// One precision's token writes of a step, gathered for one leankv_write_tokens call: cells, and
+// rows in batches (keys and values [r, D], accumulators [r] float32, positions [r] int32).
+struct Writes {
+  std::vector<int64_t> page, slot;
+  std::vector<at::Tensor> key, value, acc, position;
+
+  void add(std::pair<int64_t, int64_t> cell, const at::Tensor& k, const at::Tensor& v,
+           const at::Tensor& a, const at::Tensor& p) {
+    page.push_back(cell.first);
+    slot.push_back(cell.second);
+    key.push_back(k);
+    value.push_back(v);
+    acc.push_back(a);
+    position.push_back(p);
+  }
+  void flush(at::Tensor& pages, const kv::leankv::PageFormat& format, Precision precision) const {
+    if (page.empty()) return;
+    kernels::aten::leankv_write_tokens(pages, format, precision, long_tensor(page),
+                                       long_tensor(slot), at::cat(key), at::cat(value),
+                                       at::cat(acc).to(at::kFloat), at::cat(position).to(at::kInt));
+  }
+};
+
+}  // namespace
+
+StatusOr<LeanKvRuntime> LeanKvRuntime::create(const LeanKvConfig& config,
+                                              const model::ModelConfig& model,
+                                              at::ScalarType dtype) {
+  STRATA_ASSIGN_OR_RETURN(
+      kv::leankv::PageFormat format,
+      kv::leankv::PageFormat::create(model.head_dim, {config.high_key_bits, config.high_value_bits},
+                                     {config.low_key_bits, config.low_value_bits},
+                                     config.high_tokens_per_page));
+  if (config.window < 1 || config.max_sequences < 1) {
+    return invalid_argument_error("leankv: window and max_sequences must be at least 1");
+  }
+  LeanKvRuntime r;
+  r.config_ = config;
+  r.thresholds_ = {config.alpha_high, config.alpha_low, config.window};
+  r.format_ = format;
+  r.num_layers_ = model.num_layers;
+  r.num_heads_ = model.num_heads;
+  r.num_kv_heads_ = model.num_kv_heads;
+  r.head_dim_ = model.head_dim;
+  r.capacity_ = config.window + 1;
+  r.dtype_ = dtype;
+  // The prompt's conservative allocation takes one page more than its tokens divide into, and
+  // two partly filled sections at most two more (docs/leankv.md, decision 8).
+  r.width_ = ceil_div(model.max_context_tokens, format.tokens_per_page(Precision::kHigh)) + 2;
+  const int64_t num_pages = std::max<int64_t>(1, config.pool_bytes / format.page_bytes());
+  const int64_t entries = config.max_sequences * r.num_layers_ * r.num_kv_heads_;
+  try {
+    const auto i32 = at::TensorOptions().dtype(at::kInt);
+    r.pages_ = at::zeros({num_pages, format.page_bytes()}, at::kByte);
+    r.ring_ = at::empty({num_pages}, i32);
+    r.counters_ = at::empty({kv::leankv::kNumCounters}, at::kLong);
+    r.tables_ = at::empty({entries, r.width_}, i32);
+    r.page_counts_ = at::empty({entries, 2}, i32);
+    r.token_counts_ = at::zeros({entries, 2}, i32);
+    r.window_ = at::zeros(
+        {r.num_layers_, config.max_sequences, 2, r.num_kv_heads_, r.capacity_, r.head_dim_}, dtype);
+    r.window_acc_ =
+        at::zeros({r.num_layers_, config.max_sequences, r.num_kv_heads_, r.capacity_}, at::kFloat);
+  } catch (const std::bad_alloc&) {
+    return resource_exhausted_error("leankv: cannot allocate " + std::to_string(config.pool_bytes) +
+                                    " bytes of pages");
+  }
+  kv::leankv::init_pages(r.manager());
+  for (int32_t s = config.max_sequences - 1; s >= 0; --s) r.free_slots_.push_back(s);
+  return r;
+}
+
+kv::leankv::PageManagerState LeanKvRuntime::manager() {
+  return {ring_.data_ptr<int32_t>(),
+          counters_.data_ptr<int64_t>(),
+          tables_.data_ptr<int32_t>(),
+          page_counts_.data_ptr<int32_t>(),
+          ring_.size(0),
+          tables_.size(0),
+          width_};
+}
+
+bool LeanKvRuntime::decoding(SeqId seq) const { return slots_.contains(seq); }
+
+std::pair<int64_t, int64_t> LeanKvRuntime::token_cell(int32_t entry, Precision p, int64_t i) const {
+  const int64_t per_page = format_.tokens_per_page(p);
+  const int64_t column = p == Precision::kHigh ? i / per_page : width_ - 1 - i / per_page;
+  return {tables_.data_ptr<int32_t>()[entry * width_ + column], i % per_page};
+}
+
+float* LeanKvRuntime::acc_at(int64_t page, int64_t slot, Precision p) {
+  return reinterpret_cast<float*>(pages_.data_ptr<uint8_t>() + page * format_.page_bytes() +
+                                  format_.segments(p).scores) +
+         slot;
+}
+
+int32_t LeanKvRuntime::position_at(int64_t page, int64_t slot, Precision p) const {
+  return reinterpret_cast<const int32_t*>(pages_.data_ptr<uint8_t>() + page * format_.page_bytes() +
+                                          format_.segments(p).positions)[slot];
+}
+
+void LeanKvRuntime::observe_prompt(SeqId seq, int64_t layer, const at::Tensor& q,
+                                   const at::Tensor& keys, int64_t start, double scale) {
+  if (start == 0 && layer == 0) {
+    end(seq);
+    prompt_sums_[seq].assign(num_layers_, at::Tensor());
+  }
+  auto found = prompt_sums_.find(seq);
+  if (found == prompt_sums_.end()) return;  // not computed from position 0 under LeanKV
+  const int64_t m = q.size(0), end_position = start + m, group = num_heads_ / num_kv_heads_;
+  // [H, end, D]: each query head's KV head.
+  const at::Tensor k = keys.to(at::kFloat).permute({1, 0, 2}).repeat_interleave(group, 0);
+  const at::Tensor key_positions = at::arange(end_position, at::kLong);
+  at::Tensor received = at::zeros({num_heads_, end_position}, at::kFloat);
+  for (int64_t row = 0; row < m; row += kPromptRows) {
+    const int64_t rows = std::min(kPromptRows, m - row);
+    const at::Tensor query_positions =
+        at::arange(start + row, start + row + rows, at::kLong).unsqueeze(1);
+    const at::Tensor qh = q.narrow(0, row, rows).to(at::kFloat).permute({1, 0, 2});  // [H, rows, D]
+    const at::Tensor logits = at::bmm(qh, k.transpose(1, 2))
+                                  .mul(scale)
+                                  .masked_fill(key_positions > query_positions, -INFINITY);
+    // A key gains the attention of queries after it only.
+    received += at::softmax(logits, -1).masked_fill(key_positions >= query_positions, 0.0).sum(1);
+  }
+  at::Tensor& sums = found->second[layer];
+  if (sums.defined()) received.narrow(1, 0, sums.size(1)) += sums;
+  sums = received;
+}
+
+Status LeanKvRuntime::compress(
+    SeqId seq, int64_t n, const std::function<std::pair<at::Tensor, at::Tensor>(int64_t)>& kv_of) {
+  auto sums = prompt_sums_.find(seq);
+  STRATA_CHECK(sums != prompt_sums_.end()) << "sequence " << seq.value << ": no prompt observed";
+  if (free_slots_.empty()) {
+    prompt_sums_.erase(sums);
+    ++failed_prompts_;
+    return resource_exhausted_error("leankv: all " + std::to_string(config_.max_sequences) +
+                                    " sequence slots are in use");
+  }
+  const int32_t slot = free_slots_.back();
+  const int64_t group = num_heads_ / num_kv_heads_;
+  const int64_t kept_window = std::min<int64_t>(n, config_.window);
+  const int64_t stored = n - kept_window;
+  const int64_t t_high = format_.tokens_per_page(Precision::kHigh);
+  const int64_t t_low = format_.tokens_per_page(Precision::kLow);
+
+  // Tiers of every (layer, head), from the max over the group of each query head's sums.
+  std::vector<std::vector<int64_t>> high(num_layers_ * num_kv_heads_), low(high.size());
+  std::vector<at::Tensor> accs(num_layers_);  // [Hkv, n]
+  int64_t pruned = 0;
+  for (int64_t l = 0; l < num_layers_; ++l) {
+    accs[l] = std::get<0>(sums->second[l].view({num_kv_heads_, group, n}).max(1)).contiguous();
+    const at::Tensor later = (n - 1 - at::arange(n, at::kFloat)).clamp_min(1);
+    const at::Tensor scores = (accs[l] / later).contiguous();
+    for (int64_t h = 0; h < num_kv_heads_; ++h) {
+      std::vector<Tier> tiers(n);
+      kv::leankv::prompt_tiers({scores[h].data_ptr<float>(), static_cast<size_t>(n)}, thresholds_,
+                               tiers);
+      for (int64_t p = 0; p < stored; ++p) {
+        if (tiers[p] == Tier::kHigh) high[l * num_kv_heads_ + h].push_back(p);
+        if (tiers[p] == Tier::kLow) low[l * num_kv_heads_ + h].push_back(p);
+        if (tiers[p] == Tier::kPruned) ++pruned;
+      }
+    }
+  }
+
+  // The paper's prompt workflow: every entry allocates as if all its tokens were high (one page
+  // of slack for the rounding of two sections), then keeps the pages its tiers fill.
+  std::vector<int32_t> entries, conservative, keep;
+  for (int64_t l = 0; l < num_layers_; ++l) {
+    for (int64_t h = 0; h < num_kv_heads_; ++h) {
+      const size_t i = l * num_kv_heads_ + h;
+      entries.push_back(entry(slot, l, h));
+      conservative.push_back(stored == 0 ? 0 : static_cast<int32_t>(ceil_div(stored, t_high) + 1));
+      conservative.push_back(0);
+      keep.push_back(static_cast<int32_t>(ceil_div(std::ssize(high[i]), t_high)));
+      keep.push_back(static_cast<int32_t>(ceil_div(std::ssize(low[i]), t_low)));
+    }
+  }
+  const int64_t count = std::ssize(entries);
+  kv::leankv::allocate_pages(manager(), {entries.data(), conservative.data(), count});
+  if (const int64_t short_by = counters_[kv::leankv::kShortfall].item<int64_t>(); short_by > 0) {
+    prompt_sums_.erase(sums);
+    ++failed_prompts_;
+    return resource_exhausted_error("leankv: the page pool lacks " + std::to_string(short_by) +
+                                    " pages for a prompt of " + std::to_string(n) + " tokens");
+  }
+  kv::leankv::split_pages(manager(), {entries.data(), keep.data(), count});
+  free_slots_.pop_back();
+  slots_[seq] = slot;
+
+  const at::Tensor window_positions = at::arange(stored, n, at::kLong);
+  for (int64_t l = 0; l < num_layers_; ++l) {
+    const auto [keys, values] = kv_of(l);  // [n, Hkv, D]
+    Writes writes[2];
+    for (int64_t h = 0; h < num_kv_heads_; ++h) {
+      const int32_t e = entry(slot, l, h);
+      const size_t i = l * num_kv_heads_ + h;
+      for (const Precision p : {Precision::kHigh, Precision::kLow}) {
+        const std::vector<int64_t>& tokens = p == Precision::kHigh ? high[i] : low[i];
+        if (tokens.empty()) continue;
+        const at::Tensor rows = long_tensor(tokens);
+        Writes& w = writes[static_cast<int>(p)];
+        for (size_t t = 0; t < tokens.size(); ++t) {
+          const auto [page, cell] = token_cell(e, p, static_cast<int64_t>(t));
+          w.page.push_back(page);
+          w.slot.push_back(cell);
+        }
+        w.key.push_back(keys.select(1, h).index_select(0, rows));
+        w.value.push_back(values.select(1, h).index_select(0, rows));
+        w.acc.push_back(accs[l][h].index_select(0, rows));
+        w.position.push_back(rows);
+      }
+      token_counts_[e][0] = static_cast<int32_t>(high[i].size());
+      token_counts_[e][1] = static_cast<int32_t>(low[i].size());
+    }
+    writes[0].flush(pages_, format_, Precision::kHigh);
+    writes[1].flush(pages_, format_, Precision::kLow);
+    const at::Tensor cells = window_positions.remainder(capacity_);
+    at::Tensor window = window_[l][slot];  // [2, Hkv, capacity, D]
+    window[0].index_copy_(1, cells,
+                          keys.narrow(0, stored, kept_window).permute({1, 0, 2}).to(dtype_));
+    window[1].index_copy_(1, cells,
+                          values.narrow(0, stored, kept_window).permute({1, 0, 2}).to(dtype_));
+    window_acc_[l][slot].index_copy_(1, cells, accs[l].narrow(1, stored, kept_window));
+  }
+  pruned_[seq] = pruned;
+  prompt_sums_.erase(sums);
+  return Status();
+}
+
+at::Tensor LeanKvRuntime::attend(std::span<const SeqId> seqs, std::span<const int64_t> positions,
+                                 int64_t layer, const at::Tensor& q, const at::Tensor& k,
+                                 const at::Tensor& v, double scale) {
+  const int64_t m = std::ssize(seqs);
+  std::vector<int64_t> slot_list;
+  std::vector<int32_t> lens, entries;
+  for (int64_t i = 0; i < m; ++i) {
+    const int32_t slot = slots_.at(seqs[i]);
+    const int64_t cell = positions[i] % capacity_;
+    at::Tensor window = window_[layer][slot];
+    window[0].select(1, cell).copy_(k[i]);
+    window[1].select(1, cell).copy_(v[i]);
+    window_acc_[layer][slot].select(1, cell).zero_();
+    slot_list.push_back(slot);
+    lens.push_back(static_cast<int32_t>(std::min(positions[i] + 1, capacity_)));
+    for (int64_t h = 0; h < num_kv_heads_; ++h) entries.push_back(entry(slot, layer, h));
+  }
+  const at::Tensor slot_index = long_tensor(slot_list);
+  const at::Tensor window = window_[layer].index_select(0, slot_index);
+  at::Tensor window_acc = window_acc_[layer].index_select(0, slot_index);
+  const at::Tensor out =
+      kernels::aten::leankv_decode_attention(q, pages_, format_, tables_, token_counts_,
+                                             at::tensor(entries, at::kInt).view({m, num_kv_heads_}),
+                                             window, at::tensor(lens, at::kInt), window_acc, scale);
+  window_acc_[layer].index_copy_(0, slot_index, window_acc);
+  return out;
+}
+
+Status LeanKvRuntime::settle(std::span<const SeqId> seqs, std::span<const int64_t> positions,
+                             int64_t layer) {
+  // Decisions first (reading accumulators), then the step's pages in one allocation, then the
+  // writes (demoted victims read before any candidate may take their cells).
+  struct Move {
+    int32_t slot = 0, entry = 0;
+    int64_t head = 0, candidate = 0;  // the candidate's position
+    kv::leankv::DecodeAction action;
+    int64_t victim_index = -1;  // in the candidate's section
+  };
+  std::vector<Move> moves;
+  std::vector<int32_t> needy, needs;
+  int32_t* token_counts = token_counts_.data_ptr<int32_t>();
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const int64_t length = positions[i] + 1;
+    if (length <= config_.window) continue;  // nobody leaves the window yet
+    const int32_t slot = slots_.at(seqs[i]);
+    const int64_t candidate = positions[i] - config_.window;
+    for (int64_t h = 0; h < num_kv_heads_; ++h) {
+      Move move;
+      move.slot = slot;
+      move.entry = entry(slot, layer, h);
+      move.head = h;
+      move.candidate = candidate;
+      std::vector<float> scores[2];
+      for (const Precision p : {Precision::kHigh, Precision::kLow}) {
+        for (int64_t t = 0; t < token_counts[2 * move.entry + static_cast<int>(p)]; ++t) {
+          const auto [page, cell] = token_cell(move.entry, p, t);
+          const int64_t later = length - 1 - position_at(page, cell, p);
+          scores[static_cast<int>(p)].push_back(*acc_at(page, cell, p) / static_cast<float>(later));
+        }
+      }
+      const float candidate_acc = window_acc_[layer][slot][h][candidate % capacity_].item<float>();
+      move.action = kv::leankv::decode_step(candidate_acc / static_cast<float>(config_.window),
+                                            scores[0], scores[1], length, thresholds_);
+      if (move.action.candidate == Tier::kPruned) {
+        ++pruned_[seqs[i]];
+        continue;
+      }
+      // The section that grows (the candidate's when it has no victim, the low one when a
+      // demoted victim moves there) needs a page when its pages are full.
+      const bool demote = move.action.victim >= 0 && move.action.victim_to == Tier::kLow;
+      const Precision grows =
+          move.action.victim < 0
+              ? (move.action.candidate == Tier::kHigh ? Precision::kHigh : Precision::kLow)
+              : Precision::kLow;
+      if (move.action.victim < 0 || demote) {
+        const int64_t count = token_counts[2 * move.entry + static_cast<int>(grows)];
+        if (count % format_.tokens_per_page(grows) == 0) {
+          needy.push_back(move.entry);
+          needs.push_back(grows == Precision::kHigh);
+          needs.push_back(grows == Precision::kLow);
+        }
+      }
+      if (move.action.victim >= 0 && move.action.victim_to == Tier::kPruned) ++pruned_[seqs[i]];
+      moves.push_back(move);
+    }
+  }
+  if (!needy.empty()) {
+    kv::leankv::allocate_pages(manager(), {needy.data(), needs.data(), std::ssize(needy)});
+    if (const int64_t short_by = counters_[kv::leankv::kShortfall].item<int64_t>(); short_by > 0) {
+      return resource_exhausted_error("leankv: the page pool lacks " + std::to_string(short_by) +
+                                      " pages for a decode step");
+    }
+  }
+  // Demoted victims, dequantized from their high cells.
+  std::vector<int64_t> victim_pages, victim_cells;
+  for (const Move& move : moves) {
+    if (move.action.victim >= 0 && move.action.victim_to == Tier::kLow) {
+      const auto [page, cell] = token_cell(move.entry, Precision::kHigh, move.action.victim);
+      victim_pages.push_back(page);
+      victim_cells.push_back(cell);
+    }
+  }
+  at::Tensor victim_k, victim_v, victim_acc, victim_position;
+  if (!victim_pages.empty()) {
+    std::tie(victim_k, victim_v, victim_acc, victim_position) = kernels::aten::leankv_read_tokens(
+        pages_, format_, Precision::kHigh, long_tensor(victim_pages), long_tensor(victim_cells));
+  }
+  Writes writes[2];
+  int64_t demoted = 0;
+  for (const Move& move : moves) {
+    const Precision to = move.action.candidate == Tier::kHigh ? Precision::kHigh : Precision::kLow;
+    int32_t* count = token_counts + 2 * move.entry;
+    const int64_t cell = move.candidate % capacity_;
+    const at::Tensor window = window_[layer][move.slot];
+    const std::pair<int64_t, int64_t> target =
+        move.action.victim >= 0 ? token_cell(move.entry, to, move.action.victim)
+                                : token_cell(move.entry, to, count[static_cast<int>(to)]++);
+    writes[static_cast<int>(to)].add(target, window[0][move.head].narrow(0, cell, 1),
+                                     window[1][move.head].narrow(0, cell, 1),
+                                     window_acc_[layer][move.slot][move.head].narrow(0, cell, 1),
+                                     at::full({1}, move.candidate, at::kInt));
+    if (move.action.victim >= 0 && move.action.victim_to == Tier::kLow) {
+      writes[1].add(token_cell(move.entry, Precision::kLow, count[1]++),
+                    victim_k.narrow(0, demoted, 1), victim_v.narrow(0, demoted, 1),
+                    victim_acc.narrow(0, demoted, 1), victim_position.narrow(0, demoted, 1));
+      ++demoted;
+    }
+  }
+  writes[0].flush(pages_, format_, Precision::kHigh);
+  writes[1].flush(pages_, format_, Precision::kLow);
+  return Status();
+}
+
+void LeanKvRuntime::end(SeqId seq) {
+  prompt_sums_.erase(seq);
+  pruned_.erase(seq);
+  auto it = slots_.find(seq);
+  if (it == slots_.end()) return;
+  std::vector<int32_t> entries, amounts;
+  const int32_t* page_counts = page_counts_.data_ptr<int32_t>();
+  for (int64_t l = 0; l < num_layers_; ++l) {
+    for (int64_t h = 0; h < num_kv_heads_; ++h) {
+      const int32_t e = entry(it->second, l, h);
+      entries.push_back(e);
+      amounts.push_back(page_counts[2 * e]);
+      amounts.push_back(page_counts[2 * e + 1]);
+      token_counts_[e].zero_();
+    }
+  }
+  kv::leankv::release_pages(manager(), {entries.data(), amounts.data(), std::ssize(entries)});
+  free_slots_.push_back(it->second);
+  slots_.erase(it);
+}
+
+LeanKvCounts LeanKvRuntime::counts() const {
+  LeanKvCounts c;
+  const int32_t* token_counts = token_counts_.data_ptr<int32_t>();
+  for (const auto& [seq, slot] : slots_) {
+    for (int64_t l = 0; l < num_layers_; ++l) {
+      for (int64_t h = 0; h < num_kv_heads_; ++h) {
+        const int32_t e = entry(slot, l, h);
+        c.high += token_counts[2 * e];
+        c.low += token_counts[2 * e + 1];
+      }
+    }
+  }
+  for (const auto& [seq, pruned] : pruned_) c.pruned += pruned;
+  c.failed_prompts = failed_prompts_;
+  c.num_pages = ring_.size(0);
+  const int64_t* counters = counters_.data_ptr<int64_t>();
+  c.pages_used = c.num_pages - (counters[kv::leankv::kRecycled] - counters[kv::leankv::kAllocated]);
+  return c;
+}
+
+}  // namespace strata::executor
