@@ -55,6 +55,7 @@ StatusOr<engine::EngineOptions> engine_options(const config::DeploymentConfig& d
   static_cast<executor::DevicesConfig&>(o.executor) = d.devices;
   static_cast<executor::KernelsConfig&>(o.executor) = d.executor;
   static_cast<executor::KvCacheConfig&>(o.executor) = d.kv_cache;
+  o.executor.leankv = d.leankv;
   o.executor.dtype = d.model.dtype;
   o.scheduler = d.scheduler;
   o.kv_store = d.kv_store;

@@ -397,6 +397,23 @@ Status read_kv_store(Context& ctx, const YAML::Node& node, KvStoreSection& out) 
   return m.get("read_buffer_layers", into(ctx, out.read_buffer_layers));
 }
 
+Status read_leankv(Context& ctx, const YAML::Node& node, LeanKvSection& out) {
+  STRATA_ASSIGN_OR_RETURN(const SectionMap m, SectionMap::open(ctx, node, "leankv"));
+  STRATA_RETURN_IF_ERROR(m.get("enabled", into(ctx, out.enabled)));
+  STRATA_RETURN_IF_ERROR(m.get("alpha_high", into(ctx, out.alpha_high)));
+  STRATA_RETURN_IF_ERROR(m.get("alpha_low", into(ctx, out.alpha_low)));
+  STRATA_RETURN_IF_ERROR(m.get("window", into(ctx, out.window)));
+  STRATA_RETURN_IF_ERROR(m.get("high_key_bits", into(ctx, out.high_key_bits)));
+  STRATA_RETURN_IF_ERROR(m.get("high_value_bits", into(ctx, out.high_value_bits)));
+  STRATA_RETURN_IF_ERROR(m.get("low_key_bits", into(ctx, out.low_key_bits)));
+  STRATA_RETURN_IF_ERROR(m.get("low_value_bits", into(ctx, out.low_value_bits)));
+  STRATA_RETURN_IF_ERROR(m.get("high_tokens_per_page", into(ctx, out.high_tokens_per_page)));
+  STRATA_RETURN_IF_ERROR(m.get("pool_bytes", [&](const YAML::Node& n, const std::string& k) {
+    return read_bytes(ctx, n, k, out.pool_bytes);
+  }));
+  return m.get("max_sequences", into(ctx, out.max_sequences));
+}
+
 Status read_scheduler(Context& ctx, const YAML::Node& node, SchedulerSection& out) {
   STRATA_ASSIGN_OR_RETURN(const SectionMap m, SectionMap::open(ctx, node, "scheduler"));
   STRATA_RETURN_IF_ERROR(m.get("max_num_seqs", into(ctx, out.max_num_seqs)));
@@ -446,6 +463,8 @@ bool read_section(Context& ctx, std::string_view section, const YAML::Node& node
     status = read_kv_cache(ctx, node, config.kv_cache);
   } else if (section == "kv_store") {
     status = read_kv_store(ctx, node, config.kv_store);
+  } else if (section == "leankv") {
+    status = read_leankv(ctx, node, config.leankv);
   } else if (section == "scheduler") {
     status = read_scheduler(ctx, node, config.scheduler);
   } else if (section == "server") {
@@ -643,6 +662,21 @@ std::string to_yaml(const DeploymentConfig& config) {
   emit_plain(out, "ttl_seconds", std::to_string(store.ttl_seconds));
   emit_plain(out, "dram_reserve_fraction", format_double(store.dram_reserve_fraction));
   emit_plain(out, "read_buffer_layers", std::to_string(store.read_buffer_layers));
+  out << YAML::EndMap;
+
+  const LeanKvSection& lean = config.leankv;
+  out << YAML::Key << "leankv" << YAML::Value << YAML::BeginMap;
+  emit_plain(out, "enabled", lean.enabled ? "true" : "false");
+  emit_plain(out, "alpha_high", format_double(lean.alpha_high));
+  emit_plain(out, "alpha_low", format_double(lean.alpha_low));
+  emit_plain(out, "window", std::to_string(lean.window));
+  emit_plain(out, "high_key_bits", std::to_string(lean.high_key_bits));
+  emit_plain(out, "high_value_bits", std::to_string(lean.high_value_bits));
+  emit_plain(out, "low_key_bits", std::to_string(lean.low_key_bits));
+  emit_plain(out, "low_value_bits", std::to_string(lean.low_value_bits));
+  emit_plain(out, "high_tokens_per_page", std::to_string(lean.high_tokens_per_page));
+  emit_plain(out, "pool_bytes", format_byte_size(lean.pool_bytes));
+  emit_plain(out, "max_sequences", std::to_string(lean.max_sequences));
   out << YAML::EndMap;
 
   const SchedulerSection& sched = config.scheduler;

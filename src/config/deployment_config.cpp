@@ -186,6 +186,44 @@ const KeyCheck<KvStoreSection> kKvStoreKeys[] = {
      }},
 };
 
+Status valid_bits(std::string_view key, int32_t bits) {
+  if (bits == 8 || bits == 4 || bits == 2) return Status();
+  return invalid_argument_error(std::string(key) + " must be 8, 4 or 2, got " + std::to_string(bits));
+}
+
+const KeyCheck<LeanKvSection> kLeanKvKeys[] = {
+    {"leankv.enabled", nullptr},
+    {"leankv.alpha_high",
+     [](const LeanKvSection& l) {
+       if (l.alpha_high >= 0 && l.alpha_high < 1e6) return Status();  // NaN fails too
+       return invalid_argument_error("leankv.alpha_high must be in [0, 1e6), got " +
+                                     format_number(l.alpha_high));
+     }},
+    {"leankv.alpha_low",
+     [](const LeanKvSection& l) {
+       if (l.alpha_low >= 0 && l.alpha_low < 1e6) return Status();
+       return invalid_argument_error("leankv.alpha_low must be in [0, 1e6), got " +
+                                     format_number(l.alpha_low));
+     }},
+    {"leankv.window", [](const LeanKvSection& l) { return in_range("leankv.window", l.window, 1, 4096); }},
+    {"leankv.high_key_bits",
+     [](const LeanKvSection& l) { return valid_bits("leankv.high_key_bits", l.high_key_bits); }},
+    {"leankv.high_value_bits",
+     [](const LeanKvSection& l) { return valid_bits("leankv.high_value_bits", l.high_value_bits); }},
+    {"leankv.low_key_bits",
+     [](const LeanKvSection& l) { return valid_bits("leankv.low_key_bits", l.low_key_bits); }},
+    {"leankv.low_value_bits",
+     [](const LeanKvSection& l) { return valid_bits("leankv.low_value_bits", l.low_value_bits); }},
+    {"leankv.high_tokens_per_page",
+     [](const LeanKvSection& l) {
+       return in_range("leankv.high_tokens_per_page", l.high_tokens_per_page, 8, 256);
+     }},
+    {"leankv.pool_bytes",
+     [](const LeanKvSection& l) { return bytes_at_least("leankv.pool_bytes", l.pool_bytes, int64_t{1} << 20); }},
+    {"leankv.max_sequences",
+     [](const LeanKvSection& l) { return at_least("leankv.max_sequences", l.max_sequences, 1); }},
+};
+
 const KeyCheck<SchedulerSection> kSchedulerKeys[] = {
     {"scheduler.max_num_seqs",
      [](const SchedulerSection& s) {
@@ -343,6 +381,21 @@ Status KvStoreSection::validate() const {
   return Status();
 }
 
+Status LeanKvSection::validate() const {
+  STRATA_RETURN_IF_ERROR(check_keys(kLeanKvKeys, *this));
+  if (alpha_low > alpha_high) {
+    return invalid_argument_error("leankv.alpha_low (" + format_number(alpha_low) +
+                                  ") must not exceed leankv.alpha_high (" +
+                                  format_number(alpha_high) + ")");
+  }
+  if (low_key_bits > high_key_bits || low_value_bits > high_value_bits) {
+    return invalid_argument_error(
+        "leankv's low precision must not have more bits than its high one (low_key_bits <= "
+        "high_key_bits, low_value_bits <= high_value_bits)");
+  }
+  return Status();
+}
+
 Status SchedulerSection::validate() const { return check_keys(kSchedulerKeys, *this); }
 
 Status ServerSection::validate() const {
@@ -388,6 +441,7 @@ Status DeploymentConfig::validate() const {
   STRATA_RETURN_IF_ERROR(executor.validate());
   STRATA_RETURN_IF_ERROR(kv_cache.validate());
   STRATA_RETURN_IF_ERROR(kv_store.validate());
+  STRATA_RETURN_IF_ERROR(leankv.validate());
   STRATA_RETURN_IF_ERROR(scheduler.validate());
   STRATA_RETURN_IF_ERROR(server.validate());
   STRATA_RETURN_IF_ERROR(logging.validate());
@@ -402,6 +456,26 @@ Status DeploymentConfig::validate() const {
         " but the KV store saves the compute dtype's exact KV and quantized pages do not save to "
         "it yet; unset kv_cache.page_format or set kv_store.dram_bytes to 0");
   }
+  if (leankv.enabled) {
+    if (devices.device.kind != DeviceKind::kCpu) {
+      return invalid_argument_error(
+          "leankv.enabled needs devices.device cpu for now: its decode policy runs on the host "
+          "(docs/leankv.md)");
+    }
+    if (kv_cache.page_format) {
+      return invalid_argument_error(
+          "leankv.enabled keeps its own page formats; unset kv_cache.page_format");
+    }
+    if (kv_cache.enable_prefix_caching) {
+      return invalid_argument_error(
+          "leankv.enabled compresses prompts computed from their first token; set "
+          "kv_cache.enable_prefix_caching to false");
+    }
+    if (kv_store.enabled()) {
+      return invalid_argument_error(
+          "leankv.enabled does not save to the KV store yet; set kv_store.dram_bytes to 0");
+    }
+  }
   return Status();
 }
 
@@ -413,6 +487,7 @@ const std::vector<std::string_view>& config_keys() {
     append_keys(kExecutorKeys, keys);
     append_keys(kKvCacheKeys, keys);
     append_keys(kKvStoreKeys, keys);
+    append_keys(kLeanKvKeys, keys);
     append_keys(kSchedulerKeys, keys);
     append_keys(kServerKeys, keys);
     append_keys(kLoggingKeys, keys);
@@ -428,6 +503,7 @@ Status validate_key(const DeploymentConfig& config, std::string_view dotted_key)
   if (!found) status = check_one_key(kExecutorKeys, config.executor, dotted_key, found);
   if (!found) status = check_one_key(kKvCacheKeys, config.kv_cache, dotted_key, found);
   if (!found) status = check_one_key(kKvStoreKeys, config.kv_store, dotted_key, found);
+  if (!found) status = check_one_key(kLeanKvKeys, config.leankv, dotted_key, found);
   if (!found) status = check_one_key(kSchedulerKeys, config.scheduler, dotted_key, found);
   if (!found) status = check_one_key(kServerKeys, config.server, dotted_key, found);
   if (!found) status = check_one_key(kLoggingKeys, config.logging, dotted_key, found);

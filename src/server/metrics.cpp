@@ -320,6 +320,18 @@ std::string Metrics::render(const engine::EngineStats& engine) const {
         engine.kv_host_blocks_total);
   gauge("strata_kv_host_pool_blocks_free", "Free blocks in the host (swap) KV pool.",
         engine.kv_host_blocks_free);
+  const executor::LeanKvCounts& lean = engine.leankv;
+  tiered(&out, "strata_leankv_tokens", "gauge",
+         "LeanKV tokens stored per precision tier, over every layer and KV head of live requests.",
+         {{"high", static_cast<double>(lean.high)}, {"low", static_cast<double>(lean.low)}});
+  gauge("strata_leankv_pruned_tokens", "LeanKV tokens pruned from live requests (layer x head).",
+        static_cast<double>(lean.pruned));
+  gauge("strata_leankv_pages", "Pages of LeanKV's pool.", static_cast<double>(lean.num_pages));
+  gauge("strata_leankv_pages_used", "LeanKV pages held by requests.",
+        static_cast<double>(lean.pages_used));
+  counter("strata_leankv_failed_prompts_total",
+          "Prompts LeanKV had no pages or slots for (they decode from the KV pool).",
+          static_cast<double>(lean.failed_prompts));
   counter("strata_prefix_cache_lookup_tokens_total", "Prompt tokens looked up in the prefix cache.",
           static_cast<double>(engine.prefix_lookup_tokens));
   counter("strata_prefix_cache_hit_tokens_total", "Prompt tokens found in the prefix cache.",

@@ -109,6 +109,18 @@ struct KvStoreSection : store::StoreConfig {
   bool operator==(const KvStoreSection&) const = default;
 };
 
+// ---- leankv ---------------------------------------------------------------------------------
+
+// LeanKV (executor::LeanKvConfig, docs/leankv.md): alpha_high >= alpha_low >= 0, window >= 1,
+// bits 8, 4 or 2 with the low ones at most the high ones, high_tokens_per_page in [8, 256],
+// pool_bytes >= 1MiB, max_sequences >= 1. Enabled, it needs the cpu device, no
+// kv_cache.page_format, no prefix caching and no KV store (DeploymentConfig::validate).
+struct LeanKvSection : executor::LeanKvConfig {
+  // INVALID_ARGUMENT naming leankv.<key>.
+  Status validate() const;
+  bool operator==(const LeanKvSection&) const = default;
+};
+
 // ---- scheduler ------------------------------------------------------------------------------
 
 using scheduler::PreemptionMode;
@@ -174,6 +186,7 @@ struct DeploymentConfig {
   ExecutorSection executor;
   KvCacheSection kv_cache;
   KvStoreSection kv_store;
+  LeanKvSection leankv;
   SchedulerSection scheduler;
   ServerSection server;
   LoggingSection logging;

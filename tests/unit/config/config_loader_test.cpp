@@ -297,7 +297,7 @@ TEST(ConfigLoaderTest, UnknownKeysNameTheFullPathAndListTheAllowedOnes) {
   expect_cases({
       {"top level", "modle: {}\n", kInvalid,
        "t.yaml:3:1: unknown key 'modle'; allowed top-level keys: model, devices, executor, "
-       "kv_cache, kv_store, scheduler, server, logging"},
+       "kv_cache, kv_store, leankv, scheduler, server, logging"},
       {"model", "model: {path: m, dtyp: float32}\n", kInvalid,
        "unknown key 'model.dtyp'; allowed keys in 'model': path, dtype, chat_template, "
        "served_name"},
@@ -539,7 +539,7 @@ TEST(ConfigLoaderTest, BadOverridesAreRejectedAndLeaveTheConfigUnchanged) {
       {"scheduler.max_num_seqs.x", "1", ""},
       {"schedular.max_num_seqs", "1",
        "unknown key 'schedular.max_num_seqs'; allowed top-level keys: model, devices, executor, "
-       "kv_cache, kv_store, scheduler, server, logging"},
+       "kv_cache, kv_store, leankv, scheduler, server, logging"},
       {"scheduler", "1",
        "'scheduler' is a section; override one of its keys: max_num_seqs, "
        "max_num_batched_tokens, preemption_mode, max_queued_requests, "

@@ -346,5 +346,58 @@ TEST(ConfigSectionsTest, PageFormatErrorsNameTheKey) {
   });
 }
 
+TEST(ConfigSectionsTest, LeanKvSectionIsReadWrittenBackAndOverridden) {
+  StatusOr<DeploymentConfig> loaded = parse_config(
+      "model: {path: m}\ndevices: {device: cpu}\nkv_store: {dram_bytes: 0}\n"
+      "kv_cache: {enable_prefix_caching: false}\n"
+      "leankv:\n  enabled: true\n  alpha_high: 3\n  alpha_low: 0.04\n  window: 32\n"
+      "  high_value_bits: 8\n  low_key_bits: 2\n  pool_bytes: 64MiB\n  max_sequences: 8\n",
+      "t.yaml");
+  ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
+  const LeanKvSection& lean = loaded->leankv;
+  EXPECT_TRUE(lean.enabled);
+  EXPECT_EQ(lean.alpha_high, 3.0);
+  EXPECT_EQ(lean.alpha_low, 0.04);
+  EXPECT_EQ(lean.window, 32);
+  EXPECT_EQ(lean.high_key_bits, 8);
+  EXPECT_EQ(lean.high_value_bits, 8);
+  EXPECT_EQ(lean.low_key_bits, 2);
+  EXPECT_EQ(lean.low_value_bits, 2);
+  EXPECT_EQ(lean.pool_bytes, int64_t{64} << 20);
+  EXPECT_EQ(lean.max_sequences, 8);
+  StatusOr<DeploymentConfig> again = parse_config(to_yaml(*loaded), "again.yaml");
+  ASSERT_TRUE(again.ok()) << again.status().to_string();
+  EXPECT_EQ(*again, *loaded);
+  DeploymentConfig config = *loaded;
+  ASSERT_TRUE(apply_override(config, "leankv.alpha_low", "0.1").ok());
+  EXPECT_EQ(config.leankv.alpha_low, 0.1);
+  EXPECT_FALSE(apply_override(config, "leankv.window", "0").ok());
+}
+
+TEST(ConfigSectionsTest, LeanKvErrorsNameTheKey) {
+  const std::string on = "devices: {device: cpu}\nkv_store: {dram_bytes: 0}\n"
+                         "kv_cache: {enable_prefix_caching: false}\n";
+  expect_cases({
+      {"bits 3", on + "leankv: {enabled: true, high_key_bits: 3}\n", kInvalid,
+       "leankv.high_key_bits must be 8, 4 or 2, got 3"},
+      {"low above high", on + "leankv: {enabled: true, high_value_bits: 2, low_value_bits: 4}\n",
+       kInvalid, "low precision must not have more bits"},
+      {"alphas", on + "leankv: {alpha_high: 0.01, alpha_low: 0.02}\n", kInvalid,
+       "leankv.alpha_low (0.02) must not exceed leankv.alpha_high (0.01)"},
+      {"small pool", on + "leankv: {pool_bytes: 1KiB}\n", kInvalid, "leankv.pool_bytes"},
+      {"on cuda", "devices: {device: cuda}\nkv_store: {dram_bytes: 0}\n"
+                  "kv_cache: {enable_prefix_caching: false}\nleankv: {enabled: true}\n",
+       kInvalid, "leankv.enabled needs devices.device cpu"},
+      {"prefix caching", "devices: {device: cpu}\nkv_store: {dram_bytes: 0}\n"
+                         "leankv: {enabled: true}\n",
+       kInvalid, "set kv_cache.enable_prefix_caching to false"},
+      {"with the store", "devices: {device: cpu}\nkv_cache: {enable_prefix_caching: false}\n"
+                         "kv_store: {dram_bytes: 1GiB}\nleankv: {enabled: true}\n",
+       kInvalid, "leankv.enabled does not save to the KV store"},
+      {"off, anything goes", "kv_store: {dram_bytes: 1GiB}\nleankv: {enabled: false}\n", kOk, ""},
+      {"on", on + "leankv: {enabled: true}\n", kOk, ""},
+  });
+}
+
 }  // namespace
 }  // namespace strata::config
