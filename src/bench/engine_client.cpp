@@ -79,9 +79,18 @@ class EngineClient final : public BenchClient {
     return result;
   }
 
-  StatusOr<std::vector<double>> score(const std::vector<TokenId>& prompt_token_ids) override {
+  StatusOr<std::vector<double>> score(const std::vector<TokenId>& prompt_token_ids,
+                                      int64_t decode_tokens) override {
+    const int64_t n = static_cast<int64_t>(prompt_token_ids.size());
+    if (decode_tokens < 0 || decode_tokens >= n) {
+      return invalid_argument_error("decode_tokens " + std::to_string(decode_tokens) +
+                                    " of a " + std::to_string(n) + "-token text");
+    }
     engine::GenerateRequest generate;
-    generate.prompt_token_ids = prompt_token_ids;
+    generate.prompt_token_ids.assign(prompt_token_ids.begin(),
+                                     prompt_token_ids.end() - decode_tokens);
+    generate.forced_completion.assign(prompt_token_ids.end() - decode_tokens,
+                                      prompt_token_ids.end());
     generate.sampling.temperature = 0;
     generate.sampling.max_tokens = 1;
     generate.sampling.prompt_logprobs = 0;
@@ -92,6 +101,9 @@ class EngineClient final : public BenchClient {
     std::string error;
     while (std::optional<engine::RequestOutput> out = stream->next()) {
       for (const engine::TokenOutput& t : out->prompt_logprobs) logprobs.push_back(t.logprob);
+      if (decode_tokens > 0) {
+        for (const engine::TokenOutput& t : out->tokens) logprobs.push_back(t.logprob);
+      }
       finish = out->finish_reason;
       error = out->error;
     }
@@ -110,6 +122,16 @@ class EngineClient final : public BenchClient {
       }
     }
     return tokens;
+  }
+
+  std::optional<Counters> leankv_counters() override {
+    const executor::LeanKvCounts c = engine_.stats().leankv;
+    if (c.num_pages == 0) return std::nullopt;
+    auto d = [](int64_t v) { return static_cast<double>(v); };
+    return Counters{{"sequences", d(c.ended_sequences)}, {"high", d(c.ended_high)},
+                    {"low", d(c.ended_low)},             {"pruned", d(c.ended_pruned)},
+                    {"window", d(c.ended_window)},       {"bytes", d(c.ended_bytes)},
+                    {"bf16_bytes", d(c.ended_bf16_bytes)}};
   }
 
   std::optional<Counters> store_counters() override {

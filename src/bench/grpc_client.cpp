@@ -84,7 +84,11 @@ class GrpcClient final : public BenchClient {
     return result;
   }
 
-  StatusOr<std::vector<double>> score(const std::vector<TokenId>& prompt_token_ids) override {
+  StatusOr<std::vector<double>> score(const std::vector<TokenId>& prompt_token_ids,
+                                      int64_t decode_tokens) override {
+    if (decode_tokens > 0) {
+      return unimplemented_error("scoring by decoding (--decode-tokens) runs in process only");
+    }
     v1::GenerateRequest generate;
     generate.mutable_prompt_token_ids()->mutable_ids()->Assign(prompt_token_ids.begin(),
                                                                prompt_token_ids.end());

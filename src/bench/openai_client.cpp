@@ -174,7 +174,11 @@ class OpenAiClient final : public BenchClient {
     return result;
   }
 
-  StatusOr<std::vector<double>> score(const std::vector<TokenId>& prompt_token_ids) override {
+  StatusOr<std::vector<double>> score(const std::vector<TokenId>& prompt_token_ids,
+                                      int64_t decode_tokens) override {
+    if (decode_tokens > 0) {
+      return unimplemented_error("scoring by decoding (--decode-tokens) runs in process only");
+    }
     // OpenAI's legacy scoring request: the prompt echoed back with its tokens' logprobs (the
     // first one null); the one generated token after it is not part of the score.
     const Json body = {{"model", options_.model},

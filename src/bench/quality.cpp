@@ -140,7 +140,8 @@ StatusOr<std::vector<PplWindow>> ppl_windows(int64_t num_tokens, int64_t context
 }
 
 StatusOr<Json> run_perplexity(BenchClient& client, const std::vector<TokenId>& token_ids,
-                              const std::vector<PplWindow>& windows, bool progress) {
+                              const std::vector<PplWindow>& windows, int64_t decode_tokens,
+                              bool progress) {
   const auto start = std::chrono::steady_clock::now();
   Progress bar("scoring", static_cast<int64_t>(windows.size()), progress);
   Json rows = Json::array();
@@ -148,7 +149,8 @@ StatusOr<Json> run_perplexity(BenchClient& client, const std::vector<TokenId>& t
   int64_t total_scored = 0;
   for (const PplWindow& w : windows) {
     const std::vector<TokenId> ids(token_ids.begin() + w.begin, token_ids.begin() + w.end);
-    StatusOr<std::vector<double>> logprobs = client.score(ids);
+    StatusOr<std::vector<double>> logprobs =
+        client.score(ids, std::min<int64_t>(decode_tokens, std::ssize(ids) - 1));
     if (!logprobs.ok()) {
       return Status(logprobs.status().code(), "window [" + std::to_string(w.begin) + ", " +
                                                   std::to_string(w.end) +
@@ -160,19 +162,22 @@ StatusOr<Json> run_perplexity(BenchClient& client, const std::vector<TokenId>& t
                             std::to_string(w.end - w.begin) + " tokens");
     }
     double nll = 0;
+    // Decoded tokens only, when some are: what the prompt's full-precision forward scores is the
+    // same with and without a KV compression of the decode phase.
+    const int64_t first = decode_tokens > 0 ? std::max(w.score_begin, w.end - decode_tokens)
+                                            : w.score_begin;
     // (*logprobs)[i] scores token begin + 1 + i.
-    for (int64_t t = w.score_begin; t < w.end; ++t) nll -= (*logprobs)[t - w.begin - 1];
-    rows.push_back({{"begin", w.begin},
-                    {"end", w.end},
-                    {"scored_tokens", w.end - w.score_begin},
-                    {"nll", nll}});
+    for (int64_t t = first; t < w.end; ++t) nll -= (*logprobs)[t - w.begin - 1];
+    rows.push_back(
+        {{"begin", w.begin}, {"end", w.end}, {"scored_tokens", w.end - first}, {"nll", nll}});
     total_nll += nll;
-    total_scored += w.end - w.score_begin;
+    total_scored += w.end - first;
     bar.advance();
   }
   const double mean_nll = total_scored > 0 ? total_nll / static_cast<double>(total_scored) : 0;
   return Json{{"task", "ppl"},
               {"num_windows", windows.size()},
+              {"decode_tokens", decode_tokens},
               {"num_scored_tokens", total_scored},
               {"mean_nll", mean_nll},
               {"perplexity", std::exp(mean_nll)},

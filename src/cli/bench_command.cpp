@@ -85,6 +85,9 @@ Workload:
   --context-len N         ppl: tokens per scoring window (default 1024)
   --stride N              ppl: tokens between window starts (default context-len / 2); each
                           window scores only the tokens no earlier one did
+  --decode-tokens N       ppl: score each window's last N tokens by decoding them one at a time
+                          (teacher forcing) instead of as prompt: what KV compression after
+                          the prompt changes (LeanKV); in process only (default 0)
   --max-input-len N       longqa: prompt tokens at most; longer documents lose their middle
                           (default 3072)
   (ppl: --num-prompts caps the windows, default 40; longqa: the questions, default 50, in the
@@ -146,6 +149,7 @@ const std::set<std::string>& workload_flag_names() {
                                                "workload",
                                                "context-len",
                                                "stride",
+                                               "decode-tokens",
                                                "max-input-len"};
   return kNames;
 }
@@ -403,7 +407,12 @@ StatusOr<QualityWorkload> build_quality_workload(const Flags& flags, const std::
     STRATA_ASSIGN_OR_RETURN(int64_t stride,
                             flags.get_int("stride", std::max<int64_t>(1, context_len / 2)));
     STRATA_ASSIGN_OR_RETURN(int64_t max_windows, flags.get_int("num-prompts", 40));
+    STRATA_ASSIGN_OR_RETURN(int64_t decode_tokens, flags.get_int("decode-tokens", 0));
     if (context_len < 2) return invalid_argument_error("--context-len must be >= 2");
+    if (decode_tokens < 0 || decode_tokens >= context_len) {
+      return invalid_argument_error("--decode-tokens must be in [0, --context-len), got " +
+                                    std::to_string(decode_tokens));
+    }
     if (max_windows < 1) return invalid_argument_error("--num-prompts must be >= 1");
     STRATA_ASSIGN_OR_RETURN(std::string text, bench::read_data_file(path));
     w.tokens = tok.encode(text, false);
@@ -413,6 +422,7 @@ StatusOr<QualityWorkload> build_quality_workload(const Flags& flags, const std::
     w.windows = *std::move(windows);
     w.setup["context_len"] = context_len;
     w.setup["stride"] = stride;
+    w.setup["decode_tokens"] = decode_tokens;
     return w;
   }
   STRATA_ASSIGN_OR_RETURN(int64_t num, flags.get_int("num-prompts", 50));
@@ -442,8 +452,11 @@ StatusOr<Json> run_quality(const Flags& flags, bench::BenchClient& client, const
                client.model_id().c_str());
   const bool progress = !flags.has("disable-tqdm");
   Json result;
+  const std::optional<bench::Counters> leankv_before = client.leankv_counters();
   if (w.kind == "ppl") {
-    STRATA_ASSIGN_OR_RETURN(result, bench::run_perplexity(client, w.tokens, w.windows, progress));
+    STRATA_ASSIGN_OR_RETURN(result,
+                            bench::run_perplexity(client, w.tokens, w.windows,
+                                                  w.setup["decode_tokens"].get<int64_t>(), progress));
   } else {
     bench::LoadOptions load;
     STRATA_ASSIGN_OR_RETURN(load.max_concurrency, flags.get_int("max-concurrency", 0));
@@ -451,6 +464,14 @@ StatusOr<Json> run_quality(const Flags& flags, bench::BenchClient& client, const
     load.progress = progress;
     result = bench::longqa_metrics(w.items, bench::run_requests(client, w.requests, load));
     print_first_error(result);
+  }
+  // LeanKV's tiers over the run's requests, and the KV memory they kept against bf16.
+  if (const std::optional<bench::Counters> after = client.leankv_counters(); after && leankv_before) {
+    Json lean;
+    for (const auto& [name, value] : *after) lean[name] = value - leankv_before->at(name);
+    const double bf16 = lean["bf16_bytes"].get<double>();
+    lean["memory_fraction"] = bf16 > 0 ? lean["bytes"].get<double>() / bf16 : 0.0;
+    result["leankv"] = lean;
   }
   result.update(w.setup);
   result["date"] = timestamp();

@@ -101,6 +101,7 @@ struct Engine::Active {
   // token.
   std::vector<TokenOutput> prompt_logprobs;
   bool scores_prompt() const { return sampler.params().prompt_logprobs.has_value(); }
+  std::vector<TokenId> forced;  // GenerateRequest::forced_completion
 };
 
 StatusOr<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<model::ModelSource> source,
@@ -204,6 +205,19 @@ StatusOr<std::shared_ptr<RequestStream>> Engine::submit(GenerateRequest request)
                                   " tokens leave no room in the context window of " +
                                   std::to_string(config.max_context_tokens));
   }
+  for (TokenId t : request.forced_completion) {
+    if (t < 0 || t >= config.vocab_size) {
+      return invalid_argument_error("forced_completion: token id " + std::to_string(t) +
+                                    " is outside the vocabulary [0, " +
+                                    std::to_string(config.vocab_size) + ")");
+    }
+  }
+  if (!request.forced_completion.empty()) {
+    request.sampling.max_tokens = static_cast<int32_t>(request.forced_completion.size());
+    request.sampling.ignore_eos = true;
+    request.sampling.stop_token_ids.clear();
+    request.sampling.stop.clear();
+  }
   STRATA_RETURN_IF_ERROR(request.sampling.validate(config.vocab_size));
   if (request.sampling.prompt_logprobs && prompt_len >= config.max_context_tokens) {
     return invalid_argument_error("prompt_logprobs: the " + std::to_string(prompt_len) +
@@ -297,6 +311,7 @@ void Engine::admit(std::vector<std::pair<GenerateRequest, std::shared_ptr<Reques
         stream->id(), stream, sampling::SequenceSampler(request.sampling, vocab, request.prompt_token_ids),
         sampling::StopChecker(request.sampling), tokenizer::StreamDecoder(*tokenizer_),
         std::move(stop_ids), Clock::now());
+    active->forced = std::move(request.forced_completion);
     std::vector<TokenId>& prompt = request.prompt_token_ids;
     active->usage.prompt_tokens = static_cast<int64_t>(prompt.size());
     const bool scores_prompt = request.sampling.prompt_logprobs.has_value();
@@ -485,8 +500,14 @@ void Engine::step() {
       record_prompt_logprobs(active, chunk.start_position, rows, num_rows, vocab);
     }
     if (!chunk.samples) continue;
-    const float* last = rows + (num_rows - 1) * vocab;  // the distribution of the next token
-    emit_token(active, active.sampler.sample(std::span<const float>(last, vocab)));
+    const std::span<const float> last(rows + (num_rows - 1) * vocab, vocab);  // the next token's
+    if (active.forced.empty()) {
+      emit_token(active, active.sampler.sample(last));
+    } else {
+      TokenOutput forced = score_token(last, active.forced[active.usage.completion_tokens],
+                                       active.sampler.params().num_logprobs);
+      emit_token(active, {forced.token, forced.logprob, std::move(forced.top_logprobs)});
+    }
   }
   std::scoped_lock lock(mutex_);
   ++stats_.num_steps;

@@ -352,6 +352,53 @@ TEST(EngineTest, StopStringsAndStopTokensOnTheDefaultModel) {
   expect_pool_fully_free(*engine);
 }
 
+// Teacher forcing (GenerateRequest::forced_completion): decoding a text's last tokens one step at
+// a time scores them as a single forward over the whole text does (prompt logprobs), ignoring
+// eos and stop strings, and with LeanKV the same protocol scores its compressed decode.
+TEST(EngineTest, ForcedCompletionScoresLikeThePrompt) {
+  std::unique_ptr<Engine> engine = make_engine(STRATA_TEST_MODEL, EngineOptions{});
+  ASSERT_TRUE(engine);
+  std::vector<TokenId> text = engine->tokenizer().encode(
+      "The quick brown fox jumps over the lazy dog. It was a bright cold day in April, and the "
+      "clocks were striking thirteen.",
+      false);
+  text.push_back(2);  // the eos token inside the scored continuation
+  text.push_back(text[3]);
+  // Every logprob a request returns: its prompt's, then its tokens'.
+  auto scores = [&](const GenerateRequest& request) {
+    StatusOr<std::shared_ptr<RequestStream>> stream = engine->submit(request);
+    EXPECT_TRUE(stream.ok()) << stream.status().to_string();
+    std::vector<double> out;
+    std::vector<TokenId> tokens;
+    while (std::optional<RequestOutput> delta = (*stream)->next()) {
+      for (const TokenOutput& t : delta->prompt_logprobs) out.push_back(t.logprob);
+      for (const TokenOutput& t : delta->tokens) {
+        out.push_back(t.logprob);
+        tokens.push_back(t.token);
+      }
+      EXPECT_NE(delta->finish_reason, FinishReason::kStop);
+    }
+    return std::pair{out, tokens};
+  };
+  GenerateRequest whole;
+  whole.prompt_token_ids = text;
+  whole.sampling.max_tokens = 1;
+  whole.sampling.prompt_logprobs = 0;
+  GenerateRequest forced;
+  const size_t split = text.size() - 12;
+  forced.prompt_token_ids.assign(text.begin(), text.begin() + split);
+  forced.forced_completion.assign(text.begin() + split, text.end());
+  forced.sampling.prompt_logprobs = 0;
+  forced.sampling.stop = {"fox"};
+  const auto [expected, unused] = scores(whole);
+  const auto [got, tokens] = scores(forced);
+  EXPECT_EQ(tokens, std::vector<TokenId>(text.begin() + split, text.end()));
+  ASSERT_EQ(got.size(), text.size() - 1);
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], expected[i], 1e-3) << "token " << i + 1;
+  forced.forced_completion[3] = 1 << 30;
+  EXPECT_FALSE(engine->submit(forced).ok());
+}
+
 // LeanKV (docs/leankv.md) as a serving mode on the default model: prompts computed over chunked
 // prefill are compressed when they complete and decoding reads LeanKV pages; a request's tokens do
 // not depend on what it is batched with (as without LeanKV), every page comes back, and a real

@@ -65,14 +65,22 @@ class BenchClient {
   // Scores a prompt (perplexity): the natural-log probability of each token after the first given
   // the tokens before it, one full forward over the whole prompt. OpenAI servers are asked for
   // `echo` with `logprobs` on /v1/completions (llama.cpp's server needs logits_all for it),
-  // Strata's gRPC and engine for prompt_logprobs. Thread-safe.
-  virtual StatusOr<std::vector<double>> score(const std::vector<TokenId>& prompt_token_ids) = 0;
+  // Strata's gRPC and engine for prompt_logprobs. With decode_tokens > 0 the last decode_tokens
+  // tokens are scored by decoding them one step at a time instead (teacher forcing: what a KV
+  // cache compressed after the prompt changes); in process only, UNIMPLEMENTED elsewhere.
+  // Thread-safe.
+  virtual StatusOr<std::vector<double>> score(const std::vector<TokenId>& prompt_token_ids,
+                                              int64_t decode_tokens) = 0;
   // Cumulative prompt tokens served per KV tier, when the endpoint exposes them (Strata's
   // /metrics or engine stats); nullopt for peers that do not.
   virtual std::optional<TierTokens> tier_hit_tokens() { return std::nullopt; }
   // Cumulative store counters (kStoreCounterNames), from Strata's /metrics or engine stats;
   // nullopt for peers and servers without a KV store.
   virtual std::optional<Counters> store_counters() { return std::nullopt; }
+  // Cumulative LeanKV counters of the requests that ended (executor::LeanKvCounts' ended_*
+  // fields without the prefix: sequences, high, low, pruned, window, bytes, bf16_bytes), from an
+  // in-process engine running LeanKV; nullopt otherwise.
+  virtual std::optional<Counters> leankv_counters() { return std::nullopt; }
 };
 
 struct ClientOptions {

@@ -45,8 +45,11 @@ StatusOr<std::vector<PplWindow>> ppl_windows(int64_t num_tokens, int64_t context
 // "num_windows", "num_scored_tokens", "mean_nll", "perplexity" (= exp(mean_nll)), "duration_s",
 // "windows": [{"begin", "end", "scored_tokens", "nll"}]}. The first failed request ends the run
 // with its error.
+// decode_tokens > 0: each window's last decode_tokens tokens are scored by decoding them
+// (BenchClient::score), and only they count (the result's "decode_tokens").
 StatusOr<nlohmann::json> run_perplexity(BenchClient& client, const std::vector<TokenId>& token_ids,
-                                        const std::vector<PplWindow>& windows, bool progress);
+                                        const std::vector<PplWindow>& windows,
+                                        int64_t decode_tokens, bool progress);
 
 // ---- Long-document QA -------------------------------------------------------------------------
 

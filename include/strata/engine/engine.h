@@ -131,6 +131,12 @@ struct GenerateRequest {
   // The conversation this turn belongs to (already tenant-qualified): the KV store keeps one item
   // per session and finds it by this key as well as by content. Empty: by content only.
   std::string session;
+  // Teacher forcing: when set, step i emits forced_completion[i] instead of a sampled token, with
+  // its logprob (and top logprobs) under the model's raw distribution, through the same decode
+  // steps as sampled tokens; generation ends after the last one (max_tokens, stop tokens and stop
+  // strings do not apply). What scores a continuation by decoding it (bench ppl
+  // --decode-tokens).
+  std::vector<TokenId> forced_completion;
 };
 
 // The deployment file's sections the engine runs from, as they are.

@@ -39,7 +39,7 @@ class FakeClient final : public BenchClient {
     result.generated_text = "answer to " + request.prompt;
     return result;
   }
-  StatusOr<std::vector<double>> score(const std::vector<TokenId>&) override {
+  StatusOr<std::vector<double>> score(const std::vector<TokenId>&, int64_t) override {
     return unimplemented_error("not scored here");
   }
 
