@@ -457,10 +457,10 @@ Status DeploymentConfig::validate() const {
         "it yet; unset kv_cache.page_format or set kv_store.dram_bytes to 0");
   }
   if (leankv.enabled) {
-    if (devices.device.kind != DeviceKind::kCpu) {
+    if (devices.device.kind == DeviceKind::kCuda) {
       return invalid_argument_error(
-          "leankv.enabled needs devices.device cpu for now: its decode policy runs on the host "
-          "(docs/leankv.md)");
+          "leankv.enabled needs devices.device cpu (or auto on a machine without a GPU) for now: "
+          "its decode policy runs on the host (docs/leankv.md)");
     }
     if (kv_cache.page_format) {
       return invalid_argument_error(

@@ -159,7 +159,7 @@ Status LeanKvRuntime::compress(
   STRATA_CHECK(sums != prompt_sums_.end()) << "sequence " << seq.value << ": no prompt observed";
   if (free_slots_.empty()) {
     prompt_sums_.erase(sums);
-    ++failed_prompts_;
+    ++ended_.failed_prompts;
     return resource_exhausted_error("leankv: all " + std::to_string(config_.max_sequences) +
                                     " sequence slots are in use");
   }
@@ -207,7 +207,7 @@ Status LeanKvRuntime::compress(
   kv::leankv::allocate_pages(manager(), {entries.data(), conservative.data(), count});
   if (const int64_t short_by = counters_[kv::leankv::kShortfall].item<int64_t>(); short_by > 0) {
     prompt_sums_.erase(sums);
-    ++failed_prompts_;
+    ++ended_.failed_prompts;
     return resource_exhausted_error("leankv: the page pool lacks " + std::to_string(short_by) +
                                     " pages for a prompt of " + std::to_string(n) + " tokens");
   }
@@ -251,6 +251,7 @@ Status LeanKvRuntime::compress(
     window_acc_[l][slot].index_copy_(1, cells, accs[l].narrow(1, stored, kept_window));
   }
   pruned_[seq] = pruned;
+  lengths_[seq] = n;
   prompt_sums_.erase(sums);
   return Status();
 }
@@ -264,6 +265,7 @@ at::Tensor LeanKvRuntime::attend(std::span<const SeqId> seqs, std::span<const in
   for (int64_t i = 0; i < m; ++i) {
     const int32_t slot = slots_.at(seqs[i]);
     const int64_t cell = positions[i] % capacity_;
+    lengths_[seqs[i]] = positions[i] + 1;
     at::Tensor window = window_[layer][slot];
     window[0].select(1, cell).copy_(k[i]);
     window[1].select(1, cell).copy_(v[i]);
@@ -390,27 +392,48 @@ Status LeanKvRuntime::settle(std::span<const SeqId> seqs, std::span<const int64_
 
 void LeanKvRuntime::end(SeqId seq) {
   prompt_sums_.erase(seq);
-  pruned_.erase(seq);
   auto it = slots_.find(seq);
-  if (it == slots_.end()) return;
+  if (it == slots_.end()) {
+    pruned_.erase(seq);
+    return;
+  }
   std::vector<int32_t> entries, amounts;
   const int32_t* page_counts = page_counts_.data_ptr<int32_t>();
+  int32_t* token_counts = token_counts_.data_ptr<int32_t>();
+  const int64_t heads = num_layers_ * num_kv_heads_;
+  const int64_t window = std::min<int64_t>(lengths_[seq], config_.window) * heads;
+  int64_t high = 0, low = 0;
   for (int64_t l = 0; l < num_layers_; ++l) {
     for (int64_t h = 0; h < num_kv_heads_; ++h) {
       const int32_t e = entry(it->second, l, h);
       entries.push_back(e);
       amounts.push_back(page_counts[2 * e]);
       amounts.push_back(page_counts[2 * e + 1]);
-      token_counts_[e].zero_();
+      high += token_counts[2 * e];
+      low += token_counts[2 * e + 1];
+      token_counts[2 * e] = token_counts[2 * e + 1] = 0;
     }
   }
+  // Bytes of K and V: data, scales and zeros (the 8-byte accumulator and position aside).
+  const int64_t bf16_token = 2 * head_dim_ * 2;
+  ++ended_.ended_sequences;
+  ended_.ended_high += high;
+  ended_.ended_low += low;
+  ended_.ended_pruned += pruned_[seq];
+  ended_.ended_window += window;
+  ended_.ended_bytes += high * (format_.token_bytes(Precision::kHigh) - 8) +
+                        low * (format_.token_bytes(Precision::kLow) - 8) +
+                        window * 2 * head_dim_ * static_cast<int64_t>(c10::elementSize(dtype_));
+  ended_.ended_bf16_bytes += (high + low + pruned_[seq] + window) * bf16_token;
+  pruned_.erase(seq);
+  lengths_.erase(seq);
   kv::leankv::release_pages(manager(), {entries.data(), amounts.data(), std::ssize(entries)});
   free_slots_.push_back(it->second);
   slots_.erase(it);
 }
 
 LeanKvCounts LeanKvRuntime::counts() const {
-  LeanKvCounts c;
+  LeanKvCounts c = ended_;
   const int32_t* token_counts = token_counts_.data_ptr<int32_t>();
   for (const auto& [seq, slot] : slots_) {
     for (int64_t l = 0; l < num_layers_; ++l) {
@@ -422,7 +445,6 @@ LeanKvCounts LeanKvRuntime::counts() const {
     }
   }
   for (const auto& [seq, pruned] : pruned_) c.pruned += pruned;
-  c.failed_prompts = failed_prompts_;
   c.num_pages = ring_.size(0);
   const int64_t* counters = counters_.data_ptr<int64_t>();
   c.pages_used = c.num_pages - (counters[kv::leankv::kRecycled] - counters[kv::leankv::kAllocated]);

@@ -100,7 +100,8 @@ class LeanKvRuntime {
   std::vector<int32_t> free_slots_;
   std::unordered_map<SeqId, std::vector<at::Tensor>> prompt_sums_;  // per layer [H, length]
   std::unordered_map<SeqId, int64_t> pruned_;                       // tokens pruned per sequence
-  int64_t failed_prompts_ = 0;
+  std::unordered_map<SeqId, int64_t> lengths_;  // tokens of each decoding sequence
+  LeanKvCounts ended_;                          // the since-start fields of counts()
 };
 
 }  // namespace strata::executor

@@ -113,7 +113,7 @@ struct KvStoreSection : store::StoreConfig {
 
 // LeanKV (executor::LeanKvConfig, docs/leankv.md): alpha_high >= alpha_low >= 0, window >= 1,
 // bits 8, 4 or 2 with the low ones at most the high ones, high_tokens_per_page in [8, 256],
-// pool_bytes >= 1MiB, max_sequences >= 1. Enabled, it needs the cpu device, no
+// pool_bytes >= 1MiB, max_sequences >= 1. Enabled, it needs a cpu (or auto) device, no
 // kv_cache.page_format, no prefix caching and no KV store (DeploymentConfig::validate).
 struct LeanKvSection : executor::LeanKvConfig {
   // INVALID_ARGUMENT naming leankv.<key>.

@@ -55,12 +55,17 @@ struct ExecutorOptions : DevicesConfig, KernelsConfig, KvCacheConfig {
 };
 
 // LeanKV's state over the live sequences (docs/leankv.md): stored tokens per tier, tokens pruned
-// so far, pages of its pool in use; and prompts it could not take (no pages or sequence slots:
-// they decode from the KV pool), since start.
+// so far, pages of its pool in use; and since start, prompts it could not take (no pages or
+// sequence slots: they decode from the KV pool) and what the sequences that ended held at their
+// end (tokens are counted per layer and KV head): tokens per tier and in the window, their bytes
+// (data, scales and zeros; the window at the compute dtype) and the bytes the same tokens take
+// at bfloat16 (the compression baseline).
 struct LeanKvCounts {
   int64_t high = 0, low = 0, pruned = 0;
   int64_t pages_used = 0, num_pages = 0;
   int64_t failed_prompts = 0;
+  int64_t ended_sequences = 0, ended_high = 0, ended_low = 0, ended_pruned = 0, ended_window = 0;
+  int64_t ended_bytes = 0, ended_bf16_bytes = 0;
 };
 
 class Executor {
