@@ -60,14 +60,21 @@ __device__ __forceinline__ void my_run(int64_t n, int64_t* begin, int64_t* end) 
   *end = min(n, *begin + per);
 }
 
+// Allocate and release: this thread's run, the ring offset of its first page (the batch's pages
+// before its run) and the batch's pages in all, from amounts (high + low per entry).
+__device__ __forceinline__ long long amounts_offset(const PageBatch& b, int64_t* begin,
+                                                    int64_t* end, long long* total) {
+  my_run(b.n, begin, end);
+  long long mine = 0;
+  for (int64_t i = *begin; i < *end; ++i) mine += b.amounts[2 * i] + b.amounts[2 * i + 1];
+  return block_exclusive_scan(mine, total);
+}
+
 __global__ void __launch_bounds__(kMaxThreads)
     leankv_allocate_kernel(const PageManagerState s, const PageBatch b) {
   int64_t begin, end;
-  my_run(b.n, &begin, &end);
-  long long mine = 0;
-  for (int64_t i = begin; i < end; ++i) mine += b.amounts[2 * i] + b.amounts[2 * i + 1];
   long long total;
-  long long at = block_exclusive_scan(mine, &total);
+  long long at = amounts_offset(b, &begin, &end, &total);
   const int64_t allocated = s.counters[kAllocated];
   const int64_t free = s.counters[kRecycled] - allocated;
   if (total > free) {  // the same decision in every thread: nothing changes
@@ -98,11 +105,8 @@ __global__ void __launch_bounds__(kMaxThreads)
 __global__ void __launch_bounds__(kMaxThreads)
     leankv_release_kernel(const PageManagerState s, const PageBatch b) {
   int64_t begin, end;
-  my_run(b.n, &begin, &end);
-  long long mine = 0;
-  for (int64_t i = begin; i < end; ++i) mine += b.amounts[2 * i] + b.amounts[2 * i + 1];
   long long total;
-  long long at = block_exclusive_scan(mine, &total);
+  long long at = amounts_offset(b, &begin, &end, &total);
   const int64_t recycled = s.counters[kRecycled];
   const int64_t w = s.table_width;
   for (int64_t i = begin; i < end; ++i) {
