@@ -102,6 +102,7 @@ struct Engine::Active {
   std::vector<TokenOutput> prompt_logprobs;
   bool scores_prompt() const { return sampler.params().prompt_logprobs.has_value(); }
   std::vector<TokenId> forced;  // GenerateRequest::forced_completion
+  bool compress_kv = true;      // GenerateRequest::compress_kv
 };
 
 StatusOr<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<model::ModelSource> source,
@@ -312,6 +313,7 @@ void Engine::admit(std::vector<std::pair<GenerateRequest, std::shared_ptr<Reques
         sampling::StopChecker(request.sampling), tokenizer::StreamDecoder(*tokenizer_),
         std::move(stop_ids), Clock::now());
     active->forced = std::move(request.forced_completion);
+    active->compress_kv = request.compress_kv;
     std::vector<TokenId>& prompt = request.prompt_token_ids;
     active->usage.prompt_tokens = static_cast<int64_t>(prompt.size());
     const bool scores_prompt = request.sampling.prompt_logprobs.has_value();
@@ -432,6 +434,7 @@ void Engine::build_chunks(const scheduler::ScheduledBatch& batch, executor::Forw
     c.logits = chunk.samples ? executor::LogitsMode::kLast : executor::LogitsMode::kNone;
     c.samples = chunk.samples;
     Active& active = *active_.at(chunk.seq);
+    c.compress_kv = active.compress_kv;
     // Until the first token is out, a scored prompt needs every position's logits (a sequence
     // recomputed after preemption has them already).
     if (active.scores_prompt() && active.usage.completion_tokens == 0) {

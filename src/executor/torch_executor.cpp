@@ -381,7 +381,7 @@ void TorchExecutor::observe_prompts(const ForwardBatch& batch, int64_t layer, co
   int64_t row = 0;
   for (const SequenceChunk& chunk : batch.chunks) {
     const int64_t n = static_cast<int64_t>(chunk.tokens.size());
-    if (!leankv_->decoding(chunk.seq) &&
+    if (chunk.compress_kv && !leankv_->decoding(chunk.seq) &&
         (chunk.start_position == 0 || leankv_->observing(chunk.seq))) {
       const int64_t end = chunk.start_position + n;
       leankv_->observe_prompt(chunk.seq, layer, q.narrow(0, row, n),

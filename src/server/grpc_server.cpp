@@ -124,6 +124,7 @@ class GenerationService final : public pb::Generation::Service {
     }
     r.sampling = to_sampling(request->sampling());
     r.priority = request->priority();
+    if (request->has_compress_kv()) r.compress_kv = request->compress_kv();
     std::string unused;
     return stream(context, std::move(r), "", writer, &unused);
   }
@@ -170,6 +171,7 @@ class GenerationService final : public pb::Generation::Service {
     r.prompt_token_ids = engine_.tokenizer().encode(*text, chat_->encode_add_bos());
     r.sampling = to_sampling(request->sampling());
     r.priority = request->priority();
+    if (request->has_compress_kv()) r.compress_kv = request->compress_kv();
     if (in_session) r.session = session_key(tenant, request->session_id());
     std::string reply;
     grpc::Status status = stream(context, std::move(r), request->session_id(), writer, &reply);

@@ -352,6 +352,7 @@ class Service {
       request.sampling.max_tokens = chat ? room : std::min(kDefaultCompletionMaxTokens, room);
     }
     request.tenant = tenant_salt(bearer_key(req), parsed->user);
+    request.compress_kv = parsed->compress_kv;
     openai::ResponseBuilder::Options response_options;
     response_options.endpoint = endpoint;
     response_options.id = chat ? "chatcmpl-" : "cmpl-";

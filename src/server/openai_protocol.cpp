@@ -93,6 +93,7 @@ const std::set<std::string>& known_fields(Endpoint endpoint) {
                                               "stream_options",
                                               "user",
                                               "ignore_eos",
+                                              "compress_kv",
                                               "logit_bias",
                                               "tools",
                                               "tool_choice",
@@ -120,6 +121,7 @@ const std::set<std::string>& known_fields(Endpoint endpoint) {
                                                      "stream_options",
                                                      "user",
                                                      "ignore_eos",
+                                                     "compress_kv",
                                                      "logit_bias",
                                                      "echo",
                                                      "best_of",
@@ -430,6 +432,8 @@ StatusOr<ParsedRequest> parse_request(Endpoint endpoint, std::string_view body,
   }
   STRATA_RETURN_IF_ERROR(parse_sampling(root, endpoint, &out));
 
+  STRATA_ASSIGN_OR_RETURN(std::optional<bool> compress_kv, bool_field(root, "compress_kv"));
+  out.compress_kv = compress_kv.value_or(true);
   STRATA_ASSIGN_OR_RETURN(std::optional<bool> stream, bool_field(root, "stream"));
   out.stream = stream.value_or(false);
   if (const Json* options = find_field(root, "stream_options")) {

@@ -57,6 +57,7 @@ struct ParsedRequest {
   // (sampling.prompt_logprobs is set), as OpenAI's legacy echo does.
   bool echo = false;
   std::string user;            // the tenant for prefix-cache isolation; may be empty
+  bool compress_kv = true;     // Strata's extension: false keeps the request's KV uncompressed
 };
 
 // Parses and validates a request body, sampling parameters included (against `vocab_size`).

@@ -432,6 +432,20 @@ TEST(EngineTest, LeanKvServesBatchesLikeSoloRunsAndFreesItsPages) {
   question.sampling.temperature = 0;
   question.sampling.max_tokens = 3;
   EXPECT_EQ(run_solo(*engine, {question})[0].text, " Paris.\n");
+
+  // Per request: compress_kv false keeps a request on the pool (LeanKV's baseline), with the
+  // tokens of an engine without LeanKV.
+  EngineOptions dense_options = options;
+  dense_options.executor.leankv = {};
+  std::unique_ptr<Engine> dense = make_engine(STRATA_TEST_MODEL, dense_options);
+  ASSERT_TRUE(dense);
+  GenerateRequest baseline = requests[2];
+  baseline.compress_kv = false;
+  const int64_t ended_before = engine->stats().leankv.ended_sequences;
+  const std::vector<Collected> kept = run_solo(*engine, {baseline});
+  expect_same_as_solo(run_solo(*dense, {baseline}), kept);
+  expect_pool_fully_free(*engine);
+  EXPECT_EQ(engine->stats().leankv.ended_sequences, ended_before) << "the request was compressed";
 }
 
 // Prompt scoring (perplexity): the engine's prompt logprobs, computed over chunked prefill, equal

@@ -137,6 +137,9 @@ struct GenerateRequest {
   // strings do not apply). What scores a continuation by decoding it (bench ppl
   // --decode-tokens).
   std::vector<TokenId> forced_completion;
+  // false: this request's KV stays uncompressed (LeanKV's baseline) in a deployment that runs
+  // LeanKV (leankv.enabled); no effect otherwise.
+  bool compress_kv = true;
 };
 
 // The deployment file's sections the engine runs from, as they are.

@@ -38,6 +38,9 @@ struct SequenceChunk {
   // The chunk ends at the sequence's last token: a token is sampled after it (the last chunk of a
   // prompt, or a decode step). LeanKV compresses a prompt after its sampling chunk.
   bool samples = true;
+  // false: the sequence's KV is not compressed (LeanKV) even where the executor runs LeanKV; read
+  // from a sequence's chunk at position 0.
+  bool compress_kv = true;
 };
 
 // KV of whole token blocks that a sequence of the batch loads instead of computing (from the KV

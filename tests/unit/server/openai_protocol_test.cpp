@@ -73,6 +73,7 @@ std::vector<ValidCase> valid_cases() {
          EXPECT_EQ(r.sampling.num_logprobs, 0);
          EXPECT_TRUE(r.user.empty());
          EXPECT_FALSE(r.sampling.ignore_eos);
+         EXPECT_TRUE(r.compress_kv);
        }},
       {"SamplingFields", chat,
        chat_body({{"temperature", 0.7},
@@ -84,6 +85,7 @@ std::vector<ValidCase> valid_cases() {
                   {"repetition_penalty", 1.1},
                   {"seed", 42},
                   {"ignore_eos", true},
+                  {"compress_kv", false},
                   {"user", "tenant-a"}}),
        [](const ParsedRequest& r) {
          EXPECT_DOUBLE_EQ(r.sampling.temperature, 0.7);
@@ -95,6 +97,7 @@ std::vector<ValidCase> valid_cases() {
          EXPECT_DOUBLE_EQ(r.sampling.repetition_penalty, 1.1);
          EXPECT_EQ(r.sampling.seed, 42u);
          EXPECT_TRUE(r.sampling.ignore_eos);
+         EXPECT_FALSE(r.compress_kv);
          EXPECT_EQ(r.user, "tenant-a");
        }},
       {"TemperatureZeroAndIntegerNumbers", chat, chat_body({{"temperature", 0}, {"top_p", 1}}),
@@ -303,6 +306,7 @@ std::vector<InvalidCase> invalid_cases() {
        "stream_options.include_usage"},
       {"UserNumber", chat, chat_body({{"user", 5}}), "user"},
       {"IgnoreEosInteger", chat, chat_body({{"ignore_eos", 1}}), "ignore_eos"},
+      {"CompressKvString", chat, chat_body({{"compress_kv", "no"}}), "compress_kv"},
       {"ModelNumber", chat, chat_body({{"model", 3}}), "model"},
       {"StoreString", chat, chat_body({{"store", "no"}}), "store"},
       {"NString", chat, chat_body({{"n", "1"}}), "n"},
