@@ -39,7 +39,7 @@ labels=(-L gpu -LE model)
 [[ -f .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf ]] && labels=(-L 'gpu|model|reference')
 (cd build-gpu && ctest --output-on-failure "${labels[@]}" -j4 \
   --output-junit "$out/ctest-gpu.xml") || status=1
-for bench in kernels_bench attention_bench; do
+for bench in kernels_bench attention_bench leankv_attention_bench; do
   build-gpu/bench/$bench --json "$out/$bench.json" | tee "$out/$bench.txt" || status=1
 done
 # CachedAttention's loading paths on the GPU: requests share a 2,048-token prefix and the prefix
