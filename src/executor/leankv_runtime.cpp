@@ -113,6 +113,11 @@ std::pair<int64_t, int64_t> LeanKvRuntime::token_cell(int32_t entry, Precision p
   return {tables_.data_ptr<int32_t>()[entry * width_ + column], i % per_page};
 }
 
+float* LeanKvRuntime::window_acc_at(int64_t layer, int32_t slot, int64_t head, int64_t cell) {
+  return window_acc_.data_ptr<float>() +
+         ((layer * config_.max_sequences + slot) * num_kv_heads_ + head) * capacity_ + cell;
+}
+
 float* LeanKvRuntime::acc_at(int64_t page, int64_t slot, Precision p) {
   return reinterpret_cast<float*>(pages_.data_ptr<uint8_t>() + page * format_.page_bytes() +
                                   format_.segments(p).scores) +
@@ -205,7 +210,7 @@ Status LeanKvRuntime::compress(
   }
   const int64_t count = std::ssize(entries);
   kv::leankv::allocate_pages(manager(), {entries.data(), conservative.data(), count});
-  if (const int64_t short_by = counters_[kv::leankv::kShortfall].item<int64_t>(); short_by > 0) {
+  if (const int64_t short_by = shortfall(); short_by > 0) {
     prompt_sums_.erase(sums);
     ++ended_.failed_prompts;
     return resource_exhausted_error("leankv: the page pool lacks " + std::to_string(short_by) +
@@ -237,8 +242,8 @@ Status LeanKvRuntime::compress(
         w.acc.push_back(accs[l][h].index_select(0, rows));
         w.position.push_back(rows);
       }
-      token_counts_[e][0] = static_cast<int32_t>(high[i].size());
-      token_counts_[e][1] = static_cast<int32_t>(low[i].size());
+      token_counts_.data_ptr<int32_t>()[2 * e] = static_cast<int32_t>(high[i].size());
+      token_counts_.data_ptr<int32_t>()[2 * e + 1] = static_cast<int32_t>(low[i].size());
     }
     writes[0].flush(pages_, format_, Precision::kHigh);
     writes[1].flush(pages_, format_, Precision::kLow);
@@ -317,7 +322,7 @@ Status LeanKvRuntime::settle(std::span<const SeqId> seqs, std::span<const int64_
           scores[static_cast<int>(p)].push_back(*acc_at(page, cell, p) / static_cast<float>(later));
         }
       }
-      const float candidate_acc = window_acc_[layer][slot][h][candidate % capacity_].item<float>();
+      const float candidate_acc = *window_acc_at(layer, slot, h, candidate % capacity_);
       move.action = kv::leankv::decode_step(candidate_acc / static_cast<float>(config_.window),
                                             scores[0], scores[1], length, thresholds_);
       if (move.action.candidate == Tier::kPruned) {
@@ -345,7 +350,7 @@ Status LeanKvRuntime::settle(std::span<const SeqId> seqs, std::span<const int64_
   }
   if (!needy.empty()) {
     kv::leankv::allocate_pages(manager(), {needy.data(), needs.data(), std::ssize(needy)});
-    if (const int64_t short_by = counters_[kv::leankv::kShortfall].item<int64_t>(); short_by > 0) {
+    if (const int64_t short_by = shortfall(); short_by > 0) {
       return resource_exhausted_error("leankv: the page pool lacks " + std::to_string(short_by) +
                                       " pages for a decode step");
     }

@@ -86,6 +86,9 @@ class LeanKvRuntime {
   // (page, slot) of token i of an entry's section.
   std::pair<int64_t, int64_t> token_cell(int32_t entry, kv::leankv::Precision p, int64_t i) const;
   float* acc_at(int64_t page, int64_t slot, kv::leankv::Precision p);
+  // The accumulator of a window cell (host memory; window_acc_ is contiguous).
+  float* window_acc_at(int64_t layer, int32_t slot, int64_t head, int64_t cell);
+  int64_t shortfall() const { return counters_.data_ptr<int64_t>()[kv::leankv::kShortfall]; }
   int32_t position_at(int64_t page, int64_t slot, kv::leankv::Precision p) const;
 
   LeanKvConfig config_;

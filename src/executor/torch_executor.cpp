@@ -361,19 +361,19 @@ StatusOr<ForwardResult> TorchExecutor::forward(const ForwardBatch& batch) {
   }
 }
 
-std::pair<at::Tensor, at::Tensor> TorchExecutor::pool_kv(const SequenceChunk& chunk, int64_t layer,
-                                                         int64_t end) {
+at::Tensor TorchExecutor::pool_part(const SequenceChunk& chunk, int64_t layer, int64_t end,
+                                   int64_t part) {
   const int64_t block = kv_geometry_.block_size_tokens;
   std::vector<int64_t> rows;
   for (int64_t j = 0; j < (end + block - 1) / block; ++j) {
     rows.push_back(pool_.layout().base_index(chunk.tables[layer][j]));
   }
-  // [blocks, 2, Hkv, B, D] -> [2, blocks * B, Hkv, D]
+  // [blocks, Hkv, B, D] -> [blocks * B, Hkv, D]
   const at::Tensor blocks =
-      pool_.base_view().index_select(0, at::tensor(rows, at::kLong).to(device_));
-  const at::Tensor kv =
-      blocks.permute({1, 0, 3, 2, 4}).reshape({2, -1, config_.num_kv_heads, config_.head_dim});
-  return {kv[0].narrow(0, 0, end), kv[1].narrow(0, 0, end)};
+      pool_.base_view().select(1, part).index_select(0, at::tensor(rows, at::kLong).to(device_));
+  return blocks.permute({0, 2, 1, 3})
+      .reshape({-1, config_.num_kv_heads, config_.head_dim})
+      .narrow(0, 0, end);
 }
 
 void TorchExecutor::observe_prompts(const ForwardBatch& batch, int64_t layer, const at::Tensor& q,
@@ -384,8 +384,8 @@ void TorchExecutor::observe_prompts(const ForwardBatch& batch, int64_t layer, co
     if (chunk.compress_kv && !leankv_->decoding(chunk.seq) &&
         (chunk.start_position == 0 || leankv_->observing(chunk.seq))) {
       const int64_t end = chunk.start_position + n;
-      leankv_->observe_prompt(chunk.seq, layer, q.narrow(0, row, n),
-                              pool_kv(chunk, layer, end).first, chunk.start_position, scale);
+      leankv_->observe_prompt(chunk.seq, layer, q.narrow(0, row, n), pool_part(chunk, layer, end, 0),
+                              chunk.start_position, scale);
     }
     row += n;
   }
@@ -583,8 +583,9 @@ StatusOr<ForwardResult> TorchExecutor::run(const ForwardBatch& batch) {
       if (!chunk.samples || !leankv_->observing(chunk.seq)) continue;
       const int64_t end = chunk.start_position + static_cast<int64_t>(chunk.tokens.size());
       // A failure is counted (leankv_counts().failed_prompts); the sequence stays dense.
-      (void)leankv_->compress(chunk.seq, end,
-                              [&](int64_t layer) { return pool_kv(chunk, layer, end); });
+      (void)leankv_->compress(chunk.seq, end, [&](int64_t layer) {
+        return std::pair{pool_part(chunk, layer, end, 0), pool_part(chunk, layer, end, 1)};
+      });
     }
   }
 

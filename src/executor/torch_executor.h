@@ -146,9 +146,9 @@ class TorchExecutor final : public Executor {
                                 const at::Tensor& seq_lens, const at::Tensor& cu_q_lens,
                                 int64_t max_q_len, double scale, kernels::KernelBackend backend);
   StatusOr<ForwardResult> run(const ForwardBatch& batch);
-  // LeanKV (docs/leankv.md): the keys and values [end, Hkv, D] of a sequence's first `end`
-  // positions in a layer, read from the pool's base view.
-  std::pair<at::Tensor, at::Tensor> pool_kv(const SequenceChunk& chunk, int64_t layer, int64_t end);
+  // LeanKV (docs/leankv.md): the keys (part 0) or values (part 1) [end, Hkv, D] of a sequence's
+  // first `end` positions in a layer, read from the pool's base view.
+  at::Tensor pool_part(const SequenceChunk& chunk, int64_t layer, int64_t end, int64_t part);
   // LeanKV: layer `layer`'s queries q [num_tokens, H, D] of the chunks computing a prompt (from
   // position 0, under LeanKV) add to their keys' received attention.
   void observe_prompts(const ForwardBatch& batch, int64_t layer, const at::Tensor& q, double scale);
