@@ -179,5 +179,34 @@ TEST_F(LeanKvExecutorTest, APromptThatFindsNoPagesStaysOnThePool) {
   EXPECT_EQ(leankv->leankv_counts().failed_prompts, 1);
 }
 
+// Pages for exactly the prompt's conservative allocation: 40 tokens, 24 stored past a 16-token
+// window, 2 pages for each of the 90 (layer, head) entries, of which the split keeps 1. Every
+// token high: each entry's section fills its page after 8 decode steps (the 90 returned pages
+// serve the next 32), and the 41st step finds no page.
+TEST_F(LeanKvExecutorTest, ADecodeStepWithoutPagesFailsNamingThePool) {
+  LeanKvConfig tight = lean(0.0, 0.0, 16);
+  const int64_t page_bytes = 3584;  // 32 high K8V4 tokens at head_dim 64
+  tight.pool_bytes = 2 * kLayers * kKvHeads * page_bytes;
+  std::unique_ptr<Executor> leankv = make(tight);
+  ASSERT_NE(leankv, nullptr);
+  testing::PagedRunner runner(*leankv);
+  std::vector<TokenId> prompt;
+  for (int i = 0; i < 40; ++i) prompt.push_back(100 + (i * 7919) % 20000);
+  ASSERT_TRUE(runner.run({{SeqId{5}, prompt}}).ok());
+  EXPECT_EQ(leankv->leankv_counts().pages_used, kLayers * kKvHeads);
+  for (int step = 1; step <= 40; ++step) {
+    ASSERT_TRUE(runner.run({{SeqId{5}, {static_cast<TokenId>(300 + step)}}}).ok()) << step;
+  }
+  EXPECT_EQ(leankv->leankv_counts().pages_used, 2 * kLayers * kKvHeads);
+  const StatusOr<ForwardResult> out = runner.run({{SeqId{5}, {301}}});
+  EXPECT_EQ(out.status().code(), StatusCode::kResourceExhausted);
+  // Layer 0's three heads ask first (a step allocates layer by layer).
+  EXPECT_NE(out.status().message().find("leankv: the page pool lacks 3 pages for a decode step"),
+            std::string::npos)
+      << out.status().to_string();
+  leankv->end_sequence(SeqId{5});
+  EXPECT_EQ(leankv->leankv_counts().pages_used, 0);
+}
+
 }  // namespace
 }  // namespace strata::executor
