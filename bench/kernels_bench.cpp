@@ -6,13 +6,10 @@
 // usage: kernels_bench [--json PATH]   (exits 0 with a note when no CUDA device is present)
 
 #include <ATen/ATen.h>
-#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 
 #include <cstdio>
-#include <cstring>
-#include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -20,26 +17,17 @@
 #include "gpu_timing.h"
 #include "strata/kernels/torch_ops.h"
 
-using strata::bench::copy_bandwidth_gbps;
 using strata::bench::time_ms;
 
 int main(int argc, char** argv) {
-  std::string json_path;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) json_path = argv[++i];
-  }
-  if (c10::cuda::device_count() == 0) {
-    std::printf("kernels_bench: no CUDA device; nothing measured\n");
-    return 0;
-  }
-  cudaDeviceProp prop{};
-  cudaGetDeviceProperties(&prop, 0);
-  const double copy_gbps = copy_bandwidth_gbps(int64_t{1} << 30);
-  std::printf("device %s, D2D copy %.0f GB/s\n", prop.name, copy_gbps);
+  std::optional<strata::bench::GpuRun> run =
+      strata::bench::start_gpu_run(argc, argv, "kernels_bench");
+  if (!run) return 0;
+  const double copy_gbps = run->copy_gbps;
+  nlohmann::json& results = run->results;
   std::printf("%-8s %-9s %7s %6s %10s %10s %9s %9s\n", "op", "dtype", "tokens", "dim", "ours_us",
               "torch_us", "vs_torch", "vs_copy");
 
-  nlohmann::json results = {{"device", prop.name}, {"copy_gbps", copy_gbps}, {"rows", {}}};
   const auto opts = at::TensorOptions().device(at::kCUDA);
   for (at::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
     const int64_t elem = at::elementSize(dtype);
@@ -87,6 +75,6 @@ int main(int argc, char** argv) {
       }
     }
   }
-  if (!json_path.empty()) std::ofstream(json_path) << results.dump(2) << "\n";
+  strata::bench::finish_gpu_run(*run);
   return 0;
 }

@@ -11,14 +11,11 @@
 
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDACachingAllocator.h>
-#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 
 #include <cmath>
 #include <cstdio>
-#include <cstring>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -30,7 +27,6 @@
 
 namespace {
 
-using strata::bench::copy_bandwidth_gbps;
 using strata::bench::time_ms;
 namespace leankv = strata::kv::leankv;
 
@@ -83,19 +79,11 @@ LeanState make_lean(const leankv::PageFormat& f, int64_t high, int64_t low) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string json_path;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) json_path = argv[++i];
-  }
-  if (c10::cuda::device_count() == 0) {
-    std::printf("leankv_attention_bench: no CUDA device; nothing measured\n");
-    return 0;
-  }
-  cudaDeviceProp prop{};
-  cudaGetDeviceProperties(&prop, 0);
-  const double copy_gbps = copy_bandwidth_gbps(int64_t{1} << 30);
-  std::printf("device %s, D2D copy %.0f GB/s\n", prop.name, copy_gbps);
-  nlohmann::json results = {{"device", prop.name}, {"copy_gbps", copy_gbps}, {"rows", {}}};
+  std::optional<strata::bench::GpuRun> run =
+      strata::bench::start_gpu_run(argc, argv, "leankv_attention_bench");
+  if (!run) return 0;
+  const double copy_gbps = run->copy_gbps;
+  nlohmann::json& results = run->results;
   const auto cuda = at::TensorOptions().device(at::kCUDA);
   const double scale = 1.0 / std::sqrt(static_cast<double>(kHeadDim));
   const leankv::PageFormat format =
@@ -150,6 +138,6 @@ int main(int argc, char** argv) {
     }
     c10::cuda::CUDACachingAllocator::emptyCache();
   }
-  if (!json_path.empty()) std::ofstream(json_path) << results.dump(2) << "\n";
+  strata::bench::finish_gpu_run(*run);
   return 0;
 }
