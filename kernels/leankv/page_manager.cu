@@ -87,8 +87,9 @@ __global__ void __launch_bounds__(kMaxThreads)
     int32_t* table = s.tables + e * w;
     int32_t* count = s.counts + 2 * int64_t{e};
     const int32_t high = b.amounts[2 * i], low = b.amounts[2 * i + 1];
-    for (int32_t k = 0; k < high; ++k)
+    for (int32_t k = 0; k < high; ++k) {
       table[count[kHigh] + k] = s.ring[(allocated + at++) % s.num_pages];
+    }
     for (int32_t k = 0; k < low; ++k) {
       table[w - 1 - (count[kLow] + k)] = s.ring[(allocated + at++) % s.num_pages];
     }
@@ -147,8 +148,9 @@ __global__ void __launch_bounds__(kMaxThreads)
     int32_t* count = s.counts + 2 * int64_t{e};
     const int32_t c = count[kHigh];
     const int32_t keep_high = b.amounts[2 * i], keep_low = b.amounts[2 * i + 1];
-    for (int32_t k = keep_high; k < c - keep_low; ++k)
+    for (int32_t k = keep_high; k < c - keep_low; ++k) {
       s.ring[(recycled + at++) % s.num_pages] = table[k];
+    }
     for (int32_t j = 0; j < keep_low; ++j) table[w - 1 - j] = table[c - 1 - j];
     const int64_t clear_end = min(int64_t{c}, w - keep_low);
     for (int64_t k = keep_high; k < clear_end; ++k) table[k] = -1;
