@@ -75,7 +75,6 @@ class LeanKvRuntime {
   void end(SeqId seq);
 
   LeanKvCounts counts() const;
-  const kv::leankv::PageFormat& format() const { return format_; }
 
  private:
   LeanKvRuntime() = default;
