@@ -147,7 +147,7 @@ void KvCacheManager::append_tokens(SeqId seq, std::span<const TokenId> tokens) {
 
 std::vector<ChunkHash> KvCacheManager::match_prefix(const Sequence& s) const {
   std::vector<ChunkHash> hashes;
-  if (!prefix_.enabled || !s.cacheable || num_token_blocks(s) > 0) return hashes;
+  if (!prefix_.enabled || !s.cacheable || s.off_pool || num_token_blocks(s) > 0) return hashes;
   const int64_t block = geometry_.block_size_tokens;
   const int64_t max_blocks = (static_cast<int64_t>(s.tokens.size()) - 1) / block;
   ChunkHash h = s.last_hash;  // the root: a sequence without blocks has hashed nothing
@@ -170,7 +170,7 @@ void KvCacheManager::set_external_prefix(SeqId seq, int64_t num_blocks, bool exa
 
 int64_t KvCacheManager::lookup_prefix(SeqId seq) const {
   const Sequence& s = get(seq);
-  if (num_token_blocks(s) > 0) return 0;
+  if (s.off_pool || num_token_blocks(s) > 0) return 0;
   const int64_t cached = static_cast<int64_t>(match_prefix(s).size());
   return std::max(cached, s.external_blocks) * geometry_.block_size_tokens;
 }
@@ -186,6 +186,11 @@ StatusOr<KvPlan> KvCacheManager::prepare(std::vector<KvRequest> requests) const 
     STRATA_CHECK(seen.insert(r.seq).second) << "sequence " << r.seq.value << " planned twice";
     STRATA_CHECK(r.num_new_tokens > 0) << "empty request for sequence " << r.seq.value;
     const Sequence& s = get(r.seq);
+    if (s.off_pool) {
+      STRATA_CHECK_LE(s.num_computed + r.num_new_tokens, std::ssize(s.tokens))
+          << "sequence " << r.seq.value << " has no tokens for that many positions";
+      continue;
+    }
     int64_t computed = s.num_computed;
     int64_t have_blocks = num_token_blocks(s);
     std::vector<ChunkHash> hashes = match_prefix(s);
@@ -264,7 +269,7 @@ void KvCacheManager::commit(KvPlan&& plan, StepCopies* copies) {
   // allocations below cannot evict a group this plan is about to use.
   for (const KvRequest& r : plan.requests_) {
     Sequence& s = get(r.seq);
-    if (!s.tables.empty()) continue;
+    if (!s.tables.empty() || s.off_pool) continue;
     s.tables.assign(s.owners.size(), {});
     if (auto it = attaches.find(r.seq); it != attaches.end()) {
       for (const ChunkHash& h : *it->second) {
@@ -302,6 +307,7 @@ void KvCacheManager::commit(KvPlan&& plan, StepCopies* copies) {
 
   for (const KvRequest& r : plan.requests_) {
     Sequence& s = get(r.seq);
+    if (s.off_pool) continue;
     const int64_t have = num_token_blocks(s);
     const int64_t tables = std::ssize(s.tables);
     if (s.num_computed % block != 0 && have > 0) {
@@ -380,8 +386,9 @@ void KvCacheManager::mark_computed(SeqId seq, int64_t num_tokens) {
   Sequence& s = get(seq);
   const int64_t block = geometry_.block_size_tokens;
   s.num_computed += num_tokens;
-  STRATA_CHECK_LE(s.num_computed, num_token_blocks(s) * block) << "KV written beyond its blocks";
   ++generation_;
+  if (s.off_pool) return;
+  STRATA_CHECK_LE(s.num_computed, num_token_blocks(s) * block) << "KV written beyond its blocks";
   if (!prefix_.enabled || !s.cacheable) return;
   const int64_t full = s.num_computed / block;
   for (int64_t i = s.num_hashed_blocks; i < full; ++i) {
@@ -394,6 +401,19 @@ void KvCacheManager::mark_computed(SeqId seq, int64_t num_tokens) {
     if (pool_.insert_cached(s.last_hash, group)) s.groups.push_back(s.last_hash);
   }
   s.num_hashed_blocks = std::max(s.num_hashed_blocks, full);
+}
+
+void KvCacheManager::move_off_pool(SeqId seq) {
+  Sequence& s = get(seq);
+  STRATA_CHECK(!s.swapped) << "sequence " << seq.value << " is swapped out";
+  for (const auto& table : s.tables) {
+    for (BlockId b : table) pool_.release(b);
+  }
+  for (const ChunkHash& h : s.groups) pool_.release_cached(h);
+  s.tables.clear();
+  s.groups.clear();
+  s.off_pool = true;
+  ++generation_;
 }
 
 const KvLayout& KvCacheManager::layout(SeqId seq) const { return get(seq).layout; }
@@ -417,11 +437,13 @@ Status KvCacheManager::fork(SeqId parent, SeqId child) {
   if (sequences_.contains(child)) {
     return invalid_argument_error("sequence " + std::to_string(child.value) + " already exists");
   }
-  if (sequences_.at(parent).swapped) {
-    return failed_precondition_error("sequence " + std::to_string(parent.value) +
-                                     " is swapped out");
+  const Sequence& p = sequences_.at(parent);
+  if (p.swapped || p.off_pool) {
+    return failed_precondition_error(
+        "sequence " + std::to_string(parent.value) +
+        (p.swapped ? " is swapped out" : " holds its KV off the pool"));
   }
-  Sequence copy = sequences_.at(parent);
+  Sequence copy = p;
   for (const auto& table : copy.tables) {
     for (BlockId b : table) pool_.retain(b);
   }

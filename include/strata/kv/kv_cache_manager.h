@@ -8,7 +8,9 @@
 // A sequence without blocks attaches the longest cached prefix of full blocks when it is first
 // committed (always leaving at least one token to compute, whose logits the step needs).
 // A sequence may be swapped out to the host pool (its tables then name host blocks) and back in
-// by the next plan that schedules it.
+// by the next plan that schedules it. A sequence whose KV the executor moved out of the pool
+// (LeanKV's compressed pages) is *off the pool* from move_off_pool on: it holds no blocks, its
+// tables stay empty and its later steps need none.
 //
 // Page tables: tables(seq)[t][i] is the block holding tokens [i*B, (i+1)*B) of table t,
 // B = block_size_tokens: with the default layout table t is layer t; with KvLayout::head_groups G
@@ -112,12 +114,17 @@ class KvCacheManager {
   // appends the copies to copies->swap_out. The sequence keeps its tokens and computed count.
   void swap_out(SeqId seq, StepCopies* copies);
   bool is_swapped(SeqId seq) const { return get(seq).swapped; }
+  // The executor holds the sequence's KV outside the pool from now on: frees its blocks (cached
+  // ones stay cached); later plans allocate none for it and mark_computed only counts. REQUIRES
+  // not swapped out. Undone only by free() (a recomputed sequence is added again).
+  void move_off_pool(SeqId seq);
+  bool is_off_pool(SeqId seq) const { return get(seq).off_pool; }
   // The executor wrote KV for the next n tokens: publishes newly full blocks to the prefix cache.
   void mark_computed(SeqId seq, int64_t num_tokens);
   // Releases a sequence (unknown ids are ignored). Its published blocks stay cached.
   void free(SeqId seq);
   // Creates `child` sharing all of `parent`'s blocks and tokens. INVALID_ARGUMENT if parent is
-  // unknown or child exists.
+  // unknown or child exists; FAILED_PRECONDITION if parent is swapped out or off the pool.
   Status fork(SeqId parent, SeqId child);
 
   bool has_sequence(SeqId seq) const { return sequences_.contains(seq); }
@@ -159,6 +166,7 @@ class KvCacheManager {
     int64_t num_hashed_blocks = 0;             // full blocks whose hash is known
     ChunkHash last_hash;                       // hash of block num_hashed_blocks - 1 (or root)
     bool swapped = false;                      // tables name host-pool blocks
+    bool off_pool = false;                     // KV outside the pool (move_off_pool)
     KvLayout layout;                           // as given
     int32_t groups_per_layer = 1;              // KV head groups: tables per layer
     int32_t heads = 0;                         // KV heads per block (0: all)

@@ -238,6 +238,38 @@ TEST(KvCacheManagerTest, InexactExternalPrefixBypassesThePrefixCache) {
   EXPECT_EQ(m.num_available_blocks(), 64);
 }
 
+TEST(KvCacheManagerTest, OffPoolSequenceFreesItsBlocksAndNeedsNoMore) {
+  KvCacheManager m(geometry(8), {}, {});
+  ASSERT_TRUE(m.add_sequence(SeqId{1}, iota_tokens(10), "").ok());
+  step(m, SeqId{1}, 10);  // 3 token blocks x 2 layers; 2 full ones published
+  EXPECT_EQ(m.num_available_blocks(), 2);
+  m.move_off_pool(SeqId{1});
+  EXPECT_TRUE(m.is_off_pool(SeqId{1}));
+  EXPECT_TRUE(m.tables(SeqId{1}).empty());
+  EXPECT_EQ(m.num_available_blocks(), 8) << "its cached blocks stay cached, evictable";
+  EXPECT_EQ(m.lookup_prefix(SeqId{1}), 0);
+  m.append_tokens(SeqId{1}, iota_tokens(30, 100));
+  // Decode steps far past what the pool could hold: no blocks, only the count moves.
+  for (int i = 0; i < 30; ++i) {
+    StatusOr<KvPlan> plan = m.prepare({{SeqId{1}, 1}});
+    ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+    EXPECT_EQ(plan->num_blocks_needed(), 0);
+    StepCopies copies;
+    m.commit(std::move(plan).value(), &copies);
+    m.mark_computed(SeqId{1}, 1);
+  }
+  EXPECT_EQ(m.num_computed_tokens(SeqId{1}), 40);
+  EXPECT_TRUE(m.tables(SeqId{1}).empty());
+  EXPECT_FALSE(m.can_swap_out(SeqId{1}));
+  EXPECT_EQ(m.fork(SeqId{1}, SeqId{2}).code(), StatusCode::kFailedPrecondition);
+  // A second sequence of the same prompt still finds the first one's published blocks.
+  ASSERT_TRUE(m.add_sequence(SeqId{3}, iota_tokens(10), "").ok());
+  EXPECT_EQ(m.lookup_prefix(SeqId{3}), 8);
+  m.free(SeqId{1});
+  m.free(SeqId{3});
+  EXPECT_EQ(m.num_available_blocks(), 8);
+}
+
 TEST(KvCacheManagerDeathTest, StalePlanIsRejected) {
   KvCacheManager m(geometry(16), {}, {});
   ASSERT_TRUE(m.add_sequence(SeqId{1}, iota_tokens(4), "").ok());
