@@ -68,10 +68,22 @@ int64_t Scheduler::remaining_tokens(SeqId seq) const {
   return static_cast<int64_t>(kv_.tokens(seq).size()) - kv_.num_computed_tokens(seq);
 }
 
+std::optional<SeqId> Scheduler::last_running(size_t from, bool off_pool) const {
+  for (size_t i = running_.size(); i-- > from;) {
+    if (kv_.is_off_pool(running_[i]) == off_pool) return running_[i];
+  }
+  return std::nullopt;
+}
+
 void Scheduler::preempt(SeqId seq, ScheduledBatch& batch) {
   std::erase(running_, seq);
   batch.preempted.push_back(seq);
+  if (kv_.is_off_pool(seq)) {
+    batch.preempted_off_pool.push_back(seq);
+    if (off_pool_.release) off_pool_.release(seq);
+  }
   ++num_preemptions_;
+  // A sequence off the pool has no blocks to swap (can_swap_out is false): it recomputes.
   if (config_.preemption_mode == PreemptionMode::kSwap && kv_.can_swap_out(seq)) {
     kv_.swap_out(seq, &batch.copies);
     insert_sorted(swapped_, seq);
@@ -114,8 +126,9 @@ bool Scheduler::resume(std::vector<SeqId>& queue, std::vector<kv::KvRequest>& re
       continue;
     }
     // Make room by preempting a running sequence it outranks; otherwise wait (no overtaking).
-    if (!may_preempt || running_.empty() || !runs_before(seq, running_.back())) return false;
-    const SeqId victim = running_.back();
+    const std::optional<SeqId> victim_found = last_running(0, false);
+    if (!may_preempt || !victim_found || !runs_before(seq, *victim_found)) return false;
+    const SeqId victim = *victim_found;
     auto it = std::find_if(requests.begin(), requests.end(),
                            [&](const kv::KvRequest& r) { return r.seq == victim; });
     if (it != requests.end()) {
@@ -132,7 +145,11 @@ ScheduledBatch Scheduler::schedule() {
   std::vector<kv::KvRequest> requests;
   int64_t budget = config_.max_num_batched_tokens;
 
-  // 1. Running sequences, in priority order; preempt from the back when the pool is full.
+  // 1. Running sequences, in priority order; preempt from the back when the pool (or the
+  // off-pool budget) is full.
+  int64_t off_pool_free = off_pool_.free_pages ? off_pool_.free_pages() : 0;
+  int64_t off_pool_taken = 0;
+  bool pool_requests = false;  // a request before seq's holds pool blocks
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     const SeqId seq = running_[i];
     if (remaining_tokens(seq) == 0) {  // finished, waiting to be removed by the engine
@@ -140,23 +157,37 @@ ScheduledBatch Scheduler::schedule() {
       continue;
     }
     const kv::KvRequest request{seq, std::min(remaining_tokens(seq), budget)};
-    std::vector<kv::KvRequest> trial = requests;
-    trial.push_back(request);
-    if (kv_.prepare(std::move(trial)).ok()) {
+    const bool off_pool = kv_.is_off_pool(seq);
+    const int64_t step_pages = off_pool ? off_pool_.step_pages(seq) : 0;
+    bool fits = off_pool && off_pool_taken + step_pages <= off_pool_free;
+    if (!off_pool) {
+      std::vector<kv::KvRequest> trial = requests;
+      trial.push_back(request);
+      fits = kv_.prepare(std::move(trial)).ok();
+    }
+    if (fits) {
       requests.push_back(request);
       budget -= request.num_new_tokens;
+      if (off_pool) {
+        off_pool_taken += step_pages;
+      } else {
+        pool_requests = true;
+      }
       ++i;
       continue;
     }
-    if (running_.back() == seq && i == 0) {
-      // Alone and still too big: it can never run.
-      running_.erase(running_.begin());
+    // Preempt the lowest-priority sequence holding what is short (seq itself at worst).
+    const SeqId victim = *last_running(i, off_pool);
+    if (!off_pool && victim == seq && !pool_requests) {
+      // Alone in the pool and still too big: it can never run.
+      running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(i));
       entries_.erase(seq);
       kv_.free(seq);
       batch.aborted.push_back(seq);
       continue;
     }
-    preempt(running_.back(), batch);
+    preempt(victim, batch);
+    if (off_pool && off_pool_.free_pages) off_pool_free = off_pool_.free_pages();  // its pages
   }
 
   // 2-3. Swapped sequences resume first; new ones wait while any is swapped out.
@@ -165,6 +196,7 @@ ScheduledBatch Scheduler::schedule() {
     resume(waiting_, requests, budget, batch, true);
   }
 
+  peak_running_ = std::max(peak_running_, static_cast<int64_t>(running_.size()));
   if (requests.empty()) return batch;
   StatusOr<kv::KvPlan> plan = kv_.prepare(requests);
   STRATA_CHECK(plan.ok()) << "a plan built from fitting requests failed: "

@@ -5,15 +5,18 @@
 //   1. Running sequences, highest priority first (lower `priority` value, then earlier arrival),
 //      each get their remaining tokens (1 when decoding; a prefill chunk otherwise) while the
 //      token budget lasts. When the KV pool cannot hold a step, the lowest-priority running
-//      sequence is preempted until the step fits: with PreemptionMode::kSwap its KV moves to the
-//      host pool (if that has room) and it waits in the swapped queue; otherwise (kRecompute) its
-//      KV is freed and it goes back to waiting to recompute its tokens, helped by the prefix
-//      cache.
+//      sequence holding pool blocks is preempted until the step fits: with PreemptionMode::kSwap
+//      its KV moves to the host pool (if that has room) and it waits in the swapped queue;
+//      otherwise (kRecompute) its KV is freed and it goes back to waiting to recompute its tokens,
+//      helped by the prefix cache. Sequences off the pool (KvCacheManager::move_off_pool) need no
+//      blocks and are never preempted for them; when the off-pool budget cannot cover their next
+//      step, the lowest-priority one is preempted to recompute (its KV outside the pool is lost).
 //   2. Swapped sequences resume, in order, while budget, max_num_seqs and KV space allow.
 //   3. Waiting sequences, in the same order, are admitted likewise; the first that does not fit
 //      stops admission (no overtaking), unless it outranks the lowest-priority running sequence,
-//      which is then preempted to make room. Steps 2 and 3 are skipped in a step that preempted
-//      for space, and 3 while any sequence is swapped out.
+//      which is then preempted to make room (the lowest-priority one holding pool blocks). Steps 2
+//      and 3 are skipped in a step that preempted for space, and 3 while any sequence is swapped
+//      out.
 //   4. The step's KV plan is committed.
 // A sequence is "prefilling" while it has more known tokens than computed ones beyond the next;
 // the engine samples only for chunks that reach the end of a sequence's known tokens.
@@ -22,6 +25,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -47,6 +52,16 @@ struct SchedulerConfig {
   bool operator==(const SchedulerConfig&) const = default;
 };
 
+// The budget of KV held outside the pool (LeanKV's pages): `free_pages` says how many of its
+// pages are free, `step_pages(seq)` the most that the next step of an off-pool sequence may take
+// of them, and `release(seq)` drops an off-pool sequence's KV there (it was preempted to
+// recompute), freeing its pages at once.
+struct OffPoolBudget {
+  std::function<int64_t()> free_pages;
+  std::function<int64_t(SeqId)> step_pages;
+  std::function<void(SeqId)> release;
+};
+
 struct ScheduledChunk {
   SeqId seq;
   int64_t start_position = 0;  // tokens already in the KV cache
@@ -57,7 +72,10 @@ struct ScheduledChunk {
 struct ScheduledBatch {
   std::vector<ScheduledChunk> chunks;
   kv::StepCopies copies;         // perform before the forward pass, in StepCopies' order
-  std::vector<SeqId> preempted;  // swapped out or sent back to waiting this step
+  // Swapped out or sent back to waiting this step (KvCacheManager::is_swapped tells which).
+  std::vector<SeqId> preempted;
+  // Of those, the ones whose KV was off the pool (its budget ran short; released already).
+  std::vector<SeqId> preempted_off_pool;
   // Removed because they cannot fit in the KV pool even alone; the engine fails them.
   std::vector<SeqId> aborted;
   bool empty() const { return chunks.empty(); }
@@ -66,6 +84,9 @@ struct ScheduledBatch {
 class Scheduler {
  public:
   Scheduler(const SchedulerConfig& config, kv::KvCacheManager& kv);
+  // Sets the budget that off-pool sequences' steps draw from (none by default: a deployment
+  // without off-pool KV has no such sequences).
+  void set_off_pool_budget(OffPoolBudget budget) { off_pool_ = std::move(budget); }
 
   // Queues a new sequence. INVALID_ARGUMENT if the id is in use or the prompt is empty, or if the
   // prompt alone could never fit in the KV pool. `cacheable` and `layout`: see
@@ -91,6 +112,8 @@ class Scheduler {
   bool has_work() const { return !waiting_.empty() || !running_.empty() || !swapped_.empty(); }
   int64_t num_preemptions() const { return num_preemptions_; }  // swaps and recomputes
   int64_t num_swap_outs() const { return num_swap_outs_; }
+  // The most sequences running (holding KV, in the pool or off it) after one schedule().
+  int64_t peak_running() const { return peak_running_; }
 
  private:
   struct Entry {
@@ -109,9 +132,12 @@ class Scheduler {
   bool resume(std::vector<SeqId>& queue, std::vector<kv::KvRequest>& requests, int64_t& budget,
               ScheduledBatch& batch, bool may_preempt);
   int64_t remaining_tokens(SeqId seq) const;
+  // The lowest-priority running sequence at index >= from whose KV is off the pool (or in it).
+  std::optional<SeqId> last_running(size_t from, bool off_pool) const;
 
   SchedulerConfig config_;
   kv::KvCacheManager& kv_;
+  OffPoolBudget off_pool_;
   std::unordered_map<SeqId, Entry> entries_;
   std::vector<SeqId> waiting_;  // sorted by runs_before
   std::vector<SeqId> running_;  // sorted by runs_before
@@ -119,6 +145,7 @@ class Scheduler {
   uint64_t next_arrival_ = 0;
   int64_t num_preemptions_ = 0;
   int64_t num_swap_outs_ = 0;
+  int64_t peak_running_ = 0;
 };
 
 }  // namespace strata::scheduler

@@ -167,6 +167,79 @@ TEST(SchedulerTest, SwapPreemptionResumesWithoutRecomputing) {
   EXPECT_EQ(kv.num_free_host_blocks(), 8);
 }
 
+TEST(SchedulerTest, OffPoolSequencesNeedNoBlocksAndYieldOnlyToTheirOwnBudget) {
+  kv::KvCacheManager kv({.num_layers = 1,
+                         .num_kv_heads = 1,
+                         .head_dim = 8,
+                         .block_size_tokens = 4,
+                         .num_blocks = 8,
+                         .num_host_blocks = 8},
+                        {}, {});
+  Scheduler scheduler(
+      {.max_num_seqs = 8, .max_num_batched_tokens = 64, .preemption_mode = PreemptionMode::kSwap},
+      kv);
+  int64_t free_pages = 4;
+  std::vector<SeqId> released;
+  scheduler.set_off_pool_budget({[&] { return free_pages; }, [](SeqId) { return int64_t{2}; },
+                                 [&](SeqId seq) { released.push_back(seq); }});
+  auto prompt = [](TokenId first, int n) {
+    std::vector<TokenId> t(n);
+    std::iota(t.begin(), t.end(), first);
+    return t;
+  };
+  TokenId next = 1000;
+  auto run = [&]() {
+    ScheduledBatch batch = scheduler.schedule();
+    scheduler.on_batch_done(batch);
+    for (const ScheduledChunk& c : batch.chunks) {
+      if (c.samples) kv.append_tokens(c.seq, std::vector<TokenId>{next++});
+    }
+    return batch;
+  };
+  auto seqs = [](const ScheduledBatch& b) {
+    std::vector<uint64_t> out;
+    for (const ScheduledChunk& c : b.chunks) out.push_back(c.seq.value);
+    return out;
+  };
+  ASSERT_TRUE(scheduler.add(SeqId{3}, prompt(300, 12), 0, "").ok());
+  ASSERT_TRUE(scheduler.add(SeqId{1}, prompt(100, 8), 0, "").ok());
+  ASSERT_TRUE(scheduler.add(SeqId{2}, prompt(200, 8), 0, "").ok());
+  EXPECT_EQ(seqs(run()), (std::vector<uint64_t>{3, 1, 2}));
+  // The executor compressed 1 and 2: their blocks go back and their decodes need none.
+  kv.move_off_pool(SeqId{1});
+  kv.move_off_pool(SeqId{2});
+  EXPECT_EQ(kv.num_available_blocks(), 5);
+
+  // A higher-priority prompt of 5 blocks does not fit beside sequence 3's 4: the victim is 3, the
+  // last running sequence holding blocks, not the later off-pool ones (they would free nothing).
+  ASSERT_TRUE(scheduler.add(SeqId{5}, prompt(500, 20), -1, "").ok());
+  ScheduledBatch second = run();
+  EXPECT_EQ(seqs(second), (std::vector<uint64_t>{1, 2, 5}));
+  EXPECT_EQ(second.preempted, std::vector<SeqId>{SeqId{3}});
+  EXPECT_TRUE(second.preempted_off_pool.empty());
+  EXPECT_TRUE(released.empty());
+  EXPECT_TRUE(kv.is_swapped(SeqId{3}));
+  EXPECT_TRUE(kv.tables(SeqId{1}).empty());
+  EXPECT_EQ(kv.num_computed_tokens(SeqId{1}), 9);
+
+  // The off-pool budget covers one decode: the lower-priority off-pool sequence is preempted,
+  // and it recomputes (it has no blocks to swap).
+  free_pages = 3;
+  ScheduledBatch third = run();
+  EXPECT_EQ(seqs(third), (std::vector<uint64_t>{5, 1}));
+  EXPECT_EQ(third.preempted, std::vector<SeqId>{SeqId{2}});
+  EXPECT_EQ(third.preempted_off_pool, std::vector<SeqId>{SeqId{2}});
+  EXPECT_EQ(released, std::vector<SeqId>{SeqId{2}});
+  EXPECT_FALSE(kv.is_swapped(SeqId{2}));
+  EXPECT_FALSE(kv.is_off_pool(SeqId{2}));
+  EXPECT_EQ(kv.num_computed_tokens(SeqId{2}), 0);
+  EXPECT_EQ(kv.tokens(SeqId{2}).size(), 10u);  // its prompt and the two tokens it sampled
+
+  for (uint64_t s : {1, 2, 3, 5}) scheduler.remove(SeqId{s});
+  EXPECT_EQ(kv.num_available_blocks(), 8);
+  EXPECT_EQ(kv.num_free_host_blocks(), 8);
+}
+
 TEST(SchedulerTest, PrefixHitSkipsCachedPromptTokens) {
   kv::KvCacheManager kv({.num_layers = 1, .num_kv_heads = 1, .head_dim = 8,
                          .block_size_tokens = 4, .num_blocks = 32},
