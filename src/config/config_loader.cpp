@@ -368,7 +368,8 @@ Status read_kv_cache(Context& ctx, const YAML::Node& node, KvCacheSection& out) 
     return type_error(
         ctx, n, k, "auto or a page format (bfloat16, int8/token64, k:int8/token64,v:int4/token32)");
   }));
-  return m.get("page_blocks", into(ctx, out.page_blocks));
+  STRATA_RETURN_IF_ERROR(m.get("page_blocks", into(ctx, out.page_blocks)));
+  return m.get("max_context_tokens", into(ctx, out.max_context_tokens));
 }
 
 Status read_kv_store(Context& ctx, const YAML::Node& node, KvStoreSection& out) {
@@ -647,6 +648,7 @@ std::string to_yaml(const DeploymentConfig& config) {
   emit_plain(out, "enable_prefix_caching", kv.enable_prefix_caching ? "true" : "false");
   emit_plain(out, "page_format", kv.page_format ? kv::format_name(*kv.page_format) : "auto");
   emit_plain(out, "page_blocks", std::to_string(kv.page_blocks));
+  emit_plain(out, "max_context_tokens", std::to_string(kv.max_context_tokens));
   out << YAML::EndMap;
 
   const KvStoreSection& store = config.kv_store;

@@ -148,6 +148,10 @@ const KeyCheck<KvCacheSection> kKvCacheKeys[] = {
      [](const KvCacheSection& k) {
        return in_range("kv_cache.page_blocks", k.page_blocks, 0, 64);
      }},
+    {"kv_cache.max_context_tokens",
+     [](const KvCacheSection& k) {
+       return at_least("kv_cache.max_context_tokens", k.max_context_tokens, 0);
+     }},
 };
 
 const KeyCheck<KvStoreSection> kKvStoreKeys[] = {

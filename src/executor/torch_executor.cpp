@@ -50,6 +50,9 @@ StatusOr<at::Tensor> TorchExecutor::load_weight(const model::ModelSource& source
 }
 
 Status TorchExecutor::load(const model::ModelSource& source) {
+  if (options_.max_context_tokens > 0) {
+    config_.max_context_tokens = std::min(config_.max_context_tokens, options_.max_context_tokens);
+  }
   device_choice_ = options_.device;
   if (device_choice_.kind == DeviceKind::kAuto) {
     device_choice_ =

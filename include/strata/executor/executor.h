@@ -79,6 +79,7 @@ class Executor {
   static StatusOr<std::unique_ptr<Executor>> create(const model::ModelSource& source,
                                                     const ExecutorOptions& options);
 
+  // The model's configuration, its context window capped by options().max_context_tokens.
   virtual const model::ModelConfig& config() const = 0;
   virtual const ExecutorOptions& options() const = 0;
   // The device and compute dtype it runs on (options() resolved: never kAuto, never nullopt).

@@ -63,6 +63,9 @@ struct KvCacheConfig {
   std::optional<kv::KvFormat> page_format;
   // Base blocks per page; 0: 1 with the base format only, 4 when page_format adds another.
   int32_t page_blocks = 0;
+  // Caps the model's context window (vLLM's max_model_len): the longest sequence served, and the
+  // one full context the pool must hold at least. 0: the model's.
+  int64_t max_context_tokens = 0;
   bool operator==(const KvCacheConfig&) const = default;
 };
 

@@ -474,6 +474,7 @@ TEST(ConfigLoaderTest, OverridesSetOneKeyWithTheFileSpelling) {
       {"kv_cache.cache_bytes", "4GiB"},
       {"kv_cache.host_cache_bytes", "0"},
       {"kv_cache.enable_prefix_caching", "false"},
+      {"kv_cache.max_context_tokens", "2048"},
       {"server.host", "::"},
       {"server.api_keys", "[k1, 'k2']"},
       {"logging.level", "debug"},
@@ -493,6 +494,7 @@ TEST(ConfigLoaderTest, OverridesSetOneKeyWithTheFileSpelling) {
   EXPECT_EQ(config.devices.device.index, 1);
   EXPECT_EQ(config.kv_cache.cache_bytes, int64_t{4} << 30);
   EXPECT_FALSE(config.kv_cache.enable_prefix_caching);
+  EXPECT_EQ(config.kv_cache.max_context_tokens, 2048);
   EXPECT_EQ(config.server.host, "::");
   EXPECT_EQ(config.server.api_keys, (std::vector<std::string>{"k1", "k2"}));
   EXPECT_EQ(config.logging.level, LogLevel::kDebug);
@@ -585,6 +587,7 @@ DeploymentConfig everything_changed() {
   c.kv_cache.cache_bytes = (int64_t{3} << 30) + 7;
   c.kv_cache.host_cache_bytes = 1000000000;
   c.kv_cache.enable_prefix_caching = false;
+  c.kv_cache.max_context_tokens = 4096;
   c.kv_store.dram_bytes = (int64_t{5} << 30) + 4096;
   c.kv_store.ssd_dir = "/mnt/nvme 0/kv: \"store\" # dir";
   c.kv_store.ssd_bytes = 300000000000;
