@@ -156,6 +156,12 @@ Status Engine::start_on_step_thread() {
     layout_.formats.assign(executor_->kv_geometry().num_layers, *options_.executor.page_format);
   }
   scheduler_ = std::make_unique<scheduler::Scheduler>(options_.scheduler, *kv_);
+  if (options_.executor.leankv.enabled) {
+    scheduler_->set_off_pool_budget(
+        {[this] { return executor_->leankv_free_pages(); },
+         [this](SeqId seq) { return executor_->leankv_step_pages(seq); },
+         [this](SeqId seq) { executor_->end_sequence(seq); }});
+  }
   if (options_.kv_store.enabled()) {
     restore::RestoreOptions restore{options_.kv_store};
     restore.lookup_depth = std::min<int64_t>(options_.scheduler.max_num_seqs, restore.lookup_depth);
@@ -282,6 +288,7 @@ void Engine::refresh_stats() {
   std::scoped_lock lock(mutex_);
   stats_.num_waiting = static_cast<int64_t>(scheduler_->num_waiting());
   stats_.num_running = static_cast<int64_t>(scheduler_->num_running());
+  stats_.peak_running = scheduler_->peak_running();
   stats_.kv_blocks_total = kv_->num_blocks();
   stats_.kv_blocks_available = kv_->num_available_blocks();
   stats_.kv_capacity_bytes = kv_->capacity_bytes();
@@ -456,6 +463,9 @@ void Engine::build_chunks(const scheduler::ScheduledBatch& batch, executor::Forw
 void Engine::step() {
   if (restore_) restore_->before_schedule();
   scheduler::ScheduledBatch batch = scheduler_->schedule();
+  // One that LeanKV's pages could not keep (its pages are free already) decodes from the pool when
+  // it comes back, rather than being compressed again for the same shortage to preempt it again.
+  for (SeqId seq : batch.preempted_off_pool) active_.at(seq)->compress_kv = false;
   for (SeqId seq : batch.aborted) {
     auto it = active_.find(seq);
     if (it != active_.end()) {
@@ -492,6 +502,7 @@ void Engine::step() {
     return;
   }
   scheduler_->on_batch_done(batch);
+  for (SeqId seq : result->compressed) kv_->move_off_pool(seq);
   const int64_t vocab = result->vocab_size;
   for (size_t i = 0; i < batch.chunks.size(); ++i) {
     const scheduler::ScheduledChunk& chunk = batch.chunks[i];

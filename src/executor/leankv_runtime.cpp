@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <new>
+#include <numeric>
 #include <string>
 
 #include "strata/common/check.h"
@@ -209,6 +210,19 @@ Status LeanKvRuntime::compress(
     }
   }
   const int64_t count = std::ssize(entries);
+  // Pages stay free for the next decode step of every decoding sequence, this one included (at
+  // most a page per entry), so that the step after compression cannot run out.
+  int64_t reserve = count;
+  for (const auto& [other, unused] : slots_) reserve += step_pages(other);
+  const int64_t kept = std::accumulate(keep.begin(), keep.end(), int64_t{0});
+  if (kept + reserve > free_pages()) {
+    prompt_sums_.erase(sums);
+    ++ended_.failed_prompts;
+    return resource_exhausted_error("leankv: a prompt of " + std::to_string(n) + " tokens needs " +
+                                    std::to_string(kept) + " pages and " + std::to_string(reserve) +
+                                    " stay reserved for decode steps; " +
+                                    std::to_string(free_pages()) + " are free");
+  }
   kv::leankv::allocate_pages(manager(), {entries.data(), conservative.data(), count});
   if (const int64_t short_by = shortfall(); short_by > 0) {
     prompt_sums_.erase(sums);
@@ -437,6 +451,27 @@ void LeanKvRuntime::end(SeqId seq) {
   slots_.erase(it);
 }
 
+int64_t LeanKvRuntime::step_pages(SeqId seq) const {
+  auto it = slots_.find(seq);
+  if (it == slots_.end()) return 0;
+  const int32_t* page_counts = page_counts_.data_ptr<int32_t>();
+  const int32_t* token_counts = token_counts_.data_ptr<int32_t>();
+  const int64_t per_page[2] = {format_.tokens_per_page(Precision::kHigh),
+                               format_.tokens_per_page(Precision::kLow)};
+  int64_t pages = 0;
+  for (int64_t l = 0; l < num_layers_; ++l) {
+    for (int64_t h = 0; h < num_kv_heads_; ++h) {
+      const int32_t e = entry(it->second, l, h);
+      bool full = false;
+      for (int s = 0; s < 2; ++s) {
+        full |= token_counts[2 * e + s] >= page_counts[2 * e + s] * per_page[s];
+      }
+      pages += full ? 1 : 0;
+    }
+  }
+  return pages;
+}
+
 LeanKvCounts LeanKvRuntime::counts() const {
   LeanKvCounts c = ended_;
   const int32_t* token_counts = token_counts_.data_ptr<int32_t>();
@@ -451,8 +486,7 @@ LeanKvCounts LeanKvRuntime::counts() const {
   }
   for (const auto& [seq, pruned] : pruned_) c.pruned += pruned;
   c.num_pages = ring_.size(0);
-  const int64_t* counters = counters_.data_ptr<int64_t>();
-  c.pages_used = c.num_pages - (counters[kv::leankv::kRecycled] - counters[kv::leankv::kAllocated]);
+  c.pages_used = c.num_pages - free_pages();
   return c;
 }
 

@@ -57,8 +57,9 @@ class LeanKvRuntime {
                       int64_t start, double scale);
 
   // The prompt of n tokens is complete: kv_of(layer) gives its keys and values [n, Hkv, D] each.
-  // RESOURCE_EXHAUSTED when the page pool or the sequence slots run out (nothing is kept, and
-  // counts().failed_prompts grows).
+  // RESOURCE_EXHAUSTED when the sequence slots run out or the page pool cannot hold it beside a
+  // reserve for the next decode step of every decoding sequence (step_pages; a page per layer and
+  // KV head for this one): nothing is kept, and counts().failed_prompts grows.
   Status compress(SeqId seq, int64_t n,
                   const std::function<std::pair<at::Tensor, at::Tensor>(int64_t)>& kv_of);
 
@@ -75,6 +76,14 @@ class LeanKvRuntime {
   void end(SeqId seq);
 
   LeanKvCounts counts() const;
+  // Pages the next decode step of a sequence may take: one per entry (layer, KV head) whose high
+  // or low section fills its last page (a step grows one section of an entry by at most one
+  // token); 0 for a sequence that does not decode.
+  int64_t step_pages(SeqId seq) const;
+  int64_t free_pages() const {
+    const int64_t* counters = counters_.data_ptr<int64_t>();
+    return counters[kv::leankv::kRecycled] - counters[kv::leankv::kAllocated];
+  }
 
  private:
   LeanKvRuntime() = default;

@@ -212,6 +212,7 @@ Status TorchExecutor::validate(const ForwardBatch& batch) const {
                                     " tokens exceed the context window of " +
                                     std::to_string(config_.max_context_tokens));
     }
+    if (decodes_from_pages(chunk)) continue;  // reads and writes no pool block
     STRATA_RETURN_IF_ERROR(validate_formats(chunk));
     const int64_t num_tables = config_.num_layers * groups_of(chunk);
     if (std::ssize(chunk.tables) != num_tables) {
@@ -438,6 +439,7 @@ StatusOr<ForwardResult> TorchExecutor::run(const ForwardBatch& batch) {
     const SequenceChunk& chunk = batch.chunks[s];
     const int64_t n = static_cast<int64_t>(chunk.tokens.size());
     const int64_t offset = static_cast<int64_t>(token_ids.size());
+    const bool lean = decodes_from_pages(chunk);  // no pool blocks: its table rows stay unused
     result.row_offsets.push_back(static_cast<int64_t>(logit_rows.size()));
     for (int64_t i = 0; i < n; ++i) {
       const int64_t position = chunk.start_position + i;
@@ -447,16 +449,16 @@ StatusOr<ForwardResult> TorchExecutor::run(const ForwardBatch& batch) {
         logit_rows.push_back(offset + i);
       }
       // Tokens whose layer is not on the kernels' base view, or shares another layer's blocks,
-      // are not written by the cache-write kernel (slot -1).
+      // and LeanKV's decode tokens are not written by the cache-write kernel (slot -1).
       for (int64_t l = 0; l < num_layers; ++l) {
-        const bool base = on_base_view(chunk, l) && !shares(chunk, l);
+        const bool base = !lean && on_base_view(chunk, l) && !shares(chunk, l);
         slot_data[l * num_tokens + offset + i] =
             base ? layout.base_index(chunk.tables[l][position / block]) * block + position % block
                  : -1;
       }
     }
     const int64_t used_blocks = (chunk.start_position + n + block - 1) / block;
-    for (int64_t l = 0; l < num_layers; ++l) {
+    for (int64_t l = 0; l < num_layers && !lean; ++l) {
       if (!on_base_view(chunk, l)) {
         other_format[l] = true;  // this layer's attention reads a dequantized copy
         continue;
@@ -480,7 +482,7 @@ StatusOr<ForwardResult> TorchExecutor::run(const ForwardBatch& batch) {
     const SequenceChunk& chunk = batch.chunks[s];
     const int64_t n = static_cast<int64_t>(chunk.tokens.size());
     if (leankv_ && chunk.start_position == 0) leankv_->end(chunk.seq);  // starts over
-    if (leankv_ && leankv_->decoding(chunk.seq)) {
+    if (decodes_from_pages(chunk)) {
       if (n != 1) {
         return invalid_argument_error("sequence " + std::to_string(chunk.seq.value) +
                                       " decodes from LeanKV pages: one token per chunk, got " +
@@ -586,9 +588,10 @@ StatusOr<ForwardResult> TorchExecutor::run(const ForwardBatch& batch) {
       if (!chunk.samples || !leankv_->observing(chunk.seq)) continue;
       const int64_t end = chunk.start_position + static_cast<int64_t>(chunk.tokens.size());
       // A failure is counted (leankv_counts().failed_prompts); the sequence stays dense.
-      (void)leankv_->compress(chunk.seq, end, [&](int64_t layer) {
+      const Status compressed = leankv_->compress(chunk.seq, end, [&](int64_t layer) {
         return std::pair{pool_part(chunk, layer, end, 0), pool_part(chunk, layer, end, 1)};
       });
+      if (compressed.ok()) result.compressed.push_back(chunk.seq);
     }
   }
 

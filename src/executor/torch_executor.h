@@ -60,6 +60,10 @@ class TorchExecutor final : public Executor {
   LeanKvCounts leankv_counts() const override {
     return leankv_ ? leankv_->counts() : LeanKvCounts{};
   }
+  int64_t leankv_free_pages() const override { return leankv_ ? leankv_->free_pages() : 0; }
+  int64_t leankv_step_pages(SeqId seq) const override {
+    return leankv_ ? leankv_->step_pages(seq) : 0;
+  }
   void register_host_memory(void* data, size_t bytes) const override;
   void unregister_host_memory(void* data) const override;
   StatusOr<ForwardResult> forward(const ForwardBatch& batch) override;
@@ -129,6 +133,10 @@ class TorchExecutor final : public Executor {
   // Whether the kernels run a chunk's layer on the pool's base view (one table of base blocks).
   bool on_base_view(const SequenceChunk& chunk, int64_t layer) const {
     return groups_of(chunk) == 1 && format_of(chunk, layer) == kv_format_;
+  }
+  // Whether a chunk is a decode step from LeanKV's pages (a chunk at position 0 starts over).
+  bool decodes_from_pages(const SequenceChunk& chunk) const {
+    return leankv_ && chunk.start_position > 0 && leankv_->decoding(chunk.seq);
   }
   static bool shares(const SequenceChunk& chunk, int64_t layer) {
     const kv::KvLayout* l = chunk.layout;

@@ -448,6 +448,72 @@ TEST(EngineTest, LeanKvServesBatchesLikeSoloRunsAndFreesItsPages) {
   EXPECT_EQ(engine->stats().leankv.ended_sequences, ended_before) << "the request was compressed";
 }
 
+// LeanKV's capacity: a compressed sequence gives its pool blocks back and decodes without new
+// ones, so a pool that holds two of these conversations serves six at once. With LeanKV's pages
+// short, a sequence is preempted to recompute and comes back on the pool; every request still
+// finishes and nothing leaks.
+TEST(EngineTest, LeanKvFreesThePoolSoMoreConversationsRunAtOnce) {
+  EngineOptions options;
+  options.executor.enable_prefix_caching = false;
+  options.executor.max_context_tokens = 256;
+  // One full context: 16 token blocks of 30 layers, fp32 K and V of 3 heads x 64 x 16 tokens.
+  options.executor.cache_bytes = int64_t{16} * 30 * (2 * 3 * 64 * 16 * 4);
+  options.executor.leankv.enabled = true;
+  options.executor.leankv.window = 16;
+  options.executor.leankv.max_sequences = 8;
+  options.executor.leankv.pool_bytes = int64_t{32} << 20;
+  options.scheduler.max_num_batched_tokens = 64;
+  auto requests = [](int n, int prompt, int output) {
+    std::vector<GenerateRequest> out = mixed_requests(n, 20000, 0, 5);
+    for (GenerateRequest& r : out) {
+      r.prompt_token_ids.resize(prompt, 700);
+      r.sampling.max_tokens = output;
+    }
+    return out;
+  };
+  // 100 + 12 tokens: 7 blocks of every layer, so the pool holds two such sequences.
+  const std::vector<GenerateRequest> six = requests(6, 100, 12);
+  std::unique_ptr<Engine> engine = make_engine(STRATA_TEST_MODEL, options);
+  ASSERT_TRUE(engine);
+  for (const Collected& c : run_concurrent(*engine, six)) {
+    EXPECT_EQ(c.last.finish_reason, FinishReason::kLength) << c.last.error;
+    EXPECT_EQ(c.tokens.size(), 12u);
+  }
+  expect_pool_fully_free(*engine);
+  EngineStats stats = engine->stats();
+  EXPECT_EQ(stats.peak_running, 6);
+  EXPECT_EQ(stats.num_preemptions, 0);
+  EXPECT_EQ(stats.leankv.failed_prompts, 0);
+  EXPECT_EQ(stats.leankv.pages_used, 0) << "LeanKV pages leaked";
+
+  EngineOptions dense_options = options;
+  dense_options.executor.leankv = {};
+  std::unique_ptr<Engine> dense = make_engine(STRATA_TEST_MODEL, dense_options);
+  ASSERT_TRUE(dense);
+  for (const Collected& c : run_concurrent(*dense, six)) {
+    EXPECT_EQ(c.last.finish_reason, FinishReason::kLength) << c.last.error;
+  }
+  EXPECT_LE(dense->stats().peak_running, 3);
+
+  // 640 pages (~2.2 MiB) take two compressed prompts beside their reserve; nothing is pruned
+  // (alpha_low 0), so 60 decoded tokens per sequence outgrow the pages and force a preemption.
+  options.executor.leankv.pool_bytes = 640 * 3584;
+  *options.executor.cache_bytes *= 3;  // holds both sequences: only LeanKV's pages run short
+  options.executor.leankv.alpha_low = 0;
+  std::unique_ptr<Engine> short_pages = make_engine(STRATA_TEST_MODEL, options);
+  ASSERT_TRUE(short_pages);
+  for (const Collected& c : run_concurrent(*short_pages, requests(2, 100, 60))) {
+    EXPECT_EQ(c.last.finish_reason, FinishReason::kLength) << c.last.error;
+    EXPECT_EQ(c.tokens.size(), 60u);
+  }
+  expect_pool_fully_free(*short_pages);
+  stats = short_pages->stats();
+  // One: the preempted sequence comes back on the pool, not compressed into the same shortage.
+  EXPECT_EQ(stats.num_preemptions, 1);
+  EXPECT_EQ(stats.leankv.failed_prompts, 0);
+  EXPECT_EQ(stats.leankv.pages_used, 0) << "LeanKV pages leaked";
+}
+
 // Prompt scoring (perplexity): the engine's prompt logprobs, computed over chunked prefill, equal
 // HF transformers' log-softmax of one full forward (tests/reference/model_reference.py).
 TEST(EngineTest, PromptLogprobsMatchHfOverChunkedPrefill) {

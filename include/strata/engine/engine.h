@@ -156,6 +156,7 @@ struct EngineOptions {
 struct EngineStats : restore::RestoreStats {
   int64_t num_waiting = 0;
   int64_t num_running = 0;
+  int64_t peak_running = 0;  // since start: the most sequences running at once
   int64_t num_swapped = 0;
   int32_t kv_blocks_total = 0;
   int32_t kv_blocks_available = 0;  // free or evictable

@@ -104,10 +104,15 @@ class Executor {
   // Forgets a sequence's pre-loaded layers (ForwardBatch::preloads) that no pass will use.
   virtual void drop_preload(SeqId seq) = 0;
   // Forgets what the executor keeps of a sequence besides the pool (LeanKV's pages and window):
-  // call when it finishes or is aborted. A chunk at position 0 also starts a sequence over.
+  // call when it finishes, is aborted or is preempted to recompute. A chunk at position 0 also
+  // starts a sequence over.
   virtual void end_sequence(SeqId seq) = 0;
   // LeanKV's tokens per tier and pages (zeros when LeanKV is off).
   virtual LeanKvCounts leankv_counts() const = 0;
+  // LeanKV's free pages (0 when off), and the most its next decode step of `seq` may take (0 for
+  // a sequence not decoding from LeanKV's pages; at most a page per layer and KV head).
+  virtual int64_t leankv_free_pages() const = 0;
+  virtual int64_t leankv_step_pages(SeqId seq) const = 0;
   // Page-locks host memory that chunks are loaded from and saved to (no-op on the CPU).
   virtual void register_host_memory(void* data, size_t bytes) const = 0;
   virtual void unregister_host_memory(void* data) const = 0;

@@ -26,7 +26,8 @@ struct SequenceChunk {
   std::vector<TokenId> tokens;
   int64_t start_position = 0;
   // Per-layer page tables (kv::KvCacheManager::tables): tables[layer][i] holds positions
-  // [i * block_size, (i + 1) * block_size) and must cover every position up to the chunk's end.
+  // [i * block_size, (i + 1) * block_size) and must cover every position up to the chunk's end;
+  // ignored (may be empty) for a sequence that decodes from LeanKV's pages.
   // Borrowed: must stay valid during forward().
   std::span<const std::vector<kv::BlockId>> tables;
   LogitsMode logits = LogitsMode::kLast;
@@ -104,6 +105,9 @@ struct ForwardResult {
   // each layer's blocks are gathered into a device write buffer on the compute stream (the pool
   // blocks may be reused by the next pass at once) and copied to the host on a separate stream.
   std::function<void()> saves_written;
+  // LeanKV: sequences whose prompt this pass compressed into the executor's pages. Their later
+  // chunks decode from there and need no pool blocks (kv::KvCacheManager::move_off_pool).
+  std::vector<SeqId> compressed;
 };
 
 }  // namespace strata::executor
