@@ -209,6 +209,32 @@ StatusOr<std::vector<BenchRequest>> random_requests(const tokenizer::Tokenizer& 
   return requests;
 }
 
+StatusOr<std::vector<BenchRequest>> text_requests(const tokenizer::Tokenizer& tokenizer,
+                                                  const std::string& text,
+                                                  const TextSampling& sampling) {
+  if (sampling.input_len < 1 || sampling.output_len < 1) {
+    return invalid_argument_error("--text-input-len and --text-output-len must be >= 1");
+  }
+  const std::vector<TokenId> ids = tokenizer.encode(text, false);
+  const int64_t windows = std::ssize(ids) / sampling.input_len;
+  if (windows < sampling.num_prompts) {
+    return invalid_argument_error("the text has " + std::to_string(ids.size()) +
+                                  " tokens: " + std::to_string(windows) + " prompts of " +
+                                  std::to_string(sampling.input_len) + ", not " +
+                                  std::to_string(sampling.num_prompts));
+  }
+  std::vector<BenchRequest> requests;
+  for (int64_t i = 0; i < sampling.num_prompts; ++i) {
+    const auto first = ids.begin() + i * sampling.input_len;
+    BenchRequest request;
+    request.prompt = tokenizer.decode({first, first + sampling.input_len}, /*skip_special=*/false);
+    request.prompt_len = static_cast<int64_t>(tokenizer.encode(request.prompt, false).size());
+    request.max_tokens = sampling.output_len;
+    requests.push_back(std::move(request));
+  }
+  return requests;
+}
+
 std::vector<BenchRequest> conversation_turns(const Conversation& conversation,
                                              const tokenizer::Tokenizer& tokenizer,
                                              int64_t max_turns, int64_t max_output_len) {

@@ -70,13 +70,15 @@ Endpoint (serve, multiturn, ppl, longqa):
                           (default: .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf)
 
 Workload:
-  --dataset-name N        random (default) or sharegpt (multiturn: always sharegpt)
-  --dataset-path FILE     ShareGPT-format .json or .json.xz
+  --dataset-name N        random (default), text or sharegpt (multiturn: always sharegpt)
+  --dataset-path FILE     ShareGPT-format .json or .json.xz; for text, a plain text file cut
+                          into consecutive prompts (e.g. WikiText-2: long real prompts)
   --num-prompts N         requests (multiturn: conversations); default 1000 (multiturn 100)
   --sharegpt-output-len N output tokens per request instead of the data set's reply length
   --random-input-len N    default 1024     --random-output-len N   default 128
   --random-range-ratio R  lengths uniform in [len*(1-R), len*(1+R)] (default 0)
   --random-prefix-len N   random tokens shared by every prompt (default 0)
+  --text-input-len N      default 1024     --text-output-len N     default 128
   --max-turns N           multiturn: at most N turns per conversation (default all)
   --max-output-len N      multiturn: cap on each turn's output tokens (default: the reply's
                           length); longqa: answer tokens at most (default 64)
@@ -92,7 +94,8 @@ Workload:
                           (default 3072)
   (ppl: --num-prompts caps the windows, default 40; longqa: the questions, default 50, in the
   file's order)
-  --ignore-eos            generate exactly the asked output length (always on for random)
+  --ignore-eos            generate exactly the asked output length (always on for random and
+                          text)
 
 Load:
   --request-rate R        arrivals per second, gamma-distributed gaps (default inf: all at once)
@@ -134,6 +137,8 @@ const std::set<std::string>& workload_flag_names() {
                                                "random-output-len",
                                                "random-range-ratio",
                                                "random-prefix-len",
+                                               "text-input-len",
+                                               "text-output-len",
                                                "max-turns",
                                                "max-output-len",
                                                "think-time",
@@ -229,7 +234,8 @@ StatusOr<bench::LoadOptions> load_options(const Flags& flags) {
   if (options.max_concurrency < 0) return invalid_argument_error("--max-concurrency must be >= 0");
   STRATA_ASSIGN_OR_RETURN(int64_t seed, flags.get_int("seed", 0));
   options.seed = static_cast<uint64_t>(seed);
-  options.ignore_eos = flags.has("ignore-eos") || flags.get("dataset-name", "random") == "random";
+  const std::string dataset = flags.get("dataset-name", "random");
+  options.ignore_eos = flags.has("ignore-eos") || dataset == "random" || dataset == "text";
   options.progress = !flags.has("disable-tqdm");
   return options;
 }
@@ -253,9 +259,22 @@ StatusOr<Workload> build_workload(const Flags& flags, bool multiturn,
     STRATA_ASSIGN_OR_RETURN(workload.requests, bench::random_requests(tok, sampling));
     return workload;
   }
+  if (dataset == "text" && !multiturn) {
+    if (!flags.has("dataset-path")) {
+      return invalid_argument_error("--dataset-name text needs --dataset-path FILE (plain text)");
+    }
+    bench::TextSampling sampling;
+    sampling.num_prompts = num;
+    STRATA_ASSIGN_OR_RETURN(sampling.input_len, flags.get_int("text-input-len", 1024));
+    STRATA_ASSIGN_OR_RETURN(sampling.output_len, flags.get_int("text-output-len", 128));
+    STRATA_ASSIGN_OR_RETURN(const std::string text,
+                            bench::read_data_file(flags.get("dataset-path", "")));
+    STRATA_ASSIGN_OR_RETURN(workload.requests, bench::text_requests(tok, text, sampling));
+    return workload;
+  }
   if (dataset != "sharegpt") {
-    return invalid_argument_error("--dataset-name must be random or sharegpt, got \"" + dataset +
-                                  "\"");
+    return invalid_argument_error("--dataset-name must be random, text or sharegpt, got \"" +
+                                  dataset + "\"");
   }
   if (!flags.has("dataset-path")) {
     return invalid_argument_error("--dataset-name sharegpt needs --dataset-path FILE (.json or "

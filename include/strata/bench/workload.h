@@ -83,6 +83,20 @@ struct RandomSampling {
 StatusOr<std::vector<BenchRequest>> random_requests(const tokenizer::Tokenizer& tokenizer,
                                                     const RandomSampling& sampling);
 
+struct TextSampling {
+  int64_t num_prompts = 1000;
+  int64_t input_len = 1024;
+  int64_t output_len = 128;
+};
+
+// Prompts of real text for long-context serving (random tokens attend unlike language, which
+// matters to KV compression): the text tokenized whole and cut into consecutive windows of
+// input_len tokens, decoded back to text (prompt_len is that text re-encoded). INVALID_ARGUMENT
+// when the text has fewer than num_prompts windows.
+StatusOr<std::vector<BenchRequest>> text_requests(const tokenizer::Tokenizer& tokenizer,
+                                                  const std::string& text,
+                                                  const TextSampling& sampling);
+
 // The turns of one conversation as chat requests: turn i sends the system message, the data
 // set's first i user messages and the data set's replies between them (the history follows the
 // real conversation, whatever the server answered), asking for as many tokens as the data set's

@@ -171,6 +171,32 @@ TEST_F(WorkloadTest, RandomPromptsAreSeededOrdinaryTokensOfTheAskedLengths) {
   EXPECT_EQ(random_requests(*tokenizer_, sampling).status().code(), StatusCode::kInvalidArgument);
 }
 
+TEST_F(WorkloadTest, TextPromptsAreConsecutiveWindowsOfTheText) {
+  std::string text;
+  for (int i = 0; i < 60; ++i) text += "Sentence number " + std::to_string(i) + " of the text. ";
+  const std::vector<tokenizer::TokenId> ids = tokenizer_->encode(text, false);
+  TextSampling sampling;
+  sampling.num_prompts = 3;
+  sampling.input_len = 50;
+  sampling.output_len = 9;
+  auto requests = text_requests(*tokenizer_, text, sampling);
+  ASSERT_TRUE(requests.ok()) << requests.status().to_string();
+  ASSERT_EQ(requests->size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    const BenchRequest& r = (*requests)[i];
+    EXPECT_EQ(r.prompt,
+              tokenizer_->decode({ids.begin() + 50 * i, ids.begin() + 50 * (i + 1)}, false));
+    EXPECT_EQ(r.prompt_len, tokens(r.prompt));
+    EXPECT_NEAR(static_cast<double>(r.prompt_len), 50, 2) << "re-encoding a cut window";
+    EXPECT_EQ(r.max_tokens, 9);
+  }
+  EXPECT_NE((*requests)[0].prompt, (*requests)[1].prompt);
+  sampling.num_prompts = static_cast<int64_t>(ids.size()) / 50 + 1;
+  const Status short_text = text_requests(*tokenizer_, text, sampling).status();
+  EXPECT_EQ(short_text.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(short_text.message().find("prompts of 50"), std::string::npos) << short_text.message();
+}
+
 TEST_F(WorkloadTest, ConversationTurnsFollowTheDataSetHistory) {
   auto conversations = load_sharegpt(write("c.json", kConversations));
   ASSERT_TRUE(conversations.ok());
