@@ -65,6 +65,21 @@ bool is_good(const RequestResult& r, const std::map<std::string, double>& slo_ms
   return true;
 }
 
+// The most requests streaming output at once: between their first token and their end (for a
+// server that keeps a request's KV while it decodes, how many conversations fit together).
+int64_t max_concurrent_decodes(const std::vector<RequestResult>& results) {
+  std::vector<std::pair<double, int>> events;  // (time, +1 first token | -1 end); ends first
+  for (const RequestResult& r : results) {
+    if (!r.success || r.output_len == 0) continue;
+    events.emplace_back(r.start_s + r.ttft_s, 1);
+    events.emplace_back(r.start_s + r.latency_s, -1);
+  }
+  std::sort(events.begin(), events.end());
+  int64_t now = 0, peak = 0;
+  for (const auto& [time, change] : events) peak = std::max(peak, now += change);
+  return peak;
+}
+
 }  // namespace
 
 double percentile(std::vector<double> values, double p) {
@@ -114,6 +129,7 @@ Json serve_metrics(const std::vector<RequestResult>& results, double duration_s,
   out["request_goodput"] =
       options.goodput_slo_ms.empty() ? Json() : Json(static_cast<double>(good) / duration);
   out["output_throughput"] = static_cast<double>(total_output) / duration;
+  out["max_concurrent_decodes"] = max_concurrent_decodes(results);
   out["total_token_throughput"] = static_cast<double>(total_input + total_output) / duration;
   add_distribution(out, "ttft", ttfts, options);
   add_distribution(out, "tpot", tpots, options);
@@ -200,6 +216,7 @@ std::string format_summary(const Json& result, const ReportOptions& options) {
   row("Request throughput (req/s):", result["request_throughput"]);
   row("Request goodput (req/s):", result["request_goodput"]);
   row("Output token throughput (tok/s):", result["output_throughput"]);
+  row("Max concurrent decodes:", result["max_concurrent_decodes"]);
   row("Total Token throughput (tok/s):", result["total_token_throughput"]);
   const std::vector<std::tuple<std::string, std::string, std::string>> metrics = {
       {"ttft", "TTFT", "Time to First Token"},

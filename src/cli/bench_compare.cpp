@@ -91,19 +91,20 @@ std::string compare_row(const std::string& variant, const Json& r) {
     return std::to_string(static_cast<int64_t>(r["tier_hit_tokens"][name].get<double>()));
   };
   char line[512];
-  std::snprintf(line, sizeof(line),
-                "| %s | %s | %lld/%lld | %.2f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %s | %s "
-                "| %s | %s |\n",
-                variant.c_str(),
-                r["request_rate"].is_string() ? r["request_rate"].get<std::string>().c_str()
-                                              : r["request_rate"].dump().c_str(),
-                static_cast<long long>(r["completed"].get<int64_t>()),
-                static_cast<long long>(r["completed"].get<int64_t>() + r["failed"].get<int64_t>()),
-                r["request_throughput"].get<double>(), r["output_throughput"].get<double>(),
-                ms("mean_ttft_ms"), ms("median_ttft_ms"), ms("p90_ttft_ms"), ms("p99_ttft_ms"),
-                ms("mean_tpot_ms"),
-                later_count > 0 ? one_decimal(later_sum / later_count).c_str() : "-",
-                tier("gpu").c_str(), tier("dram").c_str(), tier("ssd").c_str());
+  std::snprintf(
+      line, sizeof(line),
+      "| %s | %s | %lld/%lld | %.2f | %.1f | %lld | %.1f | %.1f | %.1f | %.1f | %.1f | %s "
+      "| %s | %s | %s |\n",
+      variant.c_str(),
+      r["request_rate"].is_string() ? r["request_rate"].get<std::string>().c_str()
+                                    : r["request_rate"].dump().c_str(),
+      static_cast<long long>(r["completed"].get<int64_t>()),
+      static_cast<long long>(r["completed"].get<int64_t>() + r["failed"].get<int64_t>()),
+      r["request_throughput"].get<double>(), r["output_throughput"].get<double>(),
+      static_cast<long long>(r["max_concurrent_decodes"].get<int64_t>()), ms("mean_ttft_ms"),
+      ms("median_ttft_ms"), ms("p90_ttft_ms"), ms("p99_ttft_ms"), ms("mean_tpot_ms"),
+      later_count > 0 ? one_decimal(later_sum / later_count).c_str() : "-", tier("gpu").c_str(),
+      tier("dram").c_str(), tier("ssd").c_str());
   return line;
 }
 
@@ -220,9 +221,10 @@ Status bench_compare(const Flags& flags, const std::vector<std::string>& args) {
       : kind == "longqa"
           ? "| variant | token F1 | ROUGE-L | exact match (choice) | answered | "
             "mean prompt tokens | mean latency (ms) |\n|---|---|---|---|---|---|---|\n"
-          : "| variant | rate (req/s) | completed | req/s | output tok/s | TTFT mean (ms) "
-            "| p50 | p90 | p99 | TPOT mean (ms) | TTFT turns >= 2 (ms) | gpu hit tokens "
-            "| dram | ssd |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+          : "| variant | rate (req/s) | completed | req/s | output tok/s | peak decodes "
+            "| TTFT mean (ms) | p50 | p90 | p99 | TPOT mean (ms) | TTFT turns >= 2 (ms) "
+            "| gpu hit tokens | dram | ssd |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   auto record = [&](const std::string& name, Json setup, double rate, const Json& result) {
     table += quality ? quality_row(name, result) : compare_row(name, result);
     setup["variant"] = name;

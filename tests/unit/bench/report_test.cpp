@@ -66,6 +66,24 @@ TEST(ServeMetricsTest, VllmFieldsFromKnownRequests) {
   }
 }
 
+TEST(ServeMetricsTest, MaxConcurrentDecodesCountsRequestsBetweenFirstTokenAndEnd) {
+  auto at = [](double start_s, double ttft_s, double latency_s) {
+    RequestResult r = ok(ttft_s, latency_s, 4);
+    r.start_s = start_s;
+    return r;
+  };
+  // Decoding over [1, 3], [2, 4], [3.5, 5], [4, 6] and [0.5, 0.5]: at most two at once (one that
+  // ends as another starts does not overlap it); a failed request does not count.
+  RequestResult failed = at(0, 1, 10);
+  failed.success = false;
+  const std::vector<RequestResult> results = {at(0, 1, 3), at(1, 1, 3),     at(0, 3.5, 5),
+                                              at(4, 0, 2), ok(0.5, 0.5, 1), failed};
+  EXPECT_EQ(serve_metrics(results, 6.0, std::nullopt, {})["max_concurrent_decodes"], 2);
+  EXPECT_EQ(serve_metrics({at(0, 1, 5), at(0, 2, 5), at(0, 3, 5)}, 5.0, std::nullopt,
+                          {})["max_concurrent_decodes"],
+            3);
+}
+
 TEST(ServeMetricsTest, GoodputCountsRequestsMeetingEverySlo) {
   const std::vector<RequestResult> results = {ok(0.1, 1.1, 11), ok(0.6, 1.6, 11),
                                               ok(0.1, 3.1, 11)};
