@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+#include <cmath>
 #include <utility>
 #include <vector>
 
@@ -167,41 +169,97 @@ at::Tensor leankv_decode_attention(const at::Tensor& q, at::Tensor& pool, const 
                                    const at::Tensor& entries, const at::Tensor& window,
                                    const at::Tensor& window_lens, at::Tensor& window_acc,
                                    double scale) {
-  const int64_t num_seqs = q.size(0), heads = q.size(1), kv_heads = entries.size(1);
-  const int64_t group = heads / kv_heads;
-  at::Tensor out = at::empty_like(q);
-  for (int64_t s = 0; s < num_seqs; ++s) {
-    const int64_t window_len = window_lens[s].item<int64_t>();
-    for (int64_t h = 0; h < kv_heads; ++h) {
-      const int64_t e = entries[s][h].item<int64_t>();
-      std::vector<at::Tensor> keys, values, accs;
-      std::vector<std::pair<at::Tensor, at::Tensor>> slots;
-      for (Precision p : {Precision::kHigh, Precision::kLow}) {
-        slots.push_back(leankv_token_slots(format, p, tables, token_counts, e));
-        auto [key, value, acc, position] =
-            leankv_read_tokens(pool, format, p, slots.back().first, slots.back().second);
-        keys.push_back(key);
-        values.push_back(value);
-        accs.push_back(acc);
-      }
-      keys.push_back(window[s][0][h].slice(0, 0, window_len).to(at::kFloat));
-      values.push_back(window[s][1][h].slice(0, 0, window_len).to(at::kFloat));
-      const at::Tensor qg = q[s].slice(0, h * group, (h + 1) * group).to(at::kFloat);
-      const at::Tensor probs = at::softmax(at::matmul(qg, at::cat(keys).t()).mul(scale), -1);
-      out[s].slice(0, h * group, (h + 1) * group).copy_(at::matmul(probs, at::cat(values)));
-      const at::Tensor received = std::get<0>(probs.max(0));
-      int64_t at_token = 0;
-      for (Precision p : {Precision::kHigh, Precision::kLow}) {
-        const auto& [page, slot] = slots[static_cast<int>(p)];
-        const int64_t m = page.size(0);
-        write_acc(pool, format, p, page, slot,
-                  accs[static_cast<int>(p)] + received.slice(0, at_token, at_token + m));
-        at_token += m;
-      }
-      window_acc[s][h].slice(0, 0, window_len) += received.slice(0, at_token);
-    }
+  // Every (sequence, KV head) of the layer at once: its tokens (high, then low, then window) are
+  // one row of a padded [rows, width] layout, attended by its query-head group in one batched
+  // matmul; padding is masked out.
+  const int64_t num_seqs = q.size(0), heads = q.size(1), d = q.size(2), kv_heads = entries.size(1);
+  const int64_t group = heads / kv_heads, rows = num_seqs * kv_heads;
+  const int64_t capacity = window.size(3), w = tables.size(1);
+  const at::TensorOptions longs = pool.options().dtype(at::kLong);
+  const at::Tensor counts = token_counts.to(at::kCPU, at::kLong);
+  const at::Tensor entry_ids = entries.to(at::kCPU, at::kLong).reshape({-1});
+  const at::Tensor lens = window_lens.to(at::kCPU, at::kLong);
+  const int64_t* count = counts.data_ptr<int64_t>();
+  const int64_t* entry = entry_ids.data_ptr<int64_t>();
+  // Per row: tokens of each section; the row's width is their sum.
+  std::vector<int64_t> section_counts[3], width(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    section_counts[0].push_back(count[2 * entry[r]]);
+    section_counts[1].push_back(count[2 * entry[r] + 1]);
+    section_counts[2].push_back(lens.data_ptr<int64_t>()[r / kv_heads]);
+    width[r] = section_counts[0][r] + section_counts[1][r] + section_counts[2][r];
   }
-  return out;
+  const int64_t max_width = *std::max_element(width.begin(), width.end());
+  const at::Tensor row_ids = at::arange(rows, longs);
+  // Token i of a section of row r sits at r * max_width + (tokens of earlier sections) + i.
+  auto place = [&](int s, at::Tensor& index_in_section) {
+    const at::Tensor n = at::tensor(section_counts[s], at::kLong).to(pool.device());
+    at::Tensor before = at::zeros({rows}, longs);
+    for (int t = 0; t < s; ++t)
+      before += at::tensor(section_counts[t], at::kLong).to(pool.device());
+    const at::Tensor row = at::repeat_interleave(row_ids, n);
+    const at::Tensor first = at::repeat_interleave(at::cumsum(n, 0) - n, n);
+    index_in_section = at::arange(row.size(0), longs) - first;
+    return std::pair{row, row * max_width + before.index_select(0, row) + index_in_section};
+  };
+  at::Tensor keys = at::zeros({rows * max_width, d}, q.options().dtype(at::kFloat));
+  at::Tensor values = at::zeros_like(keys);
+  at::Tensor valid = at::zeros({rows * max_width}, q.options().dtype(at::kBool));
+  struct Section {
+    at::Tensor page, slot, acc, flat;  // flat: index into the padded layout
+  } sections[2];
+  for (Precision p : {Precision::kHigh, Precision::kLow}) {
+    at::Tensor i;
+    const auto [row, flat] = place(static_cast<int>(p), i);
+    const int64_t per_page = format.tokens_per_page(p);
+    const at::Tensor column =
+        p == Precision::kHigh ? i.div(per_page, "floor") : (w - 1) - i.div(per_page, "floor");
+    const at::Tensor entry_of = entry_ids.to(pool.device()).index_select(0, row);
+    Section& section = sections[static_cast<int>(p)];
+    section.page = tables.to(at::kLong).view({-1}).index_select(0, entry_of * w + column);
+    section.slot = i.remainder(per_page);
+    section.flat = flat;
+    auto [key, value, acc, position] =
+        leankv_read_tokens(pool, format, p, section.page, section.slot);
+    keys.index_copy_(0, flat, key);
+    values.index_copy_(0, flat, value);
+    section.acc = acc;
+  }
+  at::Tensor j;
+  const auto [window_row, window_at] = place(2, j);
+  const at::Tensor window_source = window_row * capacity + j;  // into [rows * capacity]
+  keys.index_copy_(0, window_at,
+                   window.select(1, 0)
+                       .reshape({rows * capacity, d})
+                       .index_select(0, window_source)
+                       .to(at::kFloat));
+  values.index_copy_(0, window_at,
+                     window.select(1, 1)
+                         .reshape({rows * capacity, d})
+                         .index_select(0, window_source)
+                         .to(at::kFloat));
+  for (const at::Tensor& flat : {sections[0].flat, sections[1].flat, window_at}) {
+    valid.index_fill_(0, flat, true);
+  }
+
+  const at::Tensor qg = q.to(at::kFloat).reshape({rows, group, d});
+  const at::Tensor logits =
+      at::bmm(qg, keys.view({rows, max_width, d}).transpose(1, 2))
+          .mul(scale)
+          .masked_fill(valid.logical_not().view({rows, 1, max_width}), -INFINITY);
+  const at::Tensor probs = at::softmax(logits, -1);  // [rows, group, max_width]
+  const at::Tensor out = at::bmm(probs, values.view({rows, max_width, d}));
+  const at::Tensor received = std::get<0>(probs.max(1)).reshape({-1});
+  for (Precision p : {Precision::kHigh, Precision::kLow}) {
+    const Section& section = sections[static_cast<int>(p)];
+    if (section.page.numel() == 0) continue;
+    write_acc(pool, format, p, section.page, section.slot,
+              section.acc + received.index_select(0, section.flat));
+  }
+  window_acc.copy_(window_acc.reshape({-1})
+                       .index_add(0, window_source, received.index_select(0, window_at))
+                       .view(window_acc.sizes()));
+  return out.view({num_seqs, heads, d}).to(q.scalar_type());
 }
 
 }  // namespace strata::kernels::aten
