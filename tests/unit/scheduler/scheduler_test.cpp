@@ -48,6 +48,22 @@ std::string describe(const std::vector<Chunk>& chunks) {
   return out.str();
 }
 
+std::vector<TokenId> iota_prompt(TokenId first, int n) {
+  std::vector<TokenId> t(n);
+  std::iota(t.begin(), t.end(), first);
+  return t;
+}
+
+// One step as the engine runs it: schedule, mark computed, one sampled token per sampling chunk.
+ScheduledBatch run_step(Scheduler& scheduler, kv::KvCacheManager& kv, TokenId& next_token) {
+  ScheduledBatch batch = scheduler.schedule();
+  scheduler.on_batch_done(batch);
+  for (const ScheduledChunk& c : batch.chunks) {
+    if (c.samples) kv.append_tokens(c.seq, std::vector<TokenId>{next_token++});
+  }
+  return batch;
+}
+
 void run_case(const Case& c) {
   kv::KvCacheManager kv({.num_layers = 1, .num_kv_heads = 1, .head_dim = 8,
                          .block_size_tokens = 4, .num_blocks = c.num_blocks},
@@ -130,22 +146,10 @@ TEST(SchedulerTest, SwapPreemptionResumesWithoutRecomputing) {
   Scheduler scheduler({.max_num_seqs = 8, .max_num_batched_tokens = 64,
                        .preemption_mode = PreemptionMode::kSwap},
                       kv);
-  auto prompt = [](TokenId first) {
-    std::vector<TokenId> t(8);
-    std::iota(t.begin(), t.end(), first);
-    return t;
-  };
-  ASSERT_TRUE(scheduler.add(SeqId{1}, prompt(100), 0, "").ok());
-  ASSERT_TRUE(scheduler.add(SeqId{2}, prompt(200), 0, "").ok());
+  ASSERT_TRUE(scheduler.add(SeqId{1}, iota_prompt(100, 8), 0, "").ok());
+  ASSERT_TRUE(scheduler.add(SeqId{2}, iota_prompt(200, 8), 0, "").ok());
   TokenId next = 1000;
-  auto run = [&]() {
-    ScheduledBatch batch = scheduler.schedule();
-    scheduler.on_batch_done(batch);
-    for (const ScheduledChunk& c : batch.chunks) {
-      if (c.samples) kv.append_tokens(c.seq, std::vector<TokenId>{next++});
-    }
-    return batch;
-  };
+  auto run = [&] { return run_step(scheduler, kv, next); };
   ASSERT_EQ(run().chunks.size(), 2u);
   ScheduledBatch second = run();  // both need a third block: sequence 2 is swapped out
   ASSERT_EQ(second.preempted, std::vector<SeqId>{SeqId{2}});
@@ -182,28 +186,16 @@ TEST(SchedulerTest, OffPoolSequencesNeedNoBlocksAndYieldOnlyToTheirOwnBudget) {
   std::vector<SeqId> released;
   scheduler.set_off_pool_budget({[&] { return free_pages; }, [](SeqId) { return int64_t{2}; },
                                  [&](SeqId seq) { released.push_back(seq); }});
-  auto prompt = [](TokenId first, int n) {
-    std::vector<TokenId> t(n);
-    std::iota(t.begin(), t.end(), first);
-    return t;
-  };
   TokenId next = 1000;
-  auto run = [&]() {
-    ScheduledBatch batch = scheduler.schedule();
-    scheduler.on_batch_done(batch);
-    for (const ScheduledChunk& c : batch.chunks) {
-      if (c.samples) kv.append_tokens(c.seq, std::vector<TokenId>{next++});
-    }
-    return batch;
-  };
+  auto run = [&] { return run_step(scheduler, kv, next); };
   auto seqs = [](const ScheduledBatch& b) {
     std::vector<uint64_t> out;
     for (const ScheduledChunk& c : b.chunks) out.push_back(c.seq.value);
     return out;
   };
-  ASSERT_TRUE(scheduler.add(SeqId{3}, prompt(300, 12), 0, "").ok());
-  ASSERT_TRUE(scheduler.add(SeqId{1}, prompt(100, 8), 0, "").ok());
-  ASSERT_TRUE(scheduler.add(SeqId{2}, prompt(200, 8), 0, "").ok());
+  ASSERT_TRUE(scheduler.add(SeqId{3}, iota_prompt(300, 12), 0, "").ok());
+  ASSERT_TRUE(scheduler.add(SeqId{1}, iota_prompt(100, 8), 0, "").ok());
+  ASSERT_TRUE(scheduler.add(SeqId{2}, iota_prompt(200, 8), 0, "").ok());
   EXPECT_EQ(seqs(run()), (std::vector<uint64_t>{3, 1, 2}));
   // The executor compressed 1 and 2: their blocks go back and their decodes need none.
   kv.move_off_pool(SeqId{1});
@@ -212,7 +204,7 @@ TEST(SchedulerTest, OffPoolSequencesNeedNoBlocksAndYieldOnlyToTheirOwnBudget) {
 
   // A higher-priority prompt of 5 blocks does not fit beside sequence 3's 4: the victim is 3, the
   // last running sequence holding blocks, not the later off-pool ones (they would free nothing).
-  ASSERT_TRUE(scheduler.add(SeqId{5}, prompt(500, 20), -1, "").ok());
+  ASSERT_TRUE(scheduler.add(SeqId{5}, iota_prompt(500, 20), -1, "").ok());
   ScheduledBatch second = run();
   EXPECT_EQ(seqs(second), (std::vector<uint64_t>{1, 2, 5}));
   EXPECT_EQ(second.preempted, std::vector<SeqId>{SeqId{3}});
