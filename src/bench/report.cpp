@@ -70,7 +70,7 @@ bool is_good(const RequestResult& r, const std::map<std::string, double>& slo_ms
 int64_t max_concurrent_decodes(const std::vector<RequestResult>& results) {
   std::vector<std::pair<double, int>> events;  // (time, +1 first token | -1 end); ends first
   for (const RequestResult& r : results) {
-    if (!r.success || r.output_len == 0) continue;
+    if (!r.success || r.latency_s <= r.ttft_s) continue;  // never streamed after its first token
     events.emplace_back(r.start_s + r.ttft_s, 1);
     events.emplace_back(r.start_s + r.latency_s, -1);
   }
