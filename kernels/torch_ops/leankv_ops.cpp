@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -155,13 +156,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> leankv_read_tokens(
 std::pair<at::Tensor, at::Tensor> leankv_token_slots(const PageFormat& format, Precision precision,
                                                      const at::Tensor& tables,
                                                      const at::Tensor& token_counts,
-                                                     int64_t entry) {
-  const int64_t count = token_counts[entry][static_cast<int64_t>(precision)].item<int64_t>();
+                                                     const at::Tensor& entries) {
+  const at::Tensor e = entries.to(tables.device(), at::kLong).reshape({-1});
+  const at::Tensor n = token_counts.to(tables.device(), at::kLong)
+                           .index_select(0, e)
+                           .select(1, static_cast<int64_t>(precision));
+  const at::Tensor entry_of = at::repeat_interleave(e, n);
+  const at::Tensor i = at::arange(entry_of.size(0), e.options()) -
+                       at::repeat_interleave(at::cumsum(n, 0) - n, n);  // index in its entry
   const int64_t per_page = format.tokens_per_page(precision), w = tables.size(1);
-  const at::Tensor i = at::arange(count, tables.options().dtype(at::kLong));
   const at::Tensor column =
       precision == Precision::kHigh ? i.div(per_page, "floor") : (w - 1) - i.div(per_page, "floor");
-  return {tables[entry].to(at::kLong).index_select(0, column), i.remainder(per_page)};
+  return {tables.to(at::kLong).reshape({-1}).index_select(0, entry_of * w + column),
+          i.remainder(per_page)};
 }
 
 at::Tensor leankv_decode_attention(const at::Tensor& q, at::Tensor& pool, const PageFormat& format,
@@ -174,7 +181,7 @@ at::Tensor leankv_decode_attention(const at::Tensor& q, at::Tensor& pool, const 
   // matmul; padding is masked out.
   const int64_t num_seqs = q.size(0), heads = q.size(1), d = q.size(2), kv_heads = entries.size(1);
   const int64_t group = heads / kv_heads, rows = num_seqs * kv_heads;
-  const int64_t capacity = window.size(3), w = tables.size(1);
+  const int64_t capacity = window.size(3);
   const at::TensorOptions longs = pool.options().dtype(at::kLong);
   const at::Tensor counts = token_counts.to(at::kCPU, at::kLong);
   const at::Tensor entry_ids = entries.to(at::kCPU, at::kLong).reshape({-1});
@@ -190,17 +197,23 @@ at::Tensor leankv_decode_attention(const at::Tensor& q, at::Tensor& pool, const 
     width[r] = section_counts[0][r] + section_counts[1][r] + section_counts[2][r];
   }
   const int64_t max_width = *std::max_element(width.begin(), width.end());
-  const at::Tensor row_ids = at::arange(rows, longs);
-  // Token i of a section of row r sits at r * max_width + (tokens of earlier sections) + i.
-  auto place = [&](int s, at::Tensor& index_in_section) {
+  // Token `index` of section s of row `row` sits at row * max_width + (the row's tokens of
+  // earlier sections) + index.
+  struct Placed {
+    at::Tensor row, index, flat;
+  };
+  auto place = [&](int s) {
+    std::vector<int64_t> before(rows, 0);
+    for (int t = 0; t < s; ++t) {
+      for (int64_t r = 0; r < rows; ++r) before[r] += section_counts[t][r];
+    }
     const at::Tensor n = at::tensor(section_counts[s], at::kLong).to(pool.device());
-    at::Tensor before = at::zeros({rows}, longs);
-    for (int t = 0; t < s; ++t)
-      before += at::tensor(section_counts[t], at::kLong).to(pool.device());
-    const at::Tensor row = at::repeat_interleave(row_ids, n);
-    const at::Tensor first = at::repeat_interleave(at::cumsum(n, 0) - n, n);
-    index_in_section = at::arange(row.size(0), longs) - first;
-    return std::pair{row, row * max_width + before.index_select(0, row) + index_in_section};
+    const at::Tensor row = at::repeat_interleave(at::arange(rows, longs), n);
+    const at::Tensor index =
+        at::arange(row.size(0), longs) - at::repeat_interleave(at::cumsum(n, 0) - n, n);
+    const at::Tensor row_before =
+        at::tensor(before, at::kLong).to(pool.device()).index_select(0, row);
+    return Placed{row, index, row * max_width + row_before + index};
   };
   at::Tensor keys = at::zeros({rows * max_width, d}, q.options().dtype(at::kFloat));
   at::Tensor values = at::zeros_like(keys);
@@ -208,26 +221,22 @@ at::Tensor leankv_decode_attention(const at::Tensor& q, at::Tensor& pool, const 
   struct Section {
     at::Tensor page, slot, acc, flat;  // flat: index into the padded layout
   } sections[2];
+  const at::Tensor row_entries = entry_ids.to(pool.device());
   for (Precision p : {Precision::kHigh, Precision::kLow}) {
-    at::Tensor i;
-    const auto [row, flat] = place(static_cast<int>(p), i);
-    const int64_t per_page = format.tokens_per_page(p);
-    const at::Tensor column =
-        p == Precision::kHigh ? i.div(per_page, "floor") : (w - 1) - i.div(per_page, "floor");
-    const at::Tensor entry_of = entry_ids.to(pool.device()).index_select(0, row);
     Section& section = sections[static_cast<int>(p)];
-    section.page = tables.to(at::kLong).view({-1}).index_select(0, entry_of * w + column);
-    section.slot = i.remainder(per_page);
-    section.flat = flat;
+    std::tie(section.page, section.slot) =
+        leankv_token_slots(format, p, tables, token_counts, row_entries);
+    section.flat = place(static_cast<int>(p)).flat;
     auto [key, value, acc, position] =
         leankv_read_tokens(pool, format, p, section.page, section.slot);
-    keys.index_copy_(0, flat, key);
-    values.index_copy_(0, flat, value);
+    keys.index_copy_(0, section.flat, key);
+    values.index_copy_(0, section.flat, value);
     section.acc = acc;
   }
-  at::Tensor j;
-  const auto [window_row, window_at] = place(2, j);
-  const at::Tensor window_source = window_row * capacity + j;  // into [rows * capacity]
+  const Placed window_tokens = place(2);
+  const at::Tensor& window_at = window_tokens.flat;
+  const at::Tensor window_source =
+      window_tokens.row * capacity + window_tokens.index;  // into [rows * capacity]
   keys.index_copy_(0, window_at,
                    window.select(1, 0)
                        .reshape({rows * capacity, d})

@@ -36,15 +36,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> leankv_read_tokens(
     const at::Tensor& pool, const kv::leankv::PageFormat& format, kv::leankv::Precision precision,
     const at::Tensor& page, const at::Tensor& slot);
 
-// Where one entry's stored tokens are: its high tokens fill its high pages in order (token i at
-// table[e, i / T_high], slot i % T_high), its low tokens its low pages (token j at
+// Where entries' stored tokens are: an entry's high tokens fill its high pages in order (token i
+// at table[e, i / T_high], slot i % T_high), its low tokens its low pages (token j at
 // table[e, W - 1 - j / T_low], slot j % T_low). tables [num_entries, W] int32; token_counts
-// [num_entries, 2] int32 (high, low tokens). Returns int64 (page [m], slot [m]) of the entry's
-// tokens of that precision, in token order.
+// [num_entries, 2] int32 (high, low tokens); entries [n] integer. Returns int64 (page [m],
+// slot [m]) of the tokens of that precision of every entry given, entry after entry, each in
+// token order.
 std::pair<at::Tensor, at::Tensor> leankv_token_slots(const kv::leankv::PageFormat& format,
                                                      kv::leankv::Precision precision,
                                                      const at::Tensor& tables,
-                                                     const at::Tensor& token_counts, int64_t entry);
+                                                     const at::Tensor& token_counts,
+                                                     const at::Tensor& entries);
 
 // Decode attention over LeanKV pages and a full-precision window, one query token per sequence
 // (the contract of the fused CUDA kernel):

@@ -54,7 +54,8 @@ LeanCase make_case(const PageFormat& f, at::ScalarType dtype, int64_t heads, int
   c.pool = at::randint(0, 256, {64, f.page_bytes()}, at::kByte);  // unwritten bytes: noise
   for (int64_t e = 0; e < kSeqs * kKvHeads; ++e) {
     for (Precision p : {Precision::kHigh, Precision::kLow}) {
-      const auto [page, slot] = aten::leankv_token_slots(f, p, c.tables, c.token_counts, e);
+      const auto [page, slot] =
+          aten::leankv_token_slots(f, p, c.tables, c.token_counts, at::full({1}, e, at::kLong));
       const int64_t m = page.size(0);
       aten::leankv_write_tokens(c.pool, f, p, page, slot, at::randn({m, d}) * 2, at::randn({m, d}),
                                 at::rand({m}), at::arange(m, at::kInt));
@@ -107,7 +108,8 @@ TEST_P(LeanKvDecodeEmuTest, MatchesReference) {
         for (Precision p : {Precision::kHigh, Precision::kLow}) {
           const kv::leankv::PageSegments& s = f.segments(p);
           for (int64_t e = 0; e < c.tables.size(0); ++e) {
-            const auto [page, slot] = aten::leankv_token_slots(f, p, c.tables, c.token_counts, e);
+            const auto [page, slot] = aten::leankv_token_slots(f, p, c.tables, c.token_counts,
+                                                               at::full({1}, e, at::kLong));
             const at::Tensor got = std::get<2>(aten::leankv_read_tokens(pool, f, p, page, slot));
             const at::Tensor want =
                 std::get<2>(aten::leankv_read_tokens(ref_pool, f, p, page, slot));

@@ -172,7 +172,8 @@ TEST(LeanKvOps, DecodeAttentionMatchesSoftmaxOverDequantizedTokensAndTheWindow) 
     token_counts[e][0] = std::get<0>(counts[e]);
     token_counts[e][1] = std::get<1>(counts[e]);
     for (Precision p : {Precision::kHigh, Precision::kLow}) {
-      const auto [page, slot] = leankv_token_slots(f, p, tables, token_counts, e);
+      const auto [page, slot] =
+          leankv_token_slots(f, p, tables, token_counts, at::full({1}, e, at::kLong));
       const int64_t m = page.size(0);
       leankv_write_tokens(pool, f, p, page, slot, at::randn({m, d}), at::randn({m, d}),
                           at::rand({m}), at::arange(m, at::kInt));
@@ -181,14 +182,29 @@ TEST(LeanKvOps, DecodeAttentionMatchesSoftmaxOverDequantizedTokensAndTheWindow) 
   // Entry 0's tokens: high ones fill pages 0 and 1 (32 + 8), low ones page 2 (at the right
   // end of the table, 56 tokens) then page 3.
   const auto [high_page, high_slot] =
-      leankv_token_slots(f, Precision::kHigh, tables, token_counts, 0);
+      leankv_token_slots(f, Precision::kHigh, tables, token_counts, at::full({1}, 0, at::kLong));
   EXPECT_TRUE(
       at::equal(high_page, at::cat({at::zeros({32}, at::kLong), at::ones({8}, at::kLong)})));
   EXPECT_TRUE(at::equal(high_slot, at::cat({at::arange(32), at::arange(8)})));
-  const auto [low_page, low_slot] = leankv_token_slots(f, Precision::kLow, tables, token_counts, 0);
+  const auto [low_page, low_slot] =
+      leankv_token_slots(f, Precision::kLow, tables, token_counts, at::full({1}, 0, at::kLong));
   EXPECT_TRUE(
       at::equal(low_page, at::cat({at::full({56}, 2, at::kLong), at::full({14}, 3, at::kLong)})));
   EXPECT_TRUE(at::equal(low_slot, at::cat({at::arange(56), at::arange(14)})));
+  // Several entries at once: their tokens entry after entry, in the order given.
+  for (Precision p : {Precision::kHigh, Precision::kLow}) {
+    const auto [pages, slots] =
+        leankv_token_slots(f, p, tables, token_counts, at::tensor(std::vector<int64_t>{3, 0, 2}));
+    std::vector<at::Tensor> want_pages, want_slots;
+    for (int64_t e : {3, 0, 2}) {
+      const auto [page, slot] =
+          leankv_token_slots(f, p, tables, token_counts, at::full({1}, e, at::kLong));
+      want_pages.push_back(page);
+      want_slots.push_back(slot);
+    }
+    EXPECT_TRUE(at::equal(pages, at::cat(want_pages)));
+    EXPECT_TRUE(at::equal(slots, at::cat(want_slots)));
+  }
   const at::Tensor q = at::randn({2, 4, d});
   const at::Tensor window = at::randn({2, 2, 2, window_capacity, d});
   const at::Tensor window_lens = at::tensor(std::vector<int32_t>{8, 3});
@@ -203,7 +219,8 @@ TEST(LeanKvOps, DecodeAttentionMatchesSoftmaxOverDequantizedTokensAndTheWindow) 
       const int64_t e = entries[s][h].item<int64_t>(), wl = window_lens[s].item<int64_t>();
       std::vector<at::Tensor> keys, values, before, after;
       for (Precision p : {Precision::kHigh, Precision::kLow}) {
-        const auto [page, slot] = leankv_token_slots(f, p, tables, token_counts, e);
+        const auto [page, slot] =
+            leankv_token_slots(f, p, tables, token_counts, at::full({1}, e, at::kLong));
         const auto [old_key, old_value, old_acc, old_position] =
             leankv_read_tokens(pool_before, f, p, page, slot);
         keys.push_back(old_key);
