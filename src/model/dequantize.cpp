@@ -193,6 +193,58 @@ void dequantize_q6_k(const uint8_t* src, int64_t num_blocks, float* dst) {
   }
 }
 
+// Codes and group maps of the 4-bit types: y = scale[g] * q + offset[g] per 32 elements.
+void decode_q4_0(const uint8_t* src, int64_t num_blocks, uint8_t* q, float* scale, float* offset) {
+  for (int64_t b = 0; b < num_blocks; ++b, src += 18, q += kBlockElements) {
+    const float d = load_fp16(src);
+    scale[b] = d;
+    offset[b] = -8.0f * d;
+    for (int j = 0; j < 16; ++j) {
+      q[j] = src[2 + j] & 0x0f;
+      q[j + 16] = src[2 + j] >> 4;
+    }
+  }
+}
+
+void decode_q4_1(const uint8_t* src, int64_t num_blocks, uint8_t* q, float* scale, float* offset) {
+  for (int64_t b = 0; b < num_blocks; ++b, src += 20, q += kBlockElements) {
+    scale[b] = load_fp16(src);
+    offset[b] = load_fp16(src + 2);
+    for (int j = 0; j < 16; ++j) {
+      q[j] = src[4 + j] & 0x0f;
+      q[j + 16] = src[4 + j] >> 4;
+    }
+  }
+}
+
+void decode_q4_k(const uint8_t* src, int64_t num_blocks, uint8_t* q, float* scale, float* offset) {
+  for (int64_t b = 0; b < num_blocks; ++b, src += 144, q += kSuperBlockElements) {
+    const KSubBlockScales k = unpack_k_scales(load_fp16(src), load_fp16(src + 2), src + 4);
+    for (int s = 0; s < 8; ++s) {
+      scale[8 * b + s] = k.scale[s];
+      offset[8 * b + s] = -k.min[s];
+    }
+    const uint8_t* qs = src + 16;
+    for (int c = 0; c < 4; ++c, qs += 32) {
+      for (int l = 0; l < 32; ++l) {
+        q[64 * c + l] = qs[l] & 0x0f;
+        q[64 * c + l + 32] = qs[l] >> 4;
+      }
+    }
+  }
+}
+
+// INVALID_ARGUMENT unless num_elements is a non-negative multiple of the type's blocks.
+Status check_whole_blocks(const GgmlTypeInfo& info, int64_t num_elements, const char* caller) {
+  if (num_elements < 0 || num_elements % info.block_elements != 0) {
+    return invalid_argument_error(std::string(caller) + ": " + std::to_string(num_elements) +
+                                  " elements of type " + std::string(info.name) +
+                                  " is not a whole number of " +
+                                  std::to_string(info.block_elements) + "-element blocks");
+  }
+  return Status::ok_status();
+}
+
 }  // namespace
 
 Status dequantize_row(GgmlType type, const void* src, int64_t num_elements, float* dst) {
@@ -205,12 +257,7 @@ Status dequantize_row(GgmlType type, const void* src, int64_t num_elements, floa
     return unimplemented_error("dequantize_row: dequantization of type " + std::string(info->name) +
                                " is not supported");
   }
-  if (num_elements < 0 || num_elements % info->block_elements != 0) {
-    return invalid_argument_error("dequantize_row: " + std::to_string(num_elements) +
-                                  " elements of type " + std::string(info->name) +
-                                  " is not a whole number of " +
-                                  std::to_string(info->block_elements) + "-element blocks");
-  }
+  STRATA_RETURN_IF_ERROR(check_whole_blocks(*info, num_elements, "dequantize_row"));
   if (num_elements == 0) return Status::ok_status();
   STRATA_CHECK(src != nullptr && dst != nullptr) << "dequantize_row: null buffer";
 
@@ -253,6 +300,37 @@ Status dequantize_row(GgmlType type, const void* src, int64_t num_elements, floa
     default:
       // ggml_type_info() marked the type supported but no kernel is wired up here.
       STRATA_CHECK(false) << "dequantize_row: no implementation for supported type " << info->name;
+  }
+  return Status::ok_status();
+}
+
+bool has_int4_codes(GgmlType type) {
+  return type == GgmlType::kQ4_0 || type == GgmlType::kQ4_1 || type == GgmlType::kQ4_K;
+}
+
+Status decode_int4_codes(GgmlType type, const void* src, int64_t num_elements, uint8_t* codes,
+                         float* scale, float* offset) {
+  if (!has_int4_codes(type)) {
+    return unimplemented_error("decode_int4_codes: type " + std::string(ggml_type_name(type)) +
+                               " is not a 4-bit block type");
+  }
+  const GgmlTypeInfo info = *ggml_type_info(static_cast<uint32_t>(type));
+  STRATA_RETURN_IF_ERROR(check_whole_blocks(info, num_elements, "decode_int4_codes"));
+  if (num_elements == 0) return Status::ok_status();
+  STRATA_CHECK(src != nullptr && codes != nullptr && scale != nullptr && offset != nullptr)
+      << "decode_int4_codes: null buffer";
+  const auto* bytes = static_cast<const uint8_t*>(src);
+  const int64_t num_blocks = num_elements / info.block_elements;
+  switch (type) {
+    case GgmlType::kQ4_0:
+      decode_q4_0(bytes, num_blocks, codes, scale, offset);
+      break;
+    case GgmlType::kQ4_1:
+      decode_q4_1(bytes, num_blocks, codes, scale, offset);
+      break;
+    default:
+      decode_q4_k(bytes, num_blocks, codes, scale, offset);
+      break;
   }
   return Status::ok_status();
 }

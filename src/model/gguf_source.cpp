@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <thread>
 
 #include "strata/model/dequantize.h"
@@ -26,6 +27,11 @@ class GgufSource final : public ModelSource {
     return std::vector<int64_t>(info->dims.rbegin(), info->dims.rend());
   }
   Status read_weight(const std::string& name, std::span<float> dst) const override;
+  StatusOr<Int4Weight> read_weight_int4(const std::string& name) const override;
+  std::string weight_storage(const std::string& name) const override {
+    const GgufTensorInfo* info = file_->find_tensor(name);
+    return info == nullptr ? std::string() : std::string(ggml_type_name(info->type));
+  }
   uint64_t content_fingerprint() const override {
     const std::span<const uint8_t> bytes = file_->bytes();
     return XXH3_64bits(bytes.data(), bytes.size());
@@ -38,6 +44,14 @@ class GgufSource final : public ModelSource {
     const GgufTensorInfo* info = file_->find_tensor(name);
     if (info == nullptr) return not_found_error(path() + ": tensor '" + name + "' is missing");
     return info;
+  }
+
+  // Q and K projection rows of the `llama` converter come interleaved (unpermute_rope_rows).
+  std::optional<int64_t> rope_heads(const std::string& name) const {
+    if (config_.arch != Architecture::kLlama) return std::nullopt;
+    if (name.ends_with(".attn_q.weight")) return config_.num_heads;
+    if (name.ends_with(".attn_k.weight")) return config_.num_kv_heads;
+    return std::nullopt;
   }
 
   std::unique_ptr<GgufFile> file_;
@@ -78,15 +92,35 @@ Status GgufSource::read_weight(const std::string& name, std::span<float> dst) co
     if (!s.ok()) return Status(s.code(), path() + ": tensor '" + name + "': " + s.message());
   }
 
-  if (config_.arch == Architecture::kLlama) {
-    const bool is_q = name.ends_with(".attn_q.weight");
-    const bool is_k = name.ends_with(".attn_k.weight");
-    if (is_q || is_k) {
-      unpermute_rope_rows(dst, is_q ? config_.num_heads : config_.num_kv_heads, config_.head_dim,
-                          row_len);
-    }
+  if (const std::optional<int64_t> heads = rope_heads(name)) {
+    unpermute_rope_rows(dst, *heads, config_.head_dim, row_len);
   }
   return Status();
+}
+
+StatusOr<Int4Weight> GgufSource::read_weight_int4(const std::string& name) const {
+  STRATA_ASSIGN_OR_RETURN(const GgufTensorInfo* info, find(name));
+  if (!has_int4_codes(info->type)) {
+    return unimplemented_error(path() + ": tensor '" + name + "' is stored as " +
+                               std::string(ggml_type_name(info->type)) + ", not 4-bit codes");
+  }
+  Int4Weight w;
+  w.cols = info->dims[0];
+  w.rows = info->num_elements / w.cols;
+  w.codes.resize(info->num_elements);
+  w.scale.resize(info->num_elements / kInt4CodeGroup);
+  w.offset.resize(w.scale.size());
+  STRATA_RETURN_IF_ERROR(decode_int4_codes(info->type, file_->tensor_data(*info),
+                                           info->num_elements, w.codes.data(), w.scale.data(),
+                                           w.offset.data()));
+  if (const std::optional<int64_t> heads = rope_heads(name)) {
+    unpermute_rope_rows(std::span<uint8_t>(w.codes), *heads, config_.head_dim, w.cols);
+    unpermute_rope_rows(std::span<float>(w.scale), *heads, config_.head_dim,
+                        w.cols / kInt4CodeGroup);
+    unpermute_rope_rows(std::span<float>(w.offset), *heads, config_.head_dim,
+                        w.cols / kInt4CodeGroup);
+  }
+  return w;
 }
 
 StatusOr<Architecture> parse_architecture(const GgufFile& file) {
@@ -164,22 +198,6 @@ StatusOr<ModelConfig> read_config(const GgufFile& f) {
 }
 
 }  // namespace
-
-void unpermute_rope_rows(std::span<float> weight, int64_t num_heads, int64_t head_dim,
-                         int64_t row_len) {
-  std::vector<float> head(head_dim * row_len);
-  const int64_t half = head_dim / 2;
-  for (int64_t h = 0; h < num_heads; ++h) {
-    float* base = weight.data() + h * head_dim * row_len;
-    std::copy(base, base + head_dim * row_len, head.begin());
-    for (int64_t j = 0; j < half; ++j) {
-      for (int64_t t = 0; t < 2; ++t) {
-        std::copy_n(head.data() + (2 * j + t) * row_len, row_len,
-                    base + (t * half + j) * row_len);
-      }
-    }
-  }
-}
 
 StatusOr<std::unique_ptr<ModelSource>> open_gguf_source(const std::string& path) {
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, GgufFile::open(path));

@@ -93,6 +93,23 @@ class HfSource final : public ModelSource {
     it->second.file->read_as_float(*it->second.tensor, dst);
     return Status();
   }
+  StatusOr<Int4Weight> read_weight_int4(const std::string& name) const override {
+    return unimplemented_error(directory_ + ": tensor '" + name +
+                               "' is stored as floats, not 4-bit codes");
+  }
+  std::string weight_storage(const std::string& name) const override {
+    auto it = index_.find(name);
+    if (it == index_.end()) return {};
+    switch (it->second.tensor->dtype) {
+      case SafetensorsDtype::kF32:
+        return "F32";
+      case SafetensorsDtype::kF16:
+        return "F16";
+      case SafetensorsDtype::kBF16:
+        return "BF16";
+    }
+    return {};
+  }
   uint64_t content_fingerprint() const override {
     XXH3_state_t* state = XXH3_createState();
     XXH3_64bits_reset(state);

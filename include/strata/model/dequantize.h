@@ -81,4 +81,17 @@ inline float bf16_to_float(uint16_t bits) {
 // src advances by block_bytes for every block_elements values.
 Status dequantize_row(GgmlType type, const void* src, int64_t num_elements, float* dst);
 
+// The 4-bit block types as stored, for kernels that multiply with them directly: one code in
+// [0, 16) per element (codes[j]) and one affine map per 32 elements, y[j] = scale[j / 32] *
+// codes[j] + offset[j / 32]. Q4_0: scale d, offset -8d; Q4_1: d, m; Q4_K: d * sc[s], -dmin * mn[s].
+// Equal to dequantize_row() up to float rounding (the map is applied in one order for all three)
+// wherever the block's d and dmin are finite.
+//
+// REQUIRES: buffers of num_elements codes and num_elements / 32 scales and offsets.
+// UNIMPLEMENTED unless has_int4_codes(type); INVALID_ARGUMENT as dequantize_row(). Thread-safe.
+bool has_int4_codes(GgmlType type);
+constexpr int64_t kInt4CodeGroup = 32;
+Status decode_int4_codes(GgmlType type, const void* src, int64_t num_elements, uint8_t* codes,
+                         float* scale, float* offset);
+
 }  // namespace strata::model

@@ -24,6 +24,15 @@ namespace strata::model {
 
 class GgufFile;
 
+// A weight kept as 4-bit codes (model/dequantize.h decode_int4_codes): w[r, c] =
+// scale[r, c / 32] * codes[r, c] + offset[r, c / 32], codes in [0, 16).
+struct Int4Weight {
+  int64_t rows = 0, cols = 0;  // cols is a multiple of 32
+  std::vector<uint8_t> codes;  // [rows, cols]
+  std::vector<float> scale;    // [rows, cols / 32]
+  std::vector<float> offset;   // [rows, cols / 32]
+};
+
 class ModelSource {
  public:
   virtual ~ModelSource() = default;
@@ -37,6 +46,11 @@ class ModelSource {
   // Writes the weight, dequantized, into dst (row-major, weight_shape() order).
   // REQUIRES dst.size() == product of weight_shape(name). Thread-safe.
   virtual Status read_weight(const std::string& name, std::span<float> dst) const = 0;
+  // The weight as the file stores it when that is a 4-bit block type (GGUF Q4_0, Q4_1, Q4_K), rows
+  // in read_weight()'s order; UNIMPLEMENTED for any other storage (dequantize it instead).
+  virtual StatusOr<Int4Weight> read_weight_int4(const std::string& name) const = 0;
+  // The stored element type ("Q4_K", "F32", "BF16", ...), for logs; "" if the weight is absent.
+  virtual std::string weight_storage(const std::string& name) const = 0;
 
   // A digest of what the model computes, independent of where it lives: XXH3-64 over the GGUF
   // file (metadata and tensor data), or over config.json and the *.safetensors files in name

@@ -209,6 +209,46 @@ TEST(DequantizeReferenceTest, SplitAtBlockBoundariesAndUnalignedSourceGiveSameRe
   }
 }
 
+// The 4-bit types as codes and per-32 maps (the form the quantized matmuls read) give gguf-py's
+// values: scale * q + offset is the same affine map, rounded in another order (a few ulps).
+TEST(DequantizeReferenceTest, Int4CodesReproduceGgufPyValues) {
+  const ReferenceIndex index = load_index();
+  int num_cases = 0;
+  for (const ReferenceCase& c : index.cases) {
+    if (!has_int4_codes(c.type)) continue;
+    SCOPED_TRACE(c.name + " (" + c.type_name + ")");
+    const std::vector<uint8_t> src = read_bytes(c.bin_path);
+    const std::vector<float> expected = read_floats(c.f32_path);
+    const int64_t n = c.num_elements;
+    std::vector<uint8_t> codes(n, 255);
+    std::vector<float> scale(n / kInt4CodeGroup), offset(n / kInt4CodeGroup);
+    ASSERT_TRUE(
+        decode_int4_codes(c.type, src.data(), n, codes.data(), scale.data(), offset.data()).ok());
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_LT(codes[i], 16) << "element " << i;
+      const int64_t g = i / kInt4CodeGroup;
+      if (!std::isfinite(scale[g]) || !std::isfinite(offset[g])) continue;  // inf/NaN d cases
+      const float y = scale[g] * static_cast<float>(codes[i]) + offset[g];
+      const float tolerance = 4e-7f * (std::abs(scale[g]) * 16 + std::abs(offset[g]));
+      ASSERT_NEAR(y, expected[i], tolerance) << "element " << i;
+    }
+    ++num_cases;
+  }
+  EXPECT_GE(num_cases, 3);  // Q4_0, Q4_1, Q4_K at least
+}
+
+TEST(DequantizeErrorTest, Int4CodesRefuseOtherTypes) {
+  std::vector<uint8_t> block(34, 0);
+  std::vector<uint8_t> codes(32);
+  std::vector<float> scale(1), offset(1);
+  const Status s = decode_int4_codes(GgmlType::kQ8_0, block.data(), 32, codes.data(), scale.data(),
+                                     offset.data());
+  EXPECT_EQ(s.code(), StatusCode::kUnimplemented);
+  EXPECT_NE(s.message().find("Q8_0"), std::string::npos) << s.message();
+  EXPECT_FALSE(has_int4_codes(GgmlType::kQ5_K));
+  EXPECT_TRUE(has_int4_codes(GgmlType::kQ4_K));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Hand-computed blocks (independent of the reference script)
 

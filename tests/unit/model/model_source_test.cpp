@@ -474,6 +474,30 @@ TEST_F(RealModelTest, OtherWeightsAreTheDequantizedRowsUnchanged) {
   }
 }
 
+// The 4-bit codes come in read_weight()'s row order (Q and K unpermuted like the floats) and
+// give its values; weights stored otherwise are refused (the caller dequantizes them).
+TEST_F(RealModelTest, Int4CodesAreTheReadWeightRowsAsCodes) {
+  for (const std::string name : {"blk.0.attn_q.weight", "blk.0.attn_k.weight",
+                                 "blk.2.attn_v.weight", "blk.5.ffn_down.weight"}) {
+    SCOPED_TRACE(name);
+    EXPECT_EQ(source_->weight_storage(name), "Q4_1");
+    StatusOr<Int4Weight> w = source_->read_weight_int4(name);
+    ASSERT_TRUE(w.ok()) << w.status().to_string();
+    std::vector<float> expected(w->rows * w->cols);
+    ASSERT_TRUE(source_->read_weight(name, expected).ok());
+    ASSERT_EQ(w->codes.size(), expected.size());
+    for (size_t i = 0; i < expected.size(); ++i) {
+      const size_t g = i / 32;
+      ASSERT_NEAR(w->scale[g] * w->codes[i] + w->offset[g], expected[i], 1e-6f) << "element " << i;
+    }
+  }
+  EXPECT_EQ(source_->weight_storage("token_embd.weight"), "Q8_0");
+  EXPECT_EQ(source_->read_weight_int4("token_embd.weight").status().code(),
+            StatusCode::kUnimplemented);
+  EXPECT_EQ(source_->weight_storage("blk.0.attn_norm.weight"), "F32");
+  EXPECT_EQ(source_->weight_storage("no.such.weight"), "");
+}
+
 // ---------------------------------------------------------------------------------------------
 // HF directories
 
