@@ -13,7 +13,8 @@
 namespace strata::cli {
 namespace {
 
-constexpr const char* kUsage = R"(usage: strata generate --model PATH (--prompt TEXT | --prompt-ids IDS) [options]
+constexpr const char* kUsage =
+    R"(usage: strata generate --model PATH (--prompt TEXT | --prompt-ids IDS) [options]
 
 Runs one prompt through the engine and streams the continuation to stdout.
 
@@ -32,6 +33,7 @@ Runs one prompt through the engine and streams the continuation to stdout.
   --json                  print one JSON object: prompt and generated token ids, text, timings
   --device D              cpu, cuda, cuda:N or auto (default auto)
   --dtype T               float32, bfloat16, float16 (default float32 on CPU, bfloat16 on GPU)
+  --weights W             quantized (default: GGUF weights stay quantized on the CPU) or dequantize
   --threads N             CPU threads (default: libtorch's choice)
   --kv-cache-mib N        KV pool size (default: 90% of free GPU memory; 4 full contexts on CPU)
   --block-size N          tokens per KV block (default 16)

@@ -20,6 +20,7 @@ struct FlagKey {
 constexpr FlagKey kFlagKeys[] = {
     {"model", "model.path"},
     {"dtype", "model.dtype"},
+    {"weights", "model.weights"},
     {"chat-template", "model.chat_template"},
     {"served-name", "model.served_name"},
     {"device", "devices.device"},
@@ -57,6 +58,7 @@ StatusOr<engine::EngineOptions> engine_options(const config::DeploymentConfig& d
   static_cast<executor::KvCacheConfig&>(o.executor) = d.kv_cache;
   o.executor.leankv = d.leankv;
   o.executor.dtype = d.model.dtype;
+  o.executor.weights = d.model.weights;
   o.scheduler = d.scheduler;
   o.kv_store = d.kv_store;
   return o;

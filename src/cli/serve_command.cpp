@@ -32,7 +32,7 @@ SIGTERM.
   --http-port N           HTTP port (server.http_port, default 8000; 0 disables it)
   --grace-seconds N       time in-flight requests get at shutdown (server.shutdown_grace_seconds)
   --served-name NAME      model name reported to clients (model.served_name)
-  --device, --dtype, --threads, --kv-cache-mib, --block-size, --max-num-seqs,
+  --device, --dtype, --weights, --threads, --kv-cache-mib, --block-size, --max-num-seqs,
   --max-batched-tokens, --chat-template    as for `strata generate`
 Prints "grpc_port=N" and "http_port=N" on stdout once serving.
 Chat with it: strata chat --server HOST:PORT, or any OpenAI client at http://HOST:PORT/v1
@@ -51,6 +51,13 @@ void log_kernel_report(const kernels::KernelReport& report) {
                kernels::kernel_backend_name(c.backend);
   }
   spdlog::info("kernels: {} (self-check {:.3f} s)", summary, report.self_check_seconds);
+}
+
+void log_weight_report(const executor::WeightReport& r) {
+  spdlog::info(
+      "weights: {} (matmuls {} int4, {} int8, {} dense; embedding {}), {} MiB, loaded in {:.1f} s",
+      config::config_name(r.storage), r.int4, r.int8, r.dense, r.embedding, r.bytes >> 20,
+      r.load_seconds);
 }
 
 Status serve(const std::vector<std::string>& args) {
@@ -84,6 +91,7 @@ Status serve(const std::vector<std::string>& args) {
 
   spdlog::info("loading {}", deployment.model.path);
   STRATA_ASSIGN_OR_RETURN(LoadedEngine loaded, load_engine(deployment));
+  log_weight_report(loaded.engine->executor().weight_report());
   log_kernel_report(loaded.engine->executor().kernel_report());
   const std::string served_name = deployment.model.effective_served_name();
   server::SessionStore sessions;

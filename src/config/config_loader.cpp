@@ -308,6 +308,11 @@ Status read_model(Context& ctx, const YAML::Node& node, ModelSection& out) {
     return read_enum<std::optional<DType>>(
         ctx, n, k, {std::nullopt, DType::kFloat32, DType::kBFloat16, DType::kFloat16}, out.dtype);
   }));
+  STRATA_RETURN_IF_ERROR(m.get("weights", [&](const YAML::Node& n, const std::string& k) {
+    return read_enum(ctx, n, k,
+                     {executor::WeightStorage::kQuantized, executor::WeightStorage::kDequantize},
+                     out.weights);
+  }));
   STRATA_RETURN_IF_ERROR(m.get("chat_template", [&](const YAML::Node& n, const std::string& k) {
     return read_enum(ctx, n, k,
                      {ChatTemplateFallback::kNone, ChatTemplateFallback::kChatML,
@@ -615,6 +620,7 @@ std::string to_yaml(const DeploymentConfig& config) {
   out << YAML::Key << "model" << YAML::Value << YAML::BeginMap;
   emit_string(out, "path", config.model.path);
   emit_name(out, "dtype", config_name(config.model.dtype));
+  emit_name(out, "weights", config_name(config.model.weights));
   emit_name(out, "chat_template", config_name(config.model.chat_template));
   emit_string(out, "served_name", config.model.served_name);
   out << YAML::EndMap;

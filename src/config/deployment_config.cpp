@@ -80,6 +80,7 @@ const KeyCheck<ModelSection> kModelKeys[] = {
        return invalid_argument_error("model.path is required (a .gguf file or a model directory)");
      }},
     {"model.dtype", nullptr},
+    {"model.weights", nullptr},
     {"model.chat_template", nullptr},
     {"model.served_name",
      [](const ModelSection& m) {
@@ -535,6 +536,10 @@ std::string_view config_name(ChatTemplateFallback value) {
       return "mistral";
   }
   return "?";
+}
+
+std::string_view config_name(executor::WeightStorage value) {
+  return value == executor::WeightStorage::kQuantized ? "quantized" : "dequantize";
 }
 
 std::string_view config_name(DeviceKind value) {

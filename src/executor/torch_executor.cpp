@@ -40,13 +40,66 @@ void TorchExecutor::init_calling_thread() const {
   if (options_.cpu_threads > 0) at::set_num_threads(options_.cpu_threads);
 }
 
-StatusOr<at::Tensor> TorchExecutor::load_weight(const model::ModelSource& source,
+StatusOr<at::Tensor> TorchExecutor::load_vector(const model::ModelSource& source,
                                                 const std::string& name) {
   STRATA_ASSIGN_OR_RETURN(std::vector<int64_t> shape, source.weight_shape(name));
   at::Tensor host = at::empty(shape, at::TensorOptions().dtype(at::kFloat));
   STRATA_RETURN_IF_ERROR(source.read_weight(
       name, std::span<float>(host.data_ptr<float>(), static_cast<size_t>(host.numel()))));
   return host.to(device_, dtype_);
+}
+
+Status TorchExecutor::load_weights(const model::ModelSource& source) {
+  const auto start = std::chrono::steady_clock::now();
+  WeightReport& report = weight_report_;
+  report.storage = options_.weights;
+  const bool quantized = options_.weights == WeightStorage::kQuantized;
+  auto linear = [&](std::vector<std::string> names) {
+    return LinearWeight::load(source, names, quantized, device_, dtype_);
+  };
+  auto count = [&](const LinearWeight& w) {
+    ++(w.form() == WeightForm::kInt4   ? report.int4
+       : w.form() == WeightForm::kInt8 ? report.int8
+                                       : report.dense);
+    report.bytes += w.bytes();
+  };
+  STRATA_ASSIGN_OR_RETURN(output_norm_, load_vector(source, "output_norm.weight"));
+  STRATA_ASSIGN_OR_RETURN(
+      lm_head_, linear({config_.tied_embeddings ? "token_embd.weight" : "output.weight"}));
+  count(lm_head_);
+  if (config_.tied_embeddings && lm_head_.form() != WeightForm::kInt4) {
+    embedding_ = EmbeddingTable::tied_to(lm_head_);
+    report.embedding = "tied";
+  } else {
+    STRATA_ASSIGN_OR_RETURN(
+        embedding_, EmbeddingTable::load(source, "token_embd.weight", quantized, device_, dtype_));
+    report.embedding = weight_form_name(embedding_.form());
+    report.bytes += embedding_.bytes();
+  }
+  for (int64_t i = 0; i < config_.num_layers; ++i) {
+    const std::string p = "blk." + std::to_string(i) + ".";
+    LayerWeights w;
+    STRATA_ASSIGN_OR_RETURN(w.attn_norm, load_vector(source, p + "attn_norm.weight"));
+    STRATA_ASSIGN_OR_RETURN(
+        w.w_qkv, linear({p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"}));
+    if (config_.qkv_bias) {
+      std::vector<at::Tensor> biases;
+      for (const char* part : {"attn_q.bias", "attn_k.bias", "attn_v.bias"}) {
+        STRATA_ASSIGN_OR_RETURN(at::Tensor b, load_vector(source, p + part));
+        biases.push_back(std::move(b));
+      }
+      w.b_qkv = at::cat(biases);
+    }
+    STRATA_ASSIGN_OR_RETURN(w.wo, linear({p + "attn_output.weight"}));
+    STRATA_ASSIGN_OR_RETURN(w.ffn_norm, load_vector(source, p + "ffn_norm.weight"));
+    STRATA_ASSIGN_OR_RETURN(w.w_gate_up, linear({p + "ffn_gate.weight", p + "ffn_up.weight"}));
+    STRATA_ASSIGN_OR_RETURN(w.w_down, linear({p + "ffn_down.weight"}));
+    for (const LinearWeight* lw : {&w.w_qkv, &w.wo, &w.w_gate_up, &w.w_down}) count(*lw);
+    layers_.push_back(std::move(w));
+  }
+  report.load_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return Status();
 }
 
 Status TorchExecutor::load(const model::ModelSource& source) {
@@ -77,33 +130,7 @@ Status TorchExecutor::load(const model::ModelSource& source) {
     at::set_num_threads(options_.cpu_threads);
   }
   try {
-    STRATA_ASSIGN_OR_RETURN(embedding_, load_weight(source, "token_embd.weight"));
-    STRATA_ASSIGN_OR_RETURN(output_norm_, load_weight(source, "output_norm.weight"));
-    if (config_.tied_embeddings) {
-      lm_head_ = embedding_;
-    } else {
-      STRATA_ASSIGN_OR_RETURN(lm_head_, load_weight(source, "output.weight"));
-    }
-    for (int64_t i = 0; i < config_.num_layers; ++i) {
-      const std::string p = "blk." + std::to_string(i) + ".";
-      LayerWeights w;
-      STRATA_ASSIGN_OR_RETURN(w.attn_norm, load_weight(source, p + "attn_norm.weight"));
-      STRATA_ASSIGN_OR_RETURN(w.wq, load_weight(source, p + "attn_q.weight"));
-      STRATA_ASSIGN_OR_RETURN(w.wk, load_weight(source, p + "attn_k.weight"));
-      STRATA_ASSIGN_OR_RETURN(w.wv, load_weight(source, p + "attn_v.weight"));
-      if (config_.qkv_bias) {
-        STRATA_ASSIGN_OR_RETURN(w.bq, load_weight(source, p + "attn_q.bias"));
-        STRATA_ASSIGN_OR_RETURN(w.bk, load_weight(source, p + "attn_k.bias"));
-        STRATA_ASSIGN_OR_RETURN(w.bv, load_weight(source, p + "attn_v.bias"));
-      }
-      STRATA_ASSIGN_OR_RETURN(w.wo, load_weight(source, p + "attn_output.weight"));
-      STRATA_ASSIGN_OR_RETURN(w.ffn_norm, load_weight(source, p + "ffn_norm.weight"));
-      STRATA_ASSIGN_OR_RETURN(at::Tensor gate, load_weight(source, p + "ffn_gate.weight"));
-      STRATA_ASSIGN_OR_RETURN(at::Tensor up, load_weight(source, p + "ffn_up.weight"));
-      w.w_gate_up = at::cat({gate, up}, 0);
-      STRATA_ASSIGN_OR_RETURN(w.w_down, load_weight(source, p + "ffn_down.weight"));
-      layers_.push_back(std::move(w));
-    }
+    STRATA_RETURN_IF_ERROR(load_weights(source));
     const std::vector<float> inv_freq = config_.rope.inverse_frequencies();
     inv_freq_ = at::tensor(at::ArrayRef<float>(inv_freq), at::kFloat).to(device_);
   } catch (const std::exception& e) {
@@ -528,7 +555,7 @@ StatusOr<ForwardResult> TorchExecutor::run(const ForwardBatch& batch) {
 
   StagedSaves saves = stage_saves(batch);
 
-  at::Tensor x = at::embedding(embedding_, ids);  // [num_tokens, hidden]
+  at::Tensor x = embedding_.lookup(ids);  // [num_tokens, hidden]
   for (int64_t l = 0; l < num_layers; ++l) {
     const LayerWeights& w = layers_[l];
     if (!loads.sources.empty()) {
@@ -538,9 +565,14 @@ StatusOr<ForwardResult> TorchExecutor::run(const ForwardBatch& batch) {
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     }
     at::Tensor h = kernels::rms_norm(x, w.attn_norm, config_.rms_norm_eps, norm);
-    at::Tensor q = at::linear(h, w.wq, w.bq).view({num_tokens, num_heads, head_dim});
-    at::Tensor k = at::linear(h, w.wk, w.bk).view({num_tokens, num_kv_heads, head_dim});
-    at::Tensor v = at::linear(h, w.wv, w.bv).view({num_tokens, num_kv_heads, head_dim});
+    const at::Tensor qkv = w.w_qkv.apply(h, w.b_qkv);  // [num_tokens, (H + 2 Hkv) * D]
+    const int64_t q_width = num_heads * head_dim, kv_width = num_kv_heads * head_dim;
+    at::Tensor q = qkv.narrow(1, 0, q_width).contiguous().view({num_tokens, num_heads, head_dim});
+    at::Tensor k =
+        qkv.narrow(1, q_width, kv_width).contiguous().view({num_tokens, num_kv_heads, head_dim});
+    at::Tensor v = qkv.narrow(1, q_width + kv_width, kv_width)
+                       .contiguous()
+                       .view({num_tokens, num_kv_heads, head_dim});
     q = kernels::apply_rotary(q, rope.cos, rope.sin, rotary);
     k = kernels::apply_rotary(k, rope.cos, rope.sin, rotary);
     kernels::reshape_and_cache(pool_.base_view(), k, v, slots[l], cache_write);
@@ -573,12 +605,12 @@ StatusOr<ForwardResult> TorchExecutor::run(const ForwardBatch& batch) {
                              : kernels::paged_attention(q, pool_.base_view(), tables[l], seq_lens_t,
                                                         cu_q_lens_t, max_q_len, scale, attention);
     }
-    x = x + at::linear(attn.view({num_tokens, num_heads * head_dim}), w.wo);
+    x = x + w.wo.apply(attn.view({num_tokens, num_heads * head_dim}));
 
     h = kernels::rms_norm(x, w.ffn_norm, config_.rms_norm_eps, norm);
-    at::Tensor gate_up = at::linear(h, w.w_gate_up);
+    at::Tensor gate_up = w.w_gate_up.apply(h);
     const int64_t ffn = config_.intermediate_size;
-    x = x + at::linear(at::silu(gate_up.narrow(1, 0, ffn)) * gate_up.narrow(1, ffn, ffn), w.w_down);
+    x = x + w.w_down.apply(at::silu(gate_up.narrow(1, 0, ffn)) * gate_up.narrow(1, ffn, ffn));
   }
 
   // LeanKV: prompts that completed in this pass are compressed (a sequence that cannot be keeps
@@ -611,7 +643,7 @@ StatusOr<ForwardResult> TorchExecutor::run(const ForwardBatch& batch) {
   at::Tensor rows = at::tensor(logit_rows, long_opts).to(device_);
   at::Tensor last =
       kernels::rms_norm(x.index_select(0, rows), output_norm_, config_.rms_norm_eps, norm);
-  at::Tensor logits = at::linear(last, lm_head_).to(at::kCPU, at::kFloat).contiguous();
+  at::Tensor logits = lm_head_.apply(last).to(at::kCPU, at::kFloat).contiguous();
   result.logits.assign(logits.data_ptr<float>(), logits.data_ptr<float>() + logits.numel());
   return result;
 }

@@ -22,19 +22,20 @@
 
 #include "kv_pool.h"
 #include "leankv_runtime.h"
+#include "linear_weight.h"
 #include "strata/executor/executor.h"
 #include "strata/kernels/torch_ops.h"
 
 namespace strata::executor {
 
 struct LayerWeights {
-  at::Tensor attn_norm;   // [hidden]
-  at::Tensor wq, wk, wv;  // [heads * head_dim, hidden], [kv_heads * head_dim, hidden] x2
-  at::Tensor bq, bk, bv;  // biases (undefined unless qkv_bias)
-  at::Tensor wo;          // [hidden, heads * head_dim]
-  at::Tensor ffn_norm;    // [hidden]
-  at::Tensor w_gate_up;   // [2 * intermediate, hidden]: gate rows then up rows (one matmul)
-  at::Tensor w_down;      // [hidden, intermediate]
+  at::Tensor attn_norm;    // [hidden]
+  LinearWeight w_qkv;      // [(heads + 2 * kv_heads) * head_dim, hidden]: q, k, v rows (one matmul)
+  at::Tensor b_qkv;        // its bias (undefined unless qkv_bias)
+  LinearWeight wo;         // [hidden, heads * head_dim]
+  at::Tensor ffn_norm;     // [hidden]
+  LinearWeight w_gate_up;  // [2 * intermediate, hidden]: gate rows then up rows (one matmul)
+  LinearWeight w_down;     // [hidden, intermediate]
 };
 
 class TorchExecutor final : public Executor {
@@ -52,6 +53,7 @@ class TorchExecutor final : public Executor {
   const kv::KvGeometry& kv_geometry() const override { return kv_geometry_; }
   kv::KvFormat kv_format() const override { return kv_format_; }
   const kernels::KernelReport& kernel_report() const override { return kernel_report_; }
+  const WeightReport& weight_report() const override { return weight_report_; }
   int64_t kv_chunk_bytes() const override { return kv_geometry_.num_layers * block_bytes_; }
   void drop_preload(SeqId seq) override { read_buffers_.erase(seq); }
   void end_sequence(SeqId seq) override {
@@ -110,7 +112,10 @@ class TorchExecutor final : public Executor {
   // blocks: [n, 2, Hkv, B, D]; rotates the keys of block i by the positions
   // first_positions[i] + [0, B) (inverse: by their negation, undoing RoPE). In place.
   void rotate_keys(at::Tensor& blocks, const at::Tensor& first_positions, bool inverse) const;
-  StatusOr<at::Tensor> load_weight(const model::ModelSource& source, const std::string& name);
+  // A norm or bias vector, in the compute dtype on the device.
+  StatusOr<at::Tensor> load_vector(const model::ModelSource& source, const std::string& name);
+  // The weights, and weight_report_.
+  Status load_weights(const model::ModelSource& source);
   Status allocate_kv_pool();
   Status validate(const ForwardBatch& batch) const;
   // A chunk's KV layout: one entry per layer and formats the pool holds; sharing layers whose
@@ -167,9 +172,9 @@ class TorchExecutor final : public Executor {
   Device device_choice_;                   // options_.device resolved
   DType compute_dtype_ = DType::kFloat32;  // options_.dtype resolved
   at::ScalarType dtype_ = at::kFloat;
-  at::Tensor embedding_;    // [vocab, hidden]
-  at::Tensor output_norm_;  // [hidden]
-  at::Tensor lm_head_;      // [vocab, hidden]; aliases embedding_ when tied
+  EmbeddingTable embedding_;  // [vocab, hidden]; the head's rows when tied (and not int4)
+  at::Tensor output_norm_;    // [hidden]
+  LinearWeight lm_head_;      // [vocab, hidden]
   at::Tensor inv_freq_;     // [head_dim / 2], float32
   std::vector<LayerWeights> layers_;
   kv::KvGeometry kv_geometry_;
@@ -178,6 +183,7 @@ class TorchExecutor final : public Executor {
   KvPool pool_;              // keys stored after RoPE
   std::unordered_map<SeqId, ReadBuffer> read_buffers_;
   std::optional<c10::cuda::CUDAStream> read_stream_;
+  WeightReport weight_report_;
   kernels::KernelReport kernel_report_;  // each custom op's implementation (start-up self-check)
   std::optional<LeanKvRuntime> leankv_;  // when options_.leankv.enabled
 };

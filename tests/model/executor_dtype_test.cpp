@@ -1,13 +1,16 @@
-// The executor in every compute dtype on every available device against its own fp32 CPU run
-// (which executor_reference_test ties to HF transformers). fp32 on CUDA must match closely; bf16
-// and fp16 must keep the distribution: cosine similarity of the logits and the same argmax on
-// steps where fp32's top-2 gap is clear. CUDA cases skip without a device.
+// The executor in every compute dtype on every available device, with weights dequantized or kept
+// quantized, against its own fp32 CPU run on dequantized weights (which executor_reference_test
+// ties to HF transformers). fp32 on CUDA must match closely; bf16, fp16 and quantized weights
+// (bfloat16 activations into the matmuls, an int8-requantized head) must keep the distribution:
+// cosine similarity of the logits and the same argmax on steps where fp32's top-2 gap is clear.
+// CUDA cases skip without a device.
 
 #include <c10/cuda/CUDAFunctions.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <tuple>
 
 #include "paged_runner.h"
@@ -58,10 +61,11 @@ double cosine(const std::vector<float>& a, const std::vector<float>& b) {
   return dot / std::sqrt(na * nb);
 }
 
-class ExecutorDtypeTest : public ::testing::TestWithParam<std::tuple<DeviceKind, DType>> {};
+class ExecutorDtypeTest
+    : public ::testing::TestWithParam<std::tuple<DeviceKind, DType, WeightStorage>> {};
 
 TEST_P(ExecutorDtypeTest, AgreesWithFp32Cpu) {
-  const auto [device, dtype] = GetParam();
+  const auto [device, dtype, weights] = GetParam();
   if (device == DeviceKind::kCuda && c10::cuda::device_count() == 0) {
     GTEST_SKIP() << "no CUDA device";
   }
@@ -75,10 +79,11 @@ TEST_P(ExecutorDtypeTest, AgreesWithFp32Cpu) {
   ExecutorOptions options;
   options.device = {device, 0};
   options.dtype = dtype;
+  options.weights = weights;
   const GreedyRun ours = run(**source, options, prompt, &reference.greedy);
   ASSERT_EQ(ours.greedy.size(), reference.greedy.size());
 
-  const bool exact = dtype == DType::kFloat32;
+  const bool exact = dtype == DType::kFloat32 && weights == WeightStorage::kDequantize;
   EXPECT_GT(cosine(ours.prompt_logits, reference.prompt_logits), exact ? 0.99999 : 0.995);
   // Reduced precision may flip only steps whose fp32 top-2 gap is small.
   const double clear_gap = exact ? 1e-3 : 0.5;
@@ -90,17 +95,48 @@ TEST_P(ExecutorDtypeTest, AgreesWithFp32Cpu) {
   }
 }
 
+constexpr WeightStorage kDequantize = WeightStorage::kDequantize;
+constexpr WeightStorage kQuantized = WeightStorage::kQuantized;
 INSTANTIATE_TEST_SUITE_P(
     Grid, ExecutorDtypeTest,
-    ::testing::Values(std::make_tuple(DeviceKind::kCpu, DType::kBFloat16),
-                      std::make_tuple(DeviceKind::kCpu, DType::kFloat16),
-                      std::make_tuple(DeviceKind::kCuda, DType::kFloat32),
-                      std::make_tuple(DeviceKind::kCuda, DType::kBFloat16),
-                      std::make_tuple(DeviceKind::kCuda, DType::kFloat16)),
+    ::testing::Values(std::make_tuple(DeviceKind::kCpu, DType::kBFloat16, kDequantize),
+                      std::make_tuple(DeviceKind::kCpu, DType::kFloat16, kDequantize),
+                      std::make_tuple(DeviceKind::kCpu, DType::kFloat32, kQuantized),
+                      std::make_tuple(DeviceKind::kCpu, DType::kBFloat16, kQuantized),
+                      std::make_tuple(DeviceKind::kCuda, DType::kFloat32, kDequantize),
+                      std::make_tuple(DeviceKind::kCuda, DType::kBFloat16, kDequantize),
+                      std::make_tuple(DeviceKind::kCuda, DType::kFloat16, kDequantize)),
     [](const auto& info) {
       return std::string(std::get<0>(info.param) == DeviceKind::kCpu ? "cpu_" : "cuda_") +
-             dtype_name(std::get<1>(info.param));
+             dtype_name(std::get<1>(info.param)) +
+             (std::get<2>(info.param) == kQuantized ? "_quantized" : "");
     });
+
+// The default model (Q4_1 layers, a tied Q8_0 embedding) kept quantized: every layer matmul on
+// its 4-bit codes, the head requantized to int8 and the embedding reading the head's rows, in
+// less memory than the file takes (the bound is 1.25x).
+TEST(QuantizedWeightsTest, DefaultModelKeepsItsFileSize) {
+  StatusOr<std::unique_ptr<model::ModelSource>> source =
+      model::open_model_source(STRATA_TEST_MODEL);
+  ASSERT_TRUE(source.ok()) << source.status().to_string();
+  ExecutorOptions options;
+  options.weights = WeightStorage::kQuantized;
+  StatusOr<std::unique_ptr<Executor>> executor = Executor::create(**source, options);
+  ASSERT_TRUE(executor.ok()) << executor.status().to_string();
+  const WeightReport& r = (*executor)->weight_report();
+  EXPECT_EQ(r.int4, 30 * 4);  // q/k/v fused, output, gate/up fused, down: all Q4_1
+  EXPECT_EQ(r.int8, 1);       // the Q8_0 head
+  EXPECT_EQ(r.dense, 0);
+  EXPECT_EQ(r.embedding, "tied");
+  const int64_t file_bytes = static_cast<int64_t>(std::filesystem::file_size(STRATA_TEST_MODEL));
+  EXPECT_LT(r.bytes, file_bytes);
+
+  options.weights = WeightStorage::kDequantize;
+  executor = Executor::create(**source, options);
+  ASSERT_TRUE(executor.ok()) << executor.status().to_string();
+  EXPECT_EQ((*executor)->weight_report().dense, 30 * 4 + 1);
+  EXPECT_GT((*executor)->weight_report().bytes, 4 * file_bytes);  // float32
+}
 
 }  // namespace
 }  // namespace strata::executor

@@ -43,6 +43,9 @@ struct ModelSection {
   // The compute dtype (float32, bfloat16 or float16); nullopt is "auto": bfloat16 on a CUDA
   // device, float32 on the CPU (the caller resolves it).
   std::optional<DType> dtype;
+  // quantized: weights the file stores quantized stay so and are multiplied by libtorch's
+  // weight-only kernels (CPU); dequantize: converted to the compute dtype at load.
+  executor::WeightStorage weights = executor::WeightStorage::kQuantized;
   ChatTemplateFallback chat_template = ChatTemplateFallback::kNone;
   // The model name the APIs report; empty: effective_served_name() derives it from `path`.
   std::string served_name;
@@ -210,6 +213,7 @@ Status validate_key(const DeploymentConfig& config, std::string_view dotted_key)
 // "swap", "warn", "json"), as the loader reads and to_yaml() writes them.
 std::string_view config_name(std::optional<DType> value);  // "auto" for nullopt
 std::string_view config_name(ChatTemplateFallback value);
+std::string_view config_name(executor::WeightStorage value);  // "quantized" | "dequantize"
 std::string_view config_name(DeviceKind value);  // "auto" | "cpu" | "cuda"
 std::string_view config_name(EvictionPolicy value);
 std::string_view config_name(PreemptionMode value);

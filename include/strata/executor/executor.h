@@ -45,6 +45,9 @@ struct ExecutorOptions : DevicesConfig, KernelsConfig, KvCacheConfig {
 
   // The compute dtype: float32, bfloat16 or float16; nullopt: bfloat16 on CUDA, float32 on the CPU.
   std::optional<DType> dtype;
+  // Built in code, weights are dequantized (the reference tests compare against); a deployment
+  // file keeps them quantized unless it says otherwise.
+  WeightStorage weights = WeightStorage::kDequantize;
   // Page formats besides KvCacheConfig::page_format that sequences may take (kv::KvLayout, per
   // sequence and per layer); they share the pool's pages like it.
   std::vector<kv::KvFormat> kv_formats;
@@ -66,6 +69,17 @@ struct LeanKvCounts {
   int64_t failed_prompts = 0;
   int64_t ended_sequences = 0, ended_high = 0, ended_low = 0, ended_pruned = 0, ended_window = 0;
   int64_t ended_bytes = 0, ended_bf16_bytes = 0;
+};
+
+// How the weights are held (logged at start-up): the matmuls in each form (fused ones, such as
+// q/k/v, count once), the embedding's form ("dense", "int8", "int4", or "tied" to the head), the
+// bytes of matmul and embedding weights, and the load's wall time.
+struct WeightReport {
+  WeightStorage storage = WeightStorage::kDequantize;
+  int64_t dense = 0, int4 = 0, int8 = 0;
+  std::string embedding;
+  int64_t bytes = 0;
+  double load_seconds = 0;
 };
 
 class Executor {
@@ -96,6 +110,7 @@ class Executor {
   virtual kv::KvFormat kv_format() const = 0;
   // Which implementation serves each custom op, and the self-check behind it.
   virtual const kernels::KernelReport& kernel_report() const = 0;
+  virtual const WeightReport& weight_report() const = 0;
 
   // Bytes of one KV chunk, the KV store's unit (ForwardBatch::loads and saves): one token block of
   // every layer, [num_layers][2 (K, V)][num_kv_heads][block_size_tokens][head_dim] in the pool's

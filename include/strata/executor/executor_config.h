@@ -31,6 +31,14 @@ struct Device {
 StatusOr<Device> parse_device(const std::string& name);
 std::string device_name(const Device& device);
 
+// How the weights a model file stores quantized (GGUF Q4_K, Q8_0, ...) are held: model.weights.
+enum class WeightStorage {
+  // Kept quantized and multiplied by libtorch's weight-only kernels (4-bit types as they are,
+  // others as int8 rows: docs/quantized-weights.md). CPU only for now: dense on CUDA.
+  kQuantized,
+  kDequantize,  // converted to the compute dtype at load
+};
+
 struct DevicesConfig {
   Device device;
   // GPUs one model replica is split across. Values > 1 parse and validate (they need a CUDA or

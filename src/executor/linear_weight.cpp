@@ -1,0 +1,202 @@
+#include "linear_weight.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+
+#include "strata/common/check.h"
+#include "strata/model/dequantize.h"
+#include "strata/model/model_source.h"
+
+namespace strata::executor {
+namespace {
+
+constexpr int64_t kGroup = model::kInt4CodeGroup;
+
+bool stored_as_floats(const std::string& storage) {
+  return storage == "F32" || storage == "F16" || storage == "BF16";
+}
+
+StatusOr<at::Tensor> read_float(const model::ModelSource& source, const std::string& name) {
+  STRATA_ASSIGN_OR_RETURN(std::vector<int64_t> shape, source.weight_shape(name));
+  at::Tensor host = at::empty(shape, at::TensorOptions().dtype(at::kFloat));
+  STRATA_RETURN_IF_ERROR(source.read_weight(
+      name, std::span<float>(host.data_ptr<float>(), static_cast<size_t>(host.numel()))));
+  return host;
+}
+
+// Codes [rows, cols] uint8 and the per-32 maps [rows, cols / 32] float32 of 4-bit weights,
+// stacked by rows.
+struct Int4Rows {
+  at::Tensor codes, scale, offset;
+};
+
+StatusOr<Int4Rows> read_int4(const model::ModelSource& source,
+                             const std::vector<std::string>& names) {
+  std::vector<at::Tensor> codes, scale, offset;
+  for (const std::string& name : names) {
+    STRATA_ASSIGN_OR_RETURN(model::Int4Weight w, source.read_weight_int4(name));
+    const auto u8 = at::TensorOptions().dtype(at::kByte);
+    const auto f32 = at::TensorOptions().dtype(at::kFloat);
+    codes.push_back(at::from_blob(w.codes.data(), {w.rows, w.cols}, u8).clone());
+    scale.push_back(at::from_blob(w.scale.data(), {w.rows, w.cols / kGroup}, f32).clone());
+    offset.push_back(at::from_blob(w.offset.data(), {w.rows, w.cols / kGroup}, f32).clone());
+  }
+  return Int4Rows{at::cat(codes), at::cat(scale), at::cat(offset)};
+}
+
+// Symmetric int8 per row: W ~= scale[r] * q[r, :], scale the row's max |w| / 127 in bfloat16
+// (q computed with the rounded scale, so that the product is what the kernel multiplies).
+std::pair<at::Tensor, at::Tensor> quantize_rows_int8(const at::Tensor& w) {
+  at::Tensor scale = (w.abs().amax(1) / 127.0).clamp_min(1e-30).to(at::kBFloat16);
+  at::Tensor q = (w / scale.to(at::kFloat).unsqueeze(1)).round().clamp(-127, 127).to(at::kChar);
+  return {q, scale};
+}
+
+// Whether every name is stored as 4-bit codes, and whether any is stored quantized at all.
+struct Storage {
+  bool all_int4 = true;
+  bool any_quantized = false;
+};
+Storage storage_of(const model::ModelSource& source, const std::vector<std::string>& names) {
+  Storage s;
+  for (const std::string& name : names) {
+    const std::string storage = source.weight_storage(name);
+    s.all_int4 = s.all_int4 && (storage == "Q4_0" || storage == "Q4_1" || storage == "Q4_K");
+    s.any_quantized = s.any_quantized || !stored_as_floats(storage);
+  }
+  return s;
+}
+
+StatusOr<at::Tensor> read_stacked_float(const model::ModelSource& source,
+                                        const std::vector<std::string>& names) {
+  std::vector<at::Tensor> parts;
+  for (const std::string& name : names) {
+    STRATA_ASSIGN_OR_RETURN(at::Tensor part, read_float(source, name));
+    parts.push_back(std::move(part));
+  }
+  return parts.size() == 1 ? parts[0] : at::cat(parts);
+}
+
+}  // namespace
+
+const char* weight_form_name(WeightForm form) {
+  switch (form) {
+    case WeightForm::kDense:
+      return "dense";
+    case WeightForm::kInt4:
+      return "int4";
+    case WeightForm::kInt8:
+      return "int8";
+  }
+  return "?";
+}
+
+StatusOr<LinearWeight> LinearWeight::load(const model::ModelSource& source,
+                                          const std::vector<std::string>& names, bool quantized,
+                                          const at::Device& device, at::ScalarType dtype) {
+  LinearWeight w;
+  w.dtype_ = dtype;
+  const Storage storage = storage_of(source, names);
+  if (quantized && device.is_cpu() && storage.all_int4) {
+    STRATA_ASSIGN_OR_RETURN(Int4Rows rows, read_int4(source, names));
+    w.form_ = WeightForm::kInt4;
+    w.out_features_ = rows.codes.size(0);
+    w.weight_ = at::_convert_weight_to_int4pack_for_cpu(rows.codes.to(at::kInt), 1);
+    at::Tensor zero = rows.offset + 8.0 * rows.scale;
+    w.scales_ = at::stack({rows.scale.t(), zero.t()}, -1).to(at::kBFloat16).contiguous();
+    return w;
+  }
+  STRATA_ASSIGN_OR_RETURN(at::Tensor dense, read_stacked_float(source, names));
+  w.out_features_ = dense.size(0);
+  if (quantized && device.is_cpu() && storage.any_quantized) {
+    w.form_ = WeightForm::kInt8;
+    std::tie(w.weight_, w.scales_) = quantize_rows_int8(dense);
+    return w;
+  }
+  w.weight_ = dense.to(device, dtype);
+  return w;
+}
+
+at::Tensor LinearWeight::apply(const at::Tensor& x, const at::Tensor& bias) const {
+  if (form_ == WeightForm::kDense) return at::linear(x, weight_, bias);
+  const at::Tensor xb = x.to(at::kBFloat16);
+  at::Tensor y = form_ == WeightForm::kInt4
+                     ? at::_weight_int4pack_mm_for_cpu(xb, weight_, kGroup, scales_)
+                     : at::_weight_int8pack_mm(xb, weight_, scales_);
+  y = y.to(dtype_);
+  return bias.defined() ? y.add_(bias) : y;
+}
+
+int64_t LinearWeight::bytes() const {
+  return weight_.nbytes() + (scales_.defined() ? scales_.nbytes() : 0);
+}
+
+StatusOr<EmbeddingTable> EmbeddingTable::load(const model::ModelSource& source,
+                                              const std::string& name, bool quantized,
+                                              const at::Device& device, at::ScalarType dtype) {
+  EmbeddingTable t;
+  t.dtype_ = dtype;
+  const Storage storage = storage_of(source, {name});
+  if (quantized && device.is_cpu() && storage.all_int4) {
+    STRATA_ASSIGN_OR_RETURN(Int4Rows rows, read_int4(source, {name}));
+    t.form_ = WeightForm::kInt4;
+    // Element 2j in the low nibble of byte j, 2j + 1 in the high one.
+    at::Tensor pairs = rows.codes.view({rows.codes.size(0), -1, 2});
+    t.table_ = at::bitwise_or(pairs.select(2, 0), at::bitwise_left_shift(pairs.select(2, 1), 4))
+                   .contiguous();
+    t.scale_ = rows.scale.to(at::kBFloat16);
+    t.offset_ = rows.offset.to(at::kBFloat16);
+    return t;
+  }
+  STRATA_ASSIGN_OR_RETURN(at::Tensor dense, read_float(source, name));
+  if (quantized && device.is_cpu() && storage.any_quantized) {
+    t.form_ = WeightForm::kInt8;
+    std::tie(t.table_, t.scale_) = quantize_rows_int8(dense);
+    return t;
+  }
+  t.table_ = dense.to(device, dtype);
+  return t;
+}
+
+EmbeddingTable EmbeddingTable::tied_to(const LinearWeight& head) {
+  STRATA_CHECK(head.form_ != WeightForm::kInt4) << "a tied embedding cannot read int4-packed rows";
+  EmbeddingTable t;
+  t.form_ = head.form_;
+  t.dtype_ = head.dtype_;
+  t.tied_ = true;
+  t.table_ = head.weight_;
+  t.scale_ = head.scales_;
+  return t;
+}
+
+at::Tensor EmbeddingTable::lookup(const at::Tensor& ids) const {
+  switch (form_) {
+    case WeightForm::kDense:
+      return at::embedding(table_, ids);
+    case WeightForm::kInt8:
+      return table_.index_select(0, ids).to(dtype_) *
+             scale_.index_select(0, ids).to(dtype_).unsqueeze(1);
+    case WeightForm::kInt4: {
+      at::Tensor packed = table_.index_select(0, ids);  // [n, H / 2]
+      at::Tensor codes =
+          at::stack({at::bitwise_and(packed, 15), at::bitwise_right_shift(packed, 4)}, -1)
+              .view({ids.size(0), -1, kGroup})
+              .to(at::kFloat);  // [n, H / 32, 32]
+      at::Tensor scale = scale_.index_select(0, ids).to(at::kFloat).unsqueeze(2);
+      at::Tensor offset = offset_.index_select(0, ids).to(at::kFloat).unsqueeze(2);
+      return (codes * scale + offset).view({ids.size(0), -1}).to(dtype_);
+    }
+  }
+  return {};
+}
+
+int64_t EmbeddingTable::bytes() const {
+  if (tied_) return 0;
+  int64_t n = table_.nbytes();
+  if (scale_.defined()) n += scale_.nbytes();
+  if (offset_.defined()) n += offset_.nbytes();
+  return n;
+}
+
+}  // namespace strata::executor

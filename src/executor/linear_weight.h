@@ -1,0 +1,83 @@
+// Weights as the matmuls read them (private to the executor): dense in the compute dtype, or kept
+// quantized and multiplied by libtorch's weight-only kernels (docs/quantized-weights.md).
+//
+// Forms of a linear layer's weight W [out, in] (y = x W^T):
+//   kDense  [out, in] in the compute dtype; at::linear.
+//   kInt4   4-bit GGUF codes (Q4_0, Q4_1, Q4_K) repacked for at::_weight_int4pack_mm_for_cpu:
+//           packed uint8 [out, in / 2] and bfloat16 scale_zeros [in / 32, out, 2] per group of 32
+//           along `in`, W = (q - 8) * scale + zero (zero = offset + 8 * scale of the GGUF map).
+//           Exact but for the bfloat16 rounding of scale and zero.
+//   kInt8   any other quantized storage (Q5_x, Q6_K, Q8_0, ...) requantized per output row:
+//           int8 [out, in] and bfloat16 scale [out], W = scale * q; at::_weight_int8pack_mm.
+//           Lossy (one scale per row instead of the file's per-block scales).
+// The quantized kernels take bfloat16 activations (their float32 paths are 10-30x slower on the
+// CPU, measured): x is converted at the boundary and y returned in the compute dtype.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+#include <vector>
+
+#include "strata/common/status.h"
+
+namespace strata::model {
+class ModelSource;
+}
+
+namespace strata::executor {
+
+enum class WeightForm { kDense, kInt4, kInt8 };
+const char* weight_form_name(WeightForm form);
+
+class LinearWeight {
+ public:
+  LinearWeight() = default;
+
+  // The rows of the weights `names` stacked in order (gate then up; q, k, v), all [*, in].
+  // quantized: the kInt4 form when every one is stored as 4-bit codes, else kInt8 when any is
+  // stored quantized, else dense; false: dense. Quantized forms need the CPU (dense on CUDA).
+  static StatusOr<LinearWeight> load(const model::ModelSource& source,
+                                     const std::vector<std::string>& names, bool quantized,
+                                     const at::Device& device, at::ScalarType dtype);
+
+  // x: [M, in] in the compute dtype -> [M, out] in the compute dtype; bias [out] or undefined.
+  at::Tensor apply(const at::Tensor& x, const at::Tensor& bias = {}) const;
+  WeightForm form() const { return form_; }
+  int64_t out_features() const { return out_features_; }
+  int64_t bytes() const;  // resident bytes of the tensors held
+
+ private:
+  friend class EmbeddingTable;  // a tied embedding reads the head's rows
+  WeightForm form_ = WeightForm::kDense;
+  int64_t out_features_ = 0;
+  at::ScalarType dtype_ = at::kFloat;  // the compute dtype
+  at::Tensor weight_;                  // [out, in] dense / packed int4 [out, in / 2] / int8
+  at::Tensor scales_;                  // kInt4: scale_zeros [in / 32, out, 2]; kInt8: [out]
+};
+
+// The token embedding [vocab, hidden] for lookup. Dense, int8 rows with a scale per row, or
+// nibble-packed 4-bit codes [vocab, hidden / 2] with a bfloat16 (scale, offset) per 32 (the
+// GGUF map, exact but for that rounding), so a 4-bit file's table stays near its file size.
+class EmbeddingTable {
+ public:
+  EmbeddingTable() = default;
+  static StatusOr<EmbeddingTable> load(const model::ModelSource& source, const std::string& name,
+                                       bool quantized, const at::Device& device,
+                                       at::ScalarType dtype);
+  // Shares the rows of a tied head (REQUIRES head.form() != kInt4: its packing is opaque).
+  static EmbeddingTable tied_to(const LinearWeight& head);
+
+  at::Tensor lookup(const at::Tensor& ids) const;  // int64 [n] -> [n, hidden] compute dtype
+  WeightForm form() const { return form_; }
+  int64_t bytes() const;  // 0 when tied to the head (its bytes are counted there)
+
+ private:
+  WeightForm form_ = WeightForm::kDense;
+  at::ScalarType dtype_ = at::kFloat;
+  bool tied_ = false;          // the tensors are the head's
+  at::Tensor table_;           // dense [V, H] / int8 [V, H] / packed codes [V, H / 2]
+  at::Tensor scale_, offset_;  // int8: scale [V]; int4: [V, H / 32] each, bfloat16
+};
+
+}  // namespace strata::executor
