@@ -107,6 +107,7 @@ TEST(ConfigLoaderTest, OnlyAModelPathGivesEveryDefault) {
 
   const DeploymentConfig& c = *loaded;
   EXPECT_EQ(c.model.dtype, std::nullopt);
+  EXPECT_EQ(c.model.weights, executor::WeightStorage::kQuantized);
   EXPECT_EQ(c.model.chat_template, ChatTemplateFallback::kNone);
   EXPECT_EQ(c.model.served_name, "");
   EXPECT_EQ(c.devices.device.kind, DeviceKind::kAuto);
@@ -299,7 +300,7 @@ TEST(ConfigLoaderTest, UnknownKeysNameTheFullPathAndListTheAllowedOnes) {
        "t.yaml:3:1: unknown key 'modle'; allowed top-level keys: model, devices, executor, "
        "kv_cache, kv_store, leankv, scheduler, server, logging"},
       {"model", "model: {path: m, dtyp: float32}\n", kInvalid,
-       "unknown key 'model.dtyp'; allowed keys in 'model': path, dtype, chat_template, "
+       "unknown key 'model.dtyp'; allowed keys in 'model': path, dtype, weights, chat_template, "
        "served_name"},
       {"devices", "devices:\n  gpus: 2\n", kInvalid,
        "t.yaml:4:3: unknown key 'devices.gpus'; allowed keys in 'devices': device, "
@@ -309,7 +310,8 @@ TEST(ConfigLoaderTest, UnknownKeysNameTheFullPathAndListTheAllowedOnes) {
        "gpu_memory_fraction, cache_bytes, host_cache_bytes, enable_prefix_caching"},
       {"kv_store", "kv_store:\n  ssd_path: /x\n", kInvalid,
        "t.yaml:4:3: unknown key 'kv_store.ssd_path'; allowed keys in 'kv_store': dram_bytes, "
-       "ssd_dir, ssd_bytes, ssd_file_bytes, direct_io, ssd_codec, eviction_policy, io_threads, ttl_seconds, "
+       "ssd_dir, ssd_bytes, ssd_file_bytes, direct_io, ssd_codec, eviction_policy, io_threads, "
+       "ttl_seconds, "
        "dram_reserve_fraction, read_buffer_layers"},
       {"scheduler", "scheduler: {max_num_seq: 3}\n", kInvalid,
        "unknown key 'scheduler.max_num_seq'; allowed keys in 'scheduler': max_num_seqs, "
@@ -381,6 +383,8 @@ TEST(ConfigLoaderTest, WrongTypesNameTheKeyAndTheExpectedType) {
        "kv_cache.host_cache_bytes: expected a byte size"},
       {"dtype", "model: {path: m, dtype: fp16}\n", kInvalid,
        "model.dtype: expected one of auto, float32, bfloat16, float16, got 'fp16'"},
+      {"weights", "model: {path: m, weights: int4}\n", kInvalid,
+       "model.weights: expected one of quantized, dequantize, got 'int4'"},
       {"chat template", "model: {path: m, chat_template: vicuna}\n", kInvalid,
        "model.chat_template: expected one of \"\", chatml, llama3, mistral, got 'vicuna'"},
       {"device", "devices: {device: gpu}\n", kInvalid,
@@ -576,6 +580,7 @@ DeploymentConfig everything_changed() {
   DeploymentConfig c;
   c.model.path = "/models/weird: \"quoted\" # path";
   c.model.dtype = DType::kFloat16;
+  c.model.weights = executor::WeightStorage::kDequantize;
   c.model.chat_template = ChatTemplateFallback::kMistral;
   c.model.served_name = "null";
   c.devices.device.kind = DeviceKind::kCuda;
