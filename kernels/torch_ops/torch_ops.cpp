@@ -6,9 +6,12 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <initializer_list>
+
 #include "launch_params.h"
 #include "self_check.h"
 #include "strata/kernels/aten_ops.h"
+#include "strata/kernels/cpu_ops.h"
 #include "strata/kernels/ops.h"
 
 namespace strata::kernels {
@@ -32,6 +35,16 @@ bool use_strata(const at::Tensor& t, KernelBackend backend) {
   return t.is_cuda() && backend == KernelBackend::kStrata;
 }
 
+// Strata's CPU loop (cpu_ops.h) serves CPU tensors whose innermost dimensions are contiguous,
+// unless the caller asks for libtorch.
+bool use_cpu_kernel(KernelBackend backend, std::initializer_list<const at::Tensor*> tensors) {
+  if (backend != KernelBackend::kStrata) return false;
+  for (const at::Tensor* t : tensors) {
+    if (!t->is_cpu() || t->stride(t->dim() - 1) != 1) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps,
@@ -40,6 +53,7 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps,
   TORCH_CHECK(x.dim() == 2, "x must be [num_rows, hidden], got ", x.sizes());
   TORCH_CHECK(weight.dim() == 1 && weight.size(0) == x.size(1), "weight must be [", x.size(1),
               "], got ", weight.sizes());
+  if (use_cpu_kernel(backend, {&x, &weight})) return cpu::rms_norm(x, weight, eps);
   if (!use_strata(x, backend)) return aten::rms_norm(x, weight, eps);
   check_contiguous(x, "x");
   check_contiguous(weight, "weight");
@@ -60,6 +74,7 @@ at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Te
   TORCH_CHECK(cos.dim() == 2 && cos.size(0) == x.size(0) && cos.size(1) == x.size(2),
               "cos must be [", x.size(0), ", ", x.size(2), "], got ", cos.sizes());
   TORCH_CHECK(sin.sizes() == cos.sizes(), "sin must match cos, got ", sin.sizes());
+  if (use_cpu_kernel(backend, {&x, &cos, &sin})) return cpu::apply_rotary(x, cos, sin);
   if (!use_strata(x, backend)) return aten::apply_rotary(x, cos, sin);
   check_contiguous(x, "x");
   check_contiguous(cos, "cos");
@@ -237,6 +252,10 @@ void reshape_and_cache(at::Tensor& kv_cache, const at::Tensor& key, const at::Te
       "key/value have dtype ", key.scalar_type(), "/", value.scalar_type(),
       ", expected kv_cache's dtype ", kv_cache.scalar_type());
   if (key.size(0) == 0) return;
+  if (use_cpu_kernel(backend, {&kv_cache, &key, &value})) {
+    cpu::reshape_and_cache(kv_cache, key, value, slot_mapping);
+    return;
+  }
   if (!use_strata(kv_cache, backend)) {
     aten::reshape_and_cache(kv_cache, key, value, slot_mapping);
     return;

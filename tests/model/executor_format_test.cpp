@@ -165,6 +165,10 @@ TEST_F(ExecutorFormatTest, QuantizedLayersStayCloseInOrderOfTheirBits) {
   EXPECT_GT(error[6], 4.0) << "int2 everywhere must hurt";
 }
 
+// Batching changes a sequence's float rounding a little (matmuls of other row counts: ~1e-5 in
+// the logits with plain pages); int4 pages can turn such a difference into a flipped code and
+// later steps differ by more. Reading a neighbour's blocks or format would put the result as far
+// from the sequence alone as its own quantization error, or farther.
 TEST_F(ExecutorFormatTest, ASequenceDoesNotDependOnItsNeighboursFormats) {
   std::unique_ptr<Executor> executor = make({kInt8, kInt4});
   ASSERT_TRUE(executor);
@@ -172,7 +176,9 @@ TEST_F(ExecutorFormatTest, ASequenceDoesNotDependOnItsNeighboursFormats) {
   const auto batched = run(*executor, {{SeqId{1}, prompt(50, 4), every_layer(kInt4)},
                                        {SeqId{2}, prompt(33, 5), every_layer(kInt8)},
                                        {SeqId{3}, prompt(20, 6), {}}});
-  EXPECT_LT(max_abs_diff(batched[0], alone), 1e-3);
+  const auto unquantized = run(*executor, {{SeqId{1}, prompt(50, 4), {}}})[0];
+  EXPECT_LT(max_abs_diff({batched[0][0]}, {alone[0]}), 1e-3);  // the prompt step
+  EXPECT_LT(max_abs_diff(batched[0], alone), 0.25 * max_abs_diff(alone, unquantized));
 }
 
 TEST_F(ExecutorFormatTest, SharingLayersNeverWriteTheirOwnersBlocks) {

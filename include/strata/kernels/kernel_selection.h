@@ -1,7 +1,7 @@
-// Which implementation each custom op runs on a CUDA device: Strata's kernel or libtorch's
-// (kernels/aten_ops.h). The start-up self-check (kernels/self_check.h) fills a KernelReport;
-// `executor.kernels: torch` in the config forces libtorch for every op. CPU tensors always run
-// libtorch. Framework-free.
+// Which implementation each custom op runs: Strata's kernel (CUDA, or on the CPU its host loops
+// for the element-wise ops, kernels/cpu_ops.h) or libtorch's (kernels/aten_ops.h). The start-up
+// self-check (kernels/self_check.h) fills a KernelReport; `executor.kernels: torch` in the config
+// forces libtorch for every op. Attention on the CPU always runs libtorch. Framework-free.
 #pragma once
 
 #include <array>
@@ -39,7 +39,7 @@ inline const char* kernel_backend_name(KernelBackend backend) {
 enum class SelfCheckResult {
   kPassed,    // Strata's kernel matched libtorch: it runs
   kMismatch,  // it did not (or threw): libtorch runs instead
-  kNotRun,    // CPU device, or executor.kernels: torch
+  kNotRun,    // executor.kernels: torch, or attention on the CPU
 };
 
 inline const char* self_check_result_name(SelfCheckResult r) {

@@ -1,0 +1,25 @@
+// Strata's CPU kernels for the small per-token ops (kernels/torch_ops.h contracts): one host loop
+// each instead of the 5-14 ATen operators of their libtorch implementations (aten_ops.h), whose
+// dispatch costs dominate a CPU decode step of a small model (docs/quantized-weights.md, "Where
+// a decode step goes"). They run for CPU tensors under KernelBackend::kStrata after the start-up
+// self-check passes, like the CUDA kernels. Arguments are checked by torch_ops.cpp first;
+// inputs may be strided in their outer dimensions, the innermost must be contiguous.
+//
+// Arithmetic follows the libtorch implementation's roundings: float32 accumulation, one rounding
+// to the tensor dtype where ATen rounds (after each elementwise product for float16/bfloat16),
+// so results agree with aten_ops.h within float rounding of the reduction order.
+#pragma once
+
+namespace at {
+class Tensor;
+}
+
+namespace strata::kernels::cpu {
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+// Throws c10::Error when a slot lies outside the pool.
+void reshape_and_cache(at::Tensor& kv_cache, const at::Tensor& key, const at::Tensor& value,
+                       const at::Tensor& slot_mapping);
+
+}  // namespace strata::kernels::cpu

@@ -1,0 +1,120 @@
+#include "strata/kernels/cpu_ops.h"
+
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+
+#include <cmath>
+#include <cstring>
+
+namespace strata::kernels::cpu {
+namespace {
+
+// Rows per parallel task: a decode step's few rows run inline, a prefill chunk splits.
+constexpr int64_t kGrainRows = 32;
+
+template <typename T>
+void rms_norm_rows(const at::Tensor& x, const at::Tensor& weight, double eps, at::Tensor& out) {
+  const int64_t hidden = x.size(1);
+  const int64_t x_stride = x.stride(0);
+  const T* x_data = x.data_ptr<T>();
+  const T* w = weight.data_ptr<T>();
+  T* out_data = out.data_ptr<T>();
+  const float eps_f = static_cast<float>(eps);
+  at::parallel_for(0, x.size(0), kGrainRows, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T* in = x_data + r * x_stride;
+      T* o = out_data + r * hidden;
+      float sum = 0.0f;
+      for (int64_t i = 0; i < hidden; ++i) {
+        const float v = static_cast<float>(in[i]);
+        sum += v * v;
+      }
+      const float inv = 1.0f / std::sqrt(sum / static_cast<float>(hidden) + eps_f);
+      for (int64_t i = 0; i < hidden; ++i) {
+        const T normed = static_cast<T>(static_cast<float>(in[i]) * inv);
+        o[i] = static_cast<T>(static_cast<float>(w[i]) * static_cast<float>(normed));
+      }
+    }
+  });
+}
+
+// x * cos + rotate_half(x) * sin with rotate_half(x) = [-x2, x1], each product and the sum
+// rounded to T as ATen's elementwise ops round them.
+template <typename T>
+void rotary_rows(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                 at::Tensor& out) {
+  const int64_t num_heads = x.size(1), dim = x.size(2), half = dim / 2;
+  const T* x_data = x.data_ptr<T>();
+  const T* cos_data = cos.data_ptr<T>();
+  const T* sin_data = sin.data_ptr<T>();
+  T* out_data = out.data_ptr<T>();
+  auto term = [](T a, T b) {
+    return static_cast<float>(static_cast<T>(static_cast<float>(a) * static_cast<float>(b)));
+  };
+  at::parallel_for(0, x.size(0), kGrainRows, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const T* c = cos_data + t * cos.stride(0);
+      const T* s = sin_data + t * sin.stride(0);
+      for (int64_t h = 0; h < num_heads; ++h) {
+        const T* in = x_data + t * x.stride(0) + h * x.stride(1);
+        T* o = out_data + (t * num_heads + h) * dim;
+        for (int64_t i = 0; i < half; ++i) {
+          const T a = in[i], b = in[i + half];
+          o[i] = static_cast<T>(term(a, c[i]) + term(static_cast<T>(-static_cast<float>(b)), s[i]));
+          o[i + half] = static_cast<T>(term(b, c[i + half]) + term(a, s[i + half]));
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  at::Tensor out = at::empty(x.sizes(), x.options());
+  const at::Tensor w = weight.contiguous();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "cpu_rms_norm",
+                                  [&] { rms_norm_rows<scalar_t>(x, w, eps, out); });
+  return out;
+}
+
+at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  at::Tensor out = at::empty(x.sizes(), x.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "cpu_rotary",
+                                  [&] { rotary_rows<scalar_t>(x, cos, sin, out); });
+  return out;
+}
+
+void reshape_and_cache(at::Tensor& kv_cache, const at::Tensor& key, const at::Tensor& value,
+                       const at::Tensor& slot_mapping) {
+  const int64_t num_tokens = key.size(0), num_kv_heads = key.size(1);
+  const int64_t block_size = kv_cache.size(3);
+  const int64_t capacity = kv_cache.size(0) * block_size;
+  const at::Tensor slots_t = slot_mapping.contiguous();
+  const int64_t* slots = slots_t.data_ptr<int64_t>();
+  for (int64_t t = 0; t < num_tokens; ++t) {  // all checked before anything is written
+    TORCH_CHECK(slots[t] < capacity, "slot ", slots[t], " is outside the pool of ",
+                kv_cache.size(0), " blocks x ", block_size, " slots");
+  }
+  const int64_t elem = static_cast<int64_t>(kv_cache.element_size());
+  const size_t row_bytes = static_cast<size_t>(kv_cache.size(4) * elem);
+  auto* cache = static_cast<char*>(kv_cache.data_ptr());
+  for (int64_t which = 0; which < 2; ++which) {
+    const at::Tensor& src = which == 0 ? key : value;
+    const auto* src_data = static_cast<const char*>(src.data_ptr());
+    for (int64_t t = 0; t < num_tokens; ++t) {
+      if (slots[t] < 0) continue;
+      const int64_t block = slots[t] / block_size, offset = slots[t] % block_size;
+      for (int64_t h = 0; h < num_kv_heads; ++h) {
+        char* dst = cache + (block * kv_cache.stride(0) + which * kv_cache.stride(1) +
+                             h * kv_cache.stride(2) + offset * kv_cache.stride(3)) *
+                                elem;
+        std::memcpy(dst, src_data + (t * src.stride(0) + h * src.stride(1)) * elem, row_bytes);
+      }
+    }
+  }
+}
+
+}  // namespace strata::kernels::cpu
