@@ -1,6 +1,6 @@
 // Executor parity with HF transformers (tests/reference/model_reference.py), fp32 on CPU:
-// last-prompt-position logits within kLogitTolerance, and 32 greedy tokens identical. A greedy
-// token may differ only at a step where HF's own top-2 logits are closer than kTieTolerance (a
+// last-prompt-position logits within kExact.logit, and 32 greedy tokens identical. A greedy
+// token may differ only at a step where HF's own top-2 logits are closer than kExact.tie (a
 // near-tie that fp32 rounding differences can flip); the test checks that this is the reason.
 //
 // Three models: the default SmolLM2 GGUF (llama, Q4_1/Q8_0, interleaved-RoPE GGUF rows), a
@@ -22,8 +22,18 @@
 namespace strata::executor {
 namespace {
 
-constexpr double kLogitTolerance = 5e-4;  // max |ours - HF| over the vocabulary, fp32
-constexpr double kTieTolerance = 1e-3;    // HF top-2 gap below which a greedy flip is allowed
+// How close to HF a run must be: max |ours - HF| over the vocabulary at the last prompt
+// position, and HF's top-2 gap below which our greedy token may differ from HF's.
+struct Tolerance {
+  double logit;
+  double tie;
+};
+// Dequantized weights, fp32.
+constexpr Tolerance kExact{5e-4, 1e-3};
+// Weights kept quantized (model.weights: quantized): bfloat16 matmul inputs and the int8
+// requantized head move SmolLM2's logits by up to 0.92 and flip 12 of 640 greedy steps, where
+// HF's top-2 gap is at most 0.21 (the printed line); a token may differ only where HF hesitates.
+constexpr Tolerance kQuantized{1.25, 0.35};
 constexpr int kNewTokens = 32;
 
 struct ReferenceCase {
@@ -67,12 +77,14 @@ TokenId argmax(const float* logits, int64_t n) {
 
 // Greedy-decodes all cases together in one batch of ragged sequences (prefill of every prompt in
 // one forward pass, then one decode step per forward pass) and checks them against HF.
-void check_against_reference(const std::string& model_path, const std::string& set) {
+void check_against_reference(const std::string& model_path, const std::string& set,
+                             const ExecutorOptions& options = {},
+                             const Tolerance& tolerance = kExact) {
   const std::vector<ReferenceCase> cases = load_cases(set);
   ASSERT_FALSE(cases.empty());
   StatusOr<std::unique_ptr<model::ModelSource>> source = model::open_model_source(model_path);
   ASSERT_TRUE(source.ok()) << source.status().to_string();
-  StatusOr<std::unique_ptr<Executor>> executor = Executor::create(**source, ExecutorOptions{});
+  StatusOr<std::unique_ptr<Executor>> executor = Executor::create(**source, options);
   ASSERT_TRUE(executor.ok()) << executor.status().to_string();
   const int64_t vocab = (*executor)->config().vocab_size;
   testing::PagedRunner runner(**executor);
@@ -84,6 +96,8 @@ void check_against_reference(const std::string& model_path, const std::string& s
   std::vector<std::vector<TokenId>> ours(cases.size());
   std::vector<bool> diverged(cases.size(), false);
   double worst_logit_diff = 0;
+  int differing_steps = 0;  // along HF's tokens, steps where our greedy token is another
+  double widest_differing_gap = 0;
   for (int step = 0; step < kNewTokens; ++step) {
     StatusOr<ForwardResult> result = runner.run(batch);
     ASSERT_TRUE(result.ok()) << result.status().to_string();
@@ -97,14 +111,18 @@ void check_against_reference(const std::string& model_path, const std::string& s
           max_diff = std::max(max_diff, std::abs(static_cast<double>(row[v]) -
                                                  cases[i].last_logits[v]));
         }
-        EXPECT_LE(max_diff, kLogitTolerance) << set << "/" << cases[i].name;
+        EXPECT_LE(max_diff, tolerance.logit) << set << "/" << cases[i].name;
         worst_logit_diff = std::max(worst_logit_diff, max_diff);
       }
       const TokenId next = argmax(row, vocab);
       ours[i].push_back(next);
+      if (next != cases[i].generated[step]) {
+        ++differing_steps;
+        widest_differing_gap = std::max(widest_differing_gap, cases[i].top2_gaps[step]);
+      }
       if (!diverged[i] && next != cases[i].generated[step]) {
         diverged[i] = true;
-        EXPECT_LT(cases[i].top2_gaps[step], kTieTolerance)
+        EXPECT_LT(cases[i].top2_gaps[step], tolerance.tie)
             << set << "/" << cases[i].name << ": greedy token " << step << " is " << next
             << ", HF has " << cases[i].generated[step] << ", and HF's top-2 gap there ("
             << cases[i].top2_gaps[step] << ") is no near-tie";
@@ -118,8 +136,12 @@ void check_against_reference(const std::string& model_path, const std::string& s
       EXPECT_EQ(ours[i], cases[i].generated) << cases[i].name;
     }
   }
-  std::printf("%s: %zu cases, max |logit - HF| at the last prompt position = %.3g\n", set.c_str(),
-              cases.size(), worst_logit_diff);
+  std::printf(
+      "%s (weights %s): %zu cases, max |logit - HF| at the last prompt position = %.3g; greedy "
+      "token differs at %d of %zu steps, HF's top-2 gap there at most %.3g\n",
+      set.c_str(), options.weights == WeightStorage::kQuantized ? "quantized" : "dequantized",
+      cases.size(), worst_logit_diff, differing_steps, cases.size() * kNewTokens,
+      widest_differing_gap);
 }
 
 TEST(ExecutorReferenceTest, SmolLM2GgufMatchesTransformers) {
@@ -128,6 +150,15 @@ TEST(ExecutorReferenceTest, SmolLM2GgufMatchesTransformers) {
 
 TEST(ExecutorReferenceTest, Qwen2GgufMatchesTransformers) {
   check_against_reference(data_path("tiny_qwen2.gguf"), "tiny_qwen2");
+}
+
+// Weights kept quantized (the deployment default): Q4_1 layers and an int8 head from Q8_0
+// (SmolLM2); int8 rows from Q8_0 and dense F32/F16 (the tiny Qwen2).
+TEST(ExecutorReferenceTest, QuantizedWeightsFollowTransformersWhereItIsSure) {
+  ExecutorOptions options;
+  options.weights = WeightStorage::kQuantized;
+  check_against_reference(STRATA_TEST_MODEL, "smollm2", options, kQuantized);
+  check_against_reference(data_path("tiny_qwen2.gguf"), "tiny_qwen2", options, kQuantized);
 }
 
 TEST(ExecutorReferenceTest, Llama3HfDirectoryMatchesTransformers) {
