@@ -8,6 +8,9 @@
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime_api.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 #include <algorithm>
 #include <chrono>
@@ -99,6 +102,12 @@ Status TorchExecutor::load_weights(const model::ModelSource& source) {
   }
   report.load_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+#if defined(__GLIBC__)
+  // The conversions' transient buffers (float rows, int32 codes: up to 4 bytes a weight of the
+  // largest tensor) were freed into malloc's heap; give them back to the system, or they stay
+  // resident beside the weights (measured: 150 MiB for the default model).
+  malloc_trim(0);
+#endif
   return Status();
 }
 
