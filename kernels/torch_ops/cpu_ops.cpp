@@ -5,8 +5,11 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
+#include <vector>
 
 namespace strata::kernels::cpu {
 namespace {
@@ -70,6 +73,101 @@ void rotary_rows(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& s
   });
 }
 
+// Vector loops for the attention over one block of `rows` cached tokens ([rows, dim] floats,
+// contiguous), compiled for AVX-512, AVX2 and baseline x86-64 and picked at load time by the CPU
+// (target_clones); `omp simd` lets the sums reassociate into lanes.
+// scores[r] = scale * <q, k[r]>
+__attribute__((target_clones("avx512f", "avx2", "default"))) void block_scores(
+    const float* q, const float* k, int64_t rows, int64_t dim, float scale, float* scores) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* k_row = k + r * dim;
+    float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+    for (int64_t i = 0; i < dim; ++i) acc += q[i] * k_row[i];
+    scores[r] = acc * scale;
+  }
+}
+
+// out += sum_r p[r] * v[r]
+__attribute__((target_clones("avx512f", "avx2", "default"))) void block_values(
+    const float* p, const float* v, int64_t rows, int64_t dim, float* out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* v_row = v + r * dim;
+    const float w = p[r];
+#pragma omp simd
+    for (int64_t i = 0; i < dim; ++i) out[i] += w * v_row[i];
+  }
+}
+
+// `n` elements of T as float32: `src` itself for float, else converted into `buffer`.
+template <typename T>
+const float* as_float(const T* src, int64_t n, float* buffer) {
+  if constexpr (std::is_same_v<T, float>) {
+    return src;
+  } else {
+    for (int64_t i = 0; i < n; ++i) buffer[i] = static_cast<float>(src[i]);
+    return buffer;
+  }
+}
+
+// One task per (sequence, KV head): the group's query heads score every cached token block by
+// block in the order the sequence's block table lists them, then softmax and the value sum, in
+// float32. A block's rows of one head are contiguous in the pool ([B, D] at stride D).
+template <typename T>
+void decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& kv_cache,
+                      const at::Tensor& block_tables, const at::Tensor& seq_lens,
+                      const at::Tensor& cu_q_lens, double scale) {
+  const int64_t num_seqs = seq_lens.size(0), num_heads = q.size(1), dim = q.size(2);
+  const int64_t num_kv_heads = kv_cache.size(2), block_size = kv_cache.size(3);
+  const int64_t group = num_heads / num_kv_heads;
+  const auto lens = seq_lens.accessor<int32_t, 1>();
+  const auto cu = cu_q_lens.accessor<int32_t, 1>();
+  const auto tables = block_tables.accessor<int32_t, 2>();
+  const T* cache = kv_cache.data_ptr<T>();
+  const T* q_data = q.data_ptr<T>();
+  T* out_data = out.data_ptr<T>();
+  const float scale_f = static_cast<float>(scale);
+  at::parallel_for(0, num_seqs * num_kv_heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores, query(dim), buffer(block_size * dim), acc(dim);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t s = task / num_kv_heads, kv_head = task % num_kv_heads;
+      if (cu[s + 1] - cu[s] != 1) continue;  // no query this step
+      const int64_t ctx = lens[s], token = cu[s];
+      scores.resize(ctx);
+      // Rows [first, first + rows) of K (which 0) or V (1) for this head, as floats.
+      auto block_rows = [&](int64_t which, int64_t first, int64_t rows) {
+        const T* rows_data = cache + tables[s][first / block_size] * kv_cache.stride(0) +
+                             which * kv_cache.stride(1) + kv_head * kv_cache.stride(2);
+        return as_float(rows_data, rows * dim, buffer.data());
+      };
+      for (int64_t g = 0; g < group; ++g) {
+        const int64_t head = kv_head * group + g;
+        const T* q_row = q_data + token * q.stride(0) + head * q.stride(1);
+        for (int64_t i = 0; i < dim; ++i) query[i] = static_cast<float>(q_row[i]);
+        for (int64_t first = 0; first < ctx; first += block_size) {
+          const int64_t rows = std::min(block_size, ctx - first);
+          block_scores(query.data(), block_rows(0, first, rows), rows, dim, scale_f,
+                       scores.data() + first);
+        }
+        const float max_score = *std::max_element(scores.begin(), scores.end());
+        float sum = 0.0f;
+        for (int64_t t = 0; t < ctx; ++t) {
+          scores[t] = std::exp(scores[t] - max_score);
+          sum += scores[t];
+        }
+        for (int64_t t = 0; t < ctx; ++t) scores[t] /= sum;
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        for (int64_t first = 0; first < ctx; first += block_size) {
+          const int64_t rows = std::min(block_size, ctx - first);
+          block_values(scores.data() + first, block_rows(1, first, rows), rows, dim, acc.data());
+        }
+        T* o = out_data + (token * num_heads + head) * dim;
+        for (int64_t i = 0; i < dim; ++i) o[i] = static_cast<T>(acc[i]);
+      }
+    }
+  });
+}
+
 }  // namespace
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
@@ -115,6 +213,15 @@ void reshape_and_cache(at::Tensor& kv_cache, const at::Tensor& key, const at::Te
       }
     }
   }
+}
+
+void paged_decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& kv_cache,
+                            const at::Tensor& block_tables, const at::Tensor& seq_lens,
+                            const at::Tensor& cu_q_lens, double scale) {
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kHalf, at::kBFloat16, q.scalar_type(), "cpu_decode_attention", [&] {
+        decode_attention<scalar_t>(out, q, kv_cache, block_tables, seq_lens, cu_q_lens, scale);
+      });
 }
 
 }  // namespace strata::kernels::cpu

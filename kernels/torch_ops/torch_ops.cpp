@@ -215,7 +215,13 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& kv_cache,
                 "paged_attention on CPU supports float32, float16 and bfloat16, got ",
                 q.scalar_type());
     check_paged_attention_values(q, kv_cache, block_tables, seq_lens, cu_q_lens, max_q_len);
-    aten::paged_attention(out, q, kv_cache, block_tables, seq_lens, cu_q_lens, scale);
+    // The CPU kernel reads a block's rows of one head as one [B, D] array.
+    if (max_q_len == 1 && use_cpu_kernel(backend, {&q, &kv_cache}) &&
+        kv_cache.stride(3) == kv_cache.size(4)) {
+      cpu::paged_decode_attention(out, q, kv_cache, block_tables, seq_lens, cu_q_lens, scale);
+    } else {
+      aten::paged_attention(out, q, kv_cache, block_tables, seq_lens, cu_q_lens, scale);
+    }
   } else if (use_strata(q, backend) && q.scalar_type() != at::kFloat) {
     paged_attention_cuda(out, q, kv_cache, block_tables, seq_lens, cu_q_lens, max_q_len, scale);
   } else {

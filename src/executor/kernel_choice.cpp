@@ -30,15 +30,9 @@ kernels::KernelReport choose_kernels(const model::ModelConfig& config,
   shape.block_size = options.block_size_tokens;
   shape.dtype = dtype;
   shape.device = device;
-  kernels::KernelReport report = kernels::run_kernel_self_check(
-      kernels::torch_ops_table(kernels::KernelBackend::kStrata),
-      kernels::torch_ops_table(kernels::KernelBackend::kTorch), shape);
-  if (!device.is_cuda()) {  // the CPU has loops for the element-wise ops only (cpu_ops.h)
-    report.ops[static_cast<size_t>(kernels::KernelOp::kPagedAttention)] = {
-        kernels::KernelOp::kPagedAttention, kernels::KernelBackend::kTorch,
-        kernels::SelfCheckResult::kNotRun, 0.0, "the CPU runs libtorch's attention"};
-  }
-  return report;
+  return kernels::run_kernel_self_check(kernels::torch_ops_table(kernels::KernelBackend::kStrata),
+                                        kernels::torch_ops_table(kernels::KernelBackend::kTorch),
+                                        shape);
 }
 
 }  // namespace strata::executor

@@ -50,9 +50,9 @@ struct DevicesConfig {
 };
 
 struct KernelsConfig {
-  // kStrata: Strata's kernels (CUDA; on the CPU host loops for rms_norm, rotary and the KV-cache
-  // write), each after it passes the start-up self-check against libtorch (an op that fails it
-  // runs libtorch); kTorch: libtorch for every op.
+  // kStrata: Strata's kernels (CUDA; on the CPU host loops for rms_norm, rotary, the KV-cache
+  // write and decode attention), each after it passes the start-up self-check against libtorch
+  // (an op that fails it runs libtorch); kTorch: libtorch for every op.
   kernels::KernelBackend kernels = kernels::KernelBackend::kStrata;
   bool operator==(const KernelsConfig&) const = default;
 };

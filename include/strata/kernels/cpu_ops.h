@@ -1,9 +1,10 @@
-// Strata's CPU kernels for the small per-token ops (kernels/torch_ops.h contracts): one host loop
-// each instead of the 5-14 ATen operators of their libtorch implementations (aten_ops.h), whose
-// dispatch costs dominate a CPU decode step of a small model (docs/quantized-weights.md, "Where
-// a decode step goes"). They run for CPU tensors under KernelBackend::kStrata after the start-up
-// self-check passes, like the CUDA kernels. Arguments are checked by torch_ops.cpp first;
-// inputs may be strided in their outer dimensions, the innermost must be contiguous.
+// Strata's CPU kernels for the per-token ops (kernels/torch_ops.h contracts): one host loop each
+// instead of the 5-14 ATen operators of their libtorch implementations (aten_ops.h), and decode
+// attention reading the pages in place instead of gathering each sequence's blocks into a copy
+// (docs/quantized-weights.md, "Where a decode step goes"). They run for CPU tensors under
+// KernelBackend::kStrata after the start-up self-check passes, like the CUDA kernels. Arguments are
+// checked by torch_ops.cpp first; inputs may be strided in their outer dimensions, the innermost
+// must be contiguous.
 //
 // Arithmetic follows the libtorch implementation's roundings: float32 accumulation, one rounding
 // to the tensor dtype where ATen rounds (after each elementwise product for float16/bfloat16),
@@ -18,6 +19,12 @@ namespace strata::kernels::cpu {
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+// Attention of a decode step: every sequence has at most one query (cu_q_lens steps by 0 or 1),
+// at its last position, over the seq_lens[s] tokens its block table lists; writes its rows of
+// out. Float32 scores, softmax and value sums; indices already checked (torch_ops.cpp).
+void paged_decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& kv_cache,
+                            const at::Tensor& block_tables, const at::Tensor& seq_lens,
+                            const at::Tensor& cu_q_lens, double scale);
 // Throws c10::Error when a slot lies outside the pool.
 void reshape_and_cache(at::Tensor& kv_cache, const at::Tensor& key, const at::Tensor& value,
                        const at::Tensor& slot_mapping);

@@ -1,7 +1,8 @@
-// Which implementation each custom op runs: Strata's kernel (CUDA, or on the CPU its host loops
-// for the element-wise ops, kernels/cpu_ops.h) or libtorch's (kernels/aten_ops.h). The start-up
-// self-check (kernels/self_check.h) fills a KernelReport; `executor.kernels: torch` in the config
-// forces libtorch for every op. Attention on the CPU always runs libtorch. Framework-free.
+// Which implementation each custom op runs: Strata's kernel (CUDA, or on the CPU its host loops,
+// kernels/cpu_ops.h) or libtorch's (kernels/aten_ops.h). The start-up self-check
+// (kernels/self_check.h) fills a KernelReport; `executor.kernels: torch` in the config forces
+// libtorch for every op. On the CPU, attention over chunks of several queries (prefill) always
+// runs libtorch. Framework-free.
 #pragma once
 
 #include <array>
@@ -39,7 +40,7 @@ inline const char* kernel_backend_name(KernelBackend backend) {
 enum class SelfCheckResult {
   kPassed,    // Strata's kernel matched libtorch: it runs
   kMismatch,  // it did not (or threw): libtorch runs instead
-  kNotRun,    // executor.kernels: torch, or attention on the CPU
+  kNotRun,    // executor.kernels: torch
 };
 
 inline const char* self_check_result_name(SelfCheckResult r) {
