@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <optional>
 
 #include "strata/common/check.h"
 #include "strata/model/dequantize.h"
@@ -15,14 +16,6 @@ constexpr int64_t kGroup = model::kInt4CodeGroup;
 
 bool stored_as_floats(const std::string& storage) {
   return storage == "F32" || storage == "F16" || storage == "BF16";
-}
-
-StatusOr<at::Tensor> read_float(const model::ModelSource& source, const std::string& name) {
-  STRATA_ASSIGN_OR_RETURN(std::vector<int64_t> shape, source.weight_shape(name));
-  at::Tensor host = at::empty(shape, at::TensorOptions().dtype(at::kFloat));
-  STRATA_RETURN_IF_ERROR(source.read_weight(
-      name, std::span<float>(host.data_ptr<float>(), static_cast<size_t>(host.numel()))));
-  return host;
 }
 
 // Codes [rows, cols] uint8 and the per-32 maps [rows, cols / 32] float32 of 4-bit weights,
@@ -53,32 +46,41 @@ std::pair<at::Tensor, at::Tensor> quantize_rows_int8(const at::Tensor& w) {
   return {q, scale};
 }
 
-// Whether every name is stored as 4-bit codes, and whether any is stored quantized at all.
-struct Storage {
-  bool all_int4 = true;
-  bool any_quantized = false;
-};
-Storage storage_of(const model::ModelSource& source, const std::vector<std::string>& names) {
-  Storage s;
-  for (const std::string& name : names) {
-    const std::string storage = source.weight_storage(name);
-    s.all_int4 = s.all_int4 && (storage == "Q4_0" || storage == "Q4_1" || storage == "Q4_K");
-    s.any_quantized = s.any_quantized || !stored_as_floats(storage);
-  }
-  return s;
+// Whether any of the weights is stored quantized.
+bool any_quantized(const model::ModelSource& source, const std::vector<std::string>& names) {
+  return std::any_of(names.begin(), names.end(), [&](const std::string& name) {
+    return !stored_as_floats(source.weight_storage(name));
+  });
+}
+
+// The 4-bit codes of every name, nullopt when one is stored otherwise; other errors as they are.
+StatusOr<std::optional<Int4Rows>> try_read_int4(const model::ModelSource& source,
+                                                const std::vector<std::string>& names) {
+  StatusOr<Int4Rows> rows = read_int4(source, names);
+  if (rows.ok()) return std::optional<Int4Rows>(std::move(rows).value());
+  if (rows.status().code() == StatusCode::kUnimplemented) return std::optional<Int4Rows>();
+  return rows.status();
 }
 
 StatusOr<at::Tensor> read_stacked_float(const model::ModelSource& source,
                                         const std::vector<std::string>& names) {
   std::vector<at::Tensor> parts;
   for (const std::string& name : names) {
-    STRATA_ASSIGN_OR_RETURN(at::Tensor part, read_float(source, name));
+    STRATA_ASSIGN_OR_RETURN(at::Tensor part, read_weight_float(source, name));
     parts.push_back(std::move(part));
   }
   return parts.size() == 1 ? parts[0] : at::cat(parts);
 }
 
 }  // namespace
+
+StatusOr<at::Tensor> read_weight_float(const model::ModelSource& source, const std::string& name) {
+  STRATA_ASSIGN_OR_RETURN(std::vector<int64_t> shape, source.weight_shape(name));
+  at::Tensor host = at::empty(shape, at::TensorOptions().dtype(at::kFloat));
+  STRATA_RETURN_IF_ERROR(source.read_weight(
+      name, std::span<float>(host.data_ptr<float>(), static_cast<size_t>(host.numel()))));
+  return host;
+}
 
 const char* weight_form_name(WeightForm form) {
   switch (form) {
@@ -97,19 +99,21 @@ StatusOr<LinearWeight> LinearWeight::load(const model::ModelSource& source,
                                           const at::Device& device, at::ScalarType dtype) {
   LinearWeight w;
   w.dtype_ = dtype;
-  const Storage storage = storage_of(source, names);
-  if (quantized && device.is_cpu() && storage.all_int4) {
-    STRATA_ASSIGN_OR_RETURN(Int4Rows rows, read_int4(source, names));
+  std::optional<Int4Rows> rows;
+  if (quantized && device.is_cpu()) {
+    STRATA_ASSIGN_OR_RETURN(rows, try_read_int4(source, names));
+  }
+  if (rows) {
     w.form_ = WeightForm::kInt4;
-    w.out_features_ = rows.codes.size(0);
-    w.weight_ = at::_convert_weight_to_int4pack_for_cpu(rows.codes.to(at::kInt), 1);
-    at::Tensor zero = rows.offset + 8.0 * rows.scale;
-    w.scales_ = at::stack({rows.scale.t(), zero.t()}, -1).to(at::kBFloat16).contiguous();
+    w.out_features_ = rows->codes.size(0);
+    w.weight_ = at::_convert_weight_to_int4pack_for_cpu(rows->codes.to(at::kInt), 1);
+    const at::Tensor zero = rows->offset + 8.0 * rows->scale;
+    w.scales_ = at::stack({rows->scale.t(), zero.t()}, -1).to(at::kBFloat16).contiguous();
     return w;
   }
   STRATA_ASSIGN_OR_RETURN(at::Tensor dense, read_stacked_float(source, names));
   w.out_features_ = dense.size(0);
-  if (quantized && device.is_cpu() && storage.any_quantized) {
+  if (quantized && device.is_cpu() && any_quantized(source, names)) {
     w.form_ = WeightForm::kInt8;
     std::tie(w.weight_, w.scales_) = quantize_rows_int8(dense);
     return w;
@@ -137,20 +141,22 @@ StatusOr<EmbeddingTable> EmbeddingTable::load(const model::ModelSource& source,
                                               const at::Device& device, at::ScalarType dtype) {
   EmbeddingTable t;
   t.dtype_ = dtype;
-  const Storage storage = storage_of(source, {name});
-  if (quantized && device.is_cpu() && storage.all_int4) {
-    STRATA_ASSIGN_OR_RETURN(Int4Rows rows, read_int4(source, {name}));
+  std::optional<Int4Rows> rows;
+  if (quantized && device.is_cpu()) {
+    STRATA_ASSIGN_OR_RETURN(rows, try_read_int4(source, {name}));
+  }
+  if (rows) {
     t.form_ = WeightForm::kInt4;
     // Element 2j in the low nibble of byte j, 2j + 1 in the high one.
-    at::Tensor pairs = rows.codes.view({rows.codes.size(0), -1, 2});
+    const at::Tensor pairs = rows->codes.view({rows->codes.size(0), -1, 2});
     t.table_ = at::bitwise_or(pairs.select(2, 0), at::bitwise_left_shift(pairs.select(2, 1), 4))
                    .contiguous();
-    t.scale_ = rows.scale.to(at::kBFloat16);
-    t.offset_ = rows.offset.to(at::kBFloat16);
+    t.scale_ = rows->scale.to(at::kBFloat16);
+    t.offset_ = rows->offset.to(at::kBFloat16);
     return t;
   }
-  STRATA_ASSIGN_OR_RETURN(at::Tensor dense, read_float(source, name));
-  if (quantized && device.is_cpu() && storage.any_quantized) {
+  STRATA_ASSIGN_OR_RETURN(at::Tensor dense, read_weight_float(source, name));
+  if (quantized && device.is_cpu() && any_quantized(source, {name})) {
     t.form_ = WeightForm::kInt8;
     std::tie(t.table_, t.scale_) = quantize_rows_int8(dense);
     return t;

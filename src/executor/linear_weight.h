@@ -27,6 +27,9 @@ class ModelSource;
 
 namespace strata::executor {
 
+// The weight `name` dequantized to float32 on the host, in its ModelSource shape.
+StatusOr<at::Tensor> read_weight_float(const model::ModelSource& source, const std::string& name);
+
 enum class WeightForm { kDense, kInt4, kInt8 };
 const char* weight_form_name(WeightForm form);
 

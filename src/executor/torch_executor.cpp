@@ -45,10 +45,7 @@ void TorchExecutor::init_calling_thread() const {
 
 StatusOr<at::Tensor> TorchExecutor::load_vector(const model::ModelSource& source,
                                                 const std::string& name) {
-  STRATA_ASSIGN_OR_RETURN(std::vector<int64_t> shape, source.weight_shape(name));
-  at::Tensor host = at::empty(shape, at::TensorOptions().dtype(at::kFloat));
-  STRATA_RETURN_IF_ERROR(source.read_weight(
-      name, std::span<float>(host.data_ptr<float>(), static_cast<size_t>(host.numel()))));
+  STRATA_ASSIGN_OR_RETURN(at::Tensor host, read_weight_float(source, name));
   return host.to(device_, dtype_);
 }
 
