@@ -1,5 +1,5 @@
-// Test helpers for the model loaders: a GGUF writer that builds files byte by byte, a temporary
-// directory, and a Status matcher.
+// Test helpers for the model loaders: a GGUF writer that builds files byte by byte, synthetic
+// weight values, a temporary directory, and a Status matcher.
 //
 // GgufWriter output layout (GGUF v2/v3, all little-endian):
 //   u32 magic "GGUF", u32 version, u64 num_tensors, u64 num_kv
@@ -17,6 +17,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <initializer_list>
 #include <optional>
 #include <string>
@@ -199,6 +200,25 @@ class GgufWriter {
 };
 
 // Little-endian bytes of a float array (tensor data for F32 tensors).
+inline int64_t product(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// Deterministic, exactly representable values that differ between tensors and elements.
+inline float synthetic_value(const std::string& name, int64_t index) {
+  const float tensor_part = static_cast<float>(std::hash<std::string>{}(name) % 97);
+  return tensor_part + static_cast<float>(index) * 0.25f;
+}
+
+inline std::vector<float> synthetic_tensor(const std::string& name,
+                                           const std::vector<int64_t>& shape) {
+  std::vector<float> v(product(shape));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = synthetic_value(name, static_cast<int64_t>(i));
+  return v;
+}
+
 inline std::vector<uint8_t> f32_bytes(const std::vector<float>& values) {
   std::vector<uint8_t> out(values.size() * sizeof(float));
   std::memcpy(out.data(), values.data(), out.size());
