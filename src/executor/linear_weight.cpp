@@ -105,14 +105,12 @@ StatusOr<LinearWeight> LinearWeight::load(const model::ModelSource& source,
   }
   if (rows) {
     w.form_ = WeightForm::kInt4;
-    w.out_features_ = rows->codes.size(0);
     w.weight_ = at::_convert_weight_to_int4pack_for_cpu(rows->codes.to(at::kInt), 1);
     const at::Tensor zero = rows->offset + 8.0 * rows->scale;
     w.scales_ = at::stack({rows->scale.t(), zero.t()}, -1).to(at::kBFloat16).contiguous();
     return w;
   }
   STRATA_ASSIGN_OR_RETURN(at::Tensor dense, read_stacked_float(source, names));
-  w.out_features_ = dense.size(0);
   if (quantized && device.is_cpu() && any_quantized(source, names)) {
     w.form_ = WeightForm::kInt8;
     std::tie(w.weight_, w.scales_) = quantize_rows_int8(dense);

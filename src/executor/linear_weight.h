@@ -47,13 +47,11 @@ class LinearWeight {
   // x: [M, in] in the compute dtype -> [M, out] in the compute dtype; bias [out] or undefined.
   at::Tensor apply(const at::Tensor& x, const at::Tensor& bias = {}) const;
   WeightForm form() const { return form_; }
-  int64_t out_features() const { return out_features_; }
   int64_t bytes() const;  // resident bytes of the tensors held
 
  private:
   friend class EmbeddingTable;  // a tied embedding reads the head's rows
   WeightForm form_ = WeightForm::kDense;
-  int64_t out_features_ = 0;
   at::ScalarType dtype_ = at::kFloat;  // the compute dtype
   at::Tensor weight_;                  // [out, in] dense / packed int4 [out, in / 2] / int8
   at::Tensor scales_;                  // kInt4: scale_zeros [in / 32, out, 2]; kInt8: [out]
