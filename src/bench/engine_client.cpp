@@ -35,13 +35,12 @@ class EngineClient final : public BenchClient {
       }
       std::vector<tokenizer::ChatMessage> messages;
       for (const Message& m : request.messages) messages.push_back({m.role, m.content});
-      StatusOr<std::string> text = chat_template_->render(messages, true);
-      if (!text.ok()) {
-        result.error = text.status().to_string();
+      StatusOr<tokenizer::ChatPrompt> prompt = chat_template_->render(messages, true);
+      if (!prompt.ok()) {
+        result.error = prompt.status().to_string();
         return result;
       }
-      generate.prompt_token_ids =
-          engine_.tokenizer().encode(*text, chat_template_->encode_add_bos());
+      generate.prompt_token_ids = engine_.tokenizer().encode(*prompt);
     }
     generate.sampling.temperature = temperature_;
     generate.sampling.max_tokens = request.max_tokens;

@@ -130,10 +130,10 @@ class LocalChat final : public ChatBackend {
   // Re-sends the whole conversation; the engine's prefix cache finds the earlier turns' KV.
   StatusOr<std::string> run(const std::function<void(const std::string&)>& on_text) {
     engine::Engine& engine = *loaded_.engine;
-    STRATA_ASSIGN_OR_RETURN(std::string text, loaded_.chat_template->render(messages_, true));
+    STRATA_ASSIGN_OR_RETURN(tokenizer::ChatPrompt prompt,
+                            loaded_.chat_template->render(messages_, true));
     engine::GenerateRequest request;
-    request.prompt_token_ids =
-        engine.tokenizer().encode(text, loaded_.chat_template->encode_add_bos());
+    request.prompt_token_ids = engine.tokenizer().encode(prompt);
     request.sampling = params_;
     STRATA_ASSIGN_OR_RETURN(std::shared_ptr<engine::RequestStream> stream,
                             engine.submit(std::move(request)));

@@ -84,17 +84,18 @@ Status generate(const std::vector<std::string>& args) {
   if (flags.has("prompt-ids")) {
     STRATA_ASSIGN_OR_RETURN(request.prompt_token_ids, parse_ids(flags.get("prompt-ids", "")));
   } else {
-    std::string text = flags.get("prompt", "");
-    bool add_bos = tok.add_bos_by_default();
+    const std::string text = flags.get("prompt", "");
     if (flags.has("chat")) {
       if (!loaded.chat_template) return loaded.chat_template_error;
       std::vector<tokenizer::ChatMessage> messages;
       if (flags.has("system")) messages.push_back({"system", flags.get("system", "")});
       messages.push_back({"user", text});
-      STRATA_ASSIGN_OR_RETURN(text, loaded.chat_template->render(messages, true));
-      add_bos = loaded.chat_template->encode_add_bos();
+      STRATA_ASSIGN_OR_RETURN(tokenizer::ChatPrompt prompt,
+                              loaded.chat_template->render(messages, true));
+      request.prompt_token_ids = tok.encode(prompt);
+    } else {
+      request.prompt_token_ids = tok.encode(text, tok.add_bos_by_default());
     }
-    request.prompt_token_ids = tok.encode(text, add_bos);
   }
   request.sampling = params;
   const std::vector<TokenId> prompt = request.prompt_token_ids;

@@ -147,8 +147,12 @@ StatusOr<LoadedEngine> load_engine(const config::DeploymentConfig& deployment) {
                           model::open_model_source(deployment.model.path));
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<tokenizer::Tokenizer> tok, open_tokenizer(*source));
   LoadedEngine loaded;
-  StatusOr<tokenizer::ChatTemplate> chat = tokenizer::ChatTemplate::from_source(
-      tok->chat_template_source(), to_template_kind(deployment.model.chat_template));
+  auto token_text = [&](std::optional<TokenId> id) {
+    return id ? tok->token_bytes(*id) : std::string();
+  };
+  StatusOr<tokenizer::ChatTemplate> chat = tokenizer::ChatTemplate::create(
+      tok->chat_template_source(), to_template_kind(deployment.model.chat_template),
+      token_text(tok->bos_id()), token_text(tok->eos_id()));
   if (chat.ok()) {
     loaded.chat_template = std::move(chat).value();
   } else {

@@ -164,11 +164,12 @@ class GenerationService final : public pb::Generation::Service {
                                 "' is not system, user or assistant");
       }
     }
-    StatusOr<std::string> text = chat_->render(messages, /*add_generation_prompt=*/true);
-    if (!text.ok()) return to_grpc_status(text.status());
+    StatusOr<tokenizer::ChatPrompt> prompt =
+        chat_->render(messages, /*add_generation_prompt=*/true);
+    if (!prompt.ok()) return to_grpc_status(prompt.status());
     engine::GenerateRequest r;
     r.tenant = tenant_salt(tenant, "");
-    r.prompt_token_ids = engine_.tokenizer().encode(*text, chat_->encode_add_bos());
+    r.prompt_token_ids = engine_.tokenizer().encode(*prompt);
     r.sampling = to_sampling(request->sampling());
     r.priority = request->priority();
     if (request->has_compress_kv()) r.compress_kv = request->compress_kv();

@@ -436,11 +436,12 @@ class Service {
       return failed_precondition_error(
           "The model has no chat template this server understands; use /v1/completions");
     }
-    StatusOr<std::string> text = chat_->render(parsed.messages, /*add_generation_prompt=*/true);
-    if (!text.ok()) {
-      return Status(text.status().code(), "messages: " + text.status().message());
+    StatusOr<tokenizer::ChatPrompt> prompt =
+        chat_->render(parsed.messages, /*add_generation_prompt=*/true);
+    if (!prompt.ok()) {
+      return Status(prompt.status().code(), "messages: " + prompt.status().message());
     }
-    return tokenizer.encode(*text, chat_->encode_add_bos());
+    return tokenizer.encode(*prompt);
   }
 
   // Writes one request's server-sent events: a "data: {json}" event per chunk, then

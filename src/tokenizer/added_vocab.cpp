@@ -69,15 +69,27 @@ std::optional<TokenId> AddedVocab::find(std::string_view content) const {
   return it->second;
 }
 
-void AddedVocab::split(std::string_view text, std::vector<Segment>* segments) const {
+void AddedVocab::split(std::string_view text,
+                       std::span<const std::pair<uint32_t, uint32_t>> untrusted,
+                       std::vector<Segment>* segments) const {
   segments->clear();
   if (text.empty()) return;
   segments->push_back(Segment{text, std::nullopt});
-  split_pass(non_normalized_, segments);
-  split_pass(normalized_, segments);
+  split_pass(non_normalized_, text, untrusted, segments);
+  split_pass(normalized_, text, untrusted, segments);
 }
 
-void AddedVocab::split_pass(const Trie& trie, std::vector<Segment>* segments) const {
+void AddedVocab::split_pass(const Trie& trie, std::string_view whole,
+                            std::span<const std::pair<uint32_t, uint32_t>> untrusted,
+                            std::vector<Segment>* segments) const {
+  // Whether [begin, end) of `whole` overlaps an untrusted range.
+  auto overlaps_untrusted = [&](size_t begin, size_t end) {
+    for (const auto& [b, e] : untrusted) {
+      if (b >= end) break;
+      if (e > begin) return true;
+    }
+    return false;
+  };
   if (trie.nodes.size() == 1) return;  // no tokens in this pass
   std::vector<Segment> out;
   out.reserve(segments->size());
@@ -96,6 +108,11 @@ void AddedVocab::split_pass(const Trie& trie, std::vector<Segment>* segments) co
         continue;
       }
       const AddedTokenSpec& token = tokens_[index];
+      const auto offset = static_cast<size_t>(text.data() - whole.data());
+      if (token.special && overlaps_untrusted(offset + pos, offset + pos + length)) {
+        ++pos;
+        continue;
+      }
       size_t begin = pos;
       size_t end = pos + length;
       size_t len = 0;

@@ -3,7 +3,9 @@
 // first, then normalized ones in the remaining spans, lstrip/rstrip swallowing white space.
 #pragma once
 
+#include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -35,7 +37,10 @@ class AddedVocab {
     std::optional<TokenId> id;  // set if `text` is (a match of) an added token
   };
   // Replaces *segments with the segments of `text` in order. Text segments are non-empty.
-  void split(std::string_view text, std::vector<Segment>* segments) const;
+  // Special tokens are not matched where they would overlap a byte range of `untrusted`
+  // ([begin, end) offsets into `text`, sorted).
+  void split(std::string_view text, std::span<const std::pair<uint32_t, uint32_t>> untrusted,
+             std::vector<Segment>* segments) const;
 
   std::optional<TokenId> find(std::string_view content) const;
 
@@ -52,7 +57,9 @@ class AddedVocab {
     std::pair<size_t, int32_t> longest_match(std::string_view text, size_t pos) const;
   };
   // Splits text segments of *segments (in place) by the tokens in `trie`.
-  void split_pass(const Trie& trie, std::vector<Segment>* segments) const;
+  void split_pass(const Trie& trie, std::string_view text,
+                  std::span<const std::pair<uint32_t, uint32_t>> untrusted,
+                  std::vector<Segment>* segments) const;
 
   std::vector<AddedTokenSpec> tokens_;
   Trie non_normalized_;  // first pass

@@ -1,163 +1,95 @@
 #include "strata/tokenizer/chat_template.h"
 
+#include <algorithm>
+#include <ctime>
+#include <nlohmann/json.hpp>
+
+#include "builtin_templates.h"
+#include "jinja/template.h"
 #include "utf8.h"
 
 namespace strata::tokenizer {
+
+using Json = nlohmann::ordered_json;
+using jinja::Dict;
+using jinja::List;
+using jinja::TString;
+using jinja::Value;
+
+struct ChatTemplate::Parsed {
+  jinja::Template jinja;
+};
+
 namespace {
 
-constexpr std::string_view kChatMLSystemStart = "<|im_start|>system";
-constexpr std::string_view kChatMLEnd = "<|im_end|>";
-
-// Value of a Jinja (Python-style) string literal body: \n, \t, \r, \\, \', \" are unescaped;
-// other escapes are kept as written.
-std::string unescape_jinja_literal(std::string_view body) {
-  std::string out;
-  out.reserve(body.size());
-  for (size_t i = 0; i < body.size(); ++i) {
-    if (body[i] != '\\' || i + 1 == body.size()) {
-      out.push_back(body[i]);
-      continue;
-    }
-    const char next = body[++i];
-    switch (next) {
-      case 'n':
-        out.push_back('\n');
-        break;
-      case 't':
-        out.push_back('\t');
-        break;
-      case 'r':
-        out.push_back('\r');
-        break;
-      case '\\':
-      case '\'':
-      case '"':
-        out.push_back(next);
-        break;
-      default:
-        out.push_back('\\');
-        out.push_back(next);
-    }
-  }
-  return out;
+// Request text, made valid UTF-8 (invalid sequences become U+FFFD, as encode() would make them)
+// so that the rendered prompt's untrusted byte ranges stay aligned through encoding.
+Value untrusted(const std::string& s) {
+  return Value(TString::untrusted(detail::is_valid_utf8(s) ? s : detail::to_valid_utf8(s)));
 }
 
-// True if `body` (inside a literal delimited by `quote`) contains the closing quote.
-bool closes_literal(std::string_view body, char quote) {
-  for (size_t i = 0; i < body.size(); ++i) {
-    if (body[i] == '\\') {
-      ++i;
-    } else if (body[i] == quote) {
-      return true;
+// The parsed JSON text `text` (an object for tool arguments and schemas), marked untrusted.
+StatusOr<Value> json_value(const std::string& text, const std::string& what) {
+  Json parsed = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (parsed.is_discarded()) return invalid_argument_error(what + " is not valid JSON: " + text);
+  return jinja::from_json(parsed, true);
+}
+
+// A message as the template sees it: the keys transformers' callers pass, only those that are
+// set (templates test `message.tool_calls is defined`). Reasoning is also given as `thinking`, as
+// transformers aliases it for gpt-oss-style templates.
+StatusOr<Value> message_value(const ChatMessage& m, size_t index) {
+  auto d = std::make_shared<Dict>();
+  if (!m.reasoning_content.empty()) d->set("thinking", untrusted(m.reasoning_content));
+  d->set("role", untrusted(m.role));
+  d->set("content", m.content ? untrusted(*m.content) : Value::none());
+  if (!m.tool_calls.empty()) {
+    List calls;
+    for (size_t k = 0; k < m.tool_calls.size(); ++k) {
+      const ToolCall& call = m.tool_calls[k];
+      const std::string at = "messages[" + std::to_string(index) + "].tool_calls[" +
+                             std::to_string(k) + "].function.arguments";
+      // Templates format arguments with tojson or iterate them: they expect the object that
+      // OpenAI's JSON text stands for (as vLLM passes it).
+      STRATA_ASSIGN_OR_RETURN(Value arguments,
+                              json_value(call.arguments.empty() ? "{}" : call.arguments, at));
+      auto function = std::make_shared<Dict>();
+      function->set("name", untrusted(call.name));
+      function->set("arguments", std::move(arguments));
+      auto entry = std::make_shared<Dict>();
+      entry->set("id", untrusted(call.id));
+      entry->set("type", Value("function"));
+      entry->set("function", Value::dict(std::move(function)));
+      calls.push_back(Value::dict(std::move(entry)));
     }
+    d->set("tool_calls", Value::list(std::move(calls)));
   }
-  return false;
+  if (!m.tool_call_id.empty()) d->set("tool_call_id", untrusted(m.tool_call_id));
+  if (!m.name.empty()) d->set("name", untrusted(m.name));
+  if (!m.reasoning_content.empty()) d->set("reasoning_content", untrusted(m.reasoning_content));
+  return Value::dict(std::move(d));
 }
 
-// A ChatML default system prompt: a string literal of the form
-// '<|im_start|>system\n<text without quotes><|im_end|>...' somewhere in the source (SmolLM2 writes
-// it under `if loop.first and messages[0]['role'] != 'system'`, Qwen2.5 in the `else` branch of
-// `if messages[0]['role'] == 'system'`). Literals that splice in a message, such as
-// '<|im_start|>system\n' + messages[0]['content'], are skipped.
-std::optional<std::string> find_default_system_prompt(std::string_view source) {
-  for (size_t pos = source.find(kChatMLSystemStart); pos != std::string_view::npos;
-       pos = source.find(kChatMLSystemStart, pos + 1)) {
-    if (pos == 0) continue;
-    const char quote = source[pos - 1];
-    if (quote != '\'' && quote != '"') continue;
-    size_t body_begin = pos + kChatMLSystemStart.size();
-    if (source.substr(body_begin, 2) == "\\n") {
-      body_begin += 2;
-    } else if (source.substr(body_begin, 1) == "\n") {
-      body_begin += 1;
-    } else {
-      continue;
+StatusOr<Value> tools_value(const std::vector<ToolDefinition>& tools) {
+  if (tools.empty()) return Value::none();
+  List out;
+  for (size_t k = 0; k < tools.size(); ++k) {
+    const ToolDefinition& tool = tools[k];
+    auto function = std::make_shared<Dict>();
+    function->set("name", untrusted(tool.name));
+    if (!tool.description.empty()) function->set("description", untrusted(tool.description));
+    if (!tool.parameters.empty()) {
+      STRATA_ASSIGN_OR_RETURN(
+          Value parameters,
+          json_value(tool.parameters, "tools[" + std::to_string(k) + "].function.parameters"));
+      function->set("parameters", std::move(parameters));
     }
-    const size_t body_end = source.find(kChatMLEnd, body_begin);
-    if (body_end == std::string_view::npos) break;
-    const std::string_view body = source.substr(body_begin, body_end - body_begin);
-    if (body.empty() || closes_literal(body, quote)) continue;
-    return unescape_jinja_literal(body);
+    auto entry = std::make_shared<Dict>();
+    entry->set("type", Value("function"));
+    entry->set("function", Value::dict(std::move(function)));
+    out.push_back(Value::dict(std::move(entry)));
   }
-  return std::nullopt;
-}
-
-// Python str.strip() without arguments, which Jinja's trim filter calls.
-std::string python_strip(std::string_view text) {
-  std::string valid;
-  if (!detail::is_valid_utf8(text)) {
-    valid = detail::to_valid_utf8(text);
-    text = valid;
-  }
-  size_t begin = 0;
-  size_t len = 0;
-  while (begin < text.size() &&
-         detail::is_python_whitespace(detail::decode_code_point(text, begin, &len))) {
-    begin += len;
-  }
-  size_t end = text.size();
-  while (end > begin) {
-    size_t start = end - 1;
-    while (start > begin && (static_cast<uint8_t>(text[start]) & 0xC0) == 0x80) --start;
-    if (!detail::is_python_whitespace(detail::decode_code_point(text, start, &len))) break;
-    end = start;
-  }
-  return std::string(text.substr(begin, end - begin));
-}
-
-StatusOr<std::string> render_chatml(std::span<const ChatMessage> messages,
-                                    const std::optional<std::string>& default_system,
-                                    bool add_generation_prompt) {
-  std::string out;
-  if (default_system && messages.front().role != "system") {
-    out.append("<|im_start|>system\n").append(*default_system).append("<|im_end|>\n");
-  }
-  for (const ChatMessage& m : messages) {
-    out.append("<|im_start|>").append(m.role).append("\n").append(m.content).append("<|im_end|>\n");
-  }
-  if (add_generation_prompt) out.append("<|im_start|>assistant\n");
-  return out;
-}
-
-StatusOr<std::string> render_llama3(std::span<const ChatMessage> messages,
-                                    bool add_generation_prompt) {
-  std::string out = "<|begin_of_text|>";
-  for (const ChatMessage& m : messages) {
-    out.append("<|start_header_id|>").append(m.role).append("<|end_header_id|>\n\n");
-    out.append(python_strip(m.content)).append("<|eot_id|>");
-  }
-  if (add_generation_prompt) out.append("<|start_header_id|>assistant<|end_header_id|>\n\n");
-  return out;
-}
-
-StatusOr<std::string> render_mistral(std::span<const ChatMessage> messages) {
-  std::optional<std::string_view> system;
-  if (messages.front().role == "system") {
-    system = messages.front().content;
-    messages = messages.subspan(1);
-  }
-  std::string out = "<s>";
-  for (size_t i = 0; i < messages.size(); ++i) {
-    const ChatMessage& m = messages[i];
-    if ((m.role == "user") != (i % 2 == 0)) {
-      return invalid_argument_error(
-          "Mistral chat template: after an optional system message, roles must alternate "
-          "user/assistant/user/...; message " +
-          std::to_string(i) + " has role '" + m.role + "'");
-    }
-    if (m.role == "user") {
-      out.append(" [INST] ");
-      if (i == 0 && system) out.append(*system).append("\n\n");
-      out.append(m.content).append(" [/INST]");
-    } else if (m.role == "assistant") {
-      out.append(" ").append(m.content).append("</s>");
-    } else {
-      return invalid_argument_error("Mistral chat template: role '" + m.role +
-                                    "' is not supported (only user and assistant, after an "
-                                    "optional leading system message)");
-    }
-  }
-  return out;
+  return Value::list(std::move(out));
 }
 
 }  // namespace
@@ -174,43 +106,69 @@ const char* chat_template_kind_name(ChatTemplateKind kind) {
   return "unknown";
 }
 
-StatusOr<ChatTemplate> ChatTemplate::from_source(std::string_view jinja_source,
-                                                 std::optional<ChatTemplateKind> fallback) {
-  if (jinja_source.find("<|im_start|>") != std::string_view::npos) {
-    ChatTemplate t(ChatTemplateKind::kChatML);
-    t.default_system_ = find_default_system_prompt(jinja_source);
-    t.encode_add_bos_ = jinja_source.find("bos_token") != std::string_view::npos;
-    return t;
+StatusOr<ChatTemplate> ChatTemplate::create(std::string_view jinja_source,
+                                            std::optional<ChatTemplateKind> fallback,
+                                            std::string bos_token, std::string eos_token) {
+  ChatTemplate t;
+  if (!jinja_source.empty()) {
+    t.source_ = std::string(jinja_source);
+  } else if (fallback) {
+    t.source_ = std::string(builtin_chat_template(*fallback));
+  } else {
+    return invalid_argument_error(
+        "the model has no chat template and no fallback was given (set model.chat_template to "
+        "chatml, llama3 or mistral)");
   }
-  if (jinja_source.find("<|start_header_id|>") != std::string_view::npos) {
-    return ChatTemplate(ChatTemplateKind::kLlama3);
+  if (!detail::is_valid_utf8(t.source_)) {
+    return invalid_argument_error("the chat template is not valid UTF-8");
   }
-  if (jinja_source.find("[INST]") != std::string_view::npos &&
-      jinja_source.find("<<SYS>>") == std::string_view::npos) {
-    return ChatTemplate(ChatTemplateKind::kMistral);
-  }
-  if (fallback) return ChatTemplate(*fallback);
-  if (jinja_source.empty()) {
-    return invalid_argument_error("the model has no chat template and no fallback was given");
-  }
-  return invalid_argument_error(
-      "unrecognised chat template (no <|im_start|>, <|start_header_id|> or [INST] marker) and no "
-      "fallback was given; template starts with: " +
-      std::string(jinja_source.substr(0, 120)));
+  STRATA_ASSIGN_OR_RETURN(jinja::Template parsed, jinja::Template::parse(t.source_));
+  t.parsed_ = std::make_shared<const Parsed>(Parsed{std::move(parsed)});
+  t.bos_token_ = std::move(bos_token);
+  t.eos_token_ = std::move(eos_token);
+  return t;
 }
 
-StatusOr<std::string> ChatTemplate::render(std::span<const ChatMessage> messages,
-                                           bool add_generation_prompt) const {
+StatusOr<ChatPrompt> ChatTemplate::render(std::span<const ChatMessage> messages,
+                                          const ChatRenderOptions& options) const {
   if (messages.empty()) return invalid_argument_error("cannot render an empty conversation");
-  switch (kind_) {
-    case ChatTemplateKind::kChatML:
-      return render_chatml(messages, default_system_, add_generation_prompt);
-    case ChatTemplateKind::kLlama3:
-      return render_llama3(messages, add_generation_prompt);
-    case ChatTemplateKind::kMistral:
-      return render_mistral(messages);
+  List message_values;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    STRATA_ASSIGN_OR_RETURN(Value v, message_value(messages[i], i));
+    message_values.push_back(std::move(v));
   }
-  return internal_error("unknown chat template kind");
+  STRATA_ASSIGN_OR_RETURN(Value tools, tools_value(options.tools));
+  std::vector<std::pair<std::string, Value>> variables = {
+      {"messages", Value::list(std::move(message_values))},
+      {"tools", std::move(tools)},
+      {"documents", Value::none()},
+      {"add_generation_prompt", Value(options.add_generation_prompt)},
+      {"bos_token", Value(bos_token_)},
+      {"eos_token", Value(eos_token_)},
+  };
+  if (!options.template_kwargs.empty()) {
+    const Json kwargs = Json::parse(options.template_kwargs, nullptr, false);
+    if (!kwargs.is_object()) {
+      return invalid_argument_error("chat_template_kwargs must be a JSON object");
+    }
+    for (const auto& [key, value] : kwargs.items()) {
+      // The request may not replace what the server passes (messages, bos_token, ...).
+      const bool reserved = std::any_of(variables.begin(), variables.end(),
+                                        [&](const auto& v) { return v.first == key; });
+      if (reserved) {
+        return invalid_argument_error("chat_template_kwargs cannot set '" + key + "'");
+      }
+      variables.emplace_back(key, jinja::from_json(value, true));
+    }
+  }
+  STRATA_ASSIGN_OR_RETURN(
+      TString rendered,
+      parsed_->jinja.render(variables, options.now != 0 ? options.now : std::time(nullptr)));
+  ChatPrompt prompt;
+  prompt.text = std::move(rendered.text);
+  for (const jinja::Span& span : rendered.tainted)
+    prompt.untrusted.emplace_back(span.begin, span.end);
+  return prompt;
 }
 
 }  // namespace strata::tokenizer

@@ -7,6 +7,7 @@
 #include "byte_level.h"
 #include "pre_tokenizer.h"
 #include "strata/common/check.h"
+#include "strata/tokenizer/chat_template.h"
 #include "tokenizer_spec.h"
 #include "utf8.h"
 
@@ -93,8 +94,20 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::from_spec(detail::TokenizerSpec 
 }
 
 std::vector<TokenId> Tokenizer::encode(std::string_view text, bool add_bos) const {
+  return encode_spans(text, add_bos, {});
+}
+
+std::vector<TokenId> Tokenizer::encode(const ChatPrompt& prompt) const {
+  return encode_spans(prompt.text, /*add_bos=*/false, prompt.untrusted);
+}
+
+std::vector<TokenId> Tokenizer::encode_spans(
+    std::string_view text, bool add_bos,
+    std::span<const std::pair<uint32_t, uint32_t>> untrusted) const {
   std::string valid_text;
   if (!detail::is_valid_utf8(text)) {
+    // Replacement would shift the untrusted ranges; ChatTemplate renders valid UTF-8 only.
+    STRATA_CHECK(untrusted.empty()) << "a chat prompt with invalid UTF-8";
     valid_text = detail::to_valid_utf8(text);
     text = valid_text;
   }
@@ -102,7 +115,7 @@ std::vector<TokenId> Tokenizer::encode(std::string_view text, bool add_bos) cons
   ids.reserve(text.size() / 3 + 2);
   if (add_bos && bos_id_) ids.push_back(*bos_id_);
   std::vector<detail::AddedVocab::Segment> segments;
-  added_vocab_->split(text, &segments);
+  added_vocab_->split(text, untrusted, &segments);
   for (const auto& segment : segments) {
     if (segment.id) {
       ids.push_back(*segment.id);

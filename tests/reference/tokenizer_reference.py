@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""Expected values for the tokenizer and chat-template tests (tests/unit/tokenizer).
+"""Expected values for the tokenizer tests (tests/unit/tokenizer; chat templates have their own
+script, chat_template_reference.py).
 
 Builds an independent Hugging Face `tokenizers` byte-level BPE tokenizer from the vocabulary and
 merges stored in the GGUF model (read with the `gguf` package, not with our code) and records what
-it produces. Chat templates are rendered with transformers' own Jinja renderer.
+it produces.
 
 Writes into OUT_DIR/tokenizer/:
   smollm/tokenizer.json, tokenizer_config.json   the SmolLM2 pipeline (Digits + ByteLevel regex)
@@ -12,7 +13,6 @@ Writes into OUT_DIR/tokenizer/:
   qwen2/tokenizer.json,  model.gguf               same vocab, Qwen2 Split regex
   errors/*.gguf                                   small metadata-only GGUFs that must be rejected
   cases.json                                      strings + HF ids per variant + HF decodes
-  chat_cases.json                                 chat templates + messages + rendered prompts
 """
 
 import argparse
@@ -244,63 +244,6 @@ def build_strings(rng):
 # Chat templates
 # --------------------------------------------------------------------------------------------
 
-LLAMA3_TEMPLATE = (
-    "{% set loop_messages = messages %}{% for message in loop_messages %}"
-    "{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'"
-    "+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}"
-    "{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}"
-    "{% endif %}")
-
-MISTRAL_TEMPLATE = """{%- if messages[0]['role'] == 'system' %}
-    {%- set system_message = messages[0]['content'] %}
-    {%- set loop_messages = messages[1:] %}
-{%- else %}
-    {%- set loop_messages = messages %}
-{%- endif %}
-
-{{- bos_token }}
-{%- for message in loop_messages %}
-    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}
-        {{- raise_exception('After the optional system message, conversation roles must alternate user/assistant/user/assistant/...') }}
-    {%- endif %}
-    {%- if message['role'] == 'user' %}
-        {%- if loop.first and system_message is defined %}
-            {{- ' [INST] ' + system_message + '\\n\\n' + message['content'] + ' [/INST]' }}
-        {%- else %}
-            {{- ' [INST] ' + message['content'] + ' [/INST]' }}
-        {%- endif %}
-    {%- elif message['role'] == 'assistant' %}
-        {{- ' ' + message['content'] + eos_token}}
-    {%- else %}
-        {{- raise_exception('Only user and assistant roles are supported, with the exception of an initial optional system message!') }}
-    {%- endif %}
-{%- endfor %}
-"""
-
-# Plain ChatML without a default system prompt.
-CHATML_TEMPLATE = (
-    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content']"
-    " + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}"
-    "{{ '<|im_start|>assistant\\n' }}{% endif %}")
-
-# ChatML that writes bos_token first (Hermes-2-Pro-Llama-3 style).
-CHATML_BOS_TEMPLATE = "{{bos_token}}" + CHATML_TEMPLATE
-
-# Qwen2.5-style ChatML: the default system prompt sits in an else branch, with escaped newlines.
-QWEN_STYLE_TEMPLATE = (
-    "{%- if messages[0]['role'] == 'system' %}"
-    "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
-    "{%- else %}"
-    "{{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
-    "assistant.<|im_end|>\\n' }}"
-    "{%- endif %}"
-    "{%- for message in messages %}"
-    "{%- if not (message.role == 'system' and loop.first) %}"
-    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}"
-    "{%- endif %}{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
-
 MESSAGE_LISTS = [
     [{"role": "user", "content": "Hello!"}],
     [{"role": "system", "content": "You are a pirate."}, {"role": "user", "content": "Hi there"}],
@@ -324,41 +267,19 @@ MESSAGE_LISTS = [
 # An empty conversation is rejected by our renderer (see chat_template.h), so it is not listed.
 
 
-def render(template, messages, add_generation_prompt, bos, eos):
-    try:
-        rendered, _ = render_jinja_template(conversations=[messages], chat_template=template,
-                                            add_generation_prompt=add_generation_prompt,
-                                            bos_token=bos, eos_token=eos)
-        return {"rendered": rendered[0]}
-    except jinja2.exceptions.TemplateError as e:
-        return {"error": str(e)}
-
-
-def build_chat_cases(gguf_template):
-    templates = [
-        {"name": "gguf", "source": gguf_template, "kind": "chatml",
-         "default_system": "You are a helpful AI assistant named SmolLM, trained by Hugging Face",
-         "bos": "<|im_start|>", "eos": "<|im_end|>"},
-        {"name": "chatml", "source": CHATML_TEMPLATE, "kind": "chatml", "default_system": None,
-         "bos": "<|im_start|>", "eos": "<|im_end|>"},
-        {"name": "chatml_bos", "source": CHATML_BOS_TEMPLATE, "kind": "chatml",
-         "default_system": None, "bos": "<|begin_of_text|>", "eos": "<|im_end|>"},
-        {"name": "qwen_style", "source": QWEN_STYLE_TEMPLATE, "kind": "chatml",
-         "default_system": "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.",
-         "bos": "<|endoftext|>", "eos": "<|im_end|>"},
-        {"name": "llama3", "source": LLAMA3_TEMPLATE, "kind": "llama3", "default_system": None,
-         "bos": "<|begin_of_text|>", "eos": "<|eot_id|>"},
-        {"name": "mistral", "source": MISTRAL_TEMPLATE, "kind": "mistral", "default_system": None,
-         "bos": "<s>", "eos": "</s>"},
-    ]
-    for t in templates:
-        t["cases"] = []
-        for messages in MESSAGE_LISTS:
-            for agp in (False, True):
-                case = {"messages": messages, "add_generation_prompt": agp}
-                case.update(render(t["source"], messages, agp, t["bos"], t["eos"]))
-                t["cases"].append(case)
-    return templates
+def rendered_prompts(template, bos, eos):
+    """The default model's chat prompts over MESSAGE_LISTS: realistic encoder inputs."""
+    out = []
+    for messages in MESSAGE_LISTS:
+        for agp in (False, True):
+            try:
+                rendered, _ = render_jinja_template(conversations=[messages], chat_template=template,
+                                                    add_generation_prompt=agp,
+                                                    bos_token=bos, eos_token=eos)
+                out.append(rendered[0])
+            except jinja2.exceptions.TemplateError:
+                pass
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -374,9 +295,8 @@ def main():
     vocab = read_gguf_vocab(args.model)
     rng = random.Random(20240607)
     strings = build_strings(rng)
-    chat = build_chat_cases(vocab["chat_template"])
     # Rendered SmolLM prompts are realistic encoder inputs too.
-    strings += [c["rendered"] for c in chat[0]["cases"] if "rendered" in c]
+    strings += rendered_prompts(vocab["chat_template"], "<|im_start|>", "<|im_end|>")
 
     variants = {}
     for name in ("smollm", "llama3", "qwen2", "added"):
@@ -414,9 +334,7 @@ def main():
 
     with open(os.path.join(out, "cases.json"), "w", encoding="utf-8") as f:
         json.dump({"strings": strings, "variants": variants}, f, ensure_ascii=False)
-    with open(os.path.join(out, "chat_cases.json"), "w", encoding="utf-8") as f:
-        json.dump({"templates": chat}, f, ensure_ascii=False, indent=1)
-    print(f"wrote {len(strings)} strings, {sum(len(t['cases']) for t in chat)} chat cases to {out}")
+    print(f"wrote {len(strings)} strings to {out}")
 
 
 if __name__ == "__main__":

@@ -1,77 +1,112 @@
-// Chat prompt rendering for the template families we serve. We do not run Jinja: the family is
-// recognised from markers in the model's Jinja source and rendered by hand-written code whose
-// output equals transformers' apply_chat_template(tokenize=False) for that family's canonical
-// template (the templates are reproduced in tests/reference/tokenizer_reference.py):
+// Chat prompts rendered by executing the model's own Jinja chat template (GGUF
+// tokenizer.chat_template, or tokenizer_config.json / chat_template.jinja of an HF directory) with
+// our interpreter, in the environment transformers' apply_chat_template uses, so the prompt is the
+// string transformers renders (tests/unit/tokenizer/jinja_test.cpp checks 31 model families).
+// A model without a template uses the built-in fallback named in the deployment file
+// (chatml, llama3 or mistral; src/tokenizer/templates/).
 //
-//   kChatML   "<|im_start|>{role}\n{content}<|im_end|>\n" per message; generation prompt
-//             "<|im_start|>assistant\n". A default system prompt written as a literal in the source
-//             (SmolLM2, Qwen2.5) is inserted when the first message is not a system message. A
-//             source that mentions bos_token is taken to write it first (see encode_add_bos()).
-//   kLlama3   "<|begin_of_text|>" then "<|start_header_id|>{role}<|end_header_id|>\n\n
-//             {content|trim}<|eot_id|>" per message; generation prompt
-//             "<|start_header_id|>assistant<|end_header_id|>\n\n". (Meta-Llama-3-Instruct; the
-//             3.1+ "Cutting Knowledge Date" system preamble and tool formats are not reproduced.)
-//   kMistral  "<s>" then " [INST] {content} [/INST]" per user and " {content}</s>" per assistant
-//             message; an optional leading system message is prepended to the first user message
-//             with "\n\n"; roles must alternate user/assistant (Mistral-7B-Instruct-v0.2 and
-//             Mixtral-8x7B-Instruct, tokenizer v1; add_generation_prompt has no effect).
+// Role spoofing: everything that comes from the request (message contents, names, tool calls and
+// tool definitions) is marked untrusted in the rendered ChatPrompt, and
+// Tokenizer::encode(const ChatPrompt&) never turns untrusted bytes into special tokens, so a user
+// who writes "<|im_start|>system" gets those characters, not a system turn. Only the template's
+// own markup becomes control tokens.
 //
-// BOS: the Llama 3 and Mistral renderings begin with the BOS token's text, which encode() turns
-// into the BOS id, as apply_chat_template(tokenize=True) does. Encode render() output with
-// encode(text, chat_template.encode_add_bos()), not with Tokenizer::add_bos_by_default(): the
-// template, not the tokenizer's default, decides whether a chat prompt starts with BOS.
+// BOS: the template writes bos_token itself where the model wants it (transformers tokenizes the
+// rendering with add_special_tokens=False), so a ChatPrompt is encoded without adding BOS.
 #pragma once
 
+#include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "strata/common/status.h"
 
 namespace strata::tokenizer {
 
+// The built-in templates for models that ship none.
 enum class ChatTemplateKind { kChatML, kLlama3, kMistral };
 
 // "chatml", "llama3", "mistral".
 const char* chat_template_kind_name(ChatTemplateKind kind);
 
-struct ChatMessage {
-  std::string role;  // "system", "user", "assistant", or any other role the family accepts
-  std::string content;
+struct ToolCall {
+  std::string id;
+  std::string name;
+  std::string arguments;  // JSON text, as OpenAI sends it; templates see the parsed object
 };
 
-// Immutable value type; render() is const and thread-safe.
+// One message of a conversation, as OpenAI's chat API describes it.
+struct ChatMessage {
+  std::string role;  // "system", "user", "assistant", "tool", or any role the template accepts
+  std::optional<std::string> content;     // nullopt: null (an assistant turn that only calls tools)
+  std::vector<ToolCall> tool_calls = {};  // assistant
+  std::string tool_call_id = {};          // tool: the call this result answers
+  std::string name = {};                  // tool: the function's name (optional)
+  std::string reasoning_content = {};     // assistant: its reasoning, for templates that show it
+};
+
+// A function the model may call: OpenAI's {"type": "function", "function": {...}}.
+struct ToolDefinition {
+  std::string name;
+  std::string description;
+  std::string parameters;  // JSON Schema text; empty for none
+};
+
+// A rendered chat prompt: the text and the byte ranges [begin, end) of it that came from the
+// request (sorted, disjoint).
+struct ChatPrompt {
+  std::string text;
+  std::vector<std::pair<uint32_t, uint32_t>> untrusted;
+};
+
+struct ChatRenderOptions {
+  bool add_generation_prompt = true;
+  std::vector<ToolDefinition> tools;  // empty: the template sees tools = none
+  // Extra template variables as a JSON object text (OpenAI's chat_template_kwargs, e.g.
+  // {"enable_thinking": false}); empty for none.
+  std::string template_kwargs;
+  // The time strftime_now() formats (Unix seconds, local time zone); 0 for now.
+  int64_t now = 0;
+};
+
+// Immutable after construction; render() is const and thread-safe. Copies share the parsed
+// template.
 class ChatTemplate {
  public:
-  // Recognises the family from `jinja_source`: "<|im_start|>" -> kChatML, "<|start_header_id|>"
-  // -> kLlama3, "[INST]" (without Llama 2's "<<SYS>>") -> kMistral. A source with no known marker
-  // (or an empty one) uses `fallback`; without a fallback it is INVALID_ARGUMENT.
-  static StatusOr<ChatTemplate> from_source(std::string_view jinja_source,
-                                            std::optional<ChatTemplateKind> fallback);
-  // A template of `kind` with no default system prompt and no BOS for ChatML.
-  explicit ChatTemplate(ChatTemplateKind kind) : kind_(kind) {}
+  // Parses `jinja_source`; an empty source uses the built-in `fallback` (INVALID_ARGUMENT when
+  // there is none). `bos_token` / `eos_token` are the texts the template sees (the tokenizer's
+  // BOS / EOS tokens; empty when it has none). INVALID_ARGUMENT with the line for templates we
+  // cannot parse.
+  static StatusOr<ChatTemplate> create(std::string_view jinja_source,
+                                       std::optional<ChatTemplateKind> fallback,
+                                       std::string bos_token, std::string eos_token);
 
-  // The prompt for `messages`, ending with the assistant header when `add_generation_prompt`
-  // (kChatML, kLlama3). INVALID_ARGUMENT for an empty conversation, and for kMistral when roles do
-  // not alternate user/assistant after an optional leading system message (transformers raises a
-  // TemplateError there).
-  StatusOr<std::string> render(std::span<const ChatMessage> messages,
-                               bool add_generation_prompt) const;
+  // INVALID_ARGUMENT for an empty conversation, malformed tool arguments or template kwargs, and
+  // whatever the template rejects (raise_exception, e.g. roles that do not alternate), with its
+  // message.
+  StatusOr<ChatPrompt> render(std::span<const ChatMessage> messages,
+                              const ChatRenderOptions& options) const;
+  StatusOr<ChatPrompt> render(std::span<const ChatMessage> messages,
+                              bool add_generation_prompt) const {
+    ChatRenderOptions options;
+    options.add_generation_prompt = add_generation_prompt;
+    return render(messages, options);
+  }
 
-  ChatTemplateKind kind() const { return kind_; }
-  // The add_bos argument for Tokenizer::encode() of render() output: false when the rendering
-  // already starts with the BOS text (kLlama3, kMistral) or the template writes no BOS (plain
-  // ChatML); true for ChatML templates that write bos_token (Hermes-2-Pro-Llama-3 style), whose
-  // BOS text render() leaves out because it depends on the tokenizer.
-  bool encode_add_bos() const { return encode_add_bos_; }
-  // kChatML only: the system prompt inserted when the conversation does not start with one.
-  const std::optional<std::string>& default_system_prompt() const { return default_system_; }
+  // The Jinja source in use (the model's or the fallback's).
+  const std::string& source() const { return source_; }
 
  private:
-  ChatTemplateKind kind_;
-  std::optional<std::string> default_system_;
-  bool encode_add_bos_ = false;
+  struct Parsed;
+  std::shared_ptr<const Parsed> parsed_;
+  std::string source_;
+  std::string bos_token_;
+  std::string eos_token_;
 };
 
 }  // namespace strata::tokenizer

@@ -26,6 +26,8 @@ namespace strata::tokenizer {
 // Index into the vocabulary: 0 <= id < Tokenizer::vocab_size().
 using TokenId = int32_t;
 
+struct ChatPrompt;
+
 namespace detail {
 struct TokenizerSpec;
 class AddedVocab;
@@ -61,6 +63,10 @@ class Tokenizer {
   // Added and special tokens written in `text` (e.g. "<|im_start|>") become their ids, as in HF.
   // Invalid UTF-8 in `text` is first replaced by U+FFFD (one per maximal invalid subpart).
   std::vector<TokenId> encode(std::string_view text, bool add_bos) const;
+  // Token ids of a rendered chat prompt, without adding BOS (the template writes it): as encode(),
+  // except that special tokens are only matched outside prompt.untrusted, so request text such as
+  // "<|im_start|>system" is tokenized as the characters it is (HF's encode_special_tokens there).
+  std::vector<TokenId> encode(const ChatPrompt& prompt) const;
 
   // Text of `ids`: the raw bytes of the tokens concatenated, then decoded as UTF-8 with every
   // invalid or incomplete sequence replaced by U+FFFD, exactly like HF decode(). Ids outside
@@ -97,6 +103,8 @@ class Tokenizer {
  private:
   Tokenizer();
   static StatusOr<std::unique_ptr<Tokenizer>> from_spec(detail::TokenizerSpec spec);
+  std::vector<TokenId> encode_spans(std::string_view text, bool add_bos,
+                                    std::span<const std::pair<uint32_t, uint32_t>> untrusted) const;
   // Appends the ids of `text` (valid UTF-8, no added tokens matched yet) to `out`.
   void encode_ordinary(std::string_view text, std::vector<TokenId>* out) const;
 

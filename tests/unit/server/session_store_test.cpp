@@ -15,7 +15,7 @@ using tokenizer::ChatMessage;
 // "role:content" per message, for readable comparisons.
 std::vector<std::string> flatten(const std::vector<ChatMessage>& messages) {
   std::vector<std::string> out;
-  for (const ChatMessage& m : messages) out.push_back(m.role + ":" + m.content);
+  for (const ChatMessage& m : messages) out.push_back(m.role + ":" + m.content.value_or(""));
   return out;
 }
 
