@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -385,9 +386,16 @@ Status save_result(const Flags& flags, const Json& result, const std::string& wh
     name = result["backend"].get<std::string>() + "-" + what + "-" + model + "-" +
            result["date"].get<std::string>() + ".json";
   }
-  const std::string path = flags.get("result-dir", ".") + "/" + name;
-  STRATA_RETURN_IF_ERROR(write_file(path, result.dump(2) + "\n"));
-  std::fprintf(stderr, "saved %s\n", path.c_str());
+  // As vLLM's os.path.join(result_dir, file_name): an absolute file name stands alone, and the
+  // directory is created when missing.
+  const std::filesystem::path path = std::filesystem::path(flags.get("result-dir", ".")) / name;
+  std::error_code error;
+  if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path(), error);
+  if (error) {
+    return internal_error("cannot create " + path.parent_path().string() + ": " + error.message());
+  }
+  STRATA_RETURN_IF_ERROR(write_file(path.string(), result.dump(2) + "\n"));
+  std::fprintf(stderr, "saved %s\n", path.string().c_str());
   return Status();
 }
 

@@ -177,10 +177,12 @@ def main():
             done = bench("serve", "--base-url", base, "--tokenizer", args.model,
                          "--dataset-name", "random", "--random-input-len", "32",
                          "--random-output-len", "8", "--num-prompts", "6", "--max-concurrency",
-                         "3", "--seed", "1", "--save-result", "--result-dir", work,
-                         "--result-filename", "random.json", "--disable-tqdm")
+                         "3", "--seed", "1", "--save-result", "--result-dir", "/nonexistent",
+                         "--result-filename", os.path.join(work, "new", "random.json"),
+                         "--disable-tqdm")
             assert "Serving Benchmark Result" in done.stdout, done.stdout
-            result = saved("random.json")
+            # An absolute file name ignores --result-dir, and its directory is created (vLLM).
+            result = saved("new/random.json")
             assert result["completed"] == 6 and result["failed"] == 0, result["errors"]
             assert result["output_lens"] == [8] * 6, "random prompts ignore EOS"
             assert result["backend"] == "openai" and result["max_concurrency"] == 3
@@ -191,9 +193,9 @@ def main():
             bench("serve", "--backend", "grpc", "--base-url", f"127.0.0.1:{grpc_port}",
                   "--tokenizer", args.model, "--dataset-name", "sharegpt", "--dataset-path",
                   sharegpt, "--num-prompts", "2", "--request-rate", "20", "--seed", "3",
-                  "--save-result", "--result-dir", work, "--result-filename", "sharegpt.json",
-                  "--disable-tqdm")
-            result = saved("sharegpt.json")
+                  "--save-result", "--result-dir", os.path.join(work, "made"),
+                  "--result-filename", "sharegpt.json", "--disable-tqdm")
+            result = saved("made/sharegpt.json")  # a relative name goes under --result-dir
             assert result["completed"] == 2, result["errors"]
             check_statistics(result)
             # Prompt lengths recounted by an independent tokenizer of the same GGUF.
