@@ -29,7 +29,8 @@ Chat in the terminal. Type a message and press Enter; /reset starts a new conver
   --max-tokens N          most tokens per answer (default 512)
   --temperature T         default 0.7; 0 = greedy
   --top-p P, --top-k K, --min-p P, --repetition-penalty R, --seed N, --stop TEXT
-  --device, --dtype, --threads, --kv-cache-mib, --block-size, --chat-template
+  --device, --dtype, --threads, --kv-cache-mib, --block-size, --chat-template,
+  --chat-template-file
                           with --model, as for `strata generate`
 )";
 

@@ -37,7 +37,8 @@ Runs one prompt through the engine and streams the continuation to stdout.
   --threads N             CPU threads (default: libtorch's choice)
   --kv-cache-mib N        KV pool size (default: 90% of free GPU memory; 4 full contexts on CPU)
   --block-size N          tokens per KV block (default 16)
-  --chat-template K       fallback when the model's template is unknown: chatml, llama3, mistral
+  --chat-template K       built-in template for a model without one: chatml, llama3, mistral
+  --chat-template-file F  a Jinja chat template to use instead of the model's
   --config FILE           a deployment file (configs/default.yaml documents every key); the
                           flags above override it, and so does --set section.key=value
 )";

@@ -1,5 +1,7 @@
 #include "loaded_model.h"
 
+#include <fstream>
+#include <sstream>
 #include <utility>
 #include <vector>
 
@@ -22,6 +24,7 @@ constexpr FlagKey kFlagKeys[] = {
     {"dtype", "model.dtype"},
     {"weights", "model.weights"},
     {"chat-template", "model.chat_template"},
+    {"chat-template-file", "model.chat_template_file"},
     {"served-name", "model.served_name"},
     {"device", "devices.device"},
     {"threads", "devices.cpu_threads"},
@@ -150,9 +153,20 @@ StatusOr<LoadedEngine> load_engine(const config::DeploymentConfig& deployment) {
   auto token_text = [&](std::optional<TokenId> id) {
     return id ? tok->token_bytes(*id) : std::string();
   };
+  std::string template_source = tok->chat_template_source();
+  if (const std::string& file = deployment.model.chat_template_file; !file.empty()) {
+    std::ifstream in(file, std::ios::binary);
+    std::ostringstream text;
+    text << in.rdbuf();
+    if (!in) return not_found_error("model.chat_template_file: cannot read " + file);
+    template_source = text.str();
+  }
   StatusOr<tokenizer::ChatTemplate> chat = tokenizer::ChatTemplate::create(
-      tok->chat_template_source(), to_template_kind(deployment.model.chat_template),
-      token_text(tok->bos_id()), token_text(tok->eos_id()));
+      template_source, to_template_kind(deployment.model.chat_template), token_text(tok->bos_id()),
+      token_text(tok->eos_id()));
+  if (!chat.ok() && !deployment.model.chat_template_file.empty()) {
+    return Status(chat.status().code(), "model.chat_template_file: " + chat.status().message());
+  }
   if (chat.ok()) {
     loaded.chat_template = std::move(chat).value();
   } else {

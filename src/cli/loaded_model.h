@@ -16,7 +16,8 @@ namespace strata::cli {
 
 // Flags that shape the deployment: --config FILE, the model/engine/server shortcuts (--model,
 // --device, --dtype, --threads, --kv-cache-mib, --block-size, --max-num-seqs,
-// --max-batched-tokens, --chat-template, --served-name, --host, --grpc-port, --http-port,
+// --max-batched-tokens, --chat-template, --chat-template-file, --served-name, --host, --grpc-port,
+// --http-port,
 // --grace-seconds), and the repeatable --set section.key=value.
 const std::set<std::string>& deployment_flag_names();
 const std::set<std::string>& deployment_repeated_flag_names();

@@ -33,7 +33,7 @@ SIGTERM.
   --grace-seconds N       time in-flight requests get at shutdown (server.shutdown_grace_seconds)
   --served-name NAME      model name reported to clients (model.served_name)
   --device, --dtype, --weights, --threads, --kv-cache-mib, --block-size, --max-num-seqs,
-  --max-batched-tokens, --chat-template    as for `strata generate`
+  --max-batched-tokens, --chat-template, --chat-template-file    as for `strata generate`
 Prints "grpc_port=N" and "http_port=N" on stdout once serving.
 Chat with it: strata chat --server HOST:PORT, or any OpenAI client at http://HOST:PORT/v1
 )";

@@ -319,6 +319,7 @@ Status read_model(Context& ctx, const YAML::Node& node, ModelSection& out) {
                       ChatTemplateFallback::kLlama3, ChatTemplateFallback::kMistral},
                      out.chat_template);
   }));
+  STRATA_RETURN_IF_ERROR(m.get("chat_template_file", into(ctx, out.chat_template_file)));
   return m.get("served_name", into(ctx, out.served_name));
 }
 
@@ -622,6 +623,7 @@ std::string to_yaml(const DeploymentConfig& config) {
   emit_name(out, "dtype", config_name(config.model.dtype));
   emit_name(out, "weights", config_name(config.model.weights));
   emit_name(out, "chat_template", config_name(config.model.chat_template));
+  emit_string(out, "chat_template_file", config.model.chat_template_file);
   emit_string(out, "served_name", config.model.served_name);
   out << YAML::EndMap;
 

@@ -82,6 +82,7 @@ const KeyCheck<ModelSection> kModelKeys[] = {
     {"model.dtype", nullptr},
     {"model.weights", nullptr},
     {"model.chat_template", nullptr},
+    {"model.chat_template_file", nullptr},
     {"model.served_name",
      [](const ModelSection& m) {
        if (!has_space_or_control(m.served_name)) return Status();

@@ -46,7 +46,11 @@ struct ModelSection {
   // quantized: weights the file stores quantized stay so and are multiplied by libtorch's
   // weight-only kernels (CPU); dequantize: converted to the compute dtype at load.
   executor::WeightStorage weights = executor::WeightStorage::kQuantized;
+  // The built-in template for a model that ships none.
   ChatTemplateFallback chat_template = ChatTemplateFallback::kNone;
+  // A Jinja chat template file used instead of the model's own (vLLM's --chat-template); empty:
+  // the model's. Relative to the working directory.
+  std::string chat_template_file;
   // The model name the APIs report; empty: effective_served_name() derives it from `path`.
   std::string served_name;
 

@@ -301,6 +301,7 @@ TEST(ConfigLoaderTest, UnknownKeysNameTheFullPathAndListTheAllowedOnes) {
        "kv_cache, kv_store, leankv, scheduler, server, logging"},
       {"model", "model: {path: m, dtyp: float32}\n", kInvalid,
        "unknown key 'model.dtyp'; allowed keys in 'model': path, dtype, weights, chat_template, "
+       "chat_template_file, "
        "served_name"},
       {"devices", "devices:\n  gpus: 2\n", kInvalid,
        "t.yaml:4:3: unknown key 'devices.gpus'; allowed keys in 'devices': device, "
