@@ -362,6 +362,7 @@ class Service {
                                    .count();
     response_options.logprobs = parsed->logprobs;
     response_options.include_usage = parsed->include_usage;
+    if (chat && parsed->use_tools) response_options.tool_format = tool_call_format(chat_->source());
     if (parsed->echo) {
       response_options.echo = true;
       response_options.prompt_token_ids = request.prompt_token_ids;
@@ -436,8 +437,17 @@ class Service {
       return failed_precondition_error(
           "The model has no chat template this server understands; use /v1/completions");
     }
-    StatusOr<tokenizer::ChatPrompt> prompt =
-        chat_->render(parsed.messages, /*add_generation_prompt=*/true);
+    tokenizer::ChatRenderOptions render;
+    if (parsed.use_tools) {
+      if (tool_call_format(chat_->source()) == ToolCallFormat::kNone) {
+        return invalid_argument_error(
+            "tools: the model's chat template writes no tool-call format this server parses "
+            "(hermes <tool_call>, llama3 JSON, mistral [TOOL_CALLS])");
+      }
+      render.tools = parsed.tools;
+    }
+    render.template_kwargs = parsed.chat_template_kwargs;
+    StatusOr<tokenizer::ChatPrompt> prompt = chat_->render(parsed.messages, render);
     if (!prompt.ok()) {
       return Status(prompt.status().code(), "messages: " + prompt.status().message());
     }

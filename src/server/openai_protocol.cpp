@@ -1,5 +1,6 @@
 #include "openai_protocol.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <limits>
@@ -7,12 +8,12 @@
 #include <set>
 #include <span>
 
+#include "chat_request.h"
+#include "json_fields.h"
 #include "strata/tokenizer/tokenizer.h"
 
 namespace strata::server::openai {
 namespace {
-
-using Json = nlohmann::json;
 
 // Logprobs of impossible tokens are -inf, which JSON cannot carry; vLLM sends this instead.
 constexpr double kMinLogprob = -9999.0;
@@ -22,53 +23,6 @@ std::string dump(const Json& value) {
 }
 
 // ---- Request parsing --------------------------------------------------------------------------
-
-Status field_error(std::string_view field, std::string_view what) {
-  return invalid_argument_error(std::string(field) + ": " + std::string(what));
-}
-
-Status type_error(std::string_view field, std::string_view expected, const Json& got) {
-  return field_error(field, "expected " + std::string(expected) + ", got " + got.type_name());
-}
-
-// The value of `name` in `object`; nullptr when absent or null (OpenAI treats null as "not set").
-const Json* find_field(const Json& object, const std::string& name) {
-  auto it = object.find(name);
-  if (it == object.end() || it->is_null()) return nullptr;
-  return &*it;
-}
-
-StatusOr<std::optional<double>> number_field(const Json& object, const std::string& name) {
-  const Json* v = find_field(object, name);
-  if (v == nullptr) return std::optional<double>();
-  if (!v->is_number()) return type_error(name, "a number", *v);
-  return std::optional<double>(v->get<double>());
-}
-
-StatusOr<std::optional<int64_t>> integer_field(const Json& object, const std::string& name) {
-  const Json* v = find_field(object, name);
-  if (v == nullptr) return std::optional<int64_t>();
-  if (!v->is_number_integer()) return type_error(name, "an integer", *v);
-  if (v->is_number_unsigned() &&
-      v->get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-    return field_error(name, "must fit in a signed 64-bit integer");
-  }
-  return std::optional<int64_t>(v->get<int64_t>());
-}
-
-StatusOr<std::optional<bool>> bool_field(const Json& object, const std::string& name) {
-  const Json* v = find_field(object, name);
-  if (v == nullptr) return std::optional<bool>();
-  if (!v->is_boolean()) return type_error(name, "a boolean", *v);
-  return std::optional<bool>(v->get<bool>());
-}
-
-StatusOr<std::optional<std::string>> string_field(const Json& object, const std::string& name) {
-  const Json* v = find_field(object, name);
-  if (v == nullptr) return std::optional<std::string>();
-  if (!v->is_string()) return type_error(name, "a string", *v);
-  return std::optional<std::string>(v->get<std::string>());
-}
 
 // Request fields each endpoint understands. Anything else is rejected, as OpenAI does.
 const std::set<std::string>& known_fields(Endpoint endpoint) {
@@ -99,6 +53,7 @@ const std::set<std::string>& known_fields(Endpoint endpoint) {
                                               "tool_choice",
                                               "parallel_tool_calls",
                                               "response_format",
+                                              "chat_template_kwargs",
                                               "store",
                                               "metadata",
                                               "service_tier"};
@@ -140,15 +95,6 @@ Status check_unsupported(const Json& root) {
   if (const Json* v = find_field(root, "logit_bias")) {
     if (!v->is_object()) return type_error("logit_bias", "an object", *v);
     if (!v->empty()) return field_error("logit_bias", "is not supported");
-  }
-  if (const Json* v = find_field(root, "tools")) {
-    if (!v->is_array()) return type_error("tools", "an array", *v);
-    if (!v->empty()) return field_error("tools", "tool calling is not supported");
-  }
-  if (const Json* v = find_field(root, "tool_choice")) {
-    if (!(v->is_string() && (*v == "none" || *v == "auto"))) {
-      return field_error("tool_choice", "tool calling is not supported");
-    }
   }
   if (const Json* v = find_field(root, "response_format")) {
     if (!v->is_object()) return type_error("response_format", "an object", *v);
@@ -272,61 +218,6 @@ Status parse_sampling(const Json& root, Endpoint endpoint, ParsedRequest* out) {
   return Status::ok_status();
 }
 
-StatusOr<std::string> parse_content(const Json& content, const std::string& field) {
-  if (content.is_string()) return content.get<std::string>();
-  if (!content.is_array()) {
-    return type_error(field, "a string or an array of content parts", content);
-  }
-  // Text parts are joined with newlines, as vLLM does.
-  std::string text;
-  for (size_t j = 0; j < content.size(); ++j) {
-    const Json& part = content[j];
-    const std::string at = field + "[" + std::to_string(j) + "]";
-    if (!part.is_object()) return type_error(at, "a content part object", part);
-    const Json* type = find_field(part, "type");
-    if (type == nullptr || !type->is_string() || *type != "text") {
-      return field_error(at + ".type", (type == nullptr ? std::string("(missing)") : type->dump()) +
-                                           " is not supported (only \"text\" parts are)");
-    }
-    const Json* part_text = find_field(part, "text");
-    if (part_text == nullptr || !part_text->is_string()) {
-      return field_error(at + ".text", "expected a string");
-    }
-    if (j > 0) text += '\n';
-    text += part_text->get_ref<const std::string&>();
-  }
-  return text;
-}
-
-StatusOr<std::vector<tokenizer::ChatMessage>> parse_messages(const Json& root) {
-  const Json* messages = find_field(root, "messages");
-  if (messages == nullptr) return field_error("messages", "is required");
-  if (!messages->is_array()) return type_error("messages", "an array of messages", *messages);
-  if (messages->empty()) return field_error("messages", "must not be empty");
-  std::vector<tokenizer::ChatMessage> out;
-  for (size_t i = 0; i < messages->size(); ++i) {
-    const Json& m = (*messages)[i];
-    const std::string at = "messages[" + std::to_string(i) + "]";
-    if (!m.is_object()) return type_error(at, "a message object", m);
-    const Json* r = find_field(m, "role");
-    if (r == nullptr) return field_error(at + ".role", "is required");
-    if (!r->is_string()) return type_error(at + ".role", "a string", *r);
-    std::string role = r->get<std::string>();
-    if (role == "developer") role = "system";  // OpenAI's newer name for the system role
-    if (role != "system" && role != "user" && role != "assistant") {
-      return field_error(at + ".role", "'" + role + "' is not system, user or assistant");
-    }
-    std::string content;
-    if (const Json* c = find_field(m, "content")) {
-      STRATA_ASSIGN_OR_RETURN(content, parse_content(*c, at + ".content"));
-    } else if (role != "assistant") {  // an assistant turn that only called tools has none
-      return field_error(at + ".content", "is required");
-    }
-    out.push_back({std::move(role), std::move(content)});
-  }
-  return out;
-}
-
 Status parse_prompt(const Json& root, ParsedRequest* out) {
   const Json* prompt = find_field(root, "prompt");
   if (prompt == nullptr) return field_error("prompt", "is required");
@@ -426,7 +317,7 @@ StatusOr<ParsedRequest> parse_request(Endpoint endpoint, std::string_view body,
   out.endpoint = endpoint;
   STRATA_ASSIGN_OR_RETURN(out.model, string_field(root, "model"));
   if (endpoint == Endpoint::kChatCompletions) {
-    STRATA_ASSIGN_OR_RETURN(out.messages, parse_messages(root));
+    STRATA_RETURN_IF_ERROR(parse_chat_fields(root, &out));
   } else {
     STRATA_RETURN_IF_ERROR(parse_prompt(root, &out));
   }
@@ -578,8 +469,22 @@ class CompletionLogprobs {
 
 namespace {
 
-Json finish_json(const std::optional<engine::FinishReason>& reason) {
+Json finish_json(const std::optional<engine::FinishReason>& reason, bool called_tools = false) {
+  if (reason && called_tools && *reason == engine::FinishReason::kStop) return Json("tool_calls");
   return reason ? Json(finish_reason_string(*reason)) : Json(nullptr);
+}
+
+Json tool_calls_json(const std::vector<ParsedToolCall>& calls, ToolCallFormat format,
+                     bool with_index) {
+  Json out = Json::array();
+  for (size_t i = 0; i < calls.size(); ++i) {
+    Json call = {{"id", new_tool_call_id(format)},
+                 {"type", "function"},
+                 {"function", {{"name", calls[i].name}, {"arguments", calls[i].arguments}}}};
+    if (with_index) call["index"] = i;
+    out.push_back(std::move(call));
+  }
+  return out;
 }
 
 }  // namespace
@@ -619,8 +524,29 @@ std::vector<std::string> ResponseBuilder::stream_chunks(const engine::RequestOut
     logprobs = completion.take();
   }
   if (chat) {
+    ParsedReply tail;
+    const std::string content = options_.tool_format == ToolCallFormat::kNone
+                                    ? delta.text
+                                    : tool_stream_content(delta, &tail);
     Json message = Json::object();
-    if (!delta.text.empty()) message["content"] = delta.text;
+    if (!content.empty()) message["content"] = content;
+    if (!tail.calls.empty()) {
+      // The calls follow the content, one chunk each, and the finish reason with the last.
+      chunks.push_back(chunk({{"index", 0},
+                              {"delta", std::move(message)},
+                              {"logprobs", std::move(logprobs)},
+                              {"finish_reason", nullptr}}));
+      const Json calls = tool_calls_json(tail.calls, options_.tool_format, true);
+      for (size_t i = 0; i < calls.size(); ++i) {
+        const bool last = i + 1 == calls.size();
+        chunks.push_back(chunk(
+            {{"index", 0},
+             {"delta", {{"tool_calls", Json::array({calls[i]})}}},
+             {"logprobs", nullptr},
+             {"finish_reason", last ? finish_json(delta.finish_reason, true) : Json(nullptr)}}));
+      }
+      return chunks;
+    }
     chunks.push_back(chunk({{"index", 0},
                             {"delta", std::move(message)},
                             {"logprobs", std::move(logprobs)},
@@ -632,6 +558,22 @@ std::vector<std::string> ResponseBuilder::stream_chunks(const engine::RequestOut
                             {"finish_reason", finish_json(delta.finish_reason)}}));
   }
   return chunks;
+}
+
+std::string ResponseBuilder::tool_stream_content(const engine::RequestOutput& delta,
+                                                 ParsedReply* calls) {
+  reply_ += delta.text;
+  if (!delta.finish_reason) {
+    const size_t ready = std::max(streamed_, streamable_prefix(options_.tool_format, reply_));
+    std::string content = reply_.substr(streamed_, ready - streamed_);
+    streamed_ = ready;
+    return content;
+  }
+  const std::string_view rest = std::string_view(reply_).substr(streamed_);
+  streamed_ = reply_.size();
+  *calls = parse_tool_calls(options_.tool_format, rest);
+  if (calls->calls.empty()) return std::string(rest);
+  return calls->content;
 }
 
 std::string ResponseBuilder::usage_chunk(const engine::Usage& usage) const {
@@ -675,7 +617,13 @@ std::string ResponseBuilder::response() const {
                  {"logprobs", std::move(logprobs)},
                  {"finish_reason", finish_json(finish_reason_)}};
   if (chat) {
-    choice["message"] = {{"role", "assistant"}, {"content", text_}};
+    const ParsedReply reply = parse_tool_calls(options_.tool_format, text_);
+    choice["message"] = {{"role", "assistant"}, {"content", reply.content}};
+    if (!reply.calls.empty()) {
+      if (reply.content.empty()) choice["message"]["content"] = nullptr;
+      choice["message"]["tool_calls"] = tool_calls_json(reply.calls, options_.tool_format, false);
+      choice["finish_reason"] = finish_json(finish_reason_, true);
+    }
   } else {
     choice["text"] = options_.echo ? options_.prompt_text + text_ : text_;
   }

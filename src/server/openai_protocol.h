@@ -14,6 +14,7 @@
 #include "strata/engine/engine.h"
 #include "strata/sampling/sampling_params.h"
 #include "strata/tokenizer/chat_template.h"
+#include "tool_calls.h"
 
 namespace strata::tokenizer {
 class Tokenizer;
@@ -44,6 +45,9 @@ struct ParsedRequest {
   Endpoint endpoint = Endpoint::kCompletions;
   std::optional<std::string> model;
   std::vector<tokenizer::ChatMessage> messages;  // kChatCompletions: non-empty
+  std::vector<tokenizer::ToolDefinition> tools;
+  bool use_tools = false;            // tools given and tool_choice not "none": render and parse
+  std::string chat_template_kwargs;  // JSON object text, or empty
   // kCompletions: exactly one of the two is set (non-empty).
   std::optional<std::string> prompt_text;
   std::vector<TokenId> prompt_token_ids;
@@ -90,6 +94,9 @@ class ResponseBuilder {
     bool echo = false;
     std::string prompt_text;
     std::vector<TokenId> prompt_token_ids;
+    // kChatCompletions with tools: the reply's tool calls in this format become "tool_calls"
+    // (streamed as one delta per call once the reply ends; content before them streams as usual).
+    ToolCallFormat tool_format = ToolCallFormat::kNone;
   };
   ResponseBuilder(Options options, const tokenizer::Tokenizer& tokenizer);
 
@@ -106,12 +113,17 @@ class ResponseBuilder {
  private:
   void add_echoed_prompt(CompletionLogprobs& logprobs,
                          std::span<const engine::TokenOutput> prompt_logprobs) const;
+  // Stream with tools: the content of `delta` that can go out now, and at the end the rest of
+  // the reply split into content and calls (*calls).
+  std::string tool_stream_content(const engine::RequestOutput& delta, ParsedReply* calls);
 
   Options options_;
   const tokenizer::Tokenizer& tokenizer_;
   bool sent_role_ = false;
   bool echoed_ = false;
   int64_t text_offset_ = 0;  // kCompletions logprobs: characters of text so far
+  std::string reply_;        // stream with tools: the reply so far
+  size_t streamed_ = 0;      // ... and how many of its bytes went out as content
   // Accumulated by add().
   std::string text_;
   std::vector<engine::TokenOutput> tokens_;

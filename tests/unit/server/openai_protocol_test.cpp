@@ -202,8 +202,48 @@ std::vector<ValidCase> valid_cases() {
          EXPECT_EQ(r.messages[0].role, "system");
          EXPECT_EQ(r.messages[0].content, "rules");
          EXPECT_EQ(r.messages[2].role, "assistant");
-         EXPECT_EQ(r.messages[2].content, "");
+         EXPECT_FALSE(r.messages[2].content.has_value());
          EXPECT_EQ(r.messages[3].content, "q2");
+       }},
+      {"ToolsToolCallsAndToolResults", chat,
+       chat_body({{"messages",
+                   {{{"role", "user"}, {"content", "weather?"}},
+                    {{"role", "assistant"},
+                     {"content", nullptr},
+                     {"tool_calls",
+                      {{{"id", "call_1"},
+                        {"type", "function"},
+                        {"function", {{"name", "get"}, {"arguments", "{\"city\": \"Oslo\"}"}}}}}}},
+                    {{"role", "tool"}, {"tool_call_id", "call_1"}, {"content", "3"}}}},
+                  {"tools",
+                   {{{"type", "function"},
+                     {"function",
+                      {{"name", "get"},
+                       {"description", "Weather"},
+                       {"parameters", {{"type", "object"}, {"properties", Json::object()}}}}}}}},
+                  {"chat_template_kwargs", {{"enable_thinking", false}}}}),
+       [](const ParsedRequest& r) {
+         ASSERT_EQ(r.messages.size(), 3u);
+         ASSERT_EQ(r.messages[1].tool_calls.size(), 1u);
+         EXPECT_EQ(r.messages[1].tool_calls[0].id, "call_1");
+         EXPECT_EQ(r.messages[1].tool_calls[0].name, "get");
+         EXPECT_EQ(r.messages[1].tool_calls[0].arguments, "{\"city\": \"Oslo\"}");
+         EXPECT_EQ(r.messages[2].role, "tool");
+         EXPECT_EQ(r.messages[2].tool_call_id, "call_1");
+         ASSERT_EQ(r.tools.size(), 1u);
+         EXPECT_EQ(r.tools[0].name, "get");
+         EXPECT_EQ(r.tools[0].description, "Weather");
+         // Keys in the order the body has them (this test's json sorts them).
+         EXPECT_EQ(r.tools[0].parameters, R"({"properties":{},"type":"object"})");
+         EXPECT_TRUE(r.use_tools);
+         EXPECT_EQ(r.chat_template_kwargs, R"({"enable_thinking":false})");
+       }},
+      {"ToolChoiceNoneKeepsToolsOut", chat,
+       chat_body({{"tools", {{{"type", "function"}, {"function", {{"name", "f"}}}}}},
+                  {"tool_choice", "none"}}),
+       [](const ParsedRequest& r) {
+         EXPECT_EQ(r.tools.size(), 1u);
+         EXPECT_FALSE(r.use_tools);
        }},
       {"TextContentPartsJoinedWithNewlines", chat,
        chat_body({{"messages",
@@ -346,7 +386,9 @@ std::vector<InvalidCase> invalid_cases() {
       {"EchoNotABoolean", completions, completion_body({{"echo", 1}}), "echo"},
       {"Suffix", completions, completion_body({{"suffix", "end"}}), "suffix"},
       {"LogitBias", chat, chat_body({{"logit_bias", {{"5", 10}}}}), "logit_bias"},
-      {"Tools", chat, chat_body({{"tools", {{{"type", "function"}}}}}), "tools"},
+      {"ToolWithoutFunction", chat, chat_body({{"tools", {{{"type", "function"}}}}}),
+       "tools[0].function"},
+      {"ToolsNotAnArray", chat, chat_body({{"tools", "f"}}), "tools"},
       {"ToolChoiceRequired", chat, chat_body({{"tool_choice", "required"}}), "tool_choice"},
       {"ResponseFormatJson", chat, chat_body({{"response_format", {{"type", "json_object"}}}}),
        "response_format.type"},
@@ -379,10 +421,27 @@ std::vector<InvalidCase> invalid_cases() {
       {"RoleMissing", chat, chat_body({{"messages", {{{"content", "x"}}}}}), "messages[0].role"},
       {"RoleNumber", chat, chat_body({{"messages", {{{"role", 1}, {"content", "x"}}}}}),
        "messages[0].role"},
-      {"RoleTool", chat,
+      {"ToolResultWithoutCallId", chat,
        chat_body({{"messages",
                    {{{"role", "user"}, {"content", "x"}}, {{"role", "tool"}, {"content", "y"}}}}}),
-       "messages[1].role"},
+       "messages[1].tool_call_id"},
+      {"ToolCallsOnAUserMessage", chat,
+       chat_body(
+           {{"messages", {{{"role", "user"}, {"content", "x"}, {"tool_calls", Json::array()}}}}}),
+       "messages[0].tool_calls"},
+      {"ToolCallArgumentsNotText", chat,
+       chat_body({{"messages",
+                   {{{"role", "assistant"},
+                     {"tool_calls",
+                      {{{"id", "c"},
+                        {"type", "function"},
+                        {"function", {{"name", "f"}, {"arguments", {{"a", 1}}}}}}}}}}}}),
+       "messages[0].tool_calls[0].function.arguments"},
+      {"ToolChoiceNamed", chat,
+       chat_body({{"tool_choice", {{"type", "function"}, {"function", {{"name", "f"}}}}}}),
+       "tool_choice"},
+      {"TemplateKwargsNotAnObject", chat, chat_body({{"chat_template_kwargs", 1}}),
+       "chat_template_kwargs"},
       {"RoleUnknown", chat, chat_body({{"messages", {{{"role", "robot"}, {"content", "x"}}}}}),
        "messages[0].role"},
       {"UserContentMissing", chat, chat_body({{"messages", {{{"role", "user"}}}}}),
