@@ -5,12 +5,12 @@
 # another terminal: build/bin/strata chat
 # Finished conversation turns keep their KV in a 512 MiB DRAM tier and a 2 GiB SSD tier under
 # .cache/kv-store (CachedAttention; docs/kv-store.md), so a conversation's next turn, and a restart
-# of the server, do not recompute its history.
+# of the server, do not recompute its history. Settings: configs/default.yaml (requests that leave
+# sampling fields unset get llama.cpp's defaults), on the GPU when there is one.
 # Extra arguments go to `strata serve` (see `build/bin/strata serve --help`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh
 scripts/build.sh --target strata
-exec build/bin/strata serve --model .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf \
-  --set kv_store.dram_bytes=512MiB --set kv_store.ssd_dir=.cache/kv-store \
-  --set kv_store.ssd_bytes=2GiB "$@"
+exec build/bin/strata serve --config configs/default.yaml --set devices.device=auto \
+  --set model.dtype=auto "$@"

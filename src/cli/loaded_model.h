@@ -31,6 +31,9 @@ struct LoadedEngine {
   // nullopt when the model has no usable template and no chat_template fallback was configured.
   std::optional<tokenizer::ChatTemplate> chat_template;
   Status chat_template_error;  // why chat_template is empty
+  // What requests' unset sampling fields take: the model's own defaults over the deployment
+  // file's sampling section (see config::SamplingSection).
+  sampling::SamplingParams sampling_defaults;
 };
 
 // The tokenizer of a model: its GGUF metadata, or the HF directory's tokenizer.json.

@@ -101,6 +101,7 @@ Status serve(const std::vector<std::string>& args) {
     options.host = server.host;
     options.port = server.grpc_port;
     options.served_name = served_name;
+    options.sampling_defaults = loaded.sampling_defaults;
     options.api_keys = api_keys;
     STRATA_ASSIGN_OR_RETURN(
         grpc, server::GrpcServer::start(*loaded.engine, loaded.chat_template, sessions, options));
@@ -113,6 +114,7 @@ Status serve(const std::vector<std::string>& args) {
     options.host = server.host;
     options.port = server.http_port;
     options.served_name = served_name;
+    options.sampling_defaults = loaded.sampling_defaults;
     options.api_keys = api_keys;
     options.request_timeout = std::chrono::seconds(server.request_timeout_seconds);
     STRATA_ASSIGN_OR_RETURN(http,

@@ -15,7 +15,15 @@ namespace strata::config {
 namespace {
 
 constexpr std::string_view kOptionalKeys[] = {"kv_cache.gpu_memory_fraction",
-                                              "kv_cache.cache_bytes", "kv_cache.page_format"};
+                                              "kv_cache.cache_bytes",
+                                              "kv_cache.page_format",
+                                              "sampling.temperature",
+                                              "sampling.top_k",
+                                              "sampling.top_p",
+                                              "sampling.min_p",
+                                              "sampling.repetition_penalty",
+                                              "sampling.presence_penalty",
+                                              "sampling.frequency_penalty"};
 constexpr std::string_view kListKeys[] = {"server.api_keys"};
 
 bool contains(std::span<const std::string_view> list, std::string_view key) {
@@ -457,6 +465,23 @@ Status read_logging(Context& ctx, const YAML::Node& node, LoggingSection& out) {
   });
 }
 
+Status read_sampling(Context& ctx, const YAML::Node& node, SamplingSection& out) {
+  STRATA_ASSIGN_OR_RETURN(const SectionMap m, SectionMap::open(ctx, node, "sampling"));
+  auto optional = [&](auto& field) {
+    return [&ctx, &field](const YAML::Node& n, const std::string& k) {
+      return read_optional(ctx, n, k, field);
+    };
+  };
+  STRATA_RETURN_IF_ERROR(m.get("temperature", optional(out.temperature)));
+  STRATA_RETURN_IF_ERROR(m.get("top_k", optional(out.top_k)));
+  STRATA_RETURN_IF_ERROR(m.get("top_p", optional(out.top_p)));
+  STRATA_RETURN_IF_ERROR(m.get("min_p", optional(out.min_p)));
+  STRATA_RETURN_IF_ERROR(m.get("repetition_penalty", optional(out.repetition_penalty)));
+  STRATA_RETURN_IF_ERROR(m.get("presence_penalty", optional(out.presence_penalty)));
+  STRATA_RETURN_IF_ERROR(m.get("frequency_penalty", optional(out.frequency_penalty)));
+  return m.get("use_generation_config", into(ctx, out.use_generation_config));
+}
+
 // Reads the section named `section` of `node` into `config`; false if there is no such section.
 bool read_section(Context& ctx, std::string_view section, const YAML::Node& node,
                   DeploymentConfig& config, Status& status) {
@@ -476,6 +501,8 @@ bool read_section(Context& ctx, std::string_view section, const YAML::Node& node
     status = read_scheduler(ctx, node, config.scheduler);
   } else if (section == "server") {
     status = read_server(ctx, node, config.server);
+  } else if (section == "sampling") {
+    status = read_sampling(ctx, node, config.sampling);
   } else if (section == "logging") {
     status = read_logging(ctx, node, config.logging);
   } else {
@@ -710,6 +737,26 @@ std::string to_yaml(const DeploymentConfig& config) {
   emit_string(out, "api_keys_env", server.api_keys_env);
   emit_plain(out, "shutdown_grace_seconds", std::to_string(server.shutdown_grace_seconds));
   emit_plain(out, "request_timeout_seconds", std::to_string(server.request_timeout_seconds));
+  out << YAML::EndMap;
+
+  const SamplingSection& sampling = config.sampling;
+  out << YAML::Key << "sampling" << YAML::Value << YAML::BeginMap;
+  auto emit_optional = [&out](const char* key, const auto& value) {
+    out << YAML::Key << key << YAML::Value;
+    if (value) {
+      out << format_double(static_cast<double>(*value));
+    } else {
+      out << YAML::Null;
+    }
+  };
+  emit_optional("temperature", sampling.temperature);
+  emit_optional("top_k", sampling.top_k);
+  emit_optional("top_p", sampling.top_p);
+  emit_optional("min_p", sampling.min_p);
+  emit_optional("repetition_penalty", sampling.repetition_penalty);
+  emit_optional("presence_penalty", sampling.presence_penalty);
+  emit_optional("frequency_penalty", sampling.frequency_penalty);
+  emit_plain(out, "use_generation_config", sampling.use_generation_config ? "true" : "false");
   out << YAML::EndMap;
 
   out << YAML::Key << "logging" << YAML::Value << YAML::BeginMap;

@@ -293,6 +293,17 @@ const KeyCheck<ServerSection> kServerKeys[] = {
      }},
 };
 
+const KeyCheck<SamplingSection> kSamplingKeys[] = {
+    {"sampling.temperature", nullptr},
+    {"sampling.top_k", nullptr},
+    {"sampling.top_p", nullptr},
+    {"sampling.min_p", nullptr},
+    {"sampling.repetition_penalty", nullptr},
+    {"sampling.presence_penalty", nullptr},
+    {"sampling.frequency_penalty", nullptr},
+    {"sampling.use_generation_config", nullptr},
+};
+
 const KeyCheck<LoggingSection> kLoggingKeys[] = {
     {"logging.level", nullptr},
     {"logging.format", nullptr},
@@ -441,6 +452,12 @@ StatusOr<std::vector<std::string>> resolve_api_keys(const ServerSection& server,
   return keys;
 }
 
+Status SamplingSection::validate() const {
+  const Status status = SamplingDefaults::validate();
+  if (status.ok()) return status;
+  return invalid_argument_error("sampling." + status.message());
+}
+
 Status DeploymentConfig::validate() const {
   STRATA_RETURN_IF_ERROR(model.validate());
   STRATA_RETURN_IF_ERROR(devices.validate());
@@ -450,6 +467,7 @@ Status DeploymentConfig::validate() const {
   STRATA_RETURN_IF_ERROR(leankv.validate());
   STRATA_RETURN_IF_ERROR(scheduler.validate());
   STRATA_RETURN_IF_ERROR(server.validate());
+  STRATA_RETURN_IF_ERROR(sampling.validate());
   STRATA_RETURN_IF_ERROR(logging.validate());
   if (kv_cache.gpu_memory_fraction && devices.device.kind == DeviceKind::kCpu) {
     return invalid_argument_error(
@@ -496,6 +514,7 @@ const std::vector<std::string_view>& config_keys() {
     append_keys(kLeanKvKeys, keys);
     append_keys(kSchedulerKeys, keys);
     append_keys(kServerKeys, keys);
+    append_keys(kSamplingKeys, keys);
     append_keys(kLoggingKeys, keys);
     return keys;
   }();
@@ -512,6 +531,7 @@ Status validate_key(const DeploymentConfig& config, std::string_view dotted_key)
   if (!found) status = check_one_key(kLeanKvKeys, config.leankv, dotted_key, found);
   if (!found) status = check_one_key(kSchedulerKeys, config.scheduler, dotted_key, found);
   if (!found) status = check_one_key(kServerKeys, config.server, dotted_key, found);
+  if (!found) status = check_one_key(kSamplingKeys, config.sampling, dotted_key, found);
   if (!found) status = check_one_key(kLoggingKeys, config.logging, dotted_key, found);
   if (!found) {
     std::string message(dotted_key);

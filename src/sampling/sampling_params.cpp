@@ -77,4 +77,48 @@ Status SamplingParams::validate(int64_t vocab_size) const {
   return Status::ok_status();
 }
 
+SamplingDefaults SamplingDefaults::overlaid_with(const SamplingDefaults& over) const {
+  SamplingDefaults out = *this;
+  auto take = [](auto& field, const auto& value) {
+    if (value) field = value;
+  };
+  take(out.temperature, over.temperature);
+  take(out.top_k, over.top_k);
+  take(out.top_p, over.top_p);
+  take(out.min_p, over.min_p);
+  take(out.repetition_penalty, over.repetition_penalty);
+  take(out.presence_penalty, over.presence_penalty);
+  take(out.frequency_penalty, over.frequency_penalty);
+  return out;
+}
+
+SamplingParams SamplingDefaults::params() const {
+  SamplingParams p;
+  p.temperature = temperature.value_or(p.temperature);
+  p.top_k = top_k.value_or(p.top_k);
+  p.top_p = top_p.value_or(p.top_p);
+  p.min_p = min_p.value_or(p.min_p);
+  p.repetition_penalty = repetition_penalty.value_or(p.repetition_penalty);
+  p.presence_penalty = presence_penalty.value_or(p.presence_penalty);
+  p.frequency_penalty = frequency_penalty.value_or(p.frequency_penalty);
+  return p;
+}
+
+std::string SamplingDefaults::describe() const {
+  std::ostringstream os;
+  auto put = [&](const char* name, const auto& value) {
+    if (value) os << (os.tellp() > 0 ? " " : "") << name << "=" << *value;
+  };
+  put("temperature", temperature);
+  put("top_k", top_k);
+  put("top_p", top_p);
+  put("min_p", min_p);
+  put("repetition_penalty", repetition_penalty);
+  put("presence_penalty", presence_penalty);
+  put("frequency_penalty", frequency_penalty);
+  return os.tellp() > 0 ? os.str() : "none";
+}
+
+Status SamplingDefaults::validate() const { return params().validate(/*vocab_size=*/1); }
+
 }  // namespace strata::sampling

@@ -38,8 +38,10 @@ grpc::Status to_grpc_status(const Status& status) {
   return grpc::Status(code, status.message());
 }
 
-sampling::SamplingParams to_sampling(const pb::SamplingParams& p) {
-  sampling::SamplingParams s;
+// `p` over `defaults` (the deployment's sampling defaults; max_tokens has its own default).
+sampling::SamplingParams to_sampling(const pb::SamplingParams& p,
+                                     const sampling::SamplingParams& defaults) {
+  sampling::SamplingParams s = defaults;
   if (p.has_temperature()) s.temperature = p.temperature();
   if (p.has_top_p()) s.top_p = p.top_p();
   if (p.has_top_k()) s.top_k = p.top_k();
@@ -95,10 +97,13 @@ std::optional<engine::RequestId> parse_request_id(const std::string& s) {
 class GenerationService final : public pb::Generation::Service {
  public:
   GenerationService(engine::Engine& engine, std::optional<tokenizer::ChatTemplate> chat,
-                    SessionStore& sessions, std::string served_name,
-                    std::vector<std::string> api_keys)
-      : engine_(engine), chat_(std::move(chat)), sessions_(sessions),
-        served_name_(std::move(served_name)), api_keys_(std::move(api_keys)) {}
+                    SessionStore& sessions, const GrpcServerOptions& options)
+      : engine_(engine),
+        chat_(std::move(chat)),
+        sessions_(sessions),
+        served_name_(options.served_name),
+        api_keys_(options.api_keys),
+        sampling_defaults_(options.sampling_defaults) {}
 
   grpc::Status Generate(grpc::ServerContext* context, const pb::GenerateRequest* request,
                         grpc::ServerWriter<pb::GenerateResponse>* writer) override {
@@ -122,7 +127,7 @@ class GenerationService final : public pb::Generation::Service {
         return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                             "input: set prompt or prompt_token_ids");
     }
-    r.sampling = to_sampling(request->sampling());
+    r.sampling = to_sampling(request->sampling(), sampling_defaults_);
     r.priority = request->priority();
     if (request->has_compress_kv()) r.compress_kv = request->compress_kv();
     std::string unused;
@@ -170,7 +175,7 @@ class GenerationService final : public pb::Generation::Service {
     engine::GenerateRequest r;
     r.tenant = tenant_salt(tenant, "");
     r.prompt_token_ids = engine_.tokenizer().encode(*prompt);
-    r.sampling = to_sampling(request->sampling());
+    r.sampling = to_sampling(request->sampling(), sampling_defaults_);
     r.priority = request->priority();
     if (request->has_compress_kv()) r.compress_kv = request->compress_kv();
     if (in_session) r.session = session_key(tenant, request->session_id());
@@ -303,6 +308,7 @@ class GenerationService final : public pb::Generation::Service {
   SessionStore& sessions_;
   const std::string served_name_;
   const std::vector<std::string> api_keys_;
+  const sampling::SamplingParams sampling_defaults_;
 };
 
 }  // namespace
@@ -321,8 +327,8 @@ StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::start(
     engine::Engine& engine, std::optional<tokenizer::ChatTemplate> chat_template,
     SessionStore& sessions, const GrpcServerOptions& options) {
   auto impl = std::make_unique<Impl>();
-  impl->service = std::make_unique<GenerationService>(engine, std::move(chat_template), sessions,
-                                                      options.served_name, options.api_keys);
+  impl->service =
+      std::make_unique<GenerationService>(engine, std::move(chat_template), sessions, options);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.host + ":" + std::to_string(options.port),

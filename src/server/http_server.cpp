@@ -324,7 +324,7 @@ class Service {
     const bool chat = endpoint == Endpoint::kChatCompletions;
     const model::ModelConfig& config = engine_.model_config();
     StatusOr<openai::ParsedRequest> parsed =
-        openai::parse_request(endpoint, body, config.vocab_size);
+        openai::parse_request(endpoint, body, config.vocab_size, options_.sampling_defaults);
     if (!parsed.ok()) return send_error(res, api_error(parsed.status()));
     if (parsed->model && *parsed->model != options_.served_name) {
       return send_error(res, model_not_found(*parsed->model));

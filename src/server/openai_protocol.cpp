@@ -292,8 +292,8 @@ std::optional<std::string> field_of_message(std::string_view message) {
   return std::nullopt;
 }
 
-StatusOr<ParsedRequest> parse_request(Endpoint endpoint, std::string_view body,
-                                      int64_t vocab_size) {
+StatusOr<ParsedRequest> parse_request(Endpoint endpoint, std::string_view body, int64_t vocab_size,
+                                      const sampling::SamplingParams& defaults) {
   Json root;
   try {
     root = Json::parse(body);
@@ -315,6 +315,7 @@ StatusOr<ParsedRequest> parse_request(Endpoint endpoint, std::string_view body,
 
   ParsedRequest out;
   out.endpoint = endpoint;
+  out.sampling = defaults;
   STRATA_ASSIGN_OR_RETURN(out.model, string_field(root, "model"));
   if (endpoint == Endpoint::kChatCompletions) {
     STRATA_RETURN_IF_ERROR(parse_chat_fields(root, &out));

@@ -67,8 +67,10 @@ struct ParsedRequest {
 // Parses and validates a request body, sampling parameters included (against `vocab_size`).
 // INVALID_ARGUMENT whose message starts with the request field at fault (see field_of_message),
 // for malformed JSON, wrong types, out-of-range values, unknown fields and unsupported features
-// (n > 1, a list of prompts, non-text content parts, tools, ...).
-StatusOr<ParsedRequest> parse_request(Endpoint endpoint, std::string_view body, int64_t vocab_size);
+// (n > 1, a list of prompts, non-text content parts, ...). Sampling fields the body leaves unset
+// take their value from `defaults`.
+StatusOr<ParsedRequest> parse_request(Endpoint endpoint, std::string_view body, int64_t vocab_size,
+                                      const sampling::SamplingParams& defaults = {});
 
 // GET /v1/models (a list of one) and /v1/models/{model}: the served model.
 std::string model_list_body(const std::string& served_name, int64_t created,

@@ -24,6 +24,7 @@
 #include "strata/engine/engine_config.h"
 #include "strata/executor/executor_config.h"
 #include "strata/kernels/kernel_selection.h"
+#include "strata/sampling/sampling_params.h"
 #include "strata/scheduler/scheduler.h"
 #include "strata/store/codec.h"
 #include "strata/store/placement_policy.h"
@@ -172,6 +173,19 @@ using EnvLookup = std::function<std::optional<std::string>(const std::string& na
 StatusOr<std::vector<std::string>> resolve_api_keys(const ServerSection& server,
                                                     const EnvLookup& lookup);
 
+// ---- sampling -------------------------------------------------------------------------------
+
+// What a request's unset sampling fields take (OpenAI's built-in defaults where nothing is set):
+// the model's own (a GGUF's general.sampling.*, an HF directory's generation_config.json) where
+// it has one and use_generation_config is true, else these.
+struct SamplingSection : sampling::SamplingDefaults {
+  bool use_generation_config = true;
+
+  // INVALID_ARGUMENT naming sampling.<key>.
+  Status validate() const;
+  bool operator==(const SamplingSection&) const = default;
+};
+
 // ---- logging --------------------------------------------------------------------------------
 
 enum class LogLevel { kTrace, kDebug, kInfo, kWarn, kError };
@@ -196,6 +210,7 @@ struct DeploymentConfig {
   LeanKvSection leankv;
   SchedulerSection scheduler;
   ServerSection server;
+  SamplingSection sampling;
   LoggingSection logging;
 
   // Every section's validate(), in this order, then the constraints between sections

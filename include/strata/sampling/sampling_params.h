@@ -72,4 +72,27 @@ struct SamplingParams {
   Status validate(int64_t vocab_size) const;
 };
 
+// The values a request's unset sampling fields take, where the model or the deployment sets them
+// (vLLM applies the model's generation config the same way). Unset fields keep SamplingParams'
+// own defaults.
+struct SamplingDefaults {
+  std::optional<double> temperature;
+  std::optional<int32_t> top_k;
+  std::optional<double> top_p;
+  std::optional<double> min_p;
+  std::optional<double> repetition_penalty;
+  std::optional<double> presence_penalty;
+  std::optional<double> frequency_penalty;
+
+  // Ours, with every field `over` sets replaced by its value.
+  SamplingDefaults overlaid_with(const SamplingDefaults& over) const;
+  // SamplingParams with these defaults in place of its own.
+  SamplingParams params() const;
+  // "temperature=0.7 top_p=0.9", or "none".
+  std::string describe() const;
+  // The set fields checked as SamplingParams::validate checks them.
+  Status validate() const;
+  bool operator==(const SamplingDefaults&) const = default;
+};
+
 }  // namespace strata::sampling

@@ -23,6 +23,8 @@ struct GrpcServerOptions {
   // The key a request presents is its tenant: prefix-cache entries are salted with it, so one
   // tenant's cached prompts never serve (or reveal themselves to) another.
   std::vector<std::string> api_keys;
+  // What a request's unset sampling fields take (max_tokens has its own default).
+  sampling::SamplingParams sampling_defaults;
 };
 
 class GrpcServer {

@@ -34,6 +34,8 @@ struct HttpServerOptions {
   // Connection threads. Each open connection (also an idle keep-alive one) holds a thread while
   // it is served; further connections wait for one.
   int num_threads = 64;
+  // What a request's unset sampling fields take (max_tokens has its own rule).
+  sampling::SamplingParams sampling_defaults;
 };
 
 class HttpServer {

@@ -31,6 +31,11 @@ TEST(ConfigLoaderTest, DefaultYamlIsTheStructDefaultsOnCpuWithTheSmallModel) {
   expected.kv_store.ssd_bytes = int64_t{2} << 30;
   // Prompts that fill the context window are rejected unless configured; default.yaml truncates.
   expected.scheduler.overflow_truncation_fraction = 0.5;
+  // Requests without sampling fields take llama.cpp's defaults instead of OpenAI's.
+  expected.sampling.temperature = 0.8;
+  expected.sampling.top_k = 40;
+  expected.sampling.top_p = 0.95;
+  expected.sampling.min_p = 0.05;
   EXPECT_EQ(*loaded, expected);
   EXPECT_EQ(loaded->server.host, "127.0.0.1");
   EXPECT_EQ(loaded->server.grpc_port, 50051);
@@ -298,7 +303,7 @@ TEST(ConfigLoaderTest, UnknownKeysNameTheFullPathAndListTheAllowedOnes) {
   expect_cases({
       {"top level", "modle: {}\n", kInvalid,
        "t.yaml:3:1: unknown key 'modle'; allowed top-level keys: model, devices, executor, "
-       "kv_cache, kv_store, leankv, scheduler, server, logging"},
+       "kv_cache, kv_store, leankv, scheduler, server, sampling, logging"},
       {"model", "model: {path: m, dtyp: float32}\n", kInvalid,
        "unknown key 'model.dtyp'; allowed keys in 'model': path, dtype, weights, chat_template, "
        "chat_template_file, "
@@ -515,6 +520,30 @@ TEST(ConfigLoaderTest, OverridesSetOneKeyWithTheFileSpelling) {
   EXPECT_TRUE(config.server.api_keys.empty());
 }
 
+TEST(ConfigLoaderTest, SamplingDefaults) {
+  StatusOr<DeploymentConfig> loaded = parse_config(
+      "model: {path: m}\nsampling: {temperature: 0.6, top_k: 20, repetition_penalty: 1.05, "
+      "use_generation_config: false}\n",
+      "t.yaml");
+  ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
+  EXPECT_EQ(loaded->sampling.temperature, 0.6);
+  EXPECT_EQ(loaded->sampling.top_k, 20);
+  EXPECT_EQ(loaded->sampling.repetition_penalty, 1.05);
+  EXPECT_FALSE(loaded->sampling.top_p.has_value());
+  EXPECT_FALSE(loaded->sampling.use_generation_config);
+  EXPECT_EQ(loaded->sampling.describe(), "temperature=0.6 top_k=20 repetition_penalty=1.05");
+  EXPECT_EQ(parse_config(to_yaml(*loaded), "round trip").value(), *loaded);
+  DeploymentConfig config = *loaded;
+  ASSERT_TRUE(apply_override(config, "sampling.temperature", "null").ok());
+  EXPECT_FALSE(config.sampling.temperature.has_value());
+  const StatusOr<DeploymentConfig> bad =
+      parse_config("model: {path: m}\nsampling: {top_p: 1.5}\n", "t.yaml");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("sampling.top_p must be in (0, 1], got 1.5"),
+            std::string::npos)
+      << bad.status().message();
+}
+
 TEST(ConfigLoaderTest, BadOverridesAreRejectedAndLeaveTheConfigUnchanged) {
   const DeploymentConfig original = with_path("m");
   const struct {
@@ -546,7 +575,7 @@ TEST(ConfigLoaderTest, BadOverridesAreRejectedAndLeaveTheConfigUnchanged) {
       {"scheduler.max_num_seqs.x", "1", ""},
       {"schedular.max_num_seqs", "1",
        "unknown key 'schedular.max_num_seqs'; allowed top-level keys: model, devices, executor, "
-       "kv_cache, kv_store, leankv, scheduler, server, logging"},
+       "kv_cache, kv_store, leankv, scheduler, server, sampling, logging"},
       {"scheduler", "1",
        "'scheduler' is a section; override one of its keys: max_num_seqs, "
        "max_num_batched_tokens, preemption_mode, max_queued_requests, "
