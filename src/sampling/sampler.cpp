@@ -316,6 +316,7 @@ SequenceSampler::SequenceSampler(SamplingParams params, int64_t vocab_size,
   STRATA_CHECK(valid.ok()) << valid.to_string();
   seed_ = params_.seed.has_value() ? *params_.seed : random_seed();
   stream_key_ = mix64(seed_ + kGoldenGamma);
+  if (params_.grammar) matcher_ = std::make_shared<GrammarMatcher>(params_.grammar);
   const bool track_seen = params_.repetition_penalty != 1.0;
   for (const TokenId token : prompt_tokens) {
     STRATA_CHECK(token >= 0 && token < vocab_size_)
@@ -330,10 +331,30 @@ void SequenceSampler::accept(TokenId token) {
   STRATA_CHECK(token >= 0 && token < vocab_size_)
       << "token " << token << " outside [0, " << vocab_size_ << ")";
   ++num_generated_;
+  if (matcher_ && !grammar_broken_ && !matcher_->accept(token)) grammar_broken_ = true;
   if (params_.repetition_penalty != 1.0) seen_tokens_.insert(token);
   if (params_.presence_penalty != 0.0 || params_.frequency_penalty != 0.0) {
     ++output_counts_[token];
   }
+}
+
+bool SequenceSampler::grammar_complete() const {
+  return matcher_ && !grammar_broken_ && matcher_->complete();
+}
+
+void SequenceSampler::apply_grammar(std::span<float> logits) const {
+  if (!matcher_ || grammar_broken_) return;
+  const std::shared_ptr<const TokenMask> mask = matcher_->allowed_tokens();
+  const auto allowed_ids = static_cast<int64_t>(mask->size()) * 64;
+  bool any = false;
+  for (int64_t id = 0; id < vocab_size_; ++id) {
+    if (id < allowed_ids && mask_allows(*mask, static_cast<TokenId>(id))) {
+      any = any || !std::isinf(logits[static_cast<size_t>(id)]);
+    } else {
+      logits[static_cast<size_t>(id)] = -kInf;
+    }
+  }
+  STRATA_CHECK(any) << "the grammar allows no token the model can produce";
 }
 
 double SequenceSampler::next_uniform() const {
@@ -415,6 +436,7 @@ SampleResult SequenceSampler::sample(std::span<const float> logits) const {
   ws.scaled.assign(logits.begin(), logits.end());
   const std::span<float> scaled(ws.scaled.data(), vocab);
   apply_penalties(scaled);
+  apply_grammar(scaled);
 
   const bool is_greedy = greedy();
   // At least FLT_MIN so that a huge temperature cannot make -inf * 0 = NaN.

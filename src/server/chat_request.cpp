@@ -1,5 +1,7 @@
 #include "chat_request.h"
 
+#include <algorithm>
+
 namespace strata::server::openai {
 namespace {
 
@@ -139,13 +141,46 @@ Status parse_chat_fields(const Json& root, ParsedRequest* out) {
       out->use_tools = false;  // as vLLM: the tools stay out of the prompt
     } else if (choice->is_string() && *choice == "auto") {
       if (out->tools.empty()) return field_error("tool_choice", "\"auto\" needs tools");
-    } else if ((choice->is_string() && *choice == "required") || choice->is_object()) {
-      // Forcing a call needs constrained decoding, which is not built yet.
-      return field_error("tool_choice",
-                         "only \"auto\" and \"none\" are supported (forcing a call needs "
-                         "structured outputs, not built yet)");
+    } else if (choice->is_string() && *choice == "required") {
+      if (out->tools.empty()) return field_error("tool_choice", "\"required\" needs tools");
+      out->forced_tool = "";
+    } else if (choice->is_object()) {
+      const Json* function = find_field(*choice, "function");
+      if (function == nullptr || !function->is_object()) {
+        return field_error("tool_choice.function", "is required");
+      }
+      STRATA_ASSIGN_OR_RETURN(std::string name,
+                              required_string(*function, "name", "tool_choice.function"));
+      const bool known = std::any_of(out->tools.begin(), out->tools.end(),
+                                     [&](const auto& t) { return t.name == name; });
+      if (!known) return field_error("tool_choice.function.name", "'" + name + "' is not in tools");
+      out->forced_tool = std::move(name);
     } else {
       return type_error("tool_choice", "\"none\", \"auto\", \"required\" or a function", *choice);
+    }
+  }
+  if (const Json* format = find_field(root, "response_format")) {
+    if (!format->is_object()) return type_error("response_format", "an object", *format);
+    STRATA_ASSIGN_OR_RETURN(std::string type, required_string(*format, "type", "response_format"));
+    if (type == "json_object") {
+      out->format = ParsedRequest::Format::kJsonObject;
+    } else if (type == "json_schema") {
+      const Json* spec = find_field(*format, "json_schema");
+      if (spec == nullptr || !spec->is_object()) {
+        return field_error("response_format.json_schema", "is required (an object)");
+      }
+      const Json* schema = find_field(*spec, "schema");
+      if (schema == nullptr || !(schema->is_object() || schema->is_boolean())) {
+        return field_error("response_format.json_schema.schema", "is required (a JSON Schema)");
+      }
+      out->format = ParsedRequest::Format::kJsonSchema;
+      out->json_schema = schema->dump();
+    } else if (type != "text") {
+      return field_error("response_format.type",
+                         "'" + type + "' is not text, json_object or json_schema");
+    }
+    if (out->format != ParsedRequest::Format::kText && out->forced_tool) {
+      return field_error("response_format", "cannot be combined with a forced tool_choice");
     }
   }
   if (const Json* kwargs = find_field(root, "chat_template_kwargs")) {

@@ -1,7 +1,5 @@
 #include "strata/server/http_server.h"
 
-#include "strata/server/tenant.h"
-
 #include <httplib.h>
 #include <netdb.h>
 #include <poll.h>
@@ -18,7 +16,9 @@
 #include "metrics.h"
 #include "openai_protocol.h"
 #include "strata/model/model_config.h"
+#include "strata/server/tenant.h"
 #include "strata/tokenizer/tokenizer.h"
+#include "structured_outputs.h"
 
 namespace strata::server {
 namespace {
@@ -150,6 +150,7 @@ class Service {
       : engine_(engine),
         chat_(std::move(chat)),
         options_(options),
+        structured_(engine.tokenizer()),
         created_(std::chrono::duration_cast<std::chrono::seconds>(
                      std::chrono::system_clock::now().time_since_epoch())
                      .count()) {}
@@ -347,6 +348,13 @@ class Service {
     engine::GenerateRequest request;
     request.prompt_token_ids = std::move(*prompt);
     request.sampling = parsed->sampling;
+    const ToolCallFormat tool_format = chat && parsed->use_tools && chat_
+                                           ? tool_call_format(chat_->source())
+                                           : ToolCallFormat::kNone;
+    StatusOr<std::shared_ptr<const sampling::Grammar>> grammar =
+        structured_.grammar_for(*parsed, tool_format);
+    if (!grammar.ok()) return send_error(res, api_error(grammar.status()));
+    request.sampling.grammar = std::move(*grammar);
     if (!parsed->max_tokens_given) {
       const int64_t room = config.max_context_tokens - num_prompt_tokens;
       request.sampling.max_tokens = chat ? room : std::min(kDefaultCompletionMaxTokens, room);
@@ -362,7 +370,7 @@ class Service {
                                    .count();
     response_options.logprobs = parsed->logprobs;
     response_options.include_usage = parsed->include_usage;
-    if (chat && parsed->use_tools) response_options.tool_format = tool_call_format(chat_->source());
+    response_options.tool_format = tool_format;
     if (parsed->echo) {
       response_options.echo = true;
       response_options.prompt_token_ids = request.prompt_token_ids;
@@ -535,6 +543,7 @@ class Service {
   engine::Engine& engine_;
   const std::optional<tokenizer::ChatTemplate> chat_;
   const HttpServerOptions options_;
+  StructuredOutputs structured_;  // grammars of response_format and forced tool calls
   const int64_t created_;  // Unix seconds, reported as the model's creation time
   Metrics metrics_;
   // Clock::time_point::rep of the shutdown deadline; max until shutdown() starts.

@@ -96,13 +96,6 @@ Status check_unsupported(const Json& root) {
     if (!v->is_object()) return type_error("logit_bias", "an object", *v);
     if (!v->empty()) return field_error("logit_bias", "is not supported");
   }
-  if (const Json* v = find_field(root, "response_format")) {
-    if (!v->is_object()) return type_error("response_format", "an object", *v);
-    const Json* type = find_field(*v, "type");
-    if (type == nullptr || *type != "text") {
-      return field_error("response_format.type", "only \"text\" is supported");
-    }
-  }
   return Status::ok_status();
 }
 

@@ -47,7 +47,12 @@ struct ParsedRequest {
   std::vector<tokenizer::ChatMessage> messages;  // kChatCompletions: non-empty
   std::vector<tokenizer::ToolDefinition> tools;
   bool use_tools = false;            // tools given and tool_choice not "none": render and parse
+  // tool_choice "required" (any of `tools`) or a function's name: the reply must call it.
+  std::optional<std::string> forced_tool;  // "" = any tool
   std::string chat_template_kwargs;  // JSON object text, or empty
+  // response_format: kText, or the JSON the reply must be (schema text for kJsonSchema).
+  enum class Format { kText, kJsonObject, kJsonSchema } format = Format::kText;
+  std::string json_schema;
   // kCompletions: exactly one of the two is set (non-empty).
   std::optional<std::string> prompt_text;
   std::vector<TokenId> prompt_token_ids;

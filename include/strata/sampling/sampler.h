@@ -24,12 +24,14 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
 #include "strata/common/ids.h"
+#include "strata/sampling/grammar.h"
 #include "strata/sampling/sampling_params.h"
 
 namespace strata::sampling {
@@ -84,6 +86,9 @@ class SequenceSampler {
   // the next position. Normally the token sample() returned; may differ (forced or speculative
   // tokens). REQUIRES: 0 <= token < vocab_size (checked).
   void accept(TokenId token);
+  // With params.grammar: whether the tokens accepted so far are a complete match (false without
+  // a grammar, or after a token the grammar did not allow, e.g. a forced one).
+  bool grammar_complete() const;
 
   const SamplingParams& params() const { return params_; }
   int64_t vocab_size() const { return vocab_size_; }
@@ -95,6 +100,8 @@ class SequenceSampler {
  private:
   bool greedy() const;
   void apply_penalties(std::span<float> logits) const;
+  // -inf for the tokens params.grammar does not allow next.
+  void apply_grammar(std::span<float> logits) const;
   // Uniform in [0, 1) for output position num_generated_.
   double next_uniform() const;
   // A token from the truncated distribution. `scaled_logits` are penalised and temperature-scaled
@@ -112,6 +119,9 @@ class SequenceSampler {
   // Output token -> number of times generated (> 0); filled only when a presence or frequency
   // penalty is set.
   std::unordered_map<TokenId, int32_t> output_counts_;
+  // params.grammar's position; shared (not copied) by copies of the sampler.
+  std::shared_ptr<GrammarMatcher> matcher_;
+  bool grammar_broken_ = false;  // a token the grammar rejected was accepted
 };
 
 }  // namespace strata::sampling

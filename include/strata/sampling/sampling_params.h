@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -12,6 +13,8 @@
 #include "strata/common/status.h"
 
 namespace strata::sampling {
+
+class Grammar;
 
 // Limits enforced by SamplingParams::validate().
 inline constexpr int32_t kMaxNumLogprobs = 20;
@@ -65,6 +68,8 @@ struct SamplingParams {
   std::optional<int32_t> prompt_logprobs;
   // Whether the matched stop string is part of the output text.
   bool include_stop_str_in_output = false;
+  // Structured outputs: only tokens the grammar allows next can be drawn (grammar.h); null = off.
+  std::shared_ptr<const Grammar> grammar;
 
   // OK, or INVALID_ARGUMENT whose message names the first offending field and its value, e.g.
   // "temperature must be >= 0, got -1". `vocab_size` is the number of logits per row (the model's
