@@ -1,11 +1,12 @@
 // `strata serve`: the gRPC server over one model until SIGINT/SIGTERM, which stops accepting
 // calls, gives in-flight ones the configured grace period, and exits 0.
 
+#include <spdlog/spdlog.h>
+
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
-#include <spdlog/spdlog.h>
-
+#include <filesystem>
 #include <thread>
 
 #include "commands.h"
@@ -94,7 +95,16 @@ Status serve(const std::vector<std::string>& args) {
   log_weight_report(loaded.engine->executor().weight_report());
   log_kernel_report(loaded.engine->executor().kernel_report());
   const std::string served_name = deployment.model.effective_served_name();
-  server::SessionStore sessions;
+  // Chat sessions are journaled beside the KV store's SSD tier, whose KV they resume with.
+  std::unique_ptr<server::SessionStore> sessions;
+  if (!deployment.kv_store.ssd_dir.empty()) {
+    std::error_code created;
+    std::filesystem::create_directories(deployment.kv_store.ssd_dir, created);
+    STRATA_ASSIGN_OR_RETURN(
+        sessions, server::SessionStore::open(deployment.kv_store.ssd_dir + "/sessions.journal"));
+  } else {
+    sessions = std::make_unique<server::SessionStore>();
+  }
   std::unique_ptr<server::GrpcServer> grpc;
   if (server.grpc_port != 0) {
     server::GrpcServerOptions options;
@@ -104,7 +114,7 @@ Status serve(const std::vector<std::string>& args) {
     options.sampling_defaults = loaded.sampling_defaults;
     options.api_keys = api_keys;
     STRATA_ASSIGN_OR_RETURN(
-        grpc, server::GrpcServer::start(*loaded.engine, loaded.chat_template, sessions, options));
+        grpc, server::GrpcServer::start(*loaded.engine, loaded.chat_template, *sessions, options));
     spdlog::info("serving {} on {}:{} (gRPC)", served_name, server.host, grpc->port());
     std::printf("grpc_port=%d\n", grpc->port());
   }

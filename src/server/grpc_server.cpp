@@ -2,12 +2,13 @@
 
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <spdlog/spdlog.h>
 
 #include <charconv>
 
 #include "strata/model/model_config.h"
-#include "strata/tokenizer/tokenizer.h"
 #include "strata/server/tenant.h"
+#include "strata/tokenizer/tokenizer.h"
 #include "strata/v1/generation.grpc.pb.h"
 
 namespace strata::server {
@@ -182,8 +183,10 @@ class GenerationService final : public pb::Generation::Service {
     std::string reply;
     grpc::Status status = stream(context, std::move(r), request->session_id(), writer, &reply);
     if (status.ok() && in_session) {
-      sessions_.commit_turn(session_key(tenant, request->session_id()), turn, reply,
-                            request->system());
+      // The reply went out; a journal that cannot record it (a full disk) costs durability only.
+      const Status kept = sessions_.commit_turn(session_key(tenant, request->session_id()), turn,
+                                                reply, request->system());
+      if (!kept.ok()) spdlog::warn("session {}: {}", request->session_id(), kept.message());
     }
     return status;
   }

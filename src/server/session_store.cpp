@@ -1,6 +1,138 @@
 #include "strata/server/session_store.h"
 
+#include <fcntl.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
 namespace strata::server {
+namespace {
+
+using Json = nlohmann::json;
+
+// A journal line: 16 hex digits of XXH3-64 over the JSON, a space, the JSON, a newline.
+std::string checksummed(const std::string& json) {
+  char sum[17];
+  std::snprintf(sum, sizeof(sum), "%016llx",
+                static_cast<unsigned long long>(XXH3_64bits(json.data(), json.size())));
+  return std::string(sum) + " " + json + "\n";
+}
+
+// The JSON of a well-formed line; nullopt for a torn or corrupt one.
+std::optional<Json> parse_line(const std::string& line) {
+  if (line.size() < 18 || line[16] != ' ') return std::nullopt;
+  const std::string json = line.substr(17);
+  char sum[17];
+  std::snprintf(sum, sizeof(sum), "%016llx",
+                static_cast<unsigned long long>(XXH3_64bits(json.data(), json.size())));
+  if (line.compare(0, 16, sum) != 0) return std::nullopt;
+  Json parsed = Json::parse(json, nullptr, /*allow_exceptions=*/false);
+  if (!parsed.is_object()) return std::nullopt;
+  return parsed;
+}
+
+Status errno_error(const std::string& what, const std::string& path) {
+  return Status(StatusCode::kUnavailable, what + " " + path + ": " + std::strerror(errno));
+}
+
+Status write_all(int fd, const std::string& data, const std::string& path) {
+  size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return errno_error("cannot write", path);
+    done += static_cast<size_t>(n);
+  }
+  return Status();
+}
+
+// Invalid UTF-8 (which the front doors never let through) would become U+FFFD, not an exception.
+std::string dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
+
+Json message_json(const tokenizer::ChatMessage& m) {
+  return {{"role", m.role}, {"content", m.content.value_or("")}};
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<SessionStore>> SessionStore::open(const std::string& journal_path,
+                                                           size_t max_sessions) {
+  auto store = std::make_unique<SessionStore>(max_sessions);
+  store->journal_path_ = journal_path;
+  // Replay: "session" records replace a whole conversation (written by compaction), "turn"
+  // records append one, "erase" records drop one.
+  std::ifstream in(journal_path);
+  std::string line;
+  while (std::getline(in, line)) {
+    const std::optional<Json> record = parse_line(line);
+    if (!record || !record->contains("op") || !record->contains("id")) {
+      ++store->corrupt_records_;
+      continue;
+    }
+    const std::string op = (*record)["op"].get<std::string>();
+    const std::string id = (*record)["id"].get<std::string>();
+    if (op == "erase") {
+      store->erase(id);
+    } else if (op == "session") {
+      store->erase(id);
+      Session& session = store->touch(id);
+      for (const Json& m : (*record)["messages"]) {
+        session.messages.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+      }
+    } else if (op == "turn") {
+      Session& session = store->touch(id, record->value("system", ""));
+      session.messages.push_back(
+          {(*record)["role"].get<std::string>(), (*record)["content"].get<std::string>()});
+      session.messages.push_back({"assistant", (*record)["reply"].get<std::string>()});
+    } else {
+      ++store->corrupt_records_;
+    }
+  }
+  if (store->corrupt_records_ > 0) {
+    spdlog::warn("sessions: skipped {} torn or corrupt records of {}", store->corrupt_records_,
+                 journal_path);
+  }
+  // Compact: the live sessions, least recently used first, into a new file renamed over the old.
+  const std::string tmp = journal_path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return errno_error("cannot create", tmp);
+  std::string compact;
+  for (const std::string& id : store->lru_) {
+    Json messages = Json::array();
+    for (const tokenizer::ChatMessage& m : store->sessions_.at(id).messages) {
+      messages.push_back(message_json(m));
+    }
+    compact += checksummed(dump(Json{{"op", "session"}, {"id", id}, {"messages", messages}}));
+  }
+  Status written = write_all(fd, compact, tmp);
+  if (written.ok() && ::fdatasync(fd) != 0) written = errno_error("cannot sync", tmp);
+  ::close(fd);
+  if (written.ok() && std::rename(tmp.c_str(), journal_path.c_str()) != 0) {
+    written = errno_error("cannot rename over", journal_path);
+  }
+  STRATA_RETURN_IF_ERROR(written);
+  store->journal_fd_ = ::open(journal_path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+  if (store->journal_fd_ < 0) return errno_error("cannot open", journal_path);
+  spdlog::info("sessions: {} restored from {}", store->sessions_.size(), journal_path);
+  return store;
+}
+
+SessionStore::~SessionStore() {
+  if (journal_fd_ >= 0) ::close(journal_fd_);
+}
+
+Status SessionStore::append(const std::string& json) {
+  if (journal_fd_ < 0) return Status();
+  STRATA_RETURN_IF_ERROR(write_all(journal_fd_, checksummed(json), journal_path_));
+  if (::fdatasync(journal_fd_) != 0) return errno_error("cannot sync", journal_path_);
+  return Status();
+}
 
 SessionStore::Session& SessionStore::touch(const std::string& session_id,
                                            const std::string& system) {
@@ -33,13 +165,20 @@ std::vector<tokenizer::ChatMessage> SessionStore::begin_turn(
   return messages;
 }
 
-void SessionStore::commit_turn(const std::string& session_id,
-                               const tokenizer::ChatMessage& message, const std::string& reply,
-                               const std::string& system) {
+Status SessionStore::commit_turn(const std::string& session_id,
+                                 const tokenizer::ChatMessage& message, const std::string& reply,
+                                 const std::string& system) {
   std::scoped_lock lock(mutex_);
+  const bool is_new = sessions_.find(session_id) == sessions_.end();
   Session& session = touch(session_id, system);
   session.messages.push_back(message);
   session.messages.push_back({"assistant", reply});
+  return append(dump(Json{{"op", "turn"},
+                          {"id", session_id},
+                          {"system", is_new ? system : std::string()},
+                          {"role", message.role},
+                          {"content", message.content.value_or("")},
+                          {"reply", reply}}));
 }
 
 bool SessionStore::erase(const std::string& session_id) {
@@ -48,6 +187,8 @@ bool SessionStore::erase(const std::string& session_id) {
   if (it == sessions_.end()) return false;
   lru_.erase(it->second.lru_position);
   sessions_.erase(it);
+  const Status journaled = append(dump(Json{{"op", "erase"}, {"id", session_id}}));
+  if (!journaled.ok()) spdlog::warn("sessions: {}", journaled.message());
   return true;
 }
 

@@ -1,17 +1,25 @@
 // Server-side chat sessions: a conversation kept by id so a client sends only its new turn.
 // The conversation's KV is reused through the prefix cache (and, with the store, its tiers).
 //
+// Durable when opened with a journal (serve puts it beside the KV store's SSD tier): every
+// finished turn and every erase is appended as one checksummed line, written and fdatasync'ed
+// before commit_turn() returns, and open() replays the journal, so sessions survive kill -9 along
+// with their KV on the SSD. A torn or corrupt line (a crash mid-write, a flipped bit) loses only
+// that record; open() then rewrites the journal compactly (one record per live session).
+//
 // Thread-safe. Bounded: beyond max_sessions the least recently used session is dropped.
 #pragma once
 
 #include <cstdint>
 #include <list>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "strata/common/status.h"
 #include "strata/tokenizer/chat_template.h"
 
 namespace strata::server {
@@ -19,6 +27,13 @@ namespace strata::server {
 class SessionStore {
  public:
   explicit SessionStore(size_t max_sessions = 10000) : max_sessions_(max_sessions) {}
+  // A store journaled to `journal_path` (created if missing), with the sessions it holds.
+  // UNAVAILABLE if the journal cannot be read or written.
+  static StatusOr<std::unique_ptr<SessionStore>> open(const std::string& journal_path,
+                                                      size_t max_sessions = 10000);
+  ~SessionStore();
+  SessionStore(const SessionStore&) = delete;
+  SessionStore& operator=(const SessionStore&) = delete;
 
   // The conversation so far with `message` appended; for a session that does not exist yet,
   // `system` (when non-empty) then `message`. Changes nothing: a turn that fails leaves no trace.
@@ -26,12 +41,16 @@ class SessionStore {
                                                  const tokenizer::ChatMessage& message,
                                                  const std::string& system = {}) const;
   // Records a finished turn (the user message and the assistant's reply), creating the session
-  // with `system` first if it does not exist (new, or dropped by the LRU bound meanwhile).
-  void commit_turn(const std::string& session_id, const tokenizer::ChatMessage& message,
-                   const std::string& reply, const std::string& system = {});
+  // with `system` first if it does not exist (new, or dropped by the LRU bound meanwhile). With
+  // a journal, the turn is durable when this returns OK; an error (a full disk) leaves the turn
+  // in memory only and is returned for the caller to report.
+  Status commit_turn(const std::string& session_id, const tokenizer::ChatMessage& message,
+                     const std::string& reply, const std::string& system = {});
   // Drops a session; false if it did not exist.
   bool erase(const std::string& session_id);
   size_t size() const;
+  // Journal lines open() skipped as torn or corrupt.
+  int64_t corrupt_records() const { return corrupt_records_; }
 
  private:
   struct Session {
@@ -40,11 +59,16 @@ class SessionStore {
   };
   // The session, created (with `system`, if any) when new. REQUIRES mutex_ held.
   Session& touch(const std::string& session_id, const std::string& system = {});
+  // Appends one checksummed record and syncs it. REQUIRES mutex_ held.
+  Status append(const std::string& json);
 
   const size_t max_sessions_;
   mutable std::mutex mutex_;
   std::unordered_map<std::string, Session> sessions_;
   std::list<std::string> lru_;  // least recently used first
+  int journal_fd_ = -1;         // -1: in memory only
+  std::string journal_path_;
+  int64_t corrupt_records_ = 0;
 };
 
 }  // namespace strata::server

@@ -3,9 +3,13 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "support/temp_dir.h"
 
 namespace strata::server {
 namespace {
@@ -33,7 +37,7 @@ TEST(SessionStoreTest, NewSessionStartsWithSystemThenMessage) {
   EXPECT_EQ(flatten(store.begin_turn("s", {"user", "hi"}, "be brief")),
             (Lines{"system:be brief", "user:hi"}));
   EXPECT_EQ(store.size(), 0u) << "a turn exists only once committed";
-  store.commit_turn("s", {"user", "hi"}, "ok", "be brief");
+  EXPECT_TRUE(store.commit_turn("s", {"user", "hi"}, "ok", "be brief").ok());
   EXPECT_EQ(store.size(), 1u);
 }
 
@@ -50,7 +54,7 @@ TEST(SessionStoreTest, BeginTurnDoesNotChangeTheConversationUntilCommit) {
             (Lines{"system:sys", "user:retry"}));
   EXPECT_EQ(store.size(), 0u);
 
-  store.commit_turn("s", {"user", "retry"}, "answer", "sys");
+  EXPECT_TRUE(store.commit_turn("s", {"user", "retry"}, "answer", "sys").ok());
   EXPECT_EQ(flatten(store.begin_turn("s", {"user", "next"})),
             (Lines{"system:sys", "user:retry", "assistant:answer", "user:next"}));
   // begin_turn again without commit: still the committed conversation plus the new message only.
@@ -61,8 +65,9 @@ TEST(SessionStoreTest, BeginTurnDoesNotChangeTheConversationUntilCommit) {
 TEST(SessionStoreTest, SystemMessageIsUsedOnlyOnCreation) {
   SessionStore store;
   store.begin_turn("s", {"user", "a"}, "first system");
-  store.commit_turn("s", {"user", "a"}, "b", "first system");
-  store.commit_turn("s", {"user", "c"}, "d", "second system");  // ignored: the session exists
+  EXPECT_TRUE(store.commit_turn("s", {"user", "a"}, "b", "first system").ok());
+  EXPECT_TRUE(store.commit_turn("s", {"user", "c"}, "d", "second system")
+                  .ok());  // ignored: the session exists
   EXPECT_EQ(flatten(store.begin_turn("s", {"user", "e"}, "second system")),
             (Lines{"system:first system", "user:a", "assistant:b", "user:c", "assistant:d",
                    "user:e"}));
@@ -71,17 +76,17 @@ TEST(SessionStoreTest, SystemMessageIsUsedOnlyOnCreation) {
 TEST(SessionStoreTest, SessionsAreIndependent) {
   SessionStore store;
   store.begin_turn("a", {"user", "1"});
-  store.commit_turn("a", {"user", "1"}, "one");
+  EXPECT_TRUE(store.commit_turn("a", {"user", "1"}, "one").ok());
   EXPECT_EQ(flatten(store.begin_turn("b", {"user", "2"})), (Lines{"user:2"}));
   EXPECT_EQ(store.size(), 1u) << "b has no committed turn yet";
-  store.commit_turn("b", {"user", "2"}, "two");
+  EXPECT_TRUE(store.commit_turn("b", {"user", "2"}, "two").ok());
   EXPECT_EQ(store.size(), 2u);
 }
 
 TEST(SessionStoreTest, EraseDropsTheSession) {
   SessionStore store;
   store.begin_turn("s", {"user", "a"}, "sys");
-  store.commit_turn("s", {"user", "a"}, "b", "sys");
+  EXPECT_TRUE(store.commit_turn("s", {"user", "a"}, "b", "sys").ok());
   EXPECT_TRUE(store.erase("s"));
   EXPECT_EQ(store.size(), 0u);
   EXPECT_FALSE(store.erase("s"));
@@ -94,12 +99,12 @@ TEST(SessionStoreTest, EraseDropsTheSession) {
 TEST(SessionStoreTest, LruBoundDropsLeastRecentlyUsed) {
   SessionStore store(/*max_sessions=*/2);
   store.begin_turn("a", {"user", "a1"});
-  store.commit_turn("a", {"user", "a1"}, "ra");
+  EXPECT_TRUE(store.commit_turn("a", {"user", "a1"}, "ra").ok());
   store.begin_turn("b", {"user", "b1"});
-  store.commit_turn("b", {"user", "b1"}, "rb");
+  EXPECT_TRUE(store.commit_turn("b", {"user", "b1"}, "rb").ok());
   // Use "a" again so that "b" becomes the least recently used.
-  store.commit_turn("a", {"user", "a2"}, "ra2");
-  store.commit_turn("c", {"user", "c1"}, "rc");
+  EXPECT_TRUE(store.commit_turn("a", {"user", "a2"}, "ra2").ok());
+  EXPECT_TRUE(store.commit_turn("c", {"user", "c1"}, "rc").ok());
   EXPECT_EQ(store.size(), 2u);
   EXPECT_FALSE(store.erase("b"));  // dropped
   EXPECT_TRUE(store.erase("a"));
@@ -109,8 +114,8 @@ TEST(SessionStoreTest, LruBoundDropsLeastRecentlyUsed) {
 TEST(SessionStoreTest, LruDroppedSessionStartsOverWhenUsedAgain) {
   SessionStore store(/*max_sessions=*/1);
   store.begin_turn("a", {"user", "a1"}, "sys");
-  store.commit_turn("a", {"user", "a1"}, "ra", "sys");
-  store.commit_turn("b", {"user", "b1"}, "rb");  // drops "a"
+  EXPECT_TRUE(store.commit_turn("a", {"user", "a1"}, "ra", "sys").ok());
+  EXPECT_TRUE(store.commit_turn("b", {"user", "b1"}, "rb").ok());  // drops "a"
   EXPECT_EQ(store.size(), 1u);
   EXPECT_EQ(flatten(store.begin_turn("a", {"user", "a2"})), (Lines{"user:a2"}));
 }
@@ -126,10 +131,10 @@ TEST(SessionStoreTest, ConcurrentTurnsOnManySessions) {
       for (int i = 0; i < kTurns; ++i) {
         const ChatMessage m{"user", std::to_string(i)};
         store.begin_turn(own, m, "sys");
-        store.commit_turn(own, m, numbered("r", i), "sys");
+        EXPECT_TRUE(store.commit_turn(own, m, numbered("r", i), "sys").ok());
         // A session every thread shares, and one that comes and goes.
         store.begin_turn("shared", m);
-        store.commit_turn("shared", m, "s");
+        EXPECT_TRUE(store.commit_turn("shared", m, "s").ok());
         store.erase("shared");
       }
     });
@@ -146,6 +151,61 @@ TEST(SessionStoreTest, ConcurrentTurnsOnManySessions) {
     }
   }
   EXPECT_LE(store.size(), static_cast<size_t>(kThreads + 1));
+}
+
+// A journaled store reopened (as after kill -9) holds the same sessions; erases stay erased; a
+// torn last line and a corrupt line lose only their own record; reopening compacts the journal.
+TEST(SessionStoreJournalTest, SessionsSurviveReopening) {
+  test_util::TempDir dir;
+  const std::string path = (dir.path() / "sessions.journal").string();
+  {
+    auto store = SessionStore::open(path);
+    ASSERT_TRUE(store.ok()) << store.status().to_string();
+    ASSERT_TRUE((*store)->commit_turn("a", {"user", "q1"}, "r1", "sys").ok());
+    ASSERT_TRUE((*store)->commit_turn("a", {"user", "q2 \u00e9\n\"quoted\""}, "r2").ok());
+    ASSERT_TRUE((*store)->commit_turn("b", {"user", "x"}, "y").ok());
+    ASSERT_TRUE((*store)->commit_turn("c", {"user", "gone"}, "soon").ok());
+    EXPECT_TRUE((*store)->erase("c"));
+  }
+  auto reopened = SessionStore::open(path);
+  ASSERT_TRUE(reopened.ok()) << reopened.status().to_string();
+  EXPECT_EQ((*reopened)->size(), 2u);
+  EXPECT_EQ((*reopened)->corrupt_records(), 0);
+  const auto a = (*reopened)->begin_turn("a", {"user", "q3"});
+  ASSERT_EQ(a.size(), 6u);
+  EXPECT_EQ(a[0].content, "sys");
+  EXPECT_EQ(a[3].content, "q2 \u00e9\n\"quoted\"");
+  EXPECT_EQ(a[4].content, "r2");
+  EXPECT_EQ((*reopened)->begin_turn("c", {"user", "?"}).size(), 1u);
+  ASSERT_TRUE((*reopened)->commit_turn("b", {"user", "x2"}, "y2").ok());
+  reopened->reset();
+
+  // Damage the journal: flip a byte inside b's turn record and tear a record at the end.
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  std::string journal = text.str();
+  const size_t b_turn = journal.find("\"x2\"");
+  ASSERT_NE(b_turn, std::string::npos);
+  journal[b_turn + 1] = 'z';
+  journal += journal.substr(0, 30);  // a torn line
+  std::ofstream(path, std::ios::trunc) << journal;
+  auto damaged = SessionStore::open(path);
+  ASSERT_TRUE(damaged.ok());
+  EXPECT_EQ((*damaged)->corrupt_records(), 2);
+  EXPECT_EQ((*damaged)->begin_turn("b", {"user", "?"}).size(), 3u);  // x, y: the x2 turn is lost
+  EXPECT_EQ((*damaged)->begin_turn("a", {"user", "?"}).size(), 6u);
+  damaged->reset();
+  // Reopening rewrote the journal clean, one record per session.
+  auto clean = SessionStore::open(path);
+  ASSERT_TRUE(clean.ok());
+  EXPECT_EQ((*clean)->corrupt_records(), 0);
+  EXPECT_EQ((*clean)->size(), 2u);
+}
+
+TEST(SessionStoreJournalTest, AnUnwritableJournalIsAnError) {
+  auto store = SessionStore::open("/nonexistent-dir/sessions.journal");
+  EXPECT_EQ(store.status().code(), StatusCode::kUnavailable);
 }
 
 }  // namespace
