@@ -103,6 +103,9 @@ struct Engine::Active {
   bool scores_prompt() const { return sampler.params().prompt_logprobs.has_value(); }
   std::vector<TokenId> forced;  // GenerateRequest::forced_completion
   bool compress_kv = true;      // GenerateRequest::compress_kv
+  // submit_parallel: the streams of the sequences that fork from this one once its prompt is
+  // computed (then cleared).
+  std::vector<std::shared_ptr<RequestStream>> forks;
 };
 
 StatusOr<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<model::ModelSource> source,
@@ -194,7 +197,18 @@ EngineStats Engine::stats() const {
 }
 
 StatusOr<std::shared_ptr<RequestStream>> Engine::submit(GenerateRequest request) {
+  STRATA_ASSIGN_OR_RETURN(std::vector<std::shared_ptr<RequestStream>> streams,
+                          submit_parallel(std::move(request), 1));
+  return streams.front();
+}
+
+StatusOr<std::vector<std::shared_ptr<RequestStream>>> Engine::submit_parallel(
+    GenerateRequest request, int32_t n) {
   const model::ModelConfig& config = executor_->config();
+  if (n < 1) return invalid_argument_error("n must be >= 1, got " + std::to_string(n));
+  if (n > 1 && !request.forced_completion.empty()) {
+    return invalid_argument_error("n: forced completions are scored once (n = 1)");
+  }
   if (request.prompt_token_ids.empty()) {
     return invalid_argument_error("prompt: must contain at least one token");
   }
@@ -232,7 +246,7 @@ StatusOr<std::shared_ptr<RequestStream>> Engine::submit(GenerateRequest request)
                                   std::to_string(config.max_context_tokens) +
                                   " to be scored (it would be truncated)");
   }
-  std::shared_ptr<RequestStream> stream;
+  std::vector<std::shared_ptr<RequestStream>> streams;
   {
     std::scoped_lock lock(mutex_);
     if (stopping_) return Status(StatusCode::kUnavailable, "the engine is shutting down");
@@ -241,11 +255,15 @@ StatusOr<std::shared_ptr<RequestStream>> Engine::submit(GenerateRequest request)
       return resource_exhausted_error("the request queue is full (" + std::to_string(queued) +
                                       " waiting); retry later");
     }
-    stream = std::make_shared<RequestStream>(RequestId{next_id_++});
-    inbox_.emplace_back(std::move(request), stream);
+    for (int32_t i = 0; i < n; ++i) {
+      streams.push_back(std::make_shared<RequestStream>(RequestId{next_id_++}));
+    }
+    inbox_.push_back(
+        {std::move(request), streams.front(),
+         std::vector<std::shared_ptr<RequestStream>>(streams.begin() + 1, streams.end())});
   }
   wake_.notify_all();
-  return stream;
+  return streams;
 }
 
 void Engine::cancel(RequestId id) {
@@ -258,7 +276,7 @@ void Engine::cancel(RequestId id) {
 
 void Engine::loop() {
   while (true) {
-    std::vector<std::pair<GenerateRequest, std::shared_ptr<RequestStream>>> inbox;
+    std::vector<Submission> inbox;
     std::vector<RequestId> cancels;
     bool stopping = false;
     {
@@ -273,7 +291,20 @@ void Engine::loop() {
     admit(std::move(inbox));
     for (RequestId id : cancels) {
       auto it = active_.find(SeqId{id.value});
-      if (it != active_.end()) finish(*it->second, {}, FinishReason::kAbort);
+      if (it != active_.end()) {
+        finish(*it->second, {}, FinishReason::kAbort);
+        continue;
+      }
+      for (auto& [seq, active] : active_) {  // a fork not started yet
+        auto fork = std::find_if(active->forks.begin(), active->forks.end(),
+                                 [&](const auto& s) { return s->id() == id; });
+        if (fork == active->forks.end()) continue;
+        RequestOutput aborted;
+        aborted.finish_reason = FinishReason::kAbort;
+        (*fork)->push(std::move(aborted));
+        active->forks.erase(fork);
+        break;
+      }
     }
     if (stopping) {
       while (!active_.empty()) finish(*active_.begin()->second, {}, FinishReason::kAbort);
@@ -305,9 +336,9 @@ void Engine::refresh_stats() {
   if (restore_) static_cast<restore::RestoreStats&>(stats_) = restore_->stats();
 }
 
-void Engine::admit(std::vector<std::pair<GenerateRequest, std::shared_ptr<RequestStream>>> requests) {
+void Engine::admit(std::vector<Submission> submissions) {
   const int64_t vocab = executor_->config().vocab_size;
-  for (auto& [request, stream] : requests) {
+  for (auto& [request, stream, forks] : submissions) {
     const SeqId seq{stream->id().value};
     std::vector<TokenId> stop_ids = request.sampling.stop_token_ids;
     if (!request.sampling.ignore_eos) {
@@ -321,6 +352,7 @@ void Engine::admit(std::vector<std::pair<GenerateRequest, std::shared_ptr<Reques
         std::move(stop_ids), Clock::now());
     active->forced = std::move(request.forced_completion);
     active->compress_kv = request.compress_kv;
+    active->forks = std::move(forks);
     std::vector<TokenId>& prompt = request.prompt_token_ids;
     active->usage.prompt_tokens = static_cast<int64_t>(prompt.size());
     const bool scores_prompt = request.sampling.prompt_logprobs.has_value();
@@ -345,6 +377,34 @@ void Engine::admit(std::vector<std::pair<GenerateRequest, std::shared_ptr<Reques
     } else if (restore_) {
       restore_->admitted(seq, drop, match);
     }
+  }
+}
+
+void Engine::start_forks(Active& parent, std::span<const float> last) {
+  const SeqId parent_seq{parent.id.value};
+  std::vector<std::shared_ptr<RequestStream>> forks = std::move(parent.forks);
+  parent.forks.clear();
+  const std::vector<TokenId> prompt = kv_->tokens(parent_seq);
+  for (size_t i = 0; i < forks.size(); ++i) {
+    const SeqId seq{forks[i]->id().value};
+    sampling::SamplingParams params = parent.sampler.params();
+    params.prompt_logprobs.reset();  // the first sequence reports them
+    if (params.seed) *params.seed += i + 1;
+    auto active = std::make_unique<Active>(
+        forks[i]->id(), forks[i],
+        sampling::SequenceSampler(params, static_cast<int64_t>(last.size()), prompt),
+        sampling::StopChecker(params), tokenizer::StreamDecoder(*tokenizer_), parent.stop_ids,
+        parent.submitted);
+    active->usage = parent.usage;
+    active->compress_kv = parent.compress_kv;
+    Active& ref = *active;
+    active_.emplace(seq, std::move(active));
+    if (Status forked = scheduler_->fork(parent_seq, seq); !forked.ok()) {
+      finish(ref, {}, FinishReason::kError, "n: " + forked.message());
+      continue;
+    }
+    if (restore_) restore_->forked(parent_seq, seq);
+    emit_token(ref, ref.sampler.sample(last));
   }
 }
 
@@ -381,6 +441,14 @@ void Engine::record_prompt_logprobs(Active& active, int64_t start_position, cons
 }
 
 void Engine::finish(Active& active, RequestOutput output, FinishReason reason, std::string error) {
+  // Forks that never started end with their parent (its prompt failed or was cancelled).
+  for (const std::shared_ptr<RequestStream>& fork : active.forks) {
+    RequestOutput ended;
+    ended.finish_reason = reason == FinishReason::kError ? reason : FinishReason::kAbort;
+    ended.error = error;
+    fork->push(std::move(ended));
+  }
+  active.forks.clear();
   output.finish_reason = reason;
   output.error = std::move(error);
   output.usage = active.usage;
@@ -515,6 +583,7 @@ void Engine::step() {
     }
     if (!chunk.samples) continue;
     const std::span<const float> last(rows + (num_rows - 1) * vocab, vocab);  // the next token's
+    if (!active.forks.empty()) start_forks(active, last);
     if (active.forced.empty()) {
       emit_token(active, active.sampler.sample(last));
     } else {

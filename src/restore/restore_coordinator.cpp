@@ -149,6 +149,15 @@ void RestoreCoordinator::admitted(SeqId seq, int64_t dropped_tokens,
   if (match) attach(seq, sequence, *match);
 }
 
+void RestoreCoordinator::forked(SeqId parent, SeqId child) {
+  const Sequence& from = *sequences_.at(parent);
+  auto sequence = std::make_unique<Sequence>();
+  sequence->info = {from.info.tenant, /*session=*/{}, from.info.scores_prompt};
+  sequence->lookup_at = store_->num_publications();
+  sequence->dropped_tokens = from.dropped_tokens;
+  sequences_[child] = std::move(sequence);
+}
+
 void RestoreCoordinator::attach(SeqId seq, Sequence& sequence, const store::StoreMatch& match) {
   const int64_t stored_drop = match.exact ? 0 : match.token_offset;
   // Truncation only grows, in whole blocks: the sequence's block j >= 1 is the item's chunk

@@ -56,6 +56,23 @@ Status Scheduler::add(SeqId seq, std::vector<TokenId> prompt, int32_t priority,
   return Status();
 }
 
+Status Scheduler::fork(SeqId parent, SeqId child) {
+  auto it = entries_.find(parent);
+  if (it == entries_.end() ||
+      std::find(running_.begin(), running_.end(), parent) == running_.end()) {
+    return invalid_argument_error("sequence " + std::to_string(parent.value) + " is not running");
+  }
+  if (entries_.contains(child)) {
+    return invalid_argument_error("sequence " + std::to_string(child.value) + " already queued");
+  }
+  STRATA_RETURN_IF_ERROR(kv_.fork(parent, child));
+  Entry entry = it->second;
+  entry.arrival = next_arrival_++;
+  entries_.emplace(child, std::move(entry));
+  insert_sorted(running_, child);
+  return Status();
+}
+
 void Scheduler::remove(SeqId seq) {
   if (!entries_.erase(seq)) return;
   std::erase(waiting_, seq);

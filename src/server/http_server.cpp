@@ -135,10 +135,16 @@ struct InFlight {
   bool timed_out = false;  // ... by the request timeout
 };
 
-// A streamed response, shared by httplib's content provider and its releaser.
-struct StreamState {
+// One choice of a request: its sequence's stream and the bodies built from it.
+struct Choice {
   InFlight request;
   openai::ResponseBuilder builder;
+};
+
+// A streamed response, shared by httplib's content provider and its releaser. With n > 1 the
+// choices are relayed one after the other (each chunk names its choice's index).
+struct StreamState {
+  std::vector<Choice> choices;
   bool include_usage = false;
   bool done = false;  // the provider ran to its end (the request is finished or cancelled)
 };
@@ -379,7 +385,8 @@ class Service {
                                          : engine_.tokenizer().decode(request.prompt_token_ids,
                                                                       /*skip_special=*/false);
     }
-    StatusOr<std::shared_ptr<engine::RequestStream>> submitted = engine_.submit(std::move(request));
+    StatusOr<std::vector<std::shared_ptr<engine::RequestStream>>> submitted =
+        engine_.submit_parallel(std::move(request), parsed->n);
     if (!submitted.ok()) {
       // The engine names the prompt "prompt"; a chat's prompt is its messages.
       Status status = submitted.status();
@@ -389,50 +396,67 @@ class Service {
       return send_error(res, api_error(status));
     }
 
-    InFlight in;
-    in.stream = std::move(*submitted);
-    in.socket = find_connection_socket(req);
-    in.received = received;
-    if (options_.request_timeout.count() > 0) in.timeout_at = received + options_.request_timeout;
-    response_options.id += std::to_string(in.stream->id().value);
-    openai::ResponseBuilder builder(std::move(response_options), engine_.tokenizer());
+    std::vector<Choice> choices;
+    response_options.id += std::to_string((*submitted)[0]->id().value);
+    for (size_t i = 0; i < submitted->size(); ++i) {
+      InFlight in;
+      in.stream = std::move((*submitted)[i]);
+      in.socket = find_connection_socket(req);
+      in.received = received;
+      if (options_.request_timeout.count() > 0) in.timeout_at = received + options_.request_timeout;
+      response_options.choice_index = static_cast<int32_t>(i);
+      choices.push_back(
+          {std::move(in), openai::ResponseBuilder(response_options, engine_.tokenizer())});
+    }
     if (parsed->stream) {
       auto state = std::make_shared<StreamState>(
-          StreamState{std::move(in), std::move(builder), parsed->include_usage, false});
+          StreamState{std::move(choices), parsed->include_usage, false});
       res.set_header("Cache-Control", "no-cache");
       res.set_chunked_content_provider(
           "text/event-stream",
           [this, state](size_t, httplib::DataSink& sink) { return stream_events(*state, sink); },
           // Also runs when the provider never did (the server stopped first).
           [this, state](bool) {
-            if (!state->done) engine_.cancel(state->request.stream->id());
+            if (!state->done) cancel_all(state->choices);
           });
       return;
     }
 
     std::optional<std::string> error;
     bool aborted = false;
-    const Outcome outcome = relay(in, [&](const engine::RequestOutput& out) {
-      if (out.finish_reason == engine::FinishReason::kError) {
-        error = out.error;
-      } else {
-        builder.add(out);
-        aborted = out.finish_reason == engine::FinishReason::kAbort;
+    bool timed_out = false;
+    std::vector<std::string> bodies;
+    for (Choice& choice : choices) {
+      const Outcome outcome = relay(choice.request, [&](const engine::RequestOutput& out) {
+        if (out.finish_reason == engine::FinishReason::kError) {
+          error = out.error;
+        } else {
+          choice.builder.add(out);
+          aborted = aborted || out.finish_reason == engine::FinishReason::kAbort;
+        }
+        return true;
+      });
+      if (outcome == Outcome::kClientGone) {
+        cancel_all(choices);
+        res.status = kClientClosedRequest;  // nobody reads it; recorded in /metrics
+        return;
       }
-      return true;
-    });
-    if (outcome == Outcome::kClientGone) {
-      res.status = kClientClosedRequest;  // nobody reads it; recorded in /metrics
-      return;
+      timed_out = timed_out || choice.request.timed_out;
+      bodies.push_back(choice.builder.response());
     }
     if (error) return send_error(res, api_error(internal_error(*error)));
-    if (aborted && in.timed_out) {
+    if (aborted && timed_out) {
       return send_error(res, api_error(Status(StatusCode::kDeadlineExceeded,
                                               "The request did not finish within " +
                                                   std::to_string(options_.request_timeout.count()) +
                                                   " s and was cancelled")));
     }
-    res.set_content(builder.response(), "application/json");
+    res.set_content(bodies.size() == 1 ? bodies[0] : openai::merge_choices(bodies),
+                    "application/json");
+  }
+
+  void cancel_all(const std::vector<Choice>& choices) {
+    for (const Choice& choice : choices) engine_.cancel(choice.request.stream->id());
   }
 
   StatusOr<std::vector<TokenId>> tokenize(const openai::ParsedRequest& parsed) const {
@@ -470,19 +494,32 @@ class Service {
       const std::string event = "data: " + json + "\n\n";
       return sink.write(event.data(), event.size());
     };
-    const Outcome outcome = relay(state.request, [&](const engine::RequestOutput& out) {
-      if (out.finish_reason == engine::FinishReason::kError) {
-        return send(openai::error_body(api_error(internal_error(out.error))));
+    engine::Usage usage;  // the prompt once, the choices' completions summed
+    for (Choice& choice : state.choices) {
+      const Outcome outcome = relay(choice.request, [&](const engine::RequestOutput& out) {
+        if (out.finish_reason == engine::FinishReason::kError) {
+          return send(openai::error_body(api_error(internal_error(out.error))));
+        }
+        for (const std::string& chunk : choice.builder.stream_chunks(out)) {
+          if (!send(chunk)) return false;
+        }
+        if (out.finish_reason) {
+          const int64_t completion = usage.completion_tokens + out.usage.completion_tokens;
+          usage = out.usage;
+          usage.completion_tokens = completion;
+        }
+        return true;
+      });
+      if (outcome == Outcome::kClientGone) {
+        state.done = true;
+        cancel_all(state.choices);
+        return false;
       }
-      for (const std::string& chunk : state.builder.stream_chunks(out)) {
-        if (!send(chunk)) return false;
-      }
-      if (out.finish_reason && state.include_usage)
-        return send(state.builder.usage_chunk(out.usage));
-      return true;
-    });
+    }
     state.done = true;
-    if (outcome == Outcome::kClientGone) return false;
+    if (state.include_usage && !send(state.choices.front().builder.usage_chunk(usage))) {
+      return false;
+    }
     constexpr std::string_view kDone = "data: [DONE]\n\n";
     if (!sink.write(kDone.data(), kDone.size())) return false;
     sink.done();

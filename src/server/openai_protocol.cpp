@@ -86,8 +86,6 @@ const std::set<std::string>& known_fields(Endpoint endpoint) {
 
 // Fields we accept only at their "off" value (features we do not implement).
 Status check_unsupported(const Json& root) {
-  STRATA_ASSIGN_OR_RETURN(std::optional<int64_t> n, integer_field(root, "n"));
-  if (n && *n != 1) return field_error("n", "only n = 1 is supported, got " + std::to_string(*n));
   STRATA_ASSIGN_OR_RETURN(std::optional<int64_t> best_of, integer_field(root, "best_of"));
   if (best_of && *best_of != 1) return field_error("best_of", "only best_of = 1 is supported");
   STRATA_ASSIGN_OR_RETURN(std::optional<std::string> suffix, string_field(root, "suffix"));
@@ -310,6 +308,12 @@ StatusOr<ParsedRequest> parse_request(Endpoint endpoint, std::string_view body, 
   out.endpoint = endpoint;
   out.sampling = defaults;
   STRATA_ASSIGN_OR_RETURN(out.model, string_field(root, "model"));
+  STRATA_ASSIGN_OR_RETURN(std::optional<int64_t> n, integer_field(root, "n"));
+  if (n && (*n < 1 || *n > kMaxChoices)) {
+    return field_error(
+        "n", "must be in [1, " + std::to_string(kMaxChoices) + "], got " + std::to_string(*n));
+  }
+  out.n = static_cast<int32_t>(n.value_or(1));
   if (endpoint == Endpoint::kChatCompletions) {
     STRATA_RETURN_IF_ERROR(parse_chat_fields(root, &out));
   } else {
@@ -496,7 +500,7 @@ std::vector<std::string> ResponseBuilder::stream_chunks(const engine::RequestOut
   };
   std::vector<std::string> chunks;
   if (chat && !sent_role_) {
-    chunks.push_back(chunk({{"index", 0},
+    chunks.push_back(chunk({{"index", options_.choice_index},
                             {"delta", {{"role", "assistant"}, {"content", ""}}},
                             {"logprobs", nullptr},
                             {"finish_reason", nullptr}}));
@@ -526,7 +530,7 @@ std::vector<std::string> ResponseBuilder::stream_chunks(const engine::RequestOut
     if (!content.empty()) message["content"] = content;
     if (!tail.calls.empty()) {
       // The calls follow the content, one chunk each, and the finish reason with the last.
-      chunks.push_back(chunk({{"index", 0},
+      chunks.push_back(chunk({{"index", options_.choice_index},
                               {"delta", std::move(message)},
                               {"logprobs", std::move(logprobs)},
                               {"finish_reason", nullptr}}));
@@ -534,19 +538,19 @@ std::vector<std::string> ResponseBuilder::stream_chunks(const engine::RequestOut
       for (size_t i = 0; i < calls.size(); ++i) {
         const bool last = i + 1 == calls.size();
         chunks.push_back(chunk(
-            {{"index", 0},
+            {{"index", options_.choice_index},
              {"delta", {{"tool_calls", Json::array({calls[i]})}}},
              {"logprobs", nullptr},
              {"finish_reason", last ? finish_json(delta.finish_reason, true) : Json(nullptr)}}));
       }
       return chunks;
     }
-    chunks.push_back(chunk({{"index", 0},
+    chunks.push_back(chunk({{"index", options_.choice_index},
                             {"delta", std::move(message)},
                             {"logprobs", std::move(logprobs)},
                             {"finish_reason", finish_json(delta.finish_reason)}}));
   } else {
-    chunks.push_back(chunk({{"index", 0},
+    chunks.push_back(chunk({{"index", options_.choice_index},
                             {"text", text},
                             {"logprobs", std::move(logprobs)},
                             {"finish_reason", finish_json(delta.finish_reason)}}));
@@ -568,6 +572,19 @@ std::string ResponseBuilder::tool_stream_content(const engine::RequestOutput& de
   *calls = parse_tool_calls(options_.tool_format, rest);
   if (calls->calls.empty()) return std::string(rest);
   return calls->content;
+}
+
+std::string merge_choices(const std::vector<std::string>& bodies) {
+  Json merged = Json::parse(bodies.front());
+  int64_t completion = 0;
+  for (size_t i = 0; i < bodies.size(); ++i) {
+    const Json body = i == 0 ? merged : Json::parse(bodies[i]);
+    if (i > 0) merged["choices"].push_back(body["choices"][0]);
+    completion += body["usage"]["completion_tokens"].get<int64_t>();
+  }
+  merged["usage"]["completion_tokens"] = completion;
+  merged["usage"]["total_tokens"] = merged["usage"]["prompt_tokens"].get<int64_t>() + completion;
+  return dump(merged);
 }
 
 std::string ResponseBuilder::usage_chunk(const engine::Usage& usage) const {
@@ -607,7 +624,7 @@ std::string ResponseBuilder::response() const {
     completion.add(tokens_);
     logprobs = completion.take();
   }
-  Json choice = {{"index", 0},
+  Json choice = {{"index", options_.choice_index},
                  {"logprobs", std::move(logprobs)},
                  {"finish_reason", finish_json(finish_reason_)}};
   if (chat) {

@@ -44,6 +44,7 @@ std::optional<std::string> field_of_message(std::string_view message);
 struct ParsedRequest {
   Endpoint endpoint = Endpoint::kCompletions;
   std::optional<std::string> model;
+  int32_t n = 1;  // choices: samples of the one prompt (Engine::submit_parallel)
   std::vector<tokenizer::ChatMessage> messages;  // kChatCompletions: non-empty
   std::vector<tokenizer::ToolDefinition> tools;
   bool use_tools = false;            // tools given and tool_choice not "none": render and parse
@@ -85,6 +86,13 @@ std::string model_body(const std::string& served_name, int64_t created, int64_t 
 // "stop", "length", "abort" ("error" for kError, which callers report as an error instead).
 const char* finish_reason_string(engine::FinishReason reason);
 
+// At most this many choices per request (n).
+inline constexpr int64_t kMaxChoices = 16;
+
+// One whole response out of the n single-choice ones of the same request: their choices in
+// order, the prompt counted once and the completion tokens summed.
+std::string merge_choices(const std::vector<std::string>& bodies);
+
 // The response bodies of one request: stream chunks or the whole response. Token strings for
 // logprobs are decoded with `tokenizer`, which must outlive the builder. Not thread-safe.
 class ResponseBuilder {
@@ -104,6 +112,7 @@ class ResponseBuilder {
     // kChatCompletions with tools: the reply's tool calls in this format become "tool_calls"
     // (streamed as one delta per call once the reply ends; content before them streams as usual).
     ToolCallFormat tool_format = ToolCallFormat::kNone;
+    int32_t choice_index = 0;  // n > 1: this choice's "index"
   };
   ResponseBuilder(Options options, const tokenizer::Tokenizer& tokenizer);
 

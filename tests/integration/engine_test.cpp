@@ -275,6 +275,49 @@ TEST(EngineTest, SameSeedSameSampledOutput) {
   EXPECT_NE(runs[0].tokens, runs[1].tokens);
 }
 
+// n samples of one prompt: the prompt is admitted and computed once (the forks never look it
+// up), the forks share its pages (the last one partly filled, so copy-on-write), greedy forks
+// decode what a solo run decodes, seeded ones draw apart, and every block comes back.
+TEST(EngineTest, ParallelSamplesForkAfterOnePrefill) {
+  std::unique_ptr<Engine> solo_engine = make_engine(tiny_qwen2_path(), small_engine_options());
+  std::unique_ptr<Engine> engine = make_engine(tiny_qwen2_path(), small_engine_options());
+  ASSERT_TRUE(solo_engine && engine);
+  const int vocab = static_cast<int>(engine->model_config().vocab_size);
+  GenerateRequest greedy = mixed_requests(1, vocab, 45, 11)[0];  // 45 + own tokens, blocks of 8
+  greedy.sampling.max_tokens = 24;
+  const std::vector<Collected> solo = run_solo(*solo_engine, {greedy});
+  StatusOr<std::vector<std::shared_ptr<RequestStream>>> streams =
+      engine->submit_parallel(greedy, 3);
+  ASSERT_TRUE(streams.ok()) << streams.status().to_string();
+  ASSERT_EQ(streams->size(), 3u);
+  std::vector<Collected> forks;
+  for (auto& stream : *streams) forks.push_back(collect(*stream));
+  expect_same_as_solo({solo[0], solo[0], solo[0]}, forks);
+  const int64_t prompt = static_cast<int64_t>(greedy.prompt_token_ids.size());
+  EXPECT_EQ(engine->stats().prefix_lookup_tokens, prompt) << "the prompt was admitted once";
+  for (const Collected& fork : forks) EXPECT_EQ(fork.last.usage.prompt_tokens, prompt);
+
+  GenerateRequest sampled = greedy;
+  sampled.sampling.temperature = 1.0;
+  sampled.sampling.seed = 5;
+  streams = engine->submit_parallel(sampled, 3);
+  ASSERT_TRUE(streams.ok());
+  std::vector<Collected> draws;
+  for (auto& stream : *streams) draws.push_back(collect(*stream));
+  EXPECT_NE(draws[0].tokens, draws[1].tokens);
+  EXPECT_NE(draws[1].tokens, draws[2].tokens);
+
+  // A fork cancelled before it started ends at once; the others run to their end.
+  sampled.sampling.max_tokens = 8;
+  streams = engine->submit_parallel(sampled, 2);
+  ASSERT_TRUE(streams.ok());
+  engine->cancel((*streams)[1]->id());
+  EXPECT_EQ(collect(*(*streams)[1]).last.finish_reason, FinishReason::kAbort);
+  EXPECT_EQ(collect(*(*streams)[0]).last.finish_reason, FinishReason::kLength);
+  EXPECT_EQ(engine->submit_parallel(sampled, 0).status().code(), StatusCode::kInvalidArgument);
+  expect_pool_fully_free(*engine);
+}
+
 TEST(EngineTest, InvalidRequestsAreRejectedNamingTheField) {
   std::unique_ptr<Engine> engine = make_engine(tiny_qwen2_path(), small_engine_options());
   ASSERT_TRUE(engine);

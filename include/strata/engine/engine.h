@@ -192,6 +192,13 @@ class Engine {
   // the vocabulary, a prompt that leaves no room in the context window, or invalid sampling
   // parameters; RESOURCE_EXHAUSTED when max_queued_requests are already waiting. Thread-safe.
   StatusOr<std::shared_ptr<RequestStream>> submit(GenerateRequest request);
+  // n samples of one prompt (OpenAI's n): the prompt is computed once, by the first sequence;
+  // when its prefill is done the others fork from it, sharing its KV pages (copy-on-write), and
+  // each draws its own tokens from the same last-position logits on (sequence i with seed + i
+  // when the request has a seed). One stream per sequence, in order; each can be cancelled by
+  // its id. Errors as submit(); INVALID_ARGUMENT for n < 1 or forced completions with n > 1.
+  StatusOr<std::vector<std::shared_ptr<RequestStream>>> submit_parallel(GenerateRequest request,
+                                                                        int32_t n);
   // Cancels a request: its stream ends with kAbort and its KV is freed at the next step boundary.
   // Unknown or finished ids are ignored. Thread-safe.
   void cancel(RequestId id);
@@ -211,7 +218,15 @@ class Engine {
   Status start_on_step_thread();
   void loop();
   void step();
-  void admit(std::vector<std::pair<GenerateRequest, std::shared_ptr<RequestStream>>> requests);
+  // A submitted request: its first sequence's stream, and the streams its forks will feed.
+  struct Submission {
+    GenerateRequest request;
+    std::shared_ptr<RequestStream> stream;
+    std::vector<std::shared_ptr<RequestStream>> forks;
+  };
+  void admit(std::vector<Submission> submissions);
+  // Starts `parent`'s pending forks from its prefill's last-position logits `last`.
+  void start_forks(Active& parent, std::span<const float> last);
   // Sends the final delta, frees the sequence and forgets the request.
   void finish(Active& active, RequestOutput output, FinishReason reason, std::string error = {});
   void emit_token(Active& active, const sampling::SampleResult& sample);
@@ -242,7 +257,7 @@ class Engine {
   // Shared with client threads, guarded by mutex_.
   mutable std::mutex mutex_;
   std::condition_variable wake_;
-  std::vector<std::pair<GenerateRequest, std::shared_ptr<RequestStream>>> inbox_;
+  std::vector<Submission> inbox_;
   std::vector<RequestId> cancels_;
   bool stopping_ = false;
   uint64_t next_id_ = 1;

@@ -112,6 +112,9 @@ class RestoreCoordinator {
   // The sequence joined the scheduler with `dropped_tokens` dropped after its first block
   // (context overflow): its first commit loads what `match` holds of the truncated prompt.
   void admitted(SeqId seq, int64_t dropped_tokens, const std::optional<store::StoreMatch>& match);
+  // `child` forked from `parent` (which computed the prompt they share): registered with the
+  // parent's tenant and truncation, and nothing to load.
+  void forked(SeqId parent, SeqId child);
 
   // Before scheduling: the first waiting requests look their prompts up again when the store has
   // published saves since (a request queued behind the turn that saves its history loads it).

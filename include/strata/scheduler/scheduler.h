@@ -93,6 +93,10 @@ class Scheduler {
   // KvCacheManager::add_sequence (kept when the sequence is recomputed).
   Status add(SeqId seq, std::vector<TokenId> prompt, int32_t priority, std::string tenant_salt,
              bool cacheable = true, kv::KvLayout layout = {});
+  // Adds `child` as a running copy of running `parent` sharing its KV (KvCacheManager::fork):
+  // parallel samples of one prompt. Errors as KvCacheManager::fork, or INVALID_ARGUMENT if the
+  // parent is not running.
+  Status fork(SeqId parent, SeqId child);
   // Drops a sequence wherever it is and frees its KV at once (finish or cancel). Unknown: no-op.
   void remove(SeqId seq);
   // Sends a sequence of the batch just scheduled back to waiting with its KV freed, to compute

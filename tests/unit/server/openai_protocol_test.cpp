@@ -380,8 +380,8 @@ std::vector<InvalidCase> invalid_cases() {
       {"StreamOptionsWithoutStream", chat,
        chat_body({{"stream_options", {{"include_usage", true}}}}), "stream_options"},
       // Unsupported features.
-      {"NTwo", chat, chat_body({{"n", 2}}), "n"},
-      {"CompletionsNThree", completions, completion_body({{"n", 3}}), "n"},
+      {"NZero", chat, chat_body({{"n", 0}}), "n"},
+      {"CompletionsNTooMany", completions, completion_body({{"n", 17}}), "n"},
       {"BestOfTwo", completions, completion_body({{"best_of", 2}}), "best_of"},
       {"EchoNotABoolean", completions, completion_body({{"echo", 1}}), "echo"},
       {"Suffix", completions, completion_body({{"suffix", "end"}}), "suffix"},
