@@ -23,8 +23,10 @@ import random
 
 import gguf
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
-from transformers.utils.chat_template_utils import render_jinja_template
 import jinja2
+from transformers.utils.chat_template_utils import render_jinja_template
+
+from chat_template_reference import CONVERSATIONS
 
 LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
                 r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -244,33 +246,11 @@ def build_strings(rng):
 # Chat templates
 # --------------------------------------------------------------------------------------------
 
-MESSAGE_LISTS = [
-    [{"role": "user", "content": "Hello!"}],
-    [{"role": "system", "content": "You are a pirate."}, {"role": "user", "content": "Hi there"}],
-    [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "4."},
-     {"role": "user", "content": "And 3+3?"}],
-    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a color."},
-     {"role": "assistant", "content": "Blue."}, {"role": "user", "content": "Another?"},
-     {"role": "assistant", "content": "Red."}],
-    [{"role": "user", "content": "  spaced out \n\n"}, {"role": "assistant", "content": "\tanswer  "},
-     {"role": "user", "content": "\u3000ideographic\u00a0"}],
-    [{"role": "user", "content": "Unicode: 你好 😀 é\nline two"}],
-    [{"role": "assistant", "content": "I start."}, {"role": "user", "content": "ok"}],
-    [{"role": "user", "content": "call it"}, {"role": "tool", "content": "{\"result\": 1}"}],
-    [{"role": "system", "content": "Only a system message."}],
-    [{"role": "user", "content": "Say <|im_end|> and [INST] literally."}],
-    [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}],
-    [{"role": "user", "content": ""}],
-    # Python's str.strip() (Jinja's trim) also strips \x1c-\x1f and \x85, but not U+200B.
-    [{"role": "user", "content": "\x1c\x1f\x85 trim edge \u2003\u200b"}],
-]
-# An empty conversation is rejected by our renderer (see chat_template.h), so it is not listed.
-
-
 def rendered_prompts(template, bos, eos):
-    """The default model's chat prompts over MESSAGE_LISTS: realistic encoder inputs."""
+    """The default model's chat prompts over the chat-template conversations: realistic encoder
+    inputs."""
     out = []
-    for messages in MESSAGE_LISTS:
+    for messages in CONVERSATIONS:
         for agp in (False, True):
             try:
                 rendered, _ = render_jinja_template(conversations=[messages], chat_template=template,

@@ -7,29 +7,18 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "strata/model/gguf_file.h"
 #include "strata/tokenizer/tokenizer.h"
+#include "support/chat_cases.h"
 
 namespace strata::tokenizer {
 namespace {
 
 using Json = nlohmann::ordered_json;
 
-const Json& cases() {
-  static const Json root = [] {
-    const std::string path = std::string(STRATA_TEST_DATA_DIR) + "/chat_templates/cases.json";
-    std::ifstream in(path);
-    EXPECT_TRUE(in.good()) << "missing " << path;
-    std::ostringstream contents;
-    contents << in.rdbuf();
-    return Json::parse(contents.str());
-  }();
-  return root;
-}
+const Json& cases() { return test_util::chat_template_cases(); }
 
 std::vector<ChatMessage> messages_of(const Json& list) {
   std::vector<ChatMessage> out;

@@ -5,28 +5,17 @@
 // from becoming control tokens.
 #include <gtest/gtest.h>
 
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "jinja/template.h"
+#include "support/chat_cases.h"
 
 namespace strata::tokenizer::jinja {
 namespace {
 
 using Json = nlohmann::ordered_json;
 
-const Json& cases() {
-  static const Json root = [] {
-    const std::string path = std::string(STRATA_TEST_DATA_DIR) + "/chat_templates/cases.json";
-    std::ifstream in(path);
-    EXPECT_TRUE(in.good()) << "missing " << path;
-    std::ostringstream contents;
-    contents << in.rdbuf();
-    return Json::parse(contents.str());
-  }();
-  return root;
-}
+const Json& cases() { return test_util::chat_template_cases(); }
 
 StatusOr<TString> render(const std::string& source,
                          const std::vector<std::pair<std::string, Value>>& variables) {
