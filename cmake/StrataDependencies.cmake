@@ -33,6 +33,8 @@ if(NOT gRPC_FOUND)
 endif()
 find_program(GRPC_CPP_PLUGIN grpc_cpp_plugin REQUIRED)
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
+# Unicode normalization of HF tokenizers' normalizers.
+pkg_check_modules(ICU REQUIRED IMPORTED_TARGET icu-uc)
 # Debian's cpp-httplib is a header plus a shared library built with OpenSSL, zlib and Brotli
 # support; its pkg-config file carries the defines that ABI needs.
 pkg_check_modules(CPP_HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)

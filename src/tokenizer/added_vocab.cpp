@@ -71,12 +71,39 @@ std::optional<TokenId> AddedVocab::find(std::string_view content) const {
 
 void AddedVocab::split(std::string_view text,
                        std::span<const std::pair<uint32_t, uint32_t>> untrusted,
+                       const Normalizer* normalizer, std::deque<std::string>* storage,
                        std::vector<Segment>* segments) const {
   segments->clear();
   if (text.empty()) return;
   segments->push_back(Segment{text, std::nullopt});
   split_pass(non_normalized_, text, untrusted, segments);
-  split_pass(normalized_, text, untrusted, segments);
+  if (normalizer == nullptr) {
+    split_pass(normalized_, text, untrusted, segments);
+    return;
+  }
+  std::vector<Segment> out;
+  for (const Segment& segment : *segments) {
+    if (segment.id) {
+      out.push_back(segment);
+      continue;
+    }
+    const auto begin = static_cast<size_t>(segment.text.data() - text.data());
+    const size_t end = begin + segment.text.size();
+    const bool tainted = std::any_of(untrusted.begin(), untrusted.end(), [&](const auto& span) {
+      return span.first < end && span.second > begin;
+    });
+    storage->push_back(normalizer->normalize(segment.text));
+    const std::string& normalized = storage->back();
+    if (normalized.empty()) continue;
+    std::vector<Segment> parts = {Segment{normalized, std::nullopt}};
+    const std::pair<uint32_t, uint32_t> whole{0, static_cast<uint32_t>(normalized.size())};
+    split_pass(normalized_, normalized,
+               tainted ? std::span<const std::pair<uint32_t, uint32_t>>(&whole, 1)
+                       : std::span<const std::pair<uint32_t, uint32_t>>(),
+               &parts);
+    out.insert(out.end(), parts.begin(), parts.end());
+  }
+  segments->swap(out);
 }
 
 void AddedVocab::split_pass(const Trie& trie, std::string_view whole,

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <optional>
 #include <span>
 #include <string>
@@ -11,6 +12,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "normalizer.h"
 #include "strata/common/status.h"
 #include "strata/tokenizer/tokenizer.h"
 
@@ -38,8 +40,12 @@ class AddedVocab {
   };
   // Replaces *segments with the segments of `text` in order. Text segments are non-empty.
   // Special tokens are not matched where they would overlap a byte range of `untrusted`
-  // ([begin, end) offsets into `text`, sorted).
+  // ([begin, end) offsets into `text`, sorted). With a `normalizer`, the text between the
+  // unnormalized matches is normalized (into *storage, which the segments then view; a deque, so
+  // views stay valid) before the normalized tokens are matched in it, as HF does; there a special
+  // token is not matched in a segment that holds any untrusted byte.
   void split(std::string_view text, std::span<const std::pair<uint32_t, uint32_t>> untrusted,
+             const Normalizer* normalizer, std::deque<std::string>* storage,
              std::vector<Segment>* segments) const;
 
   std::optional<TokenId> find(std::string_view content) const;

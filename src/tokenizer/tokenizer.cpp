@@ -1,10 +1,12 @@
 #include "strata/tokenizer/tokenizer.h"
 
 #include <algorithm>
+#include <deque>
 
 #include "added_vocab.h"
 #include "bpe_model.h"
 #include "byte_level.h"
+#include "normalizer.h"
 #include "pre_tokenizer.h"
 #include "strata/common/check.h"
 #include "strata/tokenizer/chat_template.h"
@@ -78,6 +80,9 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::from_spec(detail::TokenizerSpec 
   if (!bpe.ok()) return Status(bpe.status().code(), bpe.status().message() + where);
   t.bpe_ = std::move(bpe).value();
   t.added_vocab_ = std::make_unique<detail::AddedVocab>(spec.added_tokens);
+  if (!spec.normalization.empty()) {
+    STRATA_ASSIGN_OR_RETURN(t.normalizer_, detail::Normalizer::create(spec.normalization));
+  }
 
   t.bos_id_ = spec.bos_id;
   t.eos_id_ = spec.eos_id;
@@ -115,7 +120,8 @@ std::vector<TokenId> Tokenizer::encode_spans(
   ids.reserve(text.size() / 3 + 2);
   if (add_bos && bos_id_) ids.push_back(*bos_id_);
   std::vector<detail::AddedVocab::Segment> segments;
-  added_vocab_->split(text, untrusted, &segments);
+  std::deque<std::string> normalized;  // what the segments view when there is a normalizer
+  added_vocab_->split(text, untrusted, normalizer_.get(), &normalized, &segments);
   for (const auto& segment : segments) {
     if (segment.id) {
       ids.push_back(*segment.id);

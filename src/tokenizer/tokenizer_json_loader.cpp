@@ -215,16 +215,38 @@ Status parse_model(const json& model, detail::TokenizerSpec* spec) {
   return Status();
 }
 
+// Unicode normalizers (NFC, NFD, NFKC, NFKD), alone or in a Sequence; anything else (Lowercase,
+// Prepend, Replace, ...) is UNIMPLEMENTED naming it.
+Status parse_normalizer(const json& normalizer, detail::TokenizerSpec* spec) {
+  if (normalizer.is_null()) return Status();
+  const std::string type = type_of(normalizer);
+  if (type == "Sequence") {
+    for (const json& part : normalizer.value("normalizers", json::array())) {
+      STRATA_RETURN_IF_ERROR(parse_normalizer(part, spec));
+    }
+    return Status();
+  }
+  using detail::NormalizationForm;
+  if (type == "NFC") {
+    spec->normalization.push_back(NormalizationForm::kNfc);
+  } else if (type == "NFD") {
+    spec->normalization.push_back(NormalizationForm::kNfd);
+  } else if (type == "NFKC") {
+    spec->normalization.push_back(NormalizationForm::kNfkc);
+  } else if (type == "NFKD") {
+    spec->normalization.push_back(NormalizationForm::kNfkd);
+  } else {
+    return unimplemented_error("normalizer '" + type + "' (NFC, NFD, NFKC and NFKD are supported)");
+  }
+  return Status();
+}
+
 Status parse_tokenizer_json(const json& root, detail::TokenizerSpec* spec,
                             std::optional<TokenId>* post_bos) {
   if (!root.is_object()) return invalid_argument_error("top level is not an object");
   STRATA_RETURN_IF_ERROR(parse_model(root.value("model", json()), spec));
 
-  const json& normalizer = root.value("normalizer", json());
-  if (!normalizer.is_null() && !(type_of(normalizer) == "Sequence" &&
-                                 normalizer.value("normalizers", json::array()).empty())) {
-    return unimplemented_error("normalizer '" + type_of(normalizer) + "'");
-  }
+  STRATA_RETURN_IF_ERROR(parse_normalizer(root.value("normalizer", json()), spec));
   bool byte_level = false;
   STRATA_RETURN_IF_ERROR(
       parse_pre_tokenizer(root.value("pre_tokenizer", json()), spec, &byte_level));

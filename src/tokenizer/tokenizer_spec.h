@@ -7,6 +7,7 @@
 
 #include "added_vocab.h"
 #include "bpe_model.h"
+#include "normalizer.h"
 #include "strata/tokenizer/tokenizer.h"
 
 namespace strata::tokenizer::detail {
@@ -15,6 +16,7 @@ struct TokenizerSpec {
   std::string source;  // file the spec came from, for error messages
   BpeModelParams bpe;
   std::vector<AddedTokenSpec> added_tokens;
+  std::vector<NormalizationForm> normalization;     // tokenizer.json's normalizer, in order
   std::vector<std::string> pre_tokenizer_patterns;  // applied in order, Isolated behaviour
   std::optional<TokenId> bos_id;
   std::optional<TokenId> eos_id;

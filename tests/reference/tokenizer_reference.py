@@ -22,7 +22,8 @@ import os
 import random
 
 import gguf
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models, normalizers,
+                        pre_tokenizers, processors)
 import jinja2
 from transformers.utils.chat_template_utils import render_jinja_template
 
@@ -138,6 +139,9 @@ def tiny_vocab():
 # --------------------------------------------------------------------------------------------
 
 HANDWRITTEN = [
+    # Unicode normalization: decomposed and composed forms, compatibility characters.
+    "cafe\u0301 vs caf\u00e9", "A\u030a ngstr\u00f6m \u212b", "\ufb01ne \ufb02ow", "\u2460\u2461 \u00bd",
+    "\uff21\uff22\uff23 full width", "\u1100\u1161\u11a8 \uac01", "e\u0301\u0323 stacked marks",
     "", " ", "  ", "   ", "\t", "\n", "\r\n", "\n\n", "\n\n\n", " \n ", "\t\t\tx", "x\t\t",
     "a", "A", "hello", " hello", "  hello", "hello ", "hello  ", "Hello, world!", "Hello world! 123",
     "The capital of France is", "Hello, we can use", "  multiple   spaces  between   words  ",
@@ -279,10 +283,15 @@ def main():
     strings += rendered_prompts(vocab["chat_template"], "<|im_start|>", "<|im_end|>")
 
     variants = {}
-    for name in ("smollm", "llama3", "qwen2", "added"):
-        tok = build_hf_tokenizer(vocab, "smollm" if name == "added" else name)
+    for name in ("smollm", "llama3", "qwen2", "added", "qwen2_nfc", "qwen2_nfkc"):
+        tok = build_hf_tokenizer(vocab, {"added": "smollm", "qwen2_nfc": "qwen2",
+                                         "qwen2_nfkc": "qwen2"}.get(name, name))
         if name == "added":
             add_extra_tokens(tok)
+        if name == "qwen2_nfc":  # real Qwen2 directories normalize with NFC
+            tok.normalizer = normalizers.NFC()
+        if name == "qwen2_nfkc":
+            tok.normalizer = normalizers.Sequence([normalizers.NFD(), normalizers.NFKC()])
         os.makedirs(os.path.join(out, name), exist_ok=True)
         tok.save(os.path.join(out, name, "tokenizer.json"))
         encodings = tok.encode_batch(strings, add_special_tokens=False)

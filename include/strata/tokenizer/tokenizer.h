@@ -33,6 +33,7 @@ struct TokenizerSpec;
 class AddedVocab;
 class BpeModel;
 class PreTokenizer;
+class Normalizer;
 }  // namespace detail
 
 // Immutable after construction; every method is const and safe to call from many threads at once.
@@ -47,7 +48,8 @@ class Tokenizer {
   // tokens. The file is only read during the call.
   static StatusOr<std::unique_ptr<Tokenizer>> from_gguf(const model::GgufFile& file);
 
-  // From a Hugging Face tokenizer.json: model.type "BPE" over ByteLevel, normalizer null,
+  // From a Hugging Face tokenizer.json: model.type "BPE" over ByteLevel, normalizer null or
+  // Unicode normalization (NFC, NFD, NFKC, NFKD, alone or in a Sequence),
   // pre_tokenizer made of Sequence / Split(Isolated) / ByteLevel / Digits, decoder ByteLevel,
   // post_processor null, ByteLevel or TemplateProcessing that only prepends a BOS. Anything else is
   // UNIMPLEMENTED naming the component; NOT_FOUND if the file cannot be read, INVALID_ARGUMENT if
@@ -111,6 +113,7 @@ class Tokenizer {
   std::unique_ptr<detail::BpeModel> bpe_;
   std::unique_ptr<detail::PreTokenizer> pre_tokenizer_;
   std::unique_ptr<detail::AddedVocab> added_vocab_;
+  std::unique_ptr<detail::Normalizer> normalizer_;  // tokenizer.json's normalizer; null: none
   std::vector<std::string> token_bytes_;  // [vocab_size], raw bytes per id
   std::vector<uint8_t> is_special_;       // [vocab_size], 1 for special (control) tokens
   std::optional<TokenId> bos_id_;

@@ -164,6 +164,21 @@ TEST(TokenizerReferenceTest, Qwen2PreTokenizerMatchesHf) {
   }
 }
 
+// tokenizer.json normalizers: real Qwen2 directories normalize with NFC; a Sequence of NFD and
+// NFKC covers the compatibility forms.
+TEST(TokenizerReferenceTest, UnicodeNormalizersMatchHf) {
+  for (const char* variant : {"qwen2_nfc", "qwen2_nfkc"}) {
+    auto tokenizer = must_load_json(kDataDir + "/" + variant + "/tokenizer.json");
+    ASSERT_NE(tokenizer, nullptr);
+    expect_matches_hf(*tokenizer, variant);
+  }
+  // Normalization changes what the plain Qwen2 tokenizer would produce on these strings.
+  auto plain = must_load_json(kDataDir + "/qwen2/tokenizer.json");
+  auto nfkc = must_load_json(kDataDir + "/qwen2_nfkc/tokenizer.json");
+  EXPECT_NE(plain->encode("\ufb01ne", false), nfkc->encode("\ufb01ne", false));
+  EXPECT_EQ(nfkc->encode("\ufb01ne", false), plain->encode("fine", false));
+}
+
 // Added tokens with lstrip/rstrip, normalized ones (second matching pass), non-byte-level text.
 TEST(TokenizerReferenceTest, ExtraAddedTokensMatchHf) {
   auto tokenizer = must_load_json(kDataDir + "/added/tokenizer.json");
@@ -418,8 +433,12 @@ TEST_F(TokenizerJsonErrorTest, UnsupportedModelType) {
 
 TEST_F(TokenizerJsonErrorTest, UnsupportedNormalizer) {
   json root = base();
-  root["normalizer"] = {{"type", "NFC"}};
-  expect_error(load(root), StatusCode::kUnimplemented, "normalizer 'NFC'");
+  root["normalizer"] = {{"type", "Lowercase"}};
+  expect_error(load(root), StatusCode::kUnimplemented, "normalizer 'Lowercase'");
+  root["normalizer"] = {
+      {"type", "Sequence"},
+      {"normalizers", {{{"type", "NFC"}}, {{"type", "Prepend"}, {"prepend", "_"}}}}};
+  expect_error(load(root), StatusCode::kUnimplemented, "normalizer 'Prepend'");
 }
 
 TEST_F(TokenizerJsonErrorTest, UnsupportedPreTokenizers) {
