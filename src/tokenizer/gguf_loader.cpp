@@ -75,7 +75,76 @@ Status read_optional_id(const model::GgufFile& file, std::string_view key,
   return Status();
 }
 
+// GGUF token types beyond control and user-defined (llama.cpp's llama_token_type).
+constexpr int64_t kTokenTypeNormal = 1;
+constexpr int64_t kTokenTypeByte = 6;
+
+// The special ids, BOS policy and chat template every GGUF tokenizer has.
+Status read_common(const model::GgufFile& file, bool add_bos_default, detail::TokenizerSpec* spec) {
+  STRATA_RETURN_IF_ERROR(read_optional_id(file, "tokenizer.ggml.bos_token_id", &spec->bos_id));
+  STRATA_RETURN_IF_ERROR(read_optional_id(file, "tokenizer.ggml.eos_token_id", &spec->eos_id));
+  for (const char* key : {"tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"}) {
+    std::optional<TokenId> id;
+    STRATA_RETURN_IF_ERROR(read_optional_id(file, key, &id));
+    if (id) spec->extra_stop_ids.push_back(*id);
+  }
+  spec->add_bos_by_default = add_bos_default;
+  if (file.has_key("tokenizer.ggml.add_bos_token")) {
+    STRATA_ASSIGN_OR_RETURN(spec->add_bos_by_default,
+                            file.get_bool("tokenizer.ggml.add_bos_token"));
+  }
+  if (!spec->bos_id) spec->add_bos_by_default = false;
+  if (file.has_key("tokenizer.chat_template")) {
+    STRATA_ASSIGN_OR_RETURN(spec->chat_template, file.get_string("tokenizer.chat_template"));
+  }
+  return Status();
+}
+
 }  // namespace
+
+// tokenizer.ggml.model = "llama": pieces, scores and token types as llama.cpp's converters write
+// them from a SentencePiece model.
+StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::from_gguf_sentencepiece(
+    const model::GgufFile& file) {
+  const std::string& path = file.path();
+  detail::TokenizerSpec spec;
+  spec.source = path;
+  // A missing or mistyped array is a malformed file, whichever the GGUF reader's code says.
+  auto invalid = [&](const Status& s) {
+    return invalid_argument_error("a SentencePiece tokenizer (model 'llama') needs " + s.message());
+  };
+  auto pieces = file.get_string_array("tokenizer.ggml.tokens");
+  if (!pieces.ok()) return invalid(pieces.status());
+  auto scores = file.get_float_array("tokenizer.ggml.scores");
+  if (!scores.ok()) return invalid(scores.status());
+  auto types = file.get_int_array("tokenizer.ggml.token_type");
+  if (!types.ok()) return invalid(types.status());
+  if ((*pieces)->empty() || (*scores)->size() != (*pieces)->size() ||
+      (*types)->size() != (*pieces)->size()) {
+    return invalid_argument_error(
+        "tokenizer.ggml.tokens, scores and token_type disagree in size in " + path);
+  }
+  detail::SpmModelParams spm;
+  spm.pieces = **pieces;
+  for (size_t i = 0; i < spm.pieces.size(); ++i) {
+    const auto id = static_cast<TokenId>(i);
+    const int64_t type = (**types)[i];
+    spm.scores.push_back(static_cast<float>((**scores)[i]));
+    spm.is_byte.push_back(type == kTokenTypeByte);
+    spm.is_normal.push_back(type == kTokenTypeNormal);
+    if (type == kTokenTypeControl || type == kTokenTypeUserDefined) {
+      spec.added_tokens.push_back(detail::AddedTokenSpec{
+          .id = id, .content = spm.pieces[i], .special = type == kTokenTypeControl});
+    }
+  }
+  STRATA_RETURN_IF_ERROR(read_optional_id(file, "tokenizer.ggml.unknown_token_id", &spm.unk_id));
+  if (file.has_key("tokenizer.ggml.add_space_prefix")) {
+    STRATA_ASSIGN_OR_RETURN(spm.add_space_prefix, file.get_bool("tokenizer.ggml.add_space_prefix"));
+  }
+  spec.spm = std::move(spm);
+  STRATA_RETURN_IF_ERROR(read_common(file, /*add_bos_default=*/true, &spec));
+  return from_spec(std::move(spec));
+}
 
 StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::from_gguf(const model::GgufFile& file) {
   const std::string& path = file.path();
@@ -87,9 +156,11 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::from_gguf(const model::GgufFile&
     return invalid_argument_error("no tokenizer.ggml.model in " + path + ": " +
                                   model_name.status().message());
   }
+  if (*model_name == "llama") return from_gguf_sentencepiece(file);
   if (*model_name != "gpt2") {
     return unimplemented_error("tokenizer model '" + *model_name + "' in " + path +
-                               " is not supported; only 'gpt2' (byte-level BPE) is");
+                               " is not supported; 'gpt2' (byte-level BPE) and 'llama' "
+                               "(SentencePiece BPE) are");
   }
 
   std::string pre_name = "default";
@@ -150,23 +221,9 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::from_gguf(const model::GgufFile&
     spec.bpe.merges.emplace_back(merge.substr(0, space), merge.substr(space + 1));
   }
 
-  STRATA_RETURN_IF_ERROR(read_optional_id(file, "tokenizer.ggml.bos_token_id", &spec.bos_id));
-  STRATA_RETURN_IF_ERROR(read_optional_id(file, "tokenizer.ggml.eos_token_id", &spec.eos_id));
   STRATA_RETURN_IF_ERROR(
       read_optional_id(file, "tokenizer.ggml.unknown_token_id", &spec.bpe.unk_id));
-  for (const char* key : {"tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"}) {
-    std::optional<TokenId> id;
-    STRATA_RETURN_IF_ERROR(read_optional_id(file, key, &id));
-    if (id) spec.extra_stop_ids.push_back(*id);
-  }
-  spec.add_bos_by_default = pre->add_bos;
-  if (file.has_key("tokenizer.ggml.add_bos_token")) {
-    STRATA_ASSIGN_OR_RETURN(spec.add_bos_by_default, file.get_bool("tokenizer.ggml.add_bos_token"));
-  }
-  if (!spec.bos_id) spec.add_bos_by_default = false;
-  if (file.has_key("tokenizer.chat_template")) {
-    STRATA_ASSIGN_OR_RETURN(spec.chat_template, file.get_string("tokenizer.chat_template"));
-  }
+  STRATA_RETURN_IF_ERROR(read_common(file, pre->add_bos, &spec));
   return from_spec(std::move(spec));
 }
 

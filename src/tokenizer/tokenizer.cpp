@@ -8,6 +8,7 @@
 #include "byte_level.h"
 #include "normalizer.h"
 #include "pre_tokenizer.h"
+#include "spm_model.h"
 #include "strata/common/check.h"
 #include "strata/tokenizer/chat_template.h"
 #include "tokenizer_spec.h"
@@ -38,6 +39,7 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::from_spec(detail::TokenizerSpec 
     }
     num_ids = std::max<int64_t>(num_ids, int64_t{token.id} + 1);
   }
+  if (spec.spm) num_ids = std::max<int64_t>(num_ids, std::ssize(spec.spm->pieces));
   if (num_ids == 0) return invalid_argument_error("empty vocabulary" + where);
 
   std::unique_ptr<Tokenizer> tokenizer(new Tokenizer());
@@ -71,14 +73,25 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::from_spec(detail::TokenizerSpec 
     return invalid_argument_error("BOS is to be added but the vocabulary has no BOS token" + where);
   }
 
-  auto pre_tokenizer = detail::PreTokenizer::create(spec.pre_tokenizer_patterns);
-  if (!pre_tokenizer.ok()) {
-    return Status(pre_tokenizer.status().code(), pre_tokenizer.status().message() + where);
+  if (spec.spm) {
+    for (size_t id = 0; id < spec.spm->pieces.size(); ++id) {
+      t.token_bytes_[id] =
+          detail::SpmModel::piece_bytes(spec.spm->pieces[id], spec.spm->is_byte[id]);
+    }
+    for (const auto& token : spec.added_tokens) t.token_bytes_[token.id] = token.content;
+    auto spm = detail::SpmModel::create(std::move(*spec.spm));
+    if (!spm.ok()) return Status(spm.status().code(), spm.status().message() + where);
+    t.spm_ = std::move(spm).value();
+  } else {
+    auto pre_tokenizer = detail::PreTokenizer::create(spec.pre_tokenizer_patterns);
+    if (!pre_tokenizer.ok()) {
+      return Status(pre_tokenizer.status().code(), pre_tokenizer.status().message() + where);
+    }
+    t.pre_tokenizer_ = std::move(pre_tokenizer).value();
+    auto bpe = detail::BpeModel::create(std::move(spec.bpe));
+    if (!bpe.ok()) return Status(bpe.status().code(), bpe.status().message() + where);
+    t.bpe_ = std::move(bpe).value();
   }
-  t.pre_tokenizer_ = std::move(pre_tokenizer).value();
-  auto bpe = detail::BpeModel::create(std::move(spec.bpe));
-  if (!bpe.ok()) return Status(bpe.status().code(), bpe.status().message() + where);
-  t.bpe_ = std::move(bpe).value();
   t.added_vocab_ = std::make_unique<detail::AddedVocab>(spec.added_tokens);
   if (!spec.normalization.empty()) {
     STRATA_ASSIGN_OR_RETURN(t.normalizer_, detail::Normalizer::create(spec.normalization));
@@ -122,9 +135,14 @@ std::vector<TokenId> Tokenizer::encode_spans(
   std::vector<detail::AddedVocab::Segment> segments;
   std::deque<std::string> normalized;  // what the segments view when there is a normalizer
   added_vocab_->split(text, untrusted, normalizer_.get(), &normalized, &segments);
+  bool after_added = true;  // SentencePiece prefixes "▁" at the start and after added tokens
   for (const auto& segment : segments) {
     if (segment.id) {
       ids.push_back(*segment.id);
+      after_added = true;
+    } else if (spm_) {
+      spm_->encode(segment.text, after_added, &ids);
+      after_added = false;
     } else {
       encode_ordinary(segment.text, &ids);
     }
@@ -157,7 +175,7 @@ const std::string& Tokenizer::token_bytes(TokenId id) const {
 
 std::optional<TokenId> Tokenizer::token_to_id(std::string_view token_text) const {
   if (const auto id = added_vocab_->find(token_text)) return id;
-  return bpe_->find(token_text);
+  return spm_ ? spm_->find(token_text) : bpe_->find(token_text);
 }
 
 int32_t Tokenizer::vocab_size() const { return static_cast<int32_t>(token_bytes_.size()); }

@@ -8,13 +8,15 @@
 #include "added_vocab.h"
 #include "bpe_model.h"
 #include "normalizer.h"
+#include "spm_model.h"
 #include "strata/tokenizer/tokenizer.h"
 
 namespace strata::tokenizer::detail {
 
 struct TokenizerSpec {
   std::string source;  // file the spec came from, for error messages
-  BpeModelParams bpe;
+  BpeModelParams bpe;  // byte-level BPE (when spm is unset)
+  std::optional<SpmModelParams> spm;  // SentencePiece BPE instead (GGUF model "llama")
   std::vector<AddedTokenSpec> added_tokens;
   std::vector<NormalizationForm> normalization;     // tokenizer.json's normalizer, in order
   std::vector<std::string> pre_tokenizer_patterns;  // applied in order, Isolated behaviour

@@ -126,6 +126,40 @@ def write_gguf(path, vocab, pre, add_bos, *, model="gpt2", with_merges=True):
     writer.close()
 
 
+def write_sentencepiece(out_dir):
+    """A SentencePiece BPE model (byte fallback, identity normalization, dummy prefix: Llama 2's
+    settings) trained on wikitext, written as llama.cpp's converter writes it into a GGUF
+    (tokenizer.ggml.model = llama). Returns the model, the reference encoder."""
+    import io
+    import sentencepiece as spm
+    with open("/work/shared/data/ppl/wikitext-2-raw-v1_test.raw", encoding="utf-8") as f:
+        lines = [line for line in f.read()[:600000].split("\n") if line.strip()]
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines), model_writer=model, vocab_size=3000, model_type="bpe",
+        byte_fallback=True, normalization_rule_name="identity", remove_extra_whitespaces=False,
+        add_dummy_prefix=True, split_digits=False, unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+        minloglevel=2)
+    sp = spm.SentencePieceProcessor(model_proto=model.getvalue())
+    types = [2 if sp.is_unknown(i) else 3 if sp.is_control(i) else 6 if sp.is_byte(i)
+             else 5 if sp.is_unused(i) else 1 for i in range(sp.vocab_size())]
+    writer = gguf.GGUFWriter(os.path.join(out_dir, "model.gguf"), "llama")
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list([sp.id_to_piece(i) for i in range(sp.vocab_size())])
+    writer.add_token_scores([sp.get_score(i) for i in range(sp.vocab_size())])
+    writer.add_token_types(types)
+    writer.add_bos_token_id(sp.bos_id())
+    writer.add_eos_token_id(sp.eos_id())
+    writer.add_unk_token_id(sp.unk_id())
+    writer.add_add_bos_token(True)
+    writer.add_add_space_prefix(True)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return sp
+
+
 def tiny_vocab():
     """256 byte tokens + a few merges: enough for the loaders' error paths."""
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
@@ -304,6 +338,11 @@ def main():
                                      tok.encode_batch(strings[:50], add_special_tokens=True)]
         variants[name] = entry
 
+    os.makedirs(os.path.join(out, "spm"), exist_ok=True)
+    sp = write_sentencepiece(os.path.join(out, "spm"))
+    variants["spm"] = {"ids": [sp.encode(s) for s in strings],
+                       "decoded": [sp.decode(sp.encode(s)) for s in strings]}
+
     with open(os.path.join(out, "smollm", "tokenizer_config.json"), "w", encoding="utf-8") as f:
         json.dump({"chat_template": vocab["chat_template"],
                    "bos_token": vocab["tokens"][vocab["bos"]],
@@ -316,6 +355,7 @@ def main():
     write_gguf(os.path.join(out, "errors", "ok.gguf"), tiny, "gpt-2", False)
     write_gguf(os.path.join(out, "errors", "unknown_pre.gguf"), tiny, "no-such-pre", False)
     write_gguf(os.path.join(out, "errors", "llama_model.gguf"), tiny, "gpt-2", False, model="llama")
+    write_gguf(os.path.join(out, "errors", "bert_model.gguf"), tiny, "gpt-2", False, model="bert")
     write_gguf(os.path.join(out, "errors", "missing_merges.gguf"), tiny, "gpt-2", False,
                with_merges=False)
     bad = dict(tiny, merges=tiny["merges"] + ["x zz"])

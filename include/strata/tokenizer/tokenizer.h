@@ -34,13 +34,15 @@ class AddedVocab;
 class BpeModel;
 class PreTokenizer;
 class Normalizer;
+class SpmModel;
 }  // namespace detail
 
 // Immutable after construction; every method is const and safe to call from many threads at once.
 class Tokenizer {
  public:
-  // From GGUF metadata (tokenizer.ggml.*). tokenizer.ggml.model must be "gpt2" (UNIMPLEMENTED
-  // naming the model otherwise). tokenizer.ggml.pre selects the pre-tokenizer regexes as llama.cpp
+  // From GGUF metadata (tokenizer.ggml.*). tokenizer.ggml.model is "gpt2" (byte-level BPE) or
+  // "llama" (SentencePiece BPE with byte fallback: Llama 1/2, Mistral; spm_model.h); UNIMPLEMENTED
+  // naming any other. tokenizer.ggml.pre selects the pre-tokenizer regexes as llama.cpp
   // does ("gpt-2"/"gpt2", "smollm", "llama-bpe" (Llama 3), "qwen2", "default" and a few aliases);
   // an unknown name is UNIMPLEMENTED naming it. Missing tokens or merges, array-size mismatches,
   // merges naming tokens not in the vocabulary and out-of-range special ids are INVALID_ARGUMENT.
@@ -105,6 +107,8 @@ class Tokenizer {
  private:
   Tokenizer();
   static StatusOr<std::unique_ptr<Tokenizer>> from_spec(detail::TokenizerSpec spec);
+  // from_gguf() of tokenizer.ggml.model = "llama".
+  static StatusOr<std::unique_ptr<Tokenizer>> from_gguf_sentencepiece(const model::GgufFile& file);
   std::vector<TokenId> encode_spans(std::string_view text, bool add_bos,
                                     std::span<const std::pair<uint32_t, uint32_t>> untrusted) const;
   // Appends the ids of `text` (valid UTF-8, no added tokens matched yet) to `out`.
@@ -114,6 +118,7 @@ class Tokenizer {
   std::unique_ptr<detail::PreTokenizer> pre_tokenizer_;
   std::unique_ptr<detail::AddedVocab> added_vocab_;
   std::unique_ptr<detail::Normalizer> normalizer_;  // tokenizer.json's normalizer; null: none
+  std::unique_ptr<detail::SpmModel> spm_;           // SentencePiece models: used instead of bpe_
   std::vector<std::string> token_bytes_;  // [vocab_size], raw bytes per id
   std::vector<uint8_t> is_special_;       // [vocab_size], 1 for special (control) tokens
   std::optional<TokenId> bos_id_;

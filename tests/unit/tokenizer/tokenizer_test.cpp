@@ -164,6 +164,31 @@ TEST(TokenizerReferenceTest, Qwen2PreTokenizerMatchesHf) {
   }
 }
 
+// SentencePiece BPE in a GGUF (tokenizer.ggml.model = llama, Llama 2's settings), against the
+// sentencepiece library itself on every corpus string: ids, and the text of decode().
+TEST(TokenizerReferenceTest, SentencePieceGgufMatchesSentencePiece) {
+  auto tokenizer = must_load_gguf(kDataDir + "/spm/model.gguf");
+  ASSERT_NE(tokenizer, nullptr);
+  expect_matches_hf(*tokenizer, "spm");
+  EXPECT_TRUE(tokenizer->add_bos_by_default());
+  EXPECT_EQ(tokenizer->bos_id(), 1);
+  const json& spm = reference().variants.at("spm");
+  size_t decoded_agree = 0;
+  for (size_t i = 0; i < reference().strings.size(); ++i) {
+    const std::vector<TokenId> ids = spm["ids"][i].get<std::vector<TokenId>>();
+    // SentencePiece drops the dummy prefix's space when decoding; our decode keeps every byte.
+    std::string text = tokenizer->decode(ids, /*skip_special=*/true);
+    if (!text.empty() && text[0] == ' ') text.erase(0, 1);
+    decoded_agree += text == spm["decoded"][i].get<std::string>();
+  }
+  EXPECT_EQ(decoded_agree, reference().strings.size());
+  // Special tokens written in text are matched; the text after them gets the "▁" prefix again.
+  const std::vector<TokenId> ids = tokenizer->encode("</s>hello", false);
+  ASSERT_GE(ids.size(), 2u);
+  EXPECT_EQ(ids[0], 2);
+  EXPECT_EQ(std::vector<TokenId>(ids.begin() + 1, ids.end()), tokenizer->encode("hello", false));
+}
+
 // tokenizer.json normalizers: real Qwen2 directories normalize with NFC; a Sequence of NFD and
 // NFKC covers the compatibility forms.
 TEST(TokenizerReferenceTest, UnicodeNormalizersMatchHf) {
@@ -402,7 +427,10 @@ TEST(TokenizerErrorTest, GgufErrorsAreClear) {
   ASSERT_TRUE(ok.ok()) << ok.status().to_string();
   EXPECT_EQ((*ok)->encode("hello", false), std::vector<TokenId>{*(*ok)->token_to_id("hello")});
   expect_error(load_gguf(dir + "unknown_pre.gguf"), StatusCode::kUnimplemented, "no-such-pre");
-  expect_error(load_gguf(dir + "llama_model.gguf"), StatusCode::kUnimplemented, "'llama'");
+  expect_error(load_gguf(dir + "bert_model.gguf"), StatusCode::kUnimplemented, "'bert'");
+  // A SentencePiece model needs its scores.
+  expect_error(load_gguf(dir + "llama_model.gguf"), StatusCode::kInvalidArgument,
+               "tokenizer.ggml.scores");
   expect_error(load_gguf(dir + "missing_merges.gguf"), StatusCode::kInvalidArgument,
                "tokenizer.ggml.merges");
   expect_error(load_gguf(dir + "bad_merge.gguf"), StatusCode::kInvalidArgument, "'x zz'");
