@@ -1,6 +1,8 @@
 #include "spm_model.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <limits>
 #include <queue>
 
 namespace strata::tokenizer::detail {
@@ -32,8 +34,10 @@ StatusOr<std::unique_ptr<SpmModel>> SpmModel::create(SpmModelParams params) {
     return invalid_argument_error("SentencePiece vocabulary arrays differ in size");
   }
   std::unique_ptr<SpmModel> m(new SpmModel());
+  m->kind_ = params.kind;
   m->scores_ = std::move(params.scores);
   m->unk_id_ = params.unk_id;
+  float lowest = 0;
   m->add_space_prefix_ = params.add_space_prefix;
   for (size_t id = 0; id < n; ++id) {
     const auto token = static_cast<TokenId>(id);
@@ -41,8 +45,11 @@ StatusOr<std::unique_ptr<SpmModel>> SpmModel::create(SpmModelParams params) {
       if (std::optional<uint8_t> b = byte_of_piece(params.pieces[id])) m->byte_ids_[*b] = token;
     } else if (params.is_normal[id]) {
       m->piece_to_id_.emplace(params.pieces[id], token);  // the first id of a piece wins
+      m->max_piece_bytes_ = std::max(m->max_piece_bytes_, params.pieces[id].size());
+      lowest = std::min(lowest, m->scores_[id]);
     }
   }
+  m->unknown_score_ = lowest - 10.0f;
   return m;
 }
 
@@ -80,6 +87,72 @@ void SpmModel::encode(std::string_view text, bool prefix_space, std::vector<Toke
     }
   }
   if (escaped.empty()) return;
+  if (kind_ == SpmModelParams::Kind::kUnigram) {
+    encode_unigram(escaped, out);
+  } else {
+    encode_bpe(escaped, out);
+  }
+}
+
+void SpmModel::fallback(std::string_view piece, std::vector<TokenId>* out) const {
+  for (char c : piece) {
+    if (const std::optional<TokenId>& id = byte_ids_[static_cast<uint8_t>(c)]) {
+      out->push_back(*id);
+    } else if (unk_id_) {
+      out->push_back(*unk_id_);
+      return;  // one unknown token per character, as SentencePiece
+    }
+  }
+}
+
+void SpmModel::encode_unigram(const std::string& escaped, std::vector<TokenId>* out) const {
+  // best[i]: the best score of a segmentation of escaped[0, i), from[i] its last piece's start
+  // and id (-1: an uncovered character), over character boundaries.
+  const size_t n = escaped.size();
+  std::vector<double> best(n + 1, -std::numeric_limits<double>::infinity());
+  std::vector<size_t> from(n + 1, 0);
+  std::vector<TokenId> piece(n + 1, -1);
+  best[0] = 0;
+  for (size_t start = 0; start < n;) {
+    const size_t char_len = std::min(utf8_length(static_cast<uint8_t>(escaped[start])), n - start);
+    if (best[start] == -std::numeric_limits<double>::infinity()) {
+      start += char_len;
+      continue;
+    }
+    bool single_char_piece = false;
+    for (size_t len = 1; len <= max_piece_bytes_ && start + len <= n; ++len) {
+      auto it = piece_to_id_.find(escaped.substr(start, len));
+      if (it == piece_to_id_.end()) continue;
+      single_char_piece |= len == char_len;
+      const double score = best[start] + scores_[static_cast<size_t>(it->second)];
+      if (score > best[start + len]) {
+        best[start + len] = score;
+        from[start + len] = start;
+        piece[start + len] = it->second;
+      }
+    }
+    if (!single_char_piece) {
+      const double score = best[start] + unknown_score_;
+      if (score > best[start + char_len]) {
+        best[start + char_len] = score;
+        from[start + char_len] = start;
+        piece[start + char_len] = -1;
+      }
+    }
+    start += char_len;
+  }
+  std::vector<std::pair<size_t, size_t>> spans;  // [begin, end) back to front
+  for (size_t end = n; end > 0; end = from[end]) spans.emplace_back(from[end], end);
+  for (auto it = spans.rbegin(); it != spans.rend(); ++it) {
+    if (piece[it->second] >= 0) {
+      out->push_back(piece[it->second]);
+    } else {
+      fallback(std::string_view(escaped).substr(it->first, it->second - it->first), out);
+    }
+  }
+}
+
+void SpmModel::encode_bpe(const std::string& escaped, std::vector<TokenId>* out) const {
   // Symbols: one per character, linked; merged in place.
   struct Symbol {
     size_t begin, length;
@@ -132,14 +205,7 @@ void SpmModel::encode(std::string_view text, bool prefix_space, std::vector<Toke
       out->push_back(it->second);
       continue;
     }
-    for (char c : piece) {  // byte fallback
-      if (const std::optional<TokenId>& id = byte_ids_[static_cast<uint8_t>(c)]) {
-        out->push_back(*id);
-      } else if (unk_id_) {
-        out->push_back(*unk_id_);
-        break;  // one unknown token per character, as SentencePiece
-      }
-    }
+    fallback(piece, out);
   }
 }
 

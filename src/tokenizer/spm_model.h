@@ -1,8 +1,14 @@
-// SentencePiece BPE (GGUF tokenizer.ggml.model = "llama": Llama 1/2, Mistral, ...), as
-// SentencePiece's bpe_model and llama.cpp's llm_tokenizer_spm encode: spaces become U+2581 ("▁"),
-// a "▁" is prepended to the text (add_space_prefix), then the adjacent symbols whose
-// concatenation is the best-scoring vocabulary piece merge first (leftmost on ties); a character
-// no piece covers becomes its UTF-8 bytes' <0xXX> tokens (byte fallback), or the unknown token.
+// SentencePiece models: spaces become U+2581 ("▁") and a "▁" is prepended to the text
+// (add_space_prefix), then
+//   kBpe      (GGUF tokenizer.ggml.model = "llama": Llama 1/2, Mistral; tokenizer.json BPE with
+//             byte_fallback) as SentencePiece's bpe_model and llama.cpp's llm_tokenizer_spm: the
+//             adjacent symbols whose concatenation is the best-scoring piece merge first
+//             (leftmost on ties);
+//   kUnigram  (tokenizer.json Unigram) as SentencePiece's unigram_model and HF's Unigram: the
+//             segmentation with the highest total score (Viterbi), an uncovered character
+//             scoring the lowest piece score minus 10;
+// and a character no piece covers becomes its UTF-8 bytes' <0xXX> tokens (byte fallback), or
+// the unknown token.
 #pragma once
 
 #include <array>
@@ -20,6 +26,7 @@
 namespace strata::tokenizer::detail {
 
 struct SpmModelParams {
+  enum class Kind { kBpe, kUnigram } kind = Kind::kBpe;
   std::vector<std::string> pieces;  // by id; "▁" for spaces, "<0xXX>" for byte tokens
   std::vector<float> scores;        // by id; higher merges first
   std::vector<bool> is_byte;        // by id: a byte-fallback token
@@ -44,8 +51,16 @@ class SpmModel {
 
  private:
   SpmModel() = default;
+  void encode_bpe(const std::string& escaped, std::vector<TokenId>* out) const;
+  void encode_unigram(const std::string& escaped, std::vector<TokenId>* out) const;
+  // The ids of a piece no vocabulary piece covers: its bytes' tokens, or one unknown token.
+  void fallback(std::string_view piece, std::vector<TokenId>* out) const;
+
+  SpmModelParams::Kind kind_ = SpmModelParams::Kind::kBpe;
   std::unordered_map<std::string, TokenId> piece_to_id_;  // normal pieces only
   std::vector<float> scores_;
+  size_t max_piece_bytes_ = 0;
+  float unknown_score_ = 0;  // kUnigram: the lowest score minus 10
   std::array<std::optional<TokenId>, 256> byte_ids_;
   std::optional<TokenId> unk_id_;
   bool add_space_prefix_ = true;

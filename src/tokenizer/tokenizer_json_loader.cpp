@@ -4,6 +4,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "pre_tokenizer.h"
 #include "strata/tokenizer/tokenizer.h"
@@ -241,20 +243,129 @@ Status parse_normalizer(const json& normalizer, detail::TokenizerSpec* spec) {
   return Status();
 }
 
+// A SentencePiece model in tokenizer.json (HF's conversion of one): model Unigram, or BPE with
+// byte_fallback; the "▁" escaping as the normalizers Prepend("▁") + Replace(" ", "▁") or the
+// Metaspace pre-tokenizer; a decoder that undoes it (Replace, ByteFallback, Fuse, Strip, or
+// Metaspace). BPE merges become piece scores: a piece scores minus the rank of its first merge,
+// which is how SentencePiece orders them (HF's converter writes every split of a piece into two
+// pieces as a merge, ranked by the piece).
+Status parse_sentencepiece(const json& root, detail::TokenizerSpec* spec) {
+  const json& model = root["model"];
+  detail::SpmModelParams spm;
+  std::vector<std::pair<std::string, double>> pieces;  // by id
+  if (type_of(model) == "Unigram") {
+    spm.kind = detail::SpmModelParams::Kind::kUnigram;
+    for (const json& entry : model.value("vocab", json::array())) {
+      if (!entry.is_array() || entry.size() != 2 || !entry[0].is_string() ||
+          !entry[1].is_number()) {
+        return invalid_argument_error("Unigram vocab entry " + entry.dump() +
+                                      " is not [piece, score]");
+      }
+      pieces.emplace_back(entry[0].get<std::string>(), entry[1].get<double>());
+    }
+    if (model.contains("unk_id") && model["unk_id"].is_number_integer()) {
+      spm.unk_id = model["unk_id"].get<TokenId>();
+    }
+  } else {
+    const json& vocab = model.value("vocab", json::object());
+    for (const auto& [text, id] : vocab.items()) {
+      if (!is_token_id(id))
+        return invalid_argument_error("model.vocab['" + text + "'] is not an id");
+      const auto i = static_cast<size_t>(id.get<TokenId>());
+      if (pieces.size() <= i) pieces.resize(i + 1);
+      pieces[i] = {text, 0.0};
+    }
+    std::unordered_map<std::string, size_t> id_of;
+    for (size_t i = 0; i < pieces.size(); ++i) id_of.emplace(pieces[i].first, i);
+    std::vector<bool> scored(pieces.size(), false);
+    int64_t rank = 0;
+    for (const json& merge : model.value("merges", json::array())) {
+      std::string merged;
+      if (merge.is_string()) {
+        const std::string text = merge.get<std::string>();
+        const size_t space = text.find(' ', 1);
+        if (space == std::string::npos) return invalid_argument_error("BPE merge '" + text + "'");
+        merged = text.substr(0, space) + text.substr(space + 1);
+      } else if (merge.is_array() && merge.size() == 2) {
+        merged = merge[0].get<std::string>() + merge[1].get<std::string>();
+      } else {
+        return invalid_argument_error("BPE merge " + merge.dump() + " is not a pair of strings");
+      }
+      auto it = id_of.find(merged);
+      if (it != id_of.end() && !scored[it->second]) {
+        pieces[it->second].second = -static_cast<double>(rank);
+        scored[it->second] = true;
+      }
+      ++rank;
+    }
+    if (model.contains("unk_token") && model["unk_token"].is_string()) {
+      auto it = id_of.find(model["unk_token"].get<std::string>());
+      if (it != id_of.end()) spm.unk_id = static_cast<TokenId>(it->second);
+    }
+  }
+  std::unordered_set<std::string> added;
+  for (const json& token : root.value("added_tokens", json::array())) {
+    added.insert(token.value("content", std::string()));
+  }
+  for (const auto& [piece, score] : pieces) {
+    const bool is_byte = piece.size() == 6 && piece.rfind("<0x", 0) == 0 && piece.back() == '>';
+    spm.pieces.push_back(piece);
+    spm.scores.push_back(static_cast<float>(score));
+    spm.is_byte.push_back(is_byte);
+    spm.is_normal.push_back(!is_byte && !added.contains(piece));
+  }
+  // The escaping: normalizers Prepend("▁") + Replace(" ", "▁"), or a Metaspace pre-tokenizer.
+  const json& normalizer = root.value("normalizer", json());
+  const json& pre = root.value("pre_tokenizer", json());
+  bool escaped = false;
+  if (type_of(normalizer) == "Sequence") {
+    for (const json& part : normalizer.value("normalizers", json::array())) {
+      const std::string t = type_of(part);
+      if (t == "Prepend" && part.value("prepend", "") == "\u2581") {
+        escaped = true;
+      } else if (t != "Replace" || part.value("content", "") != "\u2581") {
+        return unimplemented_error("SentencePiece normalizer '" + t + "'");
+      }
+    }
+  } else if (!normalizer.is_null()) {
+    return unimplemented_error("SentencePiece normalizer '" + type_of(normalizer) + "'");
+  }
+  if (type_of(pre) == "Metaspace") {
+    if (pre.value("prepend_scheme", "always") != "always") {
+      return unimplemented_error("Metaspace prepend_scheme '" + pre.value("prepend_scheme", "") +
+                                 "' (only \"always\")");
+    }
+    escaped = true;
+  } else if (!pre.is_null()) {
+    return unimplemented_error("SentencePiece pre-tokenizer '" + type_of(pre) + "'");
+  }
+  if (!escaped) return unimplemented_error("SentencePiece model without the \"\u2581\" escaping");
+  spm.add_space_prefix = true;
+  spec->spm = std::move(spm);
+  return Status();
+}
+
 Status parse_tokenizer_json(const json& root, detail::TokenizerSpec* spec,
                             std::optional<TokenId>* post_bos) {
   if (!root.is_object()) return invalid_argument_error("top level is not an object");
-  STRATA_RETURN_IF_ERROR(parse_model(root.value("model", json()), spec));
-
-  STRATA_RETURN_IF_ERROR(parse_normalizer(root.value("normalizer", json()), spec));
-  bool byte_level = false;
-  STRATA_RETURN_IF_ERROR(
-      parse_pre_tokenizer(root.value("pre_tokenizer", json()), spec, &byte_level));
-  if (!byte_level)
-    return unimplemented_error("pre-tokenizer without ByteLevel (not byte-level BPE)");
-  const json& decoder = root.value("decoder", json());
-  if (type_of(decoder) != "ByteLevel") {
-    return unimplemented_error("decoder '" + type_of(decoder) + "' (only ByteLevel is supported)");
+  const json& model = root.value("model", json());
+  if (type_of(model) == "Unigram" ||
+      (type_of(model) == "BPE" && get_bool_or(model, "byte_fallback", false))) {
+    STRATA_RETURN_IF_ERROR(parse_sentencepiece(root, spec));
+  } else {
+    STRATA_RETURN_IF_ERROR(parse_model(model, spec));
+    STRATA_RETURN_IF_ERROR(parse_normalizer(root.value("normalizer", json()), spec));
+    bool byte_level = false;
+    STRATA_RETURN_IF_ERROR(
+        parse_pre_tokenizer(root.value("pre_tokenizer", json()), spec, &byte_level));
+    if (!byte_level) {
+      return unimplemented_error("pre-tokenizer without ByteLevel (not byte-level BPE)");
+    }
+    const json& decoder = root.value("decoder", json());
+    if (type_of(decoder) != "ByteLevel") {
+      return unimplemented_error("decoder '" + type_of(decoder) +
+                                 "' (only ByteLevel is supported)");
+    }
   }
   STRATA_RETURN_IF_ERROR(parse_post_processor(root.value("post_processor", json()), post_bos));
 
@@ -299,6 +410,11 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::from_tokenizer_json(const std::s
     }
     for (const auto& [vocab_text, id] : spec.bpe.vocab) {
       if (vocab_text == text) return id;
+    }
+    if (spec.spm) {
+      const auto& pieces = spec.spm->pieces;
+      auto it = std::find(pieces.begin(), pieces.end(), text);
+      if (it != pieces.end()) return static_cast<TokenId>(it - pieces.begin());
     }
     return std::nullopt;
   };

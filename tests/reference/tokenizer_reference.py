@@ -126,21 +126,57 @@ def write_gguf(path, vocab, pre, add_bos, *, model="gpt2", with_merges=True):
     writer.close()
 
 
-def write_sentencepiece(out_dir):
-    """A SentencePiece BPE model (byte fallback, identity normalization, dummy prefix: Llama 2's
-    settings) trained on wikitext, written as llama.cpp's converter writes it into a GGUF
-    (tokenizer.ggml.model = llama). Returns the model, the reference encoder."""
+def train_sentencepiece(model_type):
+    """A SentencePiece model (byte fallback, identity normalization, dummy prefix: Llama 2's
+    settings) trained on wikitext."""
     import io
     import sentencepiece as spm
     with open("/work/shared/data/ppl/wikitext-2-raw-v1_test.raw", encoding="utf-8") as f:
         lines = [line for line in f.read()[:600000].split("\n") if line.strip()]
     model = io.BytesIO()
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(lines), model_writer=model, vocab_size=3000, model_type="bpe",
+        sentence_iterator=iter(lines), model_writer=model, vocab_size=3000, model_type=model_type,
         byte_fallback=True, normalization_rule_name="identity", remove_extra_whitespaces=False,
         add_dummy_prefix=True, split_digits=False, unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
         minloglevel=2)
-    sp = spm.SentencePieceProcessor(model_proto=model.getvalue())
+    return spm.SentencePieceProcessor(model_proto=model.getvalue())
+
+
+def sentencepiece_tokenizer_json(sp, model_type):
+    """HF's form of a SentencePiece model (as its converter writes one): Unigram with the scores,
+    or BPE with byte fallback and a merge for every split of a piece into two pieces, ranked by
+    the piece; "▁" escaping by normalizers; special <unk>, <s>, </s>."""
+    pieces = [sp.id_to_piece(i) for i in range(sp.vocab_size())]
+    if model_type == "unigram":
+        model = models.Unigram([(p, sp.get_score(i)) for i, p in enumerate(pieces)], unk_id=0,
+                               byte_fallback=True)
+    else:
+        vocab = {p: i for i, p in enumerate(pieces)}
+        merges = []
+        for piece, pid in vocab.items():
+            if sp.is_byte(pid) or sp.is_control(pid) or sp.is_unknown(pid):
+                continue
+            for k in range(1, len(piece)):
+                left, right = piece[:k], piece[k:]
+                if left in vocab and right in vocab:
+                    merges.append((left, right, pid))
+        merges.sort(key=lambda m: (m[2], vocab[m[0]], vocab[m[1]]))
+        model = models.BPE(vocab=vocab, merges=[(l, r) for l, r, _ in merges], unk_token="<unk>",
+                           byte_fallback=True)
+    tok = Tokenizer(model)
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"),
+                                           normalizers.Replace(" ", "\u2581")])
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
+                                     decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    tok.add_special_tokens([AddedToken(p, special=True, normalized=False)
+                            for p in ("<unk>", "<s>", "</s>")])
+    return tok
+
+
+def write_sentencepiece(out_dir):
+    """The SentencePiece BPE model written as llama.cpp's converter writes it into a GGUF
+    (tokenizer.ggml.model = llama). Returns the model, the reference encoder."""
+    sp = train_sentencepiece("bpe")
     types = [2 if sp.is_unknown(i) else 3 if sp.is_control(i) else 6 if sp.is_byte(i)
              else 5 if sp.is_unused(i) else 1 for i in range(sp.vocab_size())]
     writer = gguf.GGUFWriter(os.path.join(out_dir, "model.gguf"), "llama")
@@ -342,6 +378,14 @@ def main():
     sp = write_sentencepiece(os.path.join(out, "spm"))
     variants["spm"] = {"ids": [sp.encode(s) for s in strings],
                        "decoded": [sp.decode(sp.encode(s)) for s in strings]}
+    # The same SentencePiece models as HF tokenizer.json files, against HF's tokenizers.
+    for name, model_type, model in (("spm_bpe_json", "bpe", sp),
+                                    ("spm_unigram_json", "unigram", train_sentencepiece("unigram"))):
+        tok = sentencepiece_tokenizer_json(model, model_type)
+        os.makedirs(os.path.join(out, name), exist_ok=True)
+        tok.save(os.path.join(out, name, "tokenizer.json"))
+        variants[name] = {"ids": [e.ids for e in tok.encode_batch(strings, add_special_tokens=False)],
+                          "sentencepiece_ids": [model.encode(s) for s in strings]}
 
     with open(os.path.join(out, "smollm", "tokenizer_config.json"), "w", encoding="utf-8") as f:
         json.dump({"chat_template": vocab["chat_template"],

@@ -189,6 +189,16 @@ TEST(TokenizerReferenceTest, SentencePieceGgufMatchesSentencePiece) {
   EXPECT_EQ(std::vector<TokenId>(ids.begin() + 1, ids.end()), tokenizer->encode("hello", false));
 }
 
+// SentencePiece models as HF tokenizer.json files (its converter's form): BPE with byte fallback
+// and Unigram, against HF's tokenizers on every corpus string.
+TEST(TokenizerReferenceTest, SentencePieceTokenizerJsonMatchesHf) {
+  for (const char* variant : {"spm_bpe_json", "spm_unigram_json"}) {
+    auto tokenizer = must_load_json(kDataDir + "/" + variant + "/tokenizer.json");
+    ASSERT_NE(tokenizer, nullptr) << variant;
+    expect_matches_hf(*tokenizer, variant);
+  }
+}
+
 // tokenizer.json normalizers: real Qwen2 directories normalize with NFC; a Sequence of NFD and
 // NFKC covers the compatibility forms.
 TEST(TokenizerReferenceTest, UnicodeNormalizersMatchHf) {
@@ -457,6 +467,22 @@ TEST_F(TokenizerJsonErrorTest, UnsupportedModelType) {
   json root = base();
   root["model"]["type"] = "WordPiece";
   expect_error(load(root), StatusCode::kUnimplemented, "WordPiece");
+}
+
+TEST_F(TokenizerJsonErrorTest, SentencePieceFormsWeDoNotRun) {
+  json root = base();
+  root["model"] = {
+      {"type", "Unigram"},
+      {"vocab", json::array({json::array({"\u2581a", -1.0}), json::array({"b", -2.0})})},
+      {"unk_id", 0}};
+  root["normalizer"] = nullptr;
+  root["pre_tokenizer"] = {
+      {"type", "Metaspace"}, {"replacement", "\u2581"}, {"prepend_scheme", "first"}};
+  expect_error(load(root), StatusCode::kUnimplemented, "prepend_scheme 'first'");
+  root["pre_tokenizer"] = nullptr;
+  expect_error(load(root), StatusCode::kUnimplemented, "escaping");
+  root["model"]["vocab"] = json::array({json::array({"\u2581a"})});
+  expect_error(load(root), StatusCode::kInvalidArgument, "[piece, score]");
 }
 
 TEST_F(TokenizerJsonErrorTest, UnsupportedNormalizer) {
