@@ -170,6 +170,8 @@ TEST(TokenizerReferenceTest, SentencePieceGgufMatchesSentencePiece) {
   auto tokenizer = must_load_gguf(kDataDir + "/spm/model.gguf");
   ASSERT_NE(tokenizer, nullptr);
   expect_matches_hf(*tokenizer, "spm");
+  // ... and HF's tokenizers on the same model (its tokenizer.json form).
+  expect_matches_hf(*tokenizer, "spm_bpe_json");
   EXPECT_TRUE(tokenizer->add_bos_by_default());
   EXPECT_EQ(tokenizer->bos_id(), 1);
   const json& spm = reference().variants.at("spm");
