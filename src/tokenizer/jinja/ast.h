@@ -58,7 +58,7 @@ struct Stmt {
     kIf,           // branches: (cond, body)...; else_body
     kFor,          // for target in expr [if filter] ... else_body
     kSet,          // set target = expr
-    kSetBlock,     // set target %} body {% endset (optional filter `expr` applied via filter_name)
+    kSetBlock,     // set target [| filters] %} body {% endset
     kMacro,        // macro name(params with defaults) body
     kCallBlock,    // call expr(...) body  (body rendered by the macro's caller())
     kFilterBlock,  // filter name(args) body
@@ -69,8 +69,10 @@ struct Stmt {
   Kind kind;
   int line = 0;
   std::string text;  // kText; kMacro: name; kFilterBlock: filter name
-  ExprPtr expr;    // kOutput, kFor (iterable), kSet (value), kCallBlock (call), kFilterBlock (args)
-  ExprPtr filter;  // kFor: the `if` clause
+  ExprPtr expr;      // kOutput, kFor (iterable), kSet (value), kCallBlock (call)
+  // kFor: the `if` clause; kSetBlock, kFilterBlock: the filter chain applied to the body (its
+  // innermost input is null and stands for the body)
+  ExprPtr filter;
   Target target;   // kFor, kSet, kSetBlock
   std::vector<std::pair<ExprPtr, Body>> branches;  // kIf
   Body body;               // kFor, kSetBlock, kMacro, kCallBlock, kFilterBlock

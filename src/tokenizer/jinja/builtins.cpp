@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 
-#include "../utf8.h"
 #include "strings.h"
 
 namespace strata::tokenizer::jinja {

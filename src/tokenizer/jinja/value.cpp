@@ -6,8 +6,6 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
-#include "../utf8.h"
-
 namespace strata::tokenizer::jinja {
 
 TString TString::untrusted(std::string t) {
