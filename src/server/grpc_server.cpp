@@ -17,6 +17,8 @@ namespace {
 namespace pb = ::strata::v1;
 constexpr std::chrono::milliseconds kPollInterval{50};
 constexpr int32_t kDefaultMaxTokens = 256;
+// Session ids are keys the server stores and journals: bounded.
+constexpr size_t kMaxSessionIdBytes = 256;
 
 // The one place a Status becomes a gRPC status.
 grpc::Status to_grpc_status(const Status& status) {
@@ -150,10 +152,23 @@ class GenerationService final : public pb::Generation::Service {
     }
     std::vector<tokenizer::ChatMessage> messages;
     tokenizer::ChatMessage turn;
+    std::optional<SessionStore::TurnLease> lease;
     if (in_session) {
+      if (request->session_id().size() > kMaxSessionIdBytes) {
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                            "session_id: at most " + std::to_string(kMaxSessionIdBytes) +
+                                " bytes, got " + std::to_string(request->session_id().size()));
+      }
       if (request->message().content().empty()) {
         return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                             "message.content: must not be empty");
+      }
+      if (auto leased = sessions_.lease_turn(session_key(tenant, request->session_id()))) {
+        lease.emplace(std::move(*leased));
+      } else {
+        return grpc::Status(grpc::StatusCode::ABORTED,
+                            "session_id: a turn of this session is still running; send the next "
+                            "one when it has ended");
       }
       turn = {request->message().role().empty() ? "user" : request->message().role(),
               request->message().content()};

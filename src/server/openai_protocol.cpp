@@ -15,6 +15,9 @@
 namespace strata::server::openai {
 namespace {
 
+// Error messages quote at most this many bytes of what the client sent.
+constexpr size_t kMaxErrorExcerpt = 200;
+
 // Logprobs of impossible tokens are -inf, which JSON cannot carry; vLLM sends this instead.
 constexpr double kMinLogprob = -9999.0;
 
@@ -289,8 +292,11 @@ StatusOr<ParsedRequest> parse_request(Endpoint endpoint, std::string_view body, 
   try {
     root = Json::parse(body);
   } catch (const Json::parse_error& e) {
-    return invalid_argument_error(
-        std::string("We could not parse the JSON body of your request (") + e.what() + ")");
+    // The parser quotes the last token it read, which may be most of the body: keep an excerpt.
+    std::string what = e.what();
+    if (what.size() > kMaxErrorExcerpt) what = what.substr(0, kMaxErrorExcerpt) + "...";
+    return invalid_argument_error("We could not parse the JSON body of your request (" + what +
+                                  ")");
   }
   if (!root.is_object()) {
     return invalid_argument_error(std::string("The request body must be a JSON object, got ") +

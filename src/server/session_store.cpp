@@ -181,6 +181,18 @@ Status SessionStore::commit_turn(const std::string& session_id,
                           {"reply", reply}}));
 }
 
+std::optional<SessionStore::TurnLease> SessionStore::lease_turn(const std::string& session_id) {
+  std::scoped_lock lock(mutex_);
+  if (!running_turns_.insert(session_id).second) return std::nullopt;
+  return TurnLease(this, session_id);
+}
+
+SessionStore::TurnLease::~TurnLease() {
+  if (store_ == nullptr) return;
+  std::scoped_lock lock(store_->mutex_);
+  store_->running_turns_.erase(id_);
+}
+
 bool SessionStore::erase(const std::string& session_id) {
   std::scoped_lock lock(mutex_);
   auto it = sessions_.find(session_id);

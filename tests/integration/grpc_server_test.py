@@ -165,6 +165,20 @@ def main():
         assert usage.cached_tier == "gpu"
         assert end_session(pb.EndSessionRequest(session_id=sid)).existed
         assert not end_session(pb.EndSessionRequest(session_id=sid)).existed
+        # A session's turns are serialized: a second turn sent while one runs is refused.
+        running = chat(pb.ChatRequest(session_id="busy", sampling=pb.SamplingParams(
+            temperature=0, max_tokens=200, ignore_eos=True),
+            message=pb.ChatMessage(role="user", content="Count to a hundred.")))
+        next(running)
+        expect_error(chat, pb.ChatRequest(session_id="busy", sampling=greedy(4),
+                                          message=pb.ChatMessage(role="user", content="Hi")),
+                     grpc.StatusCode.ABORTED, "still running")
+        collect(running)
+        collect(chat(pb.ChatRequest(session_id="busy", sampling=greedy(4),
+                                    message=pb.ChatMessage(role="user", content="Hi"))))
+        expect_error(chat, pb.ChatRequest(session_id="x" * 257, sampling=greedy(4),
+                                          message=pb.ChatMessage(role="user", content="Hi")),
+                     grpc.StatusCode.INVALID_ARGUMENT, "session_id")
 
     def expect_error(call, request, code, fragment):
         try:

@@ -17,6 +17,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "strata/common/status.h"
@@ -46,6 +47,26 @@ class SessionStore {
   // in memory only and is returned for the caller to report.
   Status commit_turn(const std::string& session_id, const tokenizer::ChatMessage& message,
                      const std::string& reply, const std::string& system = {});
+  // One running turn of a session: while it lives, lease_turn() of the same session fails.
+  class TurnLease {
+   public:
+    TurnLease(TurnLease&& other) noexcept : store_(other.store_), id_(std::move(other.id_)) {
+      other.store_ = nullptr;
+    }
+    TurnLease& operator=(TurnLease&&) = delete;
+    ~TurnLease();
+
+   private:
+    friend class SessionStore;
+    TurnLease(SessionStore* store, std::string id) : store_(store), id_(std::move(id)) {}
+    SessionStore* store_;
+    std::string id_;
+  };
+  // Reserves `session_id` for one turn, or nullopt when a turn of it is already running: a
+  // session's turns are serialized, since two at once would both answer the same history and
+  // both be recorded, a conversation that never happened.
+  std::optional<TurnLease> lease_turn(const std::string& session_id);
+
   // Drops a session; false if it did not exist.
   bool erase(const std::string& session_id);
   size_t size() const;
@@ -66,6 +87,7 @@ class SessionStore {
   mutable std::mutex mutex_;
   std::unordered_map<std::string, Session> sessions_;
   std::list<std::string> lru_;  // least recently used first
+  std::unordered_set<std::string> running_turns_;  // sessions with a leased turn
   int journal_fd_ = -1;         // -1: in memory only
   std::string journal_path_;
   int64_t corrupt_records_ = 0;

@@ -487,6 +487,15 @@ TEST_P(InvalidRequestTest, NamesTheField) {
 INSTANTIATE_TEST_SUITE_P(OpenAiProtocol, InvalidRequestTest, ::testing::ValuesIn(invalid_cases()),
                          [](const auto& info) { return info.param.name; });
 
+// A parse error quotes a short excerpt of the body, not the body (which may be megabytes).
+TEST(ParseRequestTest, ParseErrorsQuoteAnExcerpt) {
+  const std::string body = "{\"messages\": \"" + std::string(1 << 20, 'a');
+  StatusOr<ParsedRequest> r = parse_request(Endpoint::kChatCompletions, body, kVocabSize);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_LT(r.status().message().size(), 400u) << r.status().message().size();
+}
+
 // Fields the body leaves unset take the deployment's defaults; fields it sets win.
 TEST(ParseRequestTest, UnsetSamplingFieldsTakeTheDefaults) {
   sampling::SamplingParams defaults;

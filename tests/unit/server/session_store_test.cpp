@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -151,6 +152,18 @@ TEST(SessionStoreTest, ConcurrentTurnsOnManySessions) {
     }
   }
   EXPECT_LE(store.size(), static_cast<size_t>(kThreads + 1));
+}
+
+// One turn of a session at a time: a second lease fails until the first ends.
+TEST(SessionStoreTest, TurnsOfOneSessionAreSerialized) {
+  SessionStore store;
+  std::optional<SessionStore::TurnLease> first = store.lease_turn("s");
+  ASSERT_TRUE(first.has_value());
+  EXPECT_FALSE(store.lease_turn("s").has_value());
+  EXPECT_TRUE(store.lease_turn("other").has_value());  // and released at once
+  EXPECT_TRUE(store.lease_turn("other").has_value());
+  first.reset();
+  EXPECT_TRUE(store.lease_turn("s").has_value());
 }
 
 // A journaled store reopened (as after kill -9) holds the same sessions; erases stay erased; a
