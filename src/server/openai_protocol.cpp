@@ -286,11 +286,41 @@ std::optional<std::string> field_of_message(std::string_view message) {
   return std::nullopt;
 }
 
+// The error for a number that overflows: names the key the number follows in `body` (the parser
+// quotes the number as '...' in `what`), or the body when there is none.
+Status number_overflow_error(std::string_view body, const std::string& what) {
+  const size_t open = what.find('\'');
+  const size_t close = what.rfind('\'');
+  const std::string number =
+      open != std::string::npos && close > open ? what.substr(open + 1, close - open - 1) : "";
+  std::string field = "body";
+  if (const size_t at = number.empty() ? std::string_view::npos : body.find(number);
+      at != std::string_view::npos) {
+    // Back over whitespace and ':' to the closing quote of the key.
+    size_t end = at;
+    while (end > 0 &&
+           (std::isspace(static_cast<unsigned char>(body[end - 1])) != 0 || body[end - 1] == ':')) {
+      --end;
+    }
+    if (end > 0 && body[end - 1] == '"') {
+      const size_t begin = body.rfind('"', end - 2);
+      if (begin != std::string_view::npos)
+        field = std::string(body.substr(begin + 1, end - begin - 2));
+    }
+  }
+  std::string shown = number.substr(0, kMaxErrorExcerpt);
+  return field_error(field.substr(0, kMaxErrorExcerpt),
+                     "the number " + shown + " is out of range for a double");
+}
+
 StatusOr<ParsedRequest> parse_request(Endpoint endpoint, std::string_view body, int64_t vocab_size,
                                       const sampling::SamplingParams& defaults) {
   Json root;
   try {
     root = Json::parse(body);
+  } catch (const Json::out_of_range& e) {
+    // A number JSON allows but a double cannot hold (1e400): a 400 naming the field.
+    return number_overflow_error(body, e.what());
   } catch (const Json::parse_error& e) {
     // The parser quotes the last token it read, which may be most of the body: keep an excerpt.
     std::string what = e.what();

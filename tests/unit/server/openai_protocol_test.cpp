@@ -496,6 +496,18 @@ TEST(ParseRequestTest, ParseErrorsQuoteAnExcerpt) {
   EXPECT_LT(r.status().message().size(), 400u) << r.status().message().size();
 }
 
+// A number no double can hold is the client's error, naming its field.
+TEST(ParseRequestTest, NumberOverflowIsA400NamingTheField) {
+  for (const char* field : {"temperature", "max_tokens", "seed"}) {
+    const std::string body = std::string(R"({"prompt": "x", ")") + field + R"(": 1e400})";
+    StatusOr<ParsedRequest> r = parse_request(Endpoint::kCompletions, body, kVocabSize);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(field_of_message(r.status().message()), std::optional<std::string>(field))
+        << r.status().message();
+  }
+}
+
 // Fields the body leaves unset take the deployment's defaults; fields it sets win.
 TEST(ParseRequestTest, UnsetSamplingFieldsTakeTheDefaults) {
   sampling::SamplingParams defaults;
