@@ -135,4 +135,39 @@ LeanKvWriteParams leankv_write_params(at::Tensor& pool, const kv::leankv::PageFo
   return params;
 }
 
+namespace {
+
+KvTensorCoding tensor_coding(const kv::TensorFormat& f, int64_t region_offset, int64_t heads,
+                             int64_t block_size, int64_t head_dim) {
+  const kv::TensorLayout layout = kv::tensor_layout(f, heads, block_size, head_dim);
+  KvTensorCoding c;
+  c.bits = dtype_bits(f.dtype);
+  c.per_channel = f.grouping == kv::Grouping::kPerChannel;
+  c.group_size = f.group_size;
+  c.region_offset = region_offset;
+  c.scales_offset = layout.scales_offset;
+  c.zeros_offset = layout.zeros_offset;
+  c.groups_per_head = layout.groups_per_head;
+  return c;
+}
+
+}  // namespace
+
+KvBlocksParams kv_blocks_params(at::Tensor& blocks, at::Tensor& bytes, const kv::KvFormat& format) {
+  KvBlocksParams params;
+  params.blocks = blocks.data_ptr();
+  params.bytes = bytes.data_ptr<uint8_t>();
+  params.num_blocks = blocks.size(0);
+  params.num_kv_heads = blocks.size(2);
+  params.block_size = blocks.size(3);
+  params.head_dim = blocks.size(4);
+  params.block_bytes = bytes.size(1);
+  const int64_t h = params.num_kv_heads, b = params.block_size, d = params.head_dim;
+  params.key = tensor_coding(format.key, 0, h, b, d);
+  params.value =
+      tensor_coding(format.value, kv::tensor_layout(format.key, h, b, d).total_bytes, h, b, d);
+  params.kind = dtype_of(blocks);
+  return params;
+}
+
 }  // namespace strata::kernels

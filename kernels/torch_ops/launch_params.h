@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "strata/kernels/ops.h"
+#include "strata/kv/kv_format.h"
 
 namespace at {
 class Tensor;
@@ -43,5 +44,9 @@ LeanKvWriteParams leankv_write_params(at::Tensor& pool, const kv::leankv::PageFo
                                       const at::Tensor& slot, const at::Tensor& key,
                                       const at::Tensor& value, const at::Tensor& acc,
                                       const at::Tensor& position);
+
+// blocks: [n, 2, num_kv_heads, block_size, head_dim] contiguous; bytes: [n, block_bytes] uint8
+// contiguous; `format` an integer K and V format (kv::validate'd).
+KvBlocksParams kv_blocks_params(at::Tensor& blocks, at::Tensor& bytes, const kv::KvFormat& format);
 
 }  // namespace strata::kernels

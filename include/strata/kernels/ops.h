@@ -197,4 +197,41 @@ struct LeanKvWriteParams {
 
 void launch_leankv_write_tokens(const LeanKvWriteParams& params, cudaStream_t stream);
 
+// ---------------------------------------------------------------------------------------------
+// Whole KV blocks to and from an integer page format (kv/kv_format.h): kernels::aten's
+// pack_kv_blocks / unpack_kv_blocks contract (kv_format_ops.h), bit-identical, for int8 / int4 /
+// int2 keys and values in per-token or per-channel groups (KIVI, the store's lossy codec).
+//   blocks  [num_blocks, 2 (K, V), num_kv_heads, block_size, head_dim] contiguous, `kind`
+//           (float32, float16 or bfloat16): read by pack, written by unpack (the reference's
+//           float32 values rounded to `kind`)
+//   bytes   [num_blocks, block_bytes] uint8: each row the K region then the V region, a region
+//           the packed codes of every head, the fp16 scales [H, groups_per_head] at
+//           scales_offset and the fp16 zero points after them (kv::tensor_layout)
+// One thread block per (block, K or V, head); groups_per_head * 8 bytes of dynamic shared memory.
+struct KvTensorCoding {
+  int32_t bits = 0;           // 8, 4 or 2
+  bool per_channel = false;   // else per-token groups of group_size elements
+  int32_t group_size = 0;
+  int64_t region_offset = 0;  // of this tensor's region in a block's row
+  int64_t scales_offset = 0;  // within the region (kv::TensorLayout)
+  int64_t zeros_offset = 0;
+  int64_t groups_per_head = 0;
+};
+
+struct KvBlocksParams {
+  void* blocks = nullptr;
+  unsigned char* bytes = nullptr;
+  int64_t num_blocks = 0;
+  int64_t num_kv_heads = 0;
+  int64_t block_size = 0;
+  int64_t head_dim = 0;
+  int64_t block_bytes = 0;
+  KvTensorCoding key;
+  KvTensorCoding value;
+  DType kind = DType::kBFloat16;
+};
+
+void launch_pack_kv_blocks(const KvBlocksParams& params, cudaStream_t stream);
+void launch_unpack_kv_blocks(const KvBlocksParams& params, cudaStream_t stream);
+
 }  // namespace strata::kernels
