@@ -6,6 +6,7 @@
 
 #include <charconv>
 
+#include "api_keys.h"
 #include "strata/model/model_config.h"
 #include "strata/server/tenant.h"
 #include "strata/tokenizer/tokenizer.h"
@@ -256,12 +257,10 @@ class GenerationService final : public pb::Generation::Service {
     const auto& metadata = context->client_metadata();
     auto it = metadata.find("authorization");
     if (it != metadata.end()) {
-      const std::string value(it->second.data(), it->second.size());
-      for (const std::string& key : api_keys_) {
-        if (value == "Bearer " + key) {
-          *tenant = key;
-          return grpc::Status::OK;
-        }
+      if (std::optional<std::string> key =
+              match_bearer(std::string_view(it->second.data(), it->second.size()), api_keys_)) {
+        *tenant = std::move(*key);
+        return grpc::Status::OK;
       }
     }
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "api_keys.h"
 #include "metrics.h"
 #include "openai_protocol.h"
 #include "strata/model/model_config.h"
@@ -270,28 +271,15 @@ class Service {
                                std::to_string(options_.max_body_bytes) + " bytes");
   }
 
-  // The key of "Authorization: Bearer <key>" when keys are configured, else "".
+  // The configured key "Authorization: Bearer <key>" names, else "" (the tenant's key).
   std::string bearer_key(const httplib::Request& req) const {
     if (options_.api_keys.empty()) return {};
-    const std::string header = req.get_header_value("Authorization");
-    constexpr std::string_view kBearer = "Bearer ";
-    return header.starts_with(kBearer) ? header.substr(kBearer.size()) : std::string();
+    return match_bearer(req.get_header_value("Authorization"), options_.api_keys).value_or("");
   }
 
   bool authorized(const httplib::Request& req) const {
     if (options_.api_keys.empty()) return true;
-    const std::string key = bearer_key(req);
-    if (key.empty()) return false;
-    bool match = false;
-    for (const std::string& k : options_.api_keys) match |= constant_time_equal(k, key);
-    return match;
-  }
-
-  static bool constant_time_equal(std::string_view a, std::string_view b) {
-    if (a.size() != b.size()) return false;
-    unsigned char diff = 0;
-    for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-    return diff == 0;
+    return match_bearer(req.get_header_value("Authorization"), options_.api_keys).has_value();
   }
 
   static std::string endpoint_label(const std::string& path) {
