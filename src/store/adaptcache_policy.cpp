@@ -69,6 +69,11 @@ bool reachable(const Profile& profile, const Entry& entry, const Option& option)
     return false;
   }
   if (entry.current.tier == kEvicted) return false;  // gone: nothing to store again
+  // Re-encoding happens in the nearest tier or on the way down: an entry a lower tier holds
+  // keeps its codec there (re-encoding would read and rewrite it).
+  if (entry.current.tier > 0 && option.tier == entry.current.tier && option.codec != entry.current.codec) {
+    return false;
+  }
   const CodecProfile& from = profile.codecs[entry.current.codec];
   const CodecProfile& to = profile.codecs[option.codec];
   if (from.method == Method::kNone) return true;

@@ -32,8 +32,10 @@ bool KvStore::Item::only_in(TierIndex t) const {
 KvStore::KvStore(const StoreOptions& options) : options_(options) {}
 
 StatusOr<std::unique_ptr<KvStore>> KvStore::open(const StoreOptions& options) {
-  STRATA_RETURN_IF_ERROR(options.validate());
-  std::unique_ptr<KvStore> store(new KvStore(options));
+  StoreOptions with_none = options;
+  with_none.codecs.insert(with_none.codecs.begin(), {"none", options.chunk_bytes, 1.0, 0.0});
+  STRATA_RETURN_IF_ERROR(with_none.validate());
+  std::unique_ptr<KvStore> store(new KvStore(with_none));
   STRATA_RETURN_IF_ERROR(store->start());
   return store;
 }
@@ -64,6 +66,11 @@ Status KvStore::start() {
 void KvStore::adopt(TierIndex t, std::vector<RecoveredItem> recovered) {
   int64_t adopted = 0;
   for (RecoveredItem& r : recovered) {
+    // Values in a codec this deployment does not have cannot be decoded: left out.
+    auto codec = std::find_if(options_.codecs.begin(), options_.codecs.end(), [&](const ItemCodec& c) {
+      return c.name == (r.attributes.codec.empty() ? "none" : r.attributes.codec);
+    });
+    if (codec == options_.codecs.end()) continue;
     auto [it, added] = items_.try_emplace(r.id);
     Item& item = it->second;
     if (added) {
@@ -71,6 +78,7 @@ void KvStore::adopt(TierIndex t, std::vector<RecoveredItem> recovered) {
       item.session = r.attributes.session;
       item.exact = r.attributes.exact;
       item.token_offset = r.attributes.token_offset;
+      item.codec = static_cast<int32_t>(codec - options_.codecs.begin());
       item.stored_at = item.last_access = ++clock_;
       item.touched = std::chrono::steady_clock::now();
       next_item_ = std::max(next_item_, r.id + 1);
@@ -204,7 +212,7 @@ StatusOr<StoreLease> KvStore::acquire(ItemId id, int64_t first, int64_t count) {
   Item& item = it->second;
   int64_t missing = 0;  // chunks only below DRAM
   for (int64_t i = first; i < first + count; ++i) missing += item.chunks[i].dram == nullptr;
-  StoreLease lease{id, {}, kDramTier, nullptr};
+  StoreLease lease{id, {}, kDramTier, item.codec, nullptr};
   if (missing > 0) {
     ++item.pins;  // not a reclaim victim itself
     const bool room = reclaim_clean_dram(missing);
@@ -222,6 +230,7 @@ StatusOr<StoreLease> KvStore::acquire(ItemId id, int64_t first, int64_t count) {
   Item& now = items_.at(id);
   ++now.pins;
   touch(now);
+  record_use(now);
   for (int64_t i = first; i < first + count; ++i) {
     const std::byte* dram = now.chunks[i].dram;
     lease.chunks.push_back(dram != nullptr ? dram : (*lease.direct)[i - first].data());
@@ -235,7 +244,7 @@ std::optional<StoreLease> KvStore::try_acquire_in_dram(ItemId id, int64_t first,
   if (it == items_.end()) return std::nullopt;
   Item& item = it->second;
   if (item.doomed || item.busy || std::ssize(item.chunks) < first + count) return std::nullopt;
-  StoreLease lease{id, {}, kDramTier, nullptr};
+  StoreLease lease{id, {}, kDramTier, item.codec, nullptr};
   for (int64_t i = first; i < first + count; ++i) {
     if (item.chunks[i].dram == nullptr) return std::nullopt;
     lease.chunks.push_back(item.chunks[i].dram);
@@ -243,6 +252,7 @@ std::optional<StoreLease> KvStore::try_acquire_in_dram(ItemId id, int64_t first,
   ++item.pins;
   ++counters_[kDramTier].hits;
   touch(item);
+  record_use(item);
   return lease;
 }
 
@@ -258,7 +268,7 @@ void KvStore::release(const StoreLease& lease, double load_seconds) {
         })
                      : 0;
     TierCounters& dram = counters_[kDramTier];
-    dram.bytes_out += (std::ssize(lease.chunks) - direct) * options_.chunk_bytes;
+    dram.bytes_out += (std::ssize(lease.chunks) - direct) * options_.codecs[lease.codec].chunk_bytes;
     dram.load_seconds += load_seconds;
     ++dram.loads;
   }
@@ -274,8 +284,9 @@ StatusOr<SaveTicket> KvStore::begin_save(const SaveRequest& request) {
     }
     return true;
   };
+  // Encoded chunks and the raw ones the device writes do not mix in one item.
   auto extendable = [&](const Item& item) {
-    return !item.busy && item.pending.empty() && item.exact == request.exact &&
+    return !item.busy && item.pending.empty() && item.codec == 0 && item.exact == request.exact &&
            item.token_offset == request.token_offset &&
            (item.session.empty() || item.session == request.session) && is_prefix(item);
   };
@@ -333,8 +344,9 @@ StatusOr<SaveTicket> KvStore::begin_save(const SaveRequest& request) {
   }
   if (replaced && *replaced != target->id) {
     Item& old = items_.at(*replaced);
-    // An exact item stays findable by content; a truncated one is reachable only by its session.
-    if (!old.exact && old.pins == 0 && !old.busy && old.pending.empty()) {
+    // An exact raw item stays findable by content; a truncated or encoded one is superseded by
+    // the new item's chunks and reachable only by its session.
+    if ((!old.exact || old.codec != 0) && old.pins == 0 && !old.busy && old.pending.empty()) {
       drop_item(*replaced);
     } else {
       old.session.clear();
@@ -397,8 +409,9 @@ void KvStore::publish(const SaveTicket& ticket, double write_seconds) {
     set_held(item, index, kDramTier, true);
     if (item.exact) by_hash_[item.pending[i]] = {item.id, index};
   }
-  STRATA_CHECK(dram_->put(item.record(), ticket.reservation, keys, values).ok());
+  STRATA_CHECK(dram_->put(item.record(options_), ticket.reservation, keys, values).ok());
   item.pending.clear();
+  record_use(item);
   TierCounters& dram = counters_[kDramTier];
   dram.bytes_in += n * options_.chunk_bytes;
   dram.save_seconds += write_seconds;
@@ -460,6 +473,8 @@ StoreStats KvStore::stats() const {
   std::scoped_lock lock(mutex_);
   StoreStats s = stats_;
   s.items = std::ssize(items_);
+  s.codec_items.assign(options_.codecs.size(), 0);
+  for (const auto& [id, item] : items_) ++s.codec_items[item.codec];
   for (TierIndex t = 0; t < num_tiers(); ++t) {
     TierStats& ts = s.tiers.emplace_back();
     static_cast<TierCounters&>(ts) = counters_[t];

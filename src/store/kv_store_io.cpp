@@ -149,10 +149,10 @@ bool KvStore::write_down(ItemId id, TierIndex t, std::unique_lock<std::mutex>& l
     const Chunk& c = item.chunks[i];
     if ((c.tiers & (1u << t)) != 0 || c.dram == nullptr) continue;
     keys.push_back({id, static_cast<int32_t>(i), c.hash});
-    values.emplace_back(c.dram, static_cast<size_t>(options_.chunk_bytes));
+    values.emplace_back(c.dram, static_cast<size_t>(value_bytes(item)));
   }
   if (keys.empty()) return item.held[t] == std::ssize(item.chunks);
-  const ItemRecord record = item.record();
+  const ItemRecord record = item.record(options_);
   // Encoded off the lock (the item is busy: its DRAM copy stays), into page-aligned buffers.
   std::vector<AlignedBuffer> encoded;
   const Clock::time_point start = Clock::now();
@@ -188,7 +188,7 @@ bool KvStore::write_down(ItemId id, TierIndex t, std::unique_lock<std::mutex>& l
     stored += std::ssize(values[j]);
   }
   counters_[t].bytes_in += stored;
-  counters_[kDramTier].bytes_out += std::ssize(keys) * options_.chunk_bytes;
+  counters_[kDramTier].bytes_out += std::ssize(keys) * value_bytes(now);
   counters_[t].save_seconds += seconds;
   ++counters_[t].saves;
   return now.held[t] == std::ssize(now.chunks);
@@ -197,6 +197,7 @@ bool KvStore::write_down(ItemId id, TierIndex t, std::unique_lock<std::mutex>& l
 Status KvStore::fetch(ItemId id, int64_t first, int64_t count, std::vector<AlignedBuffer>* direct,
                       TierIndex* from, std::unique_lock<std::mutex>& lock) {
   const Item& item = items_.at(id);
+  const int64_t chunk_bytes = value_bytes(item);
   // The chunks DRAM lacks, grouped by the nearest usable tier holding them.
   std::vector<std::vector<int32_t>> wanted(tiers_.size());
   int64_t missing = 0;
@@ -216,7 +217,7 @@ Status KvStore::fetch(ItemId id, int64_t first, int64_t count, std::vector<Align
   if (direct != nullptr) direct->resize(static_cast<size_t>(count));
   std::optional<Reservation> room;
   if (direct == nullptr) {
-    room = dram_->reserve(std::vector<int64_t>(static_cast<size_t>(missing), options_.chunk_bytes));
+    room = dram_->reserve(std::vector<int64_t>(static_cast<size_t>(missing), chunk_bytes));
     STRATA_CHECK(room.has_value()) << "fetch without DRAM room";
   }
   lock.unlock();
@@ -240,10 +241,10 @@ Status KvStore::fetch(ItemId id, int64_t first, int64_t count, std::vector<Align
           slot = std::move(got[j]);
           continue;
         }
-        slot = AlignedBuffer(options_.chunk_bytes);
-        raw = {slot.data(), static_cast<size_t>(options_.chunk_bytes)};
+        slot = AlignedBuffer(chunk_bytes);
+        raw = {slot.data(), static_cast<size_t>(chunk_bytes)};
       } else {
-        raw = {dram_->address(room->placements[keys.size()]), static_cast<size_t>(options_.chunk_bytes)};
+        raw = {dram_->address(room->placements[keys.size()]), static_cast<size_t>(chunk_bytes)};
         keys.push_back({id, wanted[t][j], {}});
         values.emplace_back(raw.data(), raw.size());
       }
@@ -265,12 +266,12 @@ Status KvStore::fetch(ItemId id, int64_t first, int64_t count, std::vector<Align
   }
   if (room) {
     for (ChunkKey& key : keys) key.hash = now.chunks[key.index].hash;
-    STRATA_CHECK(dram_->put(now.record(), *room, keys, values).ok());
+    STRATA_CHECK(dram_->put(now.record(options_), *room, keys, values).ok());
     for (size_t j = 0; j < keys.size(); ++j) {
       now.chunks[keys[j].index].dram = const_cast<std::byte*>(values[j].data());
       set_held(now, keys[j].index, kDramTier, true);
     }
-    counters_[kDramTier].bytes_in += std::ssize(keys) * options_.chunk_bytes;
+    counters_[kDramTier].bytes_in += std::ssize(keys) * chunk_bytes;
   }
   for (TierIndex t = 1; t < num_tiers(); ++t) {
     if (read_chunks[t] == 0) continue;
@@ -319,7 +320,15 @@ void KvStore::expire_items() {
   stats_.expired += std::ssize(expired);
 }
 
-KvStore::Action KvStore::next_action(ItemId* id, bool claim) {
+KvStore::Decision KvStore::next_action(bool claim) {
+  if (Decision d = codec_decision(); d.action != Action::kNone) {
+    if (claim && d.action != Action::kEvict) {
+      Item& item = items_.at(d.item);
+      item.busy = true;
+      if (d.action == Action::kDemote) dram_chunks_demoting_ += item.held[kDramTier];
+    }
+    return d;
+  }
   const std::vector<ItemView> all = views(kDramTier);
   const auto reserve = static_cast<int64_t>(
       std::ceil(options_.dram_reserve_fraction * static_cast<double>(capacity_chunks(kDramTier))));
@@ -328,7 +337,7 @@ KvStore::Action KvStore::next_action(ItemId* id, bool claim) {
     auto it = std::find(queue_.begin(), queue_.end(), item);
     return it == queue_.end() ? INT64_MAX : it - queue_.begin();
   };
-  if (free_dram_chunks() + dram_chunks_demoting_ < reserve) {
+  if (!options_.adaptcache.enabled && free_dram_chunks() + dram_chunks_demoting_ < reserve) {
     const std::optional<ItemId> victim =
         choose_top_victim(options_.policy, all, queue_, eviction_window());
     // Never demote what the prefetcher just brought in for the jobs about to run.
@@ -340,8 +349,7 @@ KvStore::Action KvStore::next_action(ItemId* id, bool claim) {
         item.busy = true;
         dram_chunks_demoting_ += item.held[kDramTier];
       }
-      *id = *victim;
-      return Action::kDemote;
+      return {Action::kDemote, *victim};
     }
   }
   if (options_.policy == EvictionPolicy::kSchedulerAware) {
@@ -356,11 +364,10 @@ KvStore::Action KvStore::next_action(ItemId* id, bool claim) {
       for (const Chunk& c : item.chunks) readable = readable && (c.dram != nullptr || source_of(c) > 0);
       if (!readable) continue;
       if (claim) items_.at(candidate).busy = true;
-      *id = candidate;
-      return Action::kPrefetch;
+      return {Action::kPrefetch, candidate};
     }
   }
-  return Action::kNone;
+  return {};
 }
 
 void KvStore::io_loop() {
@@ -381,19 +388,31 @@ void KvStore::io_loop() {
     }
     if (stopping_) return;
     expire_items();
-    ItemId id = 0;
-    const Action action = next_action(&id, true);
-    if (action == Action::kNone) {
+    const Decision decision = next_action(true);
+    if (decision.action == Action::kNone) {
       idle_.notify_all();
       work_.wait_for(lock, std::chrono::seconds(1));
       continue;
     }
+    if (decision.action == Action::kEvict) {  // no I/O: under the lock, before anything pins it
+      evict(decision.item);
+      continue;
+    }
     ++active_actions_;
     lock.unlock();
-    if (action == Action::kPrefetch) {
-      prefetch(id);
-    } else {
-      demote(id);
+    switch (decision.action) {
+      case Action::kPrefetch:
+        prefetch(decision.item);
+        break;
+      case Action::kDemote:
+        demote(decision.item);
+        break;
+      case Action::kTranscode:
+        transcode(decision.item, decision.codec);
+        break;
+      case Action::kEvict:  // done under the lock, above
+      case Action::kNone:
+        break;
     }
     lock.lock();
     --active_actions_;
@@ -403,9 +422,8 @@ void KvStore::io_loop() {
 
 void KvStore::wait_idle() {
   std::unique_lock lock(mutex_);
-  ItemId unused = 0;
   idle_.wait(lock, [&] {
-    return commits_.empty() && active_actions_ == 0 && next_action(&unused, false) == Action::kNone;
+    return commits_.empty() && active_actions_ == 0 && next_action(false).action == Action::kNone;
   });
 }
 

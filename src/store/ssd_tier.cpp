@@ -11,7 +11,7 @@ namespace strata::store {
 namespace {
 
 constexpr uint64_t kMagic = 0x564b415441525453ULL;  // "STRATAKV"
-constexpr uint32_t kVersion = 2;  // 2: variable-size values in extents, a codec
+constexpr uint32_t kVersion = 3;  // 2: variable-size values in extents, a codec; 3: item codecs
 enum RecordType : uint32_t { kHeader = 1, kPut = 2, kDrop = 3 };
 
 class Writer {
@@ -100,6 +100,7 @@ void encode_put(const PutRecord& r, std::vector<std::byte>& out) {
   w.put<uint8_t>(r.item.exact ? 1 : 0);
   w.put<int64_t>(r.item.token_offset);
   w.put_string(r.item.session);
+  w.put_string(r.item.codec);
   w.finish(kPut, out);
 }
 
@@ -116,7 +117,8 @@ bool decode_put(Reader& p, PutRecord* r) {
     if (!p.get(&e.start) || !p.get(&e.length)) return false;
     r->placement.extents.push_back(e);
   }
-  if (!(p.get(&exact) && p.get(&r->item.token_offset) && p.get_string(&r->item.session))) {
+  if (!(p.get(&exact) && p.get(&r->item.token_offset) && p.get_string(&r->item.session) &&
+        p.get_string(&r->item.codec))) {
     return false;
   }
   r->item.exact = exact != 0;

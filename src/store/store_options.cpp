@@ -55,6 +55,40 @@ Status StoreOptions::validate() const {
                                   std::to_string(dram_reserve_fraction));
   }
   if (io_threads < 1) return invalid_argument_error("store.io_threads must be >= 1");
+  for (size_t i = 0; i < codecs.size(); ++i) {
+    const ItemCodec& c = codecs[i];
+    if (c.chunk_bytes <= 0 || c.chunk_bytes > chunk_bytes || !(c.quality >= 0 && c.quality <= 1) ||
+        c.decode_seconds_per_byte < 0) {
+      return invalid_argument_error("store: codec '" + c.name +
+                                    "' needs 0 < bytes <= a raw chunk's, a quality in [0, 1]");
+    }
+    for (size_t j = 0; j < i; ++j) {
+      if (codecs[j].name == c.name) return invalid_argument_error("store: codec '" + c.name + "' twice");
+    }
+  }
+  if (codecs.size() > 1 && !transcode) {
+    return invalid_argument_error("store: lossy codecs need a transcode function");
+  }
+  if (fixed_codec < 0 || fixed_codec >= std::ssize(codecs) || (fixed_codec > 0 && adaptcache.enabled)) {
+    return invalid_argument_error("store: fixed_codec names no codec, or is set beside adaptcache");
+  }
+  if (adaptcache.enabled) {
+    const size_t n = tiers.size() + 1;
+    if (adaptcache.bandwidth.size() != n || adaptcache.latency_seconds.size() != n) {
+      return invalid_argument_error("store.adaptcache: one bandwidth and one latency per tier (" +
+                                    std::to_string(n) + ")");
+    }
+    for (size_t i = 0; i < n; ++i) {
+      if (!(adaptcache.bandwidth[i] > 0) || !(adaptcache.latency_seconds[i] >= 0)) {
+        return invalid_argument_error("store.adaptcache: bandwidths > 0, latencies >= 0");
+      }
+    }
+    if (!(adaptcache.half_life_seconds > 0) || !(adaptcache.alpha >= 0) ||
+        !(adaptcache.prefill_seconds_per_token >= 0)) {
+      return invalid_argument_error(
+          "store.adaptcache: half_life_seconds > 0, alpha >= 0, prefill_seconds_per_token >= 0");
+    }
+  }
   if (ttl.count() < 0) return invalid_argument_error("store.ttl_seconds must be >= 0");
   return Status();
 }

@@ -21,7 +21,8 @@
 //
 // Codec transitions (decision 6): an uncompressed entry may take any codec; a compressed one
 // keeps its method and may only lower its rate (re-compressing needs no original; the method
-// cannot change without it). Eviction is always possible; pinned entries do not move.
+// cannot change without it). Codecs change in the nearest tier or on the way down: an entry a
+// lower tier holds keeps its codec there. Eviction is always possible; pinned entries stay.
 //
 // Pure functions over a snapshot: no I/O, no locks.
 #pragma once

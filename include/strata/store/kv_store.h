@@ -20,6 +20,9 @@
 // evicts by the policy when full), prefetch items of queued jobs from the nearest lower tier
 // holding them into DRAM, and expire items unused for `ttl`; placement_policy.h decides which.
 // A lower tier's values are encoded by its codec (identity or zstd) and decoded on the way up.
+// An item's chunks may also take a lossy codec (store/item_codecs.h: KIVI), applied in DRAM by
+// the I/O threads, for a fixed codec or by AdaptCache's utility greedy; loads hand encoded chunks
+// to the device with their codec.
 // A load whose chunks DRAM has no room for reads them from the lower tier into buffers the lease
 // owns, straight for the device. The GPU tier is the engine's prefix cache and is not managed
 // here.
@@ -46,7 +49,9 @@
 #include "strata/common/ids.h"
 #include "strata/common/status.h"
 #include "strata/kv/kv_types.h"
+#include "strata/store/adaptcache_policy.h"
 #include "strata/store/dram_tier.h"
+#include "strata/store/item_codecs.h"
 #include "strata/store/placement_policy.h"
 #include "strata/store/ssd_tier.h"
 #include "strata/store/store_config.h"
@@ -71,6 +76,13 @@ struct StoreOptions {
   // Called once with the DRAM arena (e.g. cudaHostRegister for fast device copies); optional.
   std::function<void(void* data, size_t bytes)> register_host_memory;
   std::function<void(void* data)> unregister_host_memory;
+  // The codecs an item may take: codecs[0] is "none" (set by open() from chunk_bytes), then the
+  // lossy ones, which need `transcode`. fixed_codec > 0: every item takes that one (the static
+  // baselines); adaptcache.enabled: each item's codec and tier by utility.
+  std::vector<ItemCodec> codecs;
+  Transcode transcode;
+  int32_t fixed_codec = 0;
+  AdaptCacheOptions adaptcache;
 
   // INVALID_ARGUMENT naming store.<key>.
   Status validate() const;
@@ -116,6 +128,8 @@ struct StoreStats {
   int64_t saves_skipped = 0;      // no DRAM room at save time
   int64_t saves_partial = 0;      // room for the leading chunks only: those were saved
   int64_t expired = 0;            // dropped by TTL
+  int64_t transcodes = 0;         // items re-encoded to another codec
+  std::vector<int64_t> codec_items;  // items per codec (StoreOptions::codecs order)
   // The tier named `name`; an empty, unavailable one if the store has none (it failed to open).
   const TierStats& tier(std::string_view name) const;
 };
@@ -134,6 +148,7 @@ struct StoreLease {
   ItemId item = 0;
   std::vector<const std::byte*> chunks;  // requested chunks, in order, valid until release
   TierIndex served_from = kDramTier;     // the farthest tier a chunk had to be read from now
+  int32_t codec = 0;                     // how the chunks are encoded (StoreOptions::codecs)
   // Chunks read without DRAM room, owned by the lease (chunks point into them): entry i for
   // requested chunk i, empty for those in DRAM.
   std::shared_ptr<std::vector<AlignedBuffer>> direct;
@@ -227,6 +242,8 @@ class KvStore {
     std::string session;
     bool exact = true;
     int64_t token_offset = 0;
+    int32_t codec = 0;                    // of every chunk, in every tier
+    adaptcache::ReuseCount reuse;         // loads and saves, decayed (AdaptCache's Freq)
     std::vector<Chunk> chunks;            // published chunks
     std::array<int64_t, kMaxTiers> held{};  // of those, held by each tier
     std::vector<kv::ChunkHash> pending;   // hashes of chunks a save reserved, not yet published
@@ -237,10 +254,17 @@ class KvStore {
     uint64_t stored_at = 0;
     std::chrono::steady_clock::time_point touched;
 
-    ItemRecord record() const { return {session, exact, token_offset}; }
+    ItemRecord record(const StoreOptions& o) const {
+      return {session, exact, token_offset, codec == 0 ? std::string() : o.codecs[codec].name};
+    }
     bool only_in(TierIndex t) const;
   };
-  enum class Action { kNone, kPrefetch, kDemote };
+  enum class Action { kNone, kPrefetch, kDemote, kTranscode, kEvict };
+  struct Decision {
+    Action action = Action::kNone;
+    ItemId item = 0;
+    int32_t codec = 0;  // kTranscode's target
+  };
   struct PendingCommit {
     SaveTicket ticket;
     std::function<void()> wait;
@@ -252,7 +276,17 @@ class KvStore {
   void adopt(TierIndex tier, std::vector<RecoveredItem> recovered);  // a persistent tier's items
   void io_loop();
   // The next background action (REQUIRES mutex_); with `claim`, marks its item busy.
-  Action next_action(ItemId* item, bool claim);
+  Decision next_action(bool claim);
+  // The lossy-codec decisions (REQUIRES mutex_): a fixed codec for every item, or AdaptCache's
+  // first move over all items when DRAM is below its reserve (kv_store_codecs.cpp).
+  Decision codec_decision();
+  adaptcache::Profile adaptcache_profile() const;
+  // Re-encodes a busy item's DRAM chunks to `codec` (REQUIRES mutex_ not held); its copies in
+  // other tiers, in the old codec, are dropped.
+  void transcode(ItemId id, int32_t codec);
+  void record_use(Item& item);  // REQUIRES mutex_
+  void evict(ItemId id);        // AdaptCache's evict option (REQUIRES mutex_): counted, dropped
+  int64_t value_bytes(const Item& item) const { return options_.codecs[item.codec].chunk_bytes; }
   // Reads chunks [first, first + count) of a busy item that DRAM lacks from the nearest lower
   // tier holding each (`lock` holds mutex_ and is released during the I/O), decoding them into
   // DRAM room reserved now, or into `direct` buffers when that is given. Clears busy; on a bad
@@ -309,6 +343,7 @@ class KvStore {
   std::array<int64_t, kMaxTiers> tier_chunks_{};  // chunks each tier holds
   uint64_t clock_ = 0;
   std::chrono::steady_clock::time_point last_expiry_scan_;
+  std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   int32_t active_actions_ = 0;
   int64_t dram_chunks_demoting_ = 0;  // DRAM chunks that demotions in flight will free
   std::vector<PendingCommit> commits_;

@@ -54,6 +54,7 @@ struct ItemRecord {
   std::string session;       // empty: found by content hash only
   bool exact = true;         // KV equals recomputing its tokens (indexed by content hash)
   int64_t token_offset = 0;  // conversation tokens dropped after chunk 0 (truncation)
+  std::string codec;         // the item's lossy codec (store/item_codecs.h); empty: none
 };
 
 // A stored chunk: chunk `index` of `item`, with its content hash.

@@ -98,6 +98,9 @@ TEST(AdaptCachePolicyTest, CompressedEntriesKeepTheirMethodAndOnlyLowerTheirRate
   EXPECT_TRUE(reachable(p, e, {0, 2}));
   EXPECT_FALSE(reachable(p, e, {0, 3}));
   EXPECT_TRUE(reachable(p, e, {kEvicted, 0}));
+  e.current = {1, 0};  // held below the nearest tier: keeps its codec there
+  EXPECT_FALSE(reachable(p, e, {1, 2}));
+  EXPECT_TRUE(reachable(p, e, {1, 0}));
   e.current = {kEvicted, 0};
   EXPECT_FALSE(reachable(p, e, {0, 0}));
 }

@@ -1,0 +1,196 @@
+// The store's lossy codecs (store/item_codecs.h): which item to re-encode, demote or evict next
+// (a fixed codec for every item, or AdaptCache's utility greedy over every item), the
+// re-encoding itself on an I/O thread, and the reuse counts AdaptCache's utility weighs.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <spdlog/spdlog.h>
+#include <unordered_set>
+
+#include "strata/common/check.h"
+#include "strata/store/kv_store.h"
+
+namespace strata::store {
+namespace {
+
+double seconds_between(std::chrono::steady_clock::time_point from,
+                       std::chrono::steady_clock::time_point to) {
+  return std::chrono::duration<double>(to - from).count();
+}
+
+}  // namespace
+
+void KvStore::record_use(Item& item) {
+  const double now = seconds_between(started_, std::chrono::steady_clock::now());
+  const double half_life = options_.adaptcache.half_life_seconds;
+  if (item.reuse.count == 0) {
+    // A new item starts at the mean count of the items it joins (the population prior).
+    double sum = 0;
+    int64_t n = 0;
+    for (const auto& [id, other] : items_) {
+      if (other.reuse.count == 0) continue;
+      sum += adaptcache::decayed_count(other.reuse, now, half_life);
+      ++n;
+    }
+    item.reuse = {std::max(1.0, n > 0 ? sum / static_cast<double>(n) : 1.0), now};
+    return;
+  }
+  adaptcache::record_use(&item.reuse, now, half_life);
+}
+
+adaptcache::Profile KvStore::adaptcache_profile() const {
+  const AdaptCacheOptions& ac = options_.adaptcache;
+  adaptcache::Profile profile;
+  for (TierIndex t = 0; t < num_tiers(); ++t) {
+    // Bandwidths are listed DRAM first, then StoreOptions::tiers (some may have failed to open).
+    size_t index = 0;
+    for (size_t i = 0; i < options_.tiers.size(); ++i) {
+      if (options_.tiers[i].name == tiers_[t]->name()) index = i + 1;
+    }
+    profile.tiers.push_back({tiers_[t]->name(), tiers_[t]->capacity_bytes(), ac.bandwidth[index],
+                             ac.latency_seconds[index]});
+  }
+  for (const ItemCodec& c : options_.codecs) {
+    profile.codecs.push_back(
+        {c.name, c.name == "none" ? adaptcache::Method::kNone : adaptcache::Method::kKivi,
+         static_cast<double>(c.chunk_bytes) / static_cast<double>(options_.chunk_bytes),
+         c.decode_seconds_per_byte});
+  }
+  profile.tasks = {"default"};
+  profile.quality.emplace_back();
+  for (const ItemCodec& c : options_.codecs) profile.quality[0].push_back(c.quality);
+  profile.alpha = ac.alpha;
+  return profile;
+}
+
+KvStore::Decision KvStore::codec_decision() {
+  auto settled = [](const Item& item) {
+    return !item.chunks.empty() && item.pins == 0 && !item.busy && item.pending.empty();
+  };
+  if (!options_.adaptcache.enabled) {
+    if (options_.fixed_codec == 0) return {};
+    for (const auto& [id, item] : items_) {
+      if (item.codec == 0 && settled(item) && item.held[kDramTier] == std::ssize(item.chunks)) {
+        return {Action::kTranscode, id, options_.fixed_codec};
+      }
+    }
+    return {};
+  }
+  // Like demotion, only when DRAM is below its reserve.
+  const auto reserve = static_cast<int64_t>(std::ceil(
+      options_.dram_reserve_fraction * static_cast<double>(capacity_chunks(kDramTier))));
+  if (free_dram_chunks() + dram_chunks_demoting_ >= reserve) return {};
+
+  adaptcache::Profile profile = adaptcache_profile();
+  const double now = seconds_between(started_, std::chrono::steady_clock::now());
+  // Composed with CachedAttention: an item whose job is about to run is not moved.
+  std::unordered_set<ItemId> about_to_run;
+  if (options_.policy == EvictionPolicy::kSchedulerAware) {
+    const int64_t window = std::min<int64_t>(prefetch_window(), std::ssize(queue_));
+    about_to_run.insert(queue_.begin(), queue_.begin() + window);
+  }
+  std::vector<adaptcache::Entry> entries;
+  // Bytes the plan does not place: DRAM held by saves in flight and partly loaded items' other
+  // copies, and lower tiers' copies of items that are (also) in DRAM.
+  std::vector<int64_t> unplaced(tiers_.size(), 0);
+  for (TierIndex t = 0; t < num_tiers(); ++t) unplaced[t] = tiers_[t]->used_bytes();
+  for (const auto& [id, item] : items_) {
+    const int64_t n = std::ssize(item.chunks);
+    if (n == 0) continue;
+    adaptcache::Entry e;
+    e.id = id;
+    e.raw_bytes = n * options_.chunk_bytes;
+    for (const ItemCodec& c : options_.codecs) e.codec_bytes.push_back(n * dram_->footprint(c.chunk_bytes));
+    e.frequency = adaptcache::uses_per_second(item.reuse, now, options_.adaptcache.half_life_seconds);
+    e.prefill_seconds = static_cast<double>(n * options_.block_size_tokens) *
+                        options_.adaptcache.prefill_seconds_per_token;
+    e.current.codec = item.codec;
+    e.current.tier = item.held[kDramTier] > 0 ? kDramTier : -1;
+    for (TierIndex t = 1; t < num_tiers() && e.current.tier < 0; ++t) {
+      if (usable(t) && item.held[t] == n) e.current.tier = t;
+    }
+    if (e.current.tier < 0) continue;  // not whole anywhere it can be read from
+    e.pinned = !settled(item) || about_to_run.contains(id);
+    unplaced[e.current.tier] -= e.codec_bytes[item.codec];
+    entries.push_back(std::move(e));
+  }
+  for (TierIndex t = 0; t < num_tiers(); ++t) {
+    // DRAM's reserve stays free for saves and prefetches, as the trigger above counts it.
+    const int64_t kept = t == kDramTier ? reserve * dram_chunk_bytes() : 0;
+    profile.tiers[t].capacity_bytes =
+        std::max<int64_t>(0, tiers_[t]->capacity_bytes() - kept - std::max<int64_t>(0, unplaced[t]));
+  }
+  const adaptcache::Plan plan = adaptcache::place(profile, entries);
+  if (plan.moves.empty()) return {};
+  const adaptcache::Move& m = plan.moves.front();
+  const Item& item = items_.at(m.id);
+  if (m.to.tier == adaptcache::kEvicted) return {Action::kEvict, m.id};
+  if (m.from.tier != kDramTier) return {};  // lower tiers only evict: nothing else to do now
+  if (m.to.codec != item.codec) return {Action::kTranscode, m.id, m.to.codec};
+  return {Action::kDemote, m.id};
+}
+
+void KvStore::evict(ItemId id) {
+  Item& item = items_.at(id);
+  for (TierIndex t = 0; t < num_tiers(); ++t) {
+    if (item.held[t] > 0) {
+      ++counters_[t].evictions;
+      break;
+    }
+  }
+  drop_item(id);
+}
+
+void KvStore::transcode(ItemId id, int32_t codec) {
+  std::unique_lock lock(mutex_);
+  Item& item = items_.at(id);
+  const int32_t from = item.codec;
+  std::vector<const std::byte*> in;
+  for (const Chunk& c : item.chunks) in.push_back(c.dram);
+  const bool whole = std::ranges::none_of(in, [](const std::byte* p) { return p == nullptr; });
+  const int64_t bytes = options_.codecs[codec].chunk_bytes;
+  Status status = whole ? Status() : failed_precondition_error("not whole in DRAM");
+  std::vector<AlignedBuffer> encoded;
+  std::vector<std::byte*> out;
+  if (status.ok()) {
+    lock.unlock();  // the item is busy: its DRAM copy stays while the bytes are read
+    for (size_t i = 0; i < in.size(); ++i) out.push_back(encoded.emplace_back(bytes).data());
+    status = options_.transcode(from, codec, in, out);
+    lock.lock();
+  }
+  Item& now = items_.at(id);
+  now.busy = false;
+  idle_.notify_all();
+  if (!status.ok()) {
+    spdlog::warn("KV store: item {} not re-encoded to {}: {}", id, options_.codecs[codec].name,
+                 status.message());
+    return;
+  }
+  // Every copy is in the old codec: the other tiers' are dropped, DRAM's replaced.
+  for (TierIndex t = 0; t < num_tiers(); ++t) {
+    if (now.held[t] == 0) continue;
+    (void)tiers_[t]->evict(id);
+    for (int64_t i = 0; i < std::ssize(now.chunks); ++i) set_held(now, i, t, false);
+  }
+  std::optional<Reservation> room =
+      dram_->reserve(std::vector<int64_t>(now.chunks.size(), bytes));
+  if (!room) {  // the old copy's room went to a save meanwhile
+    ++counters_[kDramTier].evictions;
+    return drop_item(id);
+  }
+  now.codec = codec;
+  std::vector<ChunkKey> keys;
+  std::vector<std::span<const std::byte>> values;
+  for (int64_t i = 0; i < std::ssize(now.chunks); ++i) {
+    keys.push_back({id, static_cast<int32_t>(i), now.chunks[i].hash});
+    values.push_back(encoded[i].bytes());
+  }
+  STRATA_CHECK(dram_->put(now.record(options_), *room, keys, values).ok());
+  for (int64_t i = 0; i < std::ssize(now.chunks); ++i) {
+    now.chunks[i].dram = dram_->address(room->placements[i]);
+    set_held(now, i, kDramTier, true);
+  }
+  ++stats_.transcodes;
+}
+
+}  // namespace strata::store

@@ -1,0 +1,188 @@
+// The store's lossy item codecs (store/item_codecs.h) with a stand-in transcoder that keeps a
+// prefix of each chunk's bytes (the real KIVI transcoder is the executor's, tested there):
+// a fixed codec re-encodes every item in DRAM, encoded items demote, load and survive a restart
+// with their codec, a deployment without the codec leaves them out, a new turn replaces an
+// encoded item with a raw one, and AdaptCache's greedy compresses hot items in DRAM before it
+// demotes cold ones (or keeps them whole when quality is worth more than delay).
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "store_test_util.h"
+
+namespace strata::store {
+namespace {
+
+constexpr int64_t kHalf = kChunkBytes / 2, kQuarter = kChunkBytes / 4;
+
+// codecs[1] "half" keeps the first half of a raw chunk, codecs[2] "quarter" the first quarter.
+StoreOptions with_codecs(StoreOptions o) {
+  o.codecs = {{"half", kHalf, 0.99, 0.0}, {"quarter", kQuarter, 0.9, 0.0}};
+  o.transcode = [](int32_t from, int32_t to, std::span<const std::byte* const> in,
+                   std::span<std::byte* const> out) {
+    const int64_t sizes[] = {kChunkBytes, kHalf, kQuarter};
+    if (sizes[to] > sizes[from]) return invalid_argument_error("prefixes only shrink");
+    for (size_t i = 0; i < in.size(); ++i) std::memcpy(out[i], in[i], sizes[to]);
+    return Status();
+  };
+  return o;
+}
+
+// Loads every matched chunk of `prompt`: its codec, and its bytes against the prefix the codec keeps.
+int32_t load_encoded(KvStore& store, std::span<const TokenId> prompt, const std::string& session = {}) {
+  std::optional<StoreMatch> m = store.find(prompt, root(), session);
+  EXPECT_TRUE(m.has_value());
+  if (!m) return -1;
+  StatusOr<StoreLease> lease = store.acquire(m->item, 0, m->num_chunks);
+  EXPECT_TRUE(lease.ok()) << lease.status().to_string();
+  if (!lease.ok()) return -1;
+  const int64_t bytes[] = {kChunkBytes, kHalf, kQuarter};
+  const std::vector<kv::ChunkHash> hashes = chain(prompt);
+  for (int64_t i = 0; i < m->num_chunks; ++i) {
+    std::vector<std::byte> want(kChunkBytes);
+    fill(want.data(), hashes[i]);
+    EXPECT_EQ(std::memcmp(lease->chunks[i], want.data(), bytes[lease->codec]), 0) << "chunk " << i;
+  }
+  const int32_t codec = lease->codec;
+  store.release(*lease, 0);
+  return codec;
+}
+
+TEST(KvStoreCodecsTest, AFixedCodecReencodesEveryItemInDram) {
+  StoreOptions o = with_codecs(options(nullptr, 16));
+  o.fixed_codec = 2;
+  auto store = KvStore::open(o).value();
+  const std::vector<TokenId> conv = tokens(1, 13);
+  ASSERT_TRUE(save(*store, conv).ok());
+  store->wait_idle();
+  const StoreStats s = store->stats();
+  EXPECT_EQ(s.transcodes, 1);
+  EXPECT_EQ(s.codec_items, (std::vector<int64_t>{0, 0, 1}));
+  EXPECT_EQ(s.tier("dram").used_bytes, 3 * 4096);  // a page per quarter chunk, not two
+  EXPECT_EQ(load_encoded(*store, conv), 2);
+}
+
+TEST(KvStoreCodecsTest, EncodedItemsDemoteLoadAndSurviveARestartWithTheirCodec) {
+  TempDir dir;
+  StoreOptions o = with_codecs(options(&dir, 5, 16));  // 10 pages
+  o.fixed_codec = 1;
+  o.dram_reserve_fraction = 0.5;  // demote below 3 free chunks
+  o.policy = EvictionPolicy::kLru;
+  const std::vector<TokenId> a = tokens(2, 13), b = tokens(3, 13);
+  {
+    auto store = KvStore::open(o).value();
+    ASSERT_TRUE(save(*store, a).ok());
+    store->wait_idle();
+    ASSERT_TRUE(save(*store, b).ok());  // then 6 of 10 pages are used: a, the older, goes down
+    store->wait_idle();
+    EXPECT_EQ(store->stats().transcodes, 2);
+    std::optional<StoreMatch> m = store->find(a, root(), {});
+    ASSERT_TRUE(m);
+    EXPECT_EQ(m->tier, kSsd);
+    EXPECT_EQ(load_encoded(*store, a), 1);
+  }
+  {
+    auto store = KvStore::open(o).value();  // clean shutdown persisted both, encoded
+    EXPECT_EQ(store->stats().codec_items, (std::vector<int64_t>{0, 2, 0}));
+    EXPECT_EQ(load_encoded(*store, a), 1);
+    EXPECT_EQ(load_encoded(*store, b), 1);
+  }
+  StoreOptions without = options(&dir, 4, 16);  // a deployment without "half"
+  auto store = KvStore::open(without).value();
+  EXPECT_EQ(store->stats().items, 0);
+  EXPECT_FALSE(store->find(a, root(), {}));
+}
+
+TEST(KvStoreCodecsTest, ANewTurnReplacesAnEncodedItemWithARawOne) {
+  StoreOptions o = with_codecs(options(nullptr, 16));
+  o.fixed_codec = 1;
+  auto store = KvStore::open(o).value();
+  const std::vector<TokenId> turn1 = tokens(4, 9);
+  ASSERT_TRUE(save(*store, turn1, "s").ok());
+  store->wait_idle();
+  std::vector<TokenId> turn2 = turn1;
+  for (TokenId t : tokens(5, 8)) turn2.push_back(t);
+  SaveRequest request{"s", true, 0, chain(turn2)};
+  SaveTicket ticket = store->begin_save(request).value();
+  EXPECT_EQ(ticket.first_chunk, 0);  // raw chunks do not extend encoded ones
+  EXPECT_EQ(ticket.destinations.size(), 4u);
+  for (size_t i = 0; i < ticket.destinations.size(); ++i) fill(ticket.destinations[i], request.chain[i]);
+  store->commit_save(std::move(ticket), nullptr, 0);
+  store->wait_idle();
+  EXPECT_EQ(store->stats().items, 1);  // the encoded item was superseded and dropped
+  EXPECT_EQ(load_encoded(*store, turn2, "s"), 1);
+}
+
+// AdaptCache over DRAM (fast) and SSD (slow): 6 items of 3 chunks; DRAM of 12 raw chunks keeps 4
+// free, so it holds 8 raw chunks or 16 halves (a half chunk takes one 4 KiB page, a raw one two).
+StoreOptions adaptcache_options(const TempDir& dir, double alpha) {
+  StoreOptions o = with_codecs(options(&dir, 12, 64));
+  o.adaptcache.enabled = true;
+  o.adaptcache.alpha = alpha;
+  o.adaptcache.bandwidth = {10e9, 1e6};  // the SSD is slow enough that a load there costs
+  o.adaptcache.latency_seconds = {0, 0};
+  o.adaptcache.prefill_seconds_per_token = 1;
+  o.dram_reserve_fraction = 0.3;  // 4 chunks: room for the next save
+  o.policy = EvictionPolicy::kLru;
+  return o;
+}
+
+TEST(KvStoreCodecsTest, AdaptCacheCompressesInDramBeforeItDemotes) {
+  TempDir dir;
+  auto store = KvStore::open(adaptcache_options(dir, 0.05)).value();
+  std::vector<std::vector<TokenId>> items;
+  for (int i = 0; i < 6; ++i) {
+    items.push_back(tokens(10 + i, 13));
+    ASSERT_TRUE(save(*store, items.back()).ok());
+    store->wait_idle();
+  }
+  const StoreStats s = store->stats();
+  EXPECT_EQ(s.items, 6) << "nothing is evicted while the SSD has room";
+  EXPECT_GT(s.transcodes, 0);
+  EXPECT_LE(s.tier("dram").used_bytes, s.tier("dram").capacity_bytes);
+  // With quality cheap, compressing beats leaving DRAM: at least 4 items stay near, encoded.
+  int64_t in_dram = 0;
+  for (const auto& t : items) in_dram += store->find(t, root(), {})->tier == kDramTier;
+  EXPECT_GE(in_dram, 4);
+  EXPECT_GT(s.codec_items[1] + s.codec_items[2], 3);
+  for (const auto& t : items) EXPECT_GE(load_encoded(*store, t), 0);
+}
+
+TEST(KvStoreCodecsTest, AdaptCacheKeepsItemsWholeWhenQualityIsWorthMore) {
+  TempDir dir;
+  auto store = KvStore::open(adaptcache_options(dir, 1e6)).value();
+  std::vector<std::vector<TokenId>> items;
+  for (int i = 0; i < 6; ++i) {
+    items.push_back(tokens(20 + i, 13));
+    ASSERT_TRUE(save(*store, items.back()).ok());
+    store->wait_idle();
+  }
+  const StoreStats s = store->stats();
+  EXPECT_EQ(s.transcodes, 0);
+  EXPECT_EQ(s.codec_items[0], 6);
+  EXPECT_GT(s.tier("ssd").chunks, 0) << "what DRAM cannot hold whole went to the SSD";
+  for (const auto& t : items) EXPECT_EQ(load_encoded(*store, t), 0);
+}
+
+TEST(KvStoreCodecsTest, OptionsAreValidated) {
+  StoreOptions o = with_codecs(options(nullptr, 16));
+  o.transcode = nullptr;
+  EXPECT_NE(KvStore::open(o).status().message().find("transcode"), std::string::npos);
+  o = with_codecs(options(nullptr, 16));
+  o.fixed_codec = 3;
+  EXPECT_FALSE(KvStore::open(o).ok());
+  o.fixed_codec = 1;
+  o.adaptcache.enabled = true;
+  EXPECT_FALSE(KvStore::open(o).ok());
+  o.fixed_codec = 0;
+  o.adaptcache.bandwidth = {1e9, 1e9};  // two tiers listed, one configured
+  o.adaptcache.latency_seconds = {0, 0};
+  EXPECT_NE(KvStore::open(o).status().message().find("one bandwidth"), std::string::npos);
+  o = with_codecs(options(nullptr, 16));
+  o.codecs[0].chunk_bytes = kChunkBytes + 1;
+  EXPECT_FALSE(KvStore::open(o).ok());
+}
+
+}  // namespace
+}  // namespace strata::store
