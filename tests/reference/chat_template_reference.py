@@ -55,6 +55,8 @@ SEARCH_TOOL = {"type": "function", "function": {
 TOOLS = [WEATHER_TOOL, SEARCH_TOOL]
 
 
+# Tool-call ids are 9 alphanumerics, the only form Mistral's templates accept (they raise on any
+# other), so their [TOOL_CALLS] and [TOOL_RESULTS] turns are compared, not only agreed errors.
 def tool_call(call_id, name, arguments):
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
@@ -79,17 +81,17 @@ TOOL_CONVERSATIONS = [
     [{"role": "system", "content": "You can call tools."},
      {"role": "user", "content": "What's the weather in Paris?"},
      {"role": "assistant", "content": "",
-      "tool_calls": [tool_call("call_1", "get_weather", {"city": "Paris", "unit": "celsius"})]},
-     {"role": "tool", "tool_call_id": "call_1", "name": "get_weather",
+      "tool_calls": [tool_call("call00001", "get_weather", {"city": "Paris", "unit": "celsius"})]},
+     {"role": "tool", "tool_call_id": "call00001", "name": "get_weather",
       "content": "{\"temperature\": 21, \"sky\": \"clear\"}"},
      {"role": "assistant", "content": "It is 21 °C and clear in Paris."},
      {"role": "user", "content": "And in Rome and Oslo?"}],
     [{"role": "user", "content": "Weather in Rome and Oslo?"},
      {"role": "assistant", "content": None,
-      "tool_calls": [tool_call("call_2", "get_weather", {"city": "Rome"}),
-                     tool_call("call_3", "get_weather", {"city": "Oslo"})]},
-     {"role": "tool", "tool_call_id": "call_2", "name": "get_weather", "content": "25"},
-     {"role": "tool", "tool_call_id": "call_3", "name": "get_weather", "content": "3"}],
+      "tool_calls": [tool_call("call00002", "get_weather", {"city": "Rome"}),
+                     tool_call("call00003", "get_weather", {"city": "Oslo"})]},
+     {"role": "tool", "tool_call_id": "call00002", "name": "get_weather", "content": "25"},
+     {"role": "tool", "tool_call_id": "call00003", "name": "get_weather", "content": "3"}],
 ]
 
 KWARG_VARIANTS = [{}, {"enable_thinking": False}]

@@ -1,8 +1,8 @@
 // Chat prompts rendered by executing the model's own Jinja chat template (GGUF
 // tokenizer.chat_template, or tokenizer_config.json / chat_template.jinja of an HF directory) with
 // our interpreter, in the environment transformers' apply_chat_template uses, so the prompt is the
-// string transformers renders (tests/unit/tokenizer/jinja_test.cpp checks the templates of 27
-// model families).
+// string transformers renders (tests/unit/tokenizer/jinja_test.cpp checks the 28 model templates
+// of tests/data/chat_templates).
 // A model without a template uses the built-in fallback named in the deployment file
 // (chatml, llama3 or mistral; src/tokenizer/templates/).
 //
