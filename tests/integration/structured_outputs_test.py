@@ -4,12 +4,17 @@ JSON Schemas (objects, enums, unions, nested and top-level arrays, anyOf, $defs 
 prefixItems, Unicode), sampled greedily and at temperature 1, parses and validates against its
 schema with Python's `jsonschema`; json_object replies are objects; forced tool calls
 (tool_choice named and "required", streamed and not) call the tool with arguments that validate.
-The server runs the default model with Qwen2.5's chat template, which renders tools.
+The server runs the default model with Qwen2.5's chat template, which renders tools (Hermes
+<tool_call> format); two more servers run Llama 3.1's template (JSON calls) and Mistral Nemo's
+([TOOL_CALLS]), whose forced calls come back parsed in their family's format and whose call ids
+the template then accepts in the next turn.
 
 usage: structured_outputs_test.py --binary build/bin/strata --model MODEL.gguf
 """
 import argparse
 import json
+import os
+import re
 import sys
 
 import jsonschema
@@ -75,6 +80,81 @@ RECURSIVE = {"$defs": {"node": {"type": "object", "properties": {
     "kids": {"type": "array", "maxItems": 2, "items": {"$ref": "#/$defs/node"}}},
     "required": ["v"], "additionalProperties": False}}, "$ref": "#/$defs/node"}
 SAMPLINGS = [{"temperature": 0}, {"temperature": 1, "seed": 1}, {"temperature": 1, "seed": 2}]
+TEMPLATES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "chat_templates")
+# (family, template, the call ids the server gives (Mistral's templates require 9 alphanumerics),
+#  what the model writes for a call of `search`, as its logprobs' tokens show)
+TOOL_FORMATS = [
+    ("llama3_json", os.path.join(TEMPLATES, "meta-llama-Llama-3.1-8B-Instruct.jinja"),
+     r"call_[A-Za-z0-9]{24}", r'\{"name": "search", "parameters": \{.*\}\}'),
+    ("mistral", os.path.join(TEMPLATES, "mistralai-Mistral-Nemo-Instruct-2407.jinja"),
+     r"[A-Za-z0-9]{9}", r'\[TOOL_CALLS\]\[\{"name": "search", "arguments": \{.*\}\}\]'),
+]
+
+
+def check_tool_call_format(binary, model, family, template, id_pattern, written_pattern):
+    """Forced tool calls on a server running `template`: the grammar writes the call in the
+    family's format and the server parses it back into tool_calls, whole and streamed; the call
+    and its result then render in the next turn (Mistral's template raises on other ids)."""
+    messages = [{"role": "user", "content": "What's the weather in Oslo?"}]
+    tools = [WEATHER_TOOL, SEARCH_TOOL]
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
+    named = {"type": "function", "function": {"name": "search"}}
+
+    def test():
+        server = Server(binary, model, ["--chat-template-file", template])
+        try:
+            run(server.client())
+        finally:
+            server.stop()
+
+    def run(client):
+        def create(**kwargs):
+            return client.chat.completions.create(model=SERVED_NAME, messages=messages,
+                                                  tools=tools, temperature=0, max_tokens=200,
+                                                  **kwargs)
+
+        calls = []
+        for tool_choice in (named, "required"):
+            choice = create(tool_choice=tool_choice, logprobs=True).choices[0]
+            assert choice.finish_reason == "tool_calls", (family, tool_choice, choice)
+            if tool_choice == named:
+                written = "".join(t.token for t in choice.logprobs.content)
+                assert re.match(written_pattern, written), (family, written)
+            assert not choice.message.content, (family, choice.message)
+            (call,) = choice.message.tool_calls
+            assert re.fullmatch(id_pattern, call.id), (family, call.id)
+            assert call.type == "function"
+            if tool_choice == named:
+                assert call.function.name == "search", (family, call)
+            jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
+            calls.append(call)
+        names, ids, arguments, finish = [], [], "", None
+        for chunk in create(tool_choice=named, stream=True):
+            if not chunk.choices:
+                continue
+            finish = chunk.choices[0].finish_reason or finish
+            assert not chunk.choices[0].delta.content, (family, chunk)
+            for call in chunk.choices[0].delta.tool_calls or []:
+                if call.function.name:
+                    names.append(call.function.name)
+                if call.id:
+                    ids.append(call.id)
+                arguments += call.function.arguments or ""
+        assert names == ["search"] and finish == "tool_calls", (family, names, finish)
+        assert len(ids) == 1 and re.fullmatch(id_pattern, ids[0]), (family, ids)
+        assert json.loads(arguments) == json.loads(calls[0].function.arguments), (family, arguments)
+        # The next turn: the call as the client sends it back, and its result.
+        call = calls[0]
+        follow_up = messages + [
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": call.id, "type": "function",
+                 "function": {"name": call.function.name, "arguments": call.function.arguments}}]},
+            {"role": "tool", "tool_call_id": call.id, "content": "{\"results\": []}"}]
+        r = client.chat.completions.create(model=SERVED_NAME, messages=follow_up, tools=tools,
+                                           temperature=0, max_tokens=4)
+        assert r.choices[0].finish_reason in ("length", "stop", "tool_calls"), (family, r)
+
+    check(f"forced tool calls in the {family} format", test)
 
 
 def main():
@@ -169,6 +249,8 @@ def main():
         check("schemas we cannot enforce are 400", test_schemas_we_cannot_enforce_are_400)
     finally:
         server.stop()
+    for tool_format in TOOL_FORMATS:
+        check_tool_call_format(args.binary, args.model, *tool_format)
     return summary()
 
 
