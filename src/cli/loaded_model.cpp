@@ -1,14 +1,12 @@
 #include "loaded_model.h"
 
-#include <spdlog/spdlog.h>
-
 #include <filesystem>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <sstream>
 #include <utility>
 #include <vector>
 
+#include "sampling_defaults.h"
 #include "strata/config/config_loader.h"
 #include "strata/model/gguf_file.h"
 #include "strata/model/model_source.h"
@@ -149,46 +147,6 @@ StatusOr<std::unique_ptr<tokenizer::Tokenizer>> open_tokenizer(const model::Mode
   return tokenizer::Tokenizer::from_tokenizer_json(source.tokenizer_json_path());
 }
 
-// The model's own sampling defaults, the keys vLLM reads from generation_config.json: a GGUF's
-// general.sampling.* metadata (llama.cpp's keys), or the HF directory's generation_config.json.
-StatusOr<sampling::SamplingDefaults> model_sampling_defaults(const model::ModelSource& source) {
-  sampling::SamplingDefaults out;
-  if (const model::GgufFile* gguf = source.gguf()) {
-    auto number = [&](const char* key, std::optional<double>& field) -> Status {
-      if (!gguf->has_key(key)) return Status();
-      STRATA_ASSIGN_OR_RETURN(double v, gguf->get_float(key));
-      field = v;
-      return Status();
-    };
-    STRATA_RETURN_IF_ERROR(number("general.sampling.temp", out.temperature));
-    STRATA_RETURN_IF_ERROR(number("general.sampling.top_p", out.top_p));
-    STRATA_RETURN_IF_ERROR(number("general.sampling.min_p", out.min_p));
-    STRATA_RETURN_IF_ERROR(number("general.sampling.penalty_repeat", out.repetition_penalty));
-    if (gguf->has_key("general.sampling.top_k")) {
-      STRATA_ASSIGN_OR_RETURN(int64_t k, gguf->get_int("general.sampling.top_k"));
-      out.top_k = static_cast<int32_t>(k);
-    }
-    return out;
-  }
-  const std::filesystem::path path =
-      std::filesystem::path(source.tokenizer_json_path()).parent_path() / "generation_config.json";
-  std::ifstream in(path);
-  if (!in) return out;
-  const nlohmann::json config = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (!config.is_object()) return data_loss_error(path.string() + " is not a JSON object");
-  auto number = [&](const char* key, std::optional<double>& field) {
-    if (config.contains(key) && config[key].is_number()) field = config[key].get<double>();
-  };
-  number("temperature", out.temperature);
-  number("top_p", out.top_p);
-  number("min_p", out.min_p);
-  number("repetition_penalty", out.repetition_penalty);
-  if (config.contains("top_k") && config["top_k"].is_number_integer()) {
-    out.top_k = config["top_k"].get<int32_t>();
-  }
-  return out;
-}
-
 StatusOr<LoadedEngine> load_engine(const config::DeploymentConfig& deployment) {
   STRATA_ASSIGN_OR_RETURN(engine::EngineOptions options, engine_options(deployment));
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<model::ModelSource> source,
@@ -217,19 +175,11 @@ StatusOr<LoadedEngine> load_engine(const config::DeploymentConfig& deployment) {
   } else {
     loaded.chat_template_error = chat.status();
   }
-  sampling::SamplingDefaults defaults = deployment.sampling;
-  if (deployment.sampling.use_generation_config) {
-    STRATA_ASSIGN_OR_RETURN(sampling::SamplingDefaults model_defaults,
-                            model_sampling_defaults(*source));
-    const Status valid = model_defaults.validate();
-    if (!valid.ok())
-      return invalid_argument_error("the model's sampling defaults: " + valid.message());
-    if (model_defaults != sampling::SamplingDefaults{}) {
-      spdlog::info("sampling: the model's own defaults {}", model_defaults.describe());
-    }
-    defaults = defaults.overlaid_with(model_defaults);
-  }
-  spdlog::info("sampling defaults for requests that leave them unset: {}", defaults.describe());
+  STRATA_ASSIGN_OR_RETURN(
+      const sampling::SamplingDefaults defaults,
+      resolve_sampling_defaults(
+          deployment.sampling, source->gguf(),
+          std::filesystem::path(source->tokenizer_json_path()).parent_path().string()));
   loaded.sampling_defaults = defaults.params();
   STRATA_ASSIGN_OR_RETURN(loaded.engine,
                           engine::Engine::create(std::move(source), std::move(tok), options));
