@@ -12,6 +12,7 @@
 #include "self_check.h"
 #include "strata/kernels/aten_ops.h"
 #include "strata/kernels/cpu_ops.h"
+#include "strata/kernels/kv_format_ops.h"
 #include "strata/kernels/ops.h"
 
 namespace strata::kernels {
@@ -276,6 +277,36 @@ void reshape_and_cache(at::Tensor& kv_cache, const at::Tensor& key, const at::Te
   const c10::cuda::CUDAGuard guard(kv_cache.device());
   launch_reshape_and_cache(reshape_and_cache_params(kv_cache, key, value, slot_mapping),
                            c10::cuda::getCurrentCUDAStream(kv_cache.get_device()).stream());
+}
+
+at::Tensor unpack_kv_blocks(const at::Tensor& bytes, const kv::KvFormat& format,
+                            int64_t num_kv_heads, int64_t block_size, int64_t head_dim,
+                            at::ScalarType dtype, KernelBackend backend) {
+  TORCH_CHECK(bytes.dim() == 2 && bytes.scalar_type() == at::kByte &&
+                  bytes.size(1) == kv::block_bytes(format, num_kv_heads, block_size, head_dim),
+              "bytes must be [n, ", kv::block_bytes(format, num_kv_heads, block_size, head_dim),
+              "] uint8 for ", kv::format_name(format), ", got ", bytes.sizes(), " ",
+              bytes.scalar_type());
+  for (const kv::TensorFormat& f : {format.key, format.value}) {
+    const Status valid = kv::validate(f, head_dim, block_size);
+    TORCH_CHECK(valid.ok(), valid.message());
+  }
+  auto integer = [](const kv::TensorFormat& f) {
+    return f.dtype == DType::kInt8 || f.dtype == DType::kInt4 || f.dtype == DType::kInt2;
+  };
+  if (!use_strata(bytes, backend) || !integer(format.key) || !integer(format.value)) {
+    return aten::unpack_kv_blocks(bytes, format, num_kv_heads, block_size, head_dim).to(dtype);
+  }
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16,
+              "unpack_kv_blocks writes float32, float16 or bfloat16, got ", dtype);
+  check_contiguous(bytes, "bytes");
+  at::Tensor blocks = at::empty({bytes.size(0), 2, num_kv_heads, block_size, head_dim},
+                                bytes.options().dtype(dtype));
+  at::Tensor in = bytes;
+  const c10::cuda::CUDAGuard guard(bytes.device());
+  launch_unpack_kv_blocks(kv_blocks_params(blocks, in, format),
+                          c10::cuda::getCurrentCUDAStream(bytes.get_device()).stream());
+  return blocks;
 }
 
 KernelOpTable torch_ops_table(KernelBackend backend) {

@@ -139,7 +139,7 @@ StatusOr<TruncationResult> measure_truncation(executor::Executor& executor,
     std::vector<executor::KvLoad> loads;
     if (source != nullptr) {
       x.kv().set_external_prefix(seq, kept, /*exact=*/false);
-      executor::KvLoad load{seq, 0, {}};
+      executor::KvLoad load{seq, 0, {}, std::nullopt};
       for (const auto& c : *source) load.chunks.push_back(c.data());
       loads.push_back(std::move(load));
     } else {

@@ -1,5 +1,7 @@
 // The KV store's transfers around a forward pass (CachedAttention): loads of stored chunks into
-// the pool layer by layer, the read buffer's pre-loads, and layer-wise saves out of the pool.
+// the pool layer by layer (raw, or encoded by the store's lossy codec and decoded on the device),
+// the read buffer's pre-loads, layer-wise saves out of the pool, and the re-encoding of chunks the
+// store asks for (AdaptCache).
 
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -10,6 +12,7 @@
 #include <cstring>
 
 #include "layers.h"
+#include "strata/kernels/kv_format_ops.h"
 #include "torch_executor.h"
 
 namespace strata::executor {
@@ -38,6 +41,19 @@ TorchExecutor::StagedLoads TorchExecutor::stage_loads(const ForwardBatch& batch)
   std::vector<int64_t> first_positions;
   std::vector<std::vector<int64_t>> destinations(num_layers);
   for (const KvLoad& load : batch.loads) {
+    int32_t group = -1;
+    if (load.encoding) {
+      auto it = std::find_if(staged.encoded.begin(), staged.encoded.end(),
+                             [&](const StagedLoads::Encoded& e) { return e.format == *load.encoding; });
+      if (it == staged.encoded.end()) {
+        StagedLoads::Encoded group;
+        group.format = *load.encoding;
+        group.block_bytes =
+            kv::block_bytes(group.format, config_.num_kv_heads, block, config_.head_dim);
+        it = staged.encoded.insert(it, std::move(group));
+      }
+      group = static_cast<int32_t>(it - staged.encoded.begin());
+    }
     auto chunk = std::find_if(batch.chunks.begin(), batch.chunks.end(),
                               [&](const SequenceChunk& c) { return c.seq == load.seq; });
     // The read buffer serves the load if it holds the same chunks, from some row on.
@@ -54,6 +70,8 @@ TorchExecutor::StagedLoads TorchExecutor::stage_loads(const ForwardBatch& batch)
     }
     for (size_t j = 0; j < load.chunks.size(); ++j) {
       const int64_t token_block = load.first_block + static_cast<int64_t>(j);
+      if (group >= 0) staged.encoded[group].blocks.push_back(std::ssize(staged.sources));
+      staged.group.push_back(group);
       staged.sources.push_back(load.chunks[j]);
       staged.preloaded.emplace_back(buffer, row + static_cast<int64_t>(j));
       first_positions.push_back(token_block * block);
@@ -71,9 +89,17 @@ TorchExecutor::StagedLoads TorchExecutor::stage_loads(const ForwardBatch& batch)
   const auto long_opts = at::TensorOptions().dtype(at::kLong);
   staged.destinations = at::tensor(flat, long_opts).view({num_layers, n}).to(device_);
   staged.first_positions = at::tensor(first_positions, long_opts).to(device_);
+  for (StagedLoads::Encoded& e : staged.encoded) {
+    e.index = at::tensor(e.blocks, long_opts).to(device_);
+    if (device_.is_cuda()) {
+      e.device_staging = at::empty({num_layers, std::ssize(e.blocks), e.block_bytes},
+                                   at::TensorOptions().dtype(at::kByte).device(device_));
+    }
+  }
   if (device_.is_cuda()) {
     // Every layer's host-to-device copies go out now on a side stream; layer l's attention waits
-    // only for layer l's event, so loading later layers overlaps computing earlier ones.
+    // only for layer l's event, so loading later layers overlaps computing earlier ones. Encoded
+    // chunks cross as they are stored (fewer bytes) and are decoded on the device.
     staged.device_staging =
         at::empty({num_layers, n, 2, config_.num_kv_heads, block, config_.head_dim},
                   at::TensorOptions().dtype(dtype_).device(device_));
@@ -91,11 +117,22 @@ TorchExecutor::StagedLoads TorchExecutor::stage_loads(const ForwardBatch& batch)
     staged.layer_ready.resize(static_cast<size_t>(num_layers));
     for (int64_t l = 0; l < num_layers; ++l) {
       for (int64_t j = 0; j < n; ++j) {
+        if (staged.group[j] >= 0) continue;
         // cudaMemcpyDefault: host chunk or read buffer, the runtime tells them apart.
         const cudaError_t rc =
             cudaMemcpyAsync(base + (l * n + j) * block_bytes_, load_source(staged, j, l),
                             static_cast<size_t>(block_bytes_), cudaMemcpyDefault, read.stream());
         TORCH_CHECK(rc == cudaSuccess, "KV load copy failed: ", cudaGetErrorString(rc));
+      }
+      for (StagedLoads::Encoded& e : staged.encoded) {
+        const int64_t m = std::ssize(e.blocks);
+        auto* to = static_cast<std::byte*>(e.device_staging.data_ptr());
+        for (int64_t i = 0; i < m; ++i) {
+          const cudaError_t rc = cudaMemcpyAsync(
+              to + (l * m + i) * e.block_bytes, staged.sources[e.blocks[i]] + l * e.block_bytes,
+              static_cast<size_t>(e.block_bytes), cudaMemcpyHostToDevice, read.stream());
+          TORCH_CHECK(rc == cudaSuccess, "KV load copy failed: ", cudaGetErrorString(rc));
+        }
       }
       staged.layer_ready[l].record(read);
     }
@@ -165,9 +202,28 @@ void TorchExecutor::insert_loaded_layer(StagedLoads& loads, int64_t layer) {
                   at::TensorOptions().dtype(dtype_));
     auto* out = static_cast<std::byte*>(blocks.data_ptr());
     for (int64_t j = 0; j < n; ++j) {
+      if (loads.group[j] >= 0) continue;
       std::memcpy(out + j * block_bytes_, load_source(loads, j, layer),
                   static_cast<size_t>(block_bytes_));
     }
+  }
+  for (const StagedLoads::Encoded& e : loads.encoded) {
+    at::Tensor bytes;
+    if (device_.is_cuda()) {
+      bytes = e.device_staging[layer];
+    } else {
+      const int64_t m = std::ssize(e.blocks);
+      bytes = at::empty({m, e.block_bytes}, at::kByte);
+      auto* to = static_cast<std::byte*>(bytes.data_ptr());
+      for (int64_t i = 0; i < m; ++i) {
+        std::memcpy(to + i * e.block_bytes, loads.sources[e.blocks[i]] + layer * e.block_bytes,
+                    static_cast<size_t>(e.block_bytes));
+      }
+    }
+    blocks.index_copy_(0, e.index,
+                       kernels::unpack_kv_blocks(bytes, e.format, config_.num_kv_heads,
+                                                 kv_geometry_.block_size_tokens, config_.head_dim,
+                                                 dtype_));
   }
   rotate_keys(blocks, loads.first_positions, /*inverse=*/false);
   pool_.base_view().index_copy_(0, loads.destinations[layer], blocks);
@@ -233,6 +289,43 @@ void TorchExecutor::save_layer(StagedSaves& saves, int64_t layer) {
         static_cast<size_t>(block_bytes_), cudaMemcpyDeviceToHost, saves.write->stream());
     TORCH_CHECK(rc == cudaSuccess, "KV save copy failed: ", cudaGetErrorString(rc));
   }
+}
+
+int64_t TorchExecutor::kv_chunk_bytes(const kv::KvFormat& format) const {
+  return kv_geometry_.num_layers * kv::block_bytes(format, config_.num_kv_heads,
+                                                   kv_geometry_.block_size_tokens, config_.head_dim);
+}
+
+Status TorchExecutor::transcode_kv_chunks(const std::optional<kv::KvFormat>& from,
+                                          const std::optional<kv::KvFormat>& to,
+                                          std::span<const std::byte* const> in,
+                                          std::span<std::byte* const> out) const {
+  const int64_t n = std::ssize(in), layers = kv_geometry_.num_layers;
+  const int64_t heads = config_.num_kv_heads, block = kv_geometry_.block_size_tokens;
+  const int64_t dim = config_.head_dim;
+  const int64_t from_bytes = from ? kv::block_bytes(*from, heads, block, dim) : block_bytes_;
+  const int64_t to_bytes = to ? kv::block_bytes(*to, heads, block, dim) : block_bytes_;
+  try {
+    // Chunk i's layer l is row i * layers + l: a chunk is its layers' blocks back to back.
+    at::Tensor src = at::empty({n * layers, from_bytes}, at::kByte);
+    auto* base = static_cast<std::byte*>(src.data_ptr());
+    for (int64_t i = 0; i < n; ++i) {
+      std::memcpy(base + i * layers * from_bytes, in[i], static_cast<size_t>(layers * from_bytes));
+    }
+    const at::Tensor blocks =
+        from ? kernels::aten::unpack_kv_blocks(src, *from, heads, block, dim)
+             : src.view(dtype_).view({n * layers, 2, heads, block, dim});
+    const at::Tensor dst = (to ? kernels::aten::pack_kv_blocks(blocks, *to)
+                               : blocks.to(dtype_).contiguous().view(at::kByte))
+                               .contiguous();
+    const auto* result = static_cast<const std::byte*>(dst.data_ptr());
+    for (int64_t i = 0; i < n; ++i) {
+      std::memcpy(out[i], result + i * layers * to_bytes, static_cast<size_t>(layers * to_bytes));
+    }
+  } catch (const std::exception& e) {
+    return internal_error(std::string("re-encoding KV chunks: ") + e.what());
+  }
+  return Status();
 }
 
 }  // namespace strata::executor

@@ -55,6 +55,11 @@ class TorchExecutor final : public Executor {
   const kernels::KernelReport& kernel_report() const override { return kernel_report_; }
   const WeightReport& weight_report() const override { return weight_report_; }
   int64_t kv_chunk_bytes() const override { return kv_geometry_.num_layers * block_bytes_; }
+  int64_t kv_chunk_bytes(const kv::KvFormat& format) const override;
+  Status transcode_kv_chunks(const std::optional<kv::KvFormat>& from,
+                             const std::optional<kv::KvFormat>& to,
+                             std::span<const std::byte* const> in,
+                             std::span<std::byte* const> out) const override;
   void drop_preload(SeqId seq) override { read_buffers_.erase(seq); }
   void end_sequence(SeqId seq) override {
     if (leankv_) leankv_->end(seq);
@@ -82,6 +87,17 @@ class TorchExecutor final : public Executor {
   // The batch's loads, staged for layer-by-layer insertion into the pool.
   struct StagedLoads {
     std::vector<const std::byte*> sources;  // one host chunk per loaded block
+    // Blocks whose chunks are encoded (KvLoad::encoding), one group per format: their indices
+    // into `sources`, and on CUDA their bytes on the device, [num_layers, blocks, block_bytes].
+    struct Encoded {
+      kv::KvFormat format;
+      int64_t block_bytes = 0;
+      std::vector<int64_t> blocks;
+      at::Tensor index;           // `blocks` (device)
+      at::Tensor device_staging;  // CUDA
+    };
+    std::vector<Encoded> encoded;
+    std::vector<int32_t> group;  // per loaded block: its index into `encoded`, or -1 (raw)
     // Per loaded block: the read buffer holding its first layers (undefined if none) and its row.
     std::vector<std::pair<at::Tensor, int64_t>> preloaded;
     at::Tensor destinations;     // [num_layers, num_chunks] pool block ids (device)

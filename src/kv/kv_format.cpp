@@ -62,6 +62,11 @@ std::string format_name(const TensorFormat& format) {
   return name;
 }
 
+KvFormat kivi_format(int bits) {
+  const DType dtype = bits == 8 ? DType::kInt8 : bits == 4 ? DType::kInt4 : DType::kInt2;
+  return {{dtype, Grouping::kPerChannel, 0}, {dtype, Grouping::kPerToken, 32}};
+}
+
 std::string format_name(const KvFormat& format) {
   if (format.key == format.value) return format_name(format.key);
   return "k:" + format_name(format.key) + ",v:" + format_name(format.value);

@@ -78,7 +78,7 @@ class KvReuseTest : public ::testing::Test {
   }
 
   static KvLoad load_of(SeqId seq, const Chunks& chunks, size_t first, size_t count) {
-    KvLoad load{seq, 0, {}};
+    KvLoad load{seq, 0, {}, std::nullopt};
     for (size_t i = first; i < first + count; ++i) load.chunks.push_back(chunks[i].data());
     return load;
   }

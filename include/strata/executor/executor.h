@@ -116,6 +116,14 @@ class Executor {
   // every layer, [num_layers][2 (K, V)][num_kv_heads][block_size_tokens][head_dim] in the pool's
   // dtype, keys before RoPE (so they can be re-rotated to other positions).
   virtual int64_t kv_chunk_bytes() const = 0;
+  // Bytes of one chunk encoded in `format` (the store's lossy codecs: KvLoad::encoding).
+  virtual int64_t kv_chunk_bytes(const kv::KvFormat& format) const = 0;
+  // Re-encodes chunks between formats (nullopt: the raw chunk) in host memory, on the calling
+  // thread (the store's I/O threads): in[i] -> out[i]. INTERNAL if libtorch fails.
+  virtual Status transcode_kv_chunks(const std::optional<kv::KvFormat>& from,
+                                     const std::optional<kv::KvFormat>& to,
+                                     std::span<const std::byte* const> in,
+                                     std::span<std::byte* const> out) const = 0;
   // Forgets a sequence's pre-loaded layers (ForwardBatch::preloads) that no pass will use.
   virtual void drop_preload(SeqId seq) = 0;
   // Forgets what the executor keeps of a sequence besides the pool (LeanKV's pages and window):

@@ -5,10 +5,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <vector>
 
 #include "strata/common/ids.h"
+#include "strata/kv/kv_format.h"
 #include "strata/kv/kv_types.h"
 
 namespace strata::executor {
@@ -54,6 +56,10 @@ struct KvLoad {
   // Executor::kv_chunk_bytes() each, in host memory (pinned when the device is a GPU) that stays
   // valid during forward().
   std::vector<const std::byte*> chunks;
+  // How the chunks are encoded (the store's lossy codec, AdaptCache): nullopt for raw chunks;
+  // else each holds every layer's block in this format (kv::block_bytes), layer after layer, and
+  // the executor decodes them on the device.
+  std::optional<kv::KvFormat> encoding;
 };
 
 // KV of whole token blocks that a sequence of the batch writes out to host chunks (the KV store's

@@ -7,9 +7,13 @@
 #include <cstdint>
 
 #include "strata/kernels/kernel_selection.h"
+#include "strata/kv/kv_format.h"
 
 namespace at {
 class Tensor;
+}
+namespace c10 {
+enum class ScalarType : int8_t;
 }
 
 namespace strata::kernels {
@@ -58,5 +62,14 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& kv_cache,
 void reshape_and_cache(at::Tensor& kv_cache, const at::Tensor& key, const at::Tensor& value,
                        const at::Tensor& slot_mapping,
                        KernelBackend backend = KernelBackend::kStrata);
+
+// KV blocks [n, 2 (K, V), num_kv_heads, block_size, head_dim] of `dtype` from their bytes
+// [n, kv::block_bytes(format, ...)] uint8 (kv_format_ops.h's unpack_kv_blocks, rounded to
+// `dtype`): what the KV store's encoded chunks decode to on their way into the pool. On CUDA,
+// integer formats run Strata's kernel (launch_unpack_kv_blocks) on the current stream; the rest,
+// and kTorch, run libtorch. Throws c10::Error on a bad shape or an invalid format.
+at::Tensor unpack_kv_blocks(const at::Tensor& bytes, const kv::KvFormat& format,
+                            int64_t num_kv_heads, int64_t block_size, int64_t head_dim,
+                            c10::ScalarType dtype, KernelBackend backend = KernelBackend::kStrata);
 
 }  // namespace strata::kernels

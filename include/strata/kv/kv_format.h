@@ -70,6 +70,10 @@ int64_t block_bytes(const KvFormat& format, int64_t num_kv_heads, int64_t block_
 // data that does not fill whole bytes.
 Status validate(const TensorFormat& format, int64_t head_dim, int64_t block_size_tokens);
 
+// KIVI's layout at `bits` (8, 4 or 2): keys quantized per channel across a block's tokens, values
+// per token in groups of 32 (the KV store's lossy codecs, docs/adaptcache.md).
+KvFormat kivi_format(int bits);
+
 // "bfloat16", "int4/token32", "int2/channel", "k:int8/token128,v:int4/token32".
 std::string format_name(const TensorFormat& format);
 std::string format_name(const KvFormat& format);
