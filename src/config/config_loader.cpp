@@ -409,6 +409,12 @@ Status read_kv_store(Context& ctx, const YAML::Node& node, KvStoreSection& out) 
   STRATA_RETURN_IF_ERROR(m.get("io_threads", into(ctx, out.io_threads)));
   STRATA_RETURN_IF_ERROR(m.get("ttl_seconds", into(ctx, out.ttl_seconds)));
   STRATA_RETURN_IF_ERROR(m.get("dram_reserve_fraction", into(ctx, out.dram_reserve_fraction)));
+  STRATA_RETURN_IF_ERROR(m.get("adaptcache", into(ctx, out.adaptcache.enabled)));
+  STRATA_RETURN_IF_ERROR(m.get("fixed_codec", into(ctx, out.adaptcache.fixed_codec)));
+  STRATA_RETURN_IF_ERROR(m.get("adaptcache_alpha", into(ctx, out.adaptcache.alpha)));
+  STRATA_RETURN_IF_ERROR(
+      m.get("adaptcache_half_life_seconds", into(ctx, out.adaptcache.half_life_seconds)));
+  STRATA_RETURN_IF_ERROR(m.get("adaptcache_profile", into(ctx, out.adaptcache.profile)));
   return m.get("read_buffer_layers", into(ctx, out.read_buffer_layers));
 }
 
@@ -699,6 +705,11 @@ std::string to_yaml(const DeploymentConfig& config) {
   emit_plain(out, "ttl_seconds", std::to_string(store.ttl_seconds));
   emit_plain(out, "dram_reserve_fraction", format_double(store.dram_reserve_fraction));
   emit_plain(out, "read_buffer_layers", std::to_string(store.read_buffer_layers));
+  emit_plain(out, "adaptcache", store.adaptcache.enabled ? "true" : "false");
+  emit_string(out, "fixed_codec", store.adaptcache.fixed_codec);
+  emit_plain(out, "adaptcache_alpha", format_double(store.adaptcache.alpha));
+  emit_plain(out, "adaptcache_half_life_seconds", format_double(store.adaptcache.half_life_seconds));
+  emit_string(out, "adaptcache_profile", store.adaptcache.profile);
   out << YAML::EndMap;
 
   const LeanKvSection& lean = config.leankv;

@@ -190,6 +190,33 @@ const KeyCheck<KvStoreSection> kKvStoreKeys[] = {
      [](const KvStoreSection& k) {
        return in_range("kv_store.read_buffer_layers", k.read_buffer_layers, -1, 1024);
      }},
+    {"kv_store.adaptcache",
+     [](const KvStoreSection& k) {
+       if (!k.adaptcache.enabled || !k.adaptcache.profile.empty()) return Status();
+       return invalid_argument_error("kv_store.adaptcache needs kv_store.adaptcache_profile");
+     }},
+    {"kv_store.fixed_codec",
+     [](const KvStoreSection& k) {
+       const std::string& c = k.adaptcache.fixed_codec;
+       if (c == "none" || c == "kivi-8" || c == "kivi-4" || c == "kivi-2") {
+         if (c == "none" || !k.adaptcache.enabled) return Status();
+         return invalid_argument_error("kv_store.fixed_codec is a baseline: set it with adaptcache off");
+       }
+       return invalid_argument_error("kv_store.fixed_codec must be none, kivi-8, kivi-4 or kivi-2, got '" + c + "'");
+     }},
+    {"kv_store.adaptcache_alpha",
+     [](const KvStoreSection& k) {
+       if (k.adaptcache.alpha >= 0) return Status();
+       return invalid_argument_error("kv_store.adaptcache_alpha must be >= 0, got " +
+                                     format_number(k.adaptcache.alpha));
+     }},
+    {"kv_store.adaptcache_half_life_seconds",
+     [](const KvStoreSection& k) {
+       if (k.adaptcache.half_life_seconds > 0) return Status();
+       return invalid_argument_error("kv_store.adaptcache_half_life_seconds must be > 0, got " +
+                                     format_number(k.adaptcache.half_life_seconds));
+     }},
+    {"kv_store.adaptcache_profile", nullptr},
 };
 
 Status valid_bits(std::string_view key, int32_t bits) {

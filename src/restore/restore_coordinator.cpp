@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <functional>
 
+#include "item_codecs.h"
 #include "strata/common/check.h"
 #include "strata/executor/executor.h"
 #include "strata/kv/kv_cache_manager.h"
@@ -90,6 +91,8 @@ StatusOr<std::unique_ptr<RestoreCoordinator>> RestoreCoordinator::open(
   const executor::Executor* e = &executor;
   store.register_host_memory = [e](void* data, size_t bytes) { e->register_host_memory(data, bytes); };
   store.unregister_host_memory = [e](void* data) { e->unregister_host_memory(data); };
+  STRATA_ASSIGN_OR_RETURN(c->codec_formats_,
+                          configure_item_codecs(options.store.adaptcache, executor, &store));
   STRATA_ASSIGN_OR_RETURN(c->store_, store::KvStore::open(store));
   c->stats_.store = c->store_->stats();
   return c;
@@ -220,6 +223,8 @@ StatusOr<store::TierIndex> RestoreCoordinator::pin_load(Sequence& sequence, cons
       return lease.status();
     }
     tier = std::max(tier, lease->served_from);
+    // Pinned leases of one item share its codec (the store re-encodes only unpinned items).
+    kv_load->encoding = codec_formats_[lease->codec];
     kv_load->chunks.insert(kv_load->chunks.end(), lease->chunks.begin(), lease->chunks.end());
     pinned.push_back(*std::move(lease));
     j += run;
@@ -245,7 +250,7 @@ std::vector<LoadedPrefix> RestoreCoordinator::restore(scheduler::ScheduledBatch&
   for (const kv::BlockLoad& load : batch.copies.loads) {
     Sequence& sequence = *sequences_.at(load.seq);
     STRATA_CHECK(sequence.stored.has_value()) << "a load for a sequence without a stored item";
-    executor::KvLoad kv_load{load.seq, load.first_block, {}};
+    executor::KvLoad kv_load{load.seq, load.first_block, {}, std::nullopt};
     StatusOr<store::TierIndex> tier = pin_load(sequence, load, &kv_load);
     if (!tier.ok()) {
       // The chunks vanished or failed their checksums (the store dropped the item): compute the

@@ -243,7 +243,10 @@ std::optional<StoreLease> KvStore::try_acquire_in_dram(ItemId id, int64_t first,
   auto it = items_.find(id);
   if (it == items_.end()) return std::nullopt;
   Item& item = it->second;
-  if (item.doomed || item.busy || std::ssize(item.chunks) < first + count) return std::nullopt;
+  // The read buffer holds raw layers: encoded items are loaded with their pass.
+  if (item.doomed || item.busy || item.codec != 0 || std::ssize(item.chunks) < first + count) {
+    return std::nullopt;
+  }
   StoreLease lease{id, {}, kDramTier, item.codec, nullptr};
   for (int64_t i = first; i < first + count; ++i) {
     if (item.chunks[i].dram == nullptr) return std::nullopt;

@@ -127,7 +127,10 @@ class EngineStoreTest : public ::testing::Test {
  protected:
   // The conversation: a 200-token history, the model's reply to it, then a 37-token next turn.
   // The engine keeps the KV of 200 + 16 - 1 = 215 computed tokens: 13 full blocks of 16.
+ public:
   static constexpr int64_t kStoredTokens = 13 * 16;
+
+ protected:
 
   static void SetUpTestSuite() {
     recompute_engine_ = make_engine(options_with(std::nullopt, /*prefix_caching=*/false)).release();
@@ -161,12 +164,15 @@ class EngineStoreTest : public ::testing::Test {
   }
 
   // Runs the first turn on `engine`; its reply must be the recomputing engine's.
+ public:
+  static const std::vector<TokenId>& second_prompt() { return *second_prompt_; }
   static void run_first_turn(Engine& engine, const std::string& session) {
     const Turn first = run_turn(engine, *history_, session);
     ASSERT_EQ(first.tokens, *first_reply_);
     wait_for_saves(engine, 1);
   }
 
+ protected:
   static inline Engine* recompute_engine_ = nullptr;
   static inline std::vector<TokenId>* history_ = nullptr;
   static inline std::vector<TokenId>* first_reply_ = nullptr;
@@ -365,6 +371,55 @@ TEST_F(EngineStoreTest, ResumedTurnFromSsdAfterARestartMatchesRecompute) {
   // The session's KV can be dropped; the next turn then computes its prompt.
   EXPECT_TRUE(engine->end_session("conversation"));
   EXPECT_FALSE(engine->end_session("conversation"));
+}
+
+// The store's lossy codecs (AdaptCache's KIVI): a stored turn re-encoded to KIVI in DRAM is
+// loaded encoded and decoded into the pool; the resumed turn's log-probabilities move away from
+// recomputing's in the order of the codec's bits (8-bit close, 2-bit further), and after a
+// restart the SSD serves the encoded chunks as they were.
+double mean_logprob_error(const Turn& recompute, const Turn& resumed) {
+  double sum = 0;
+  size_t n = 0;
+  for (; n < recompute.tokens.size() && resumed.tokens[n] == recompute.tokens[n]; ++n) {
+    sum += std::abs(resumed.logprobs[n] - recompute.logprobs[n]);
+  }
+  EXPECT_GE(n, 1u) << "the first token differs";
+  return n == 0 ? 1e9 : sum / static_cast<double>(n);
+}
+
+Turn resumed_with_codec(const std::string& codec, const std::string& ssd_dir, bool restart) {
+  store::StoreConfig store = store_options(ssd_dir);
+  store.adaptcache.fixed_codec = codec;
+  std::unique_ptr<Engine> engine = make_engine(options_with(store, false));
+  EXPECT_TRUE(engine);
+  if (!engine) return {};
+  EngineStoreTest::run_first_turn(*engine, "conversation");
+  for (int i = 0; i < 500 && engine->stats().store->transcodes < 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const store::StoreStats stats = *engine->stats().store;
+  EXPECT_EQ(stats.transcodes, 1);
+  EXPECT_EQ(stats.items, 1);
+  EXPECT_EQ(stats.codec_items[0], 0) << "the item is encoded";
+  if (restart) {
+    engine.reset();  // a clean shutdown writes the encoded item to SSD
+    engine = make_engine(options_with(store, false));
+  }
+  const Turn second = run_turn(*engine, EngineStoreTest::second_prompt(), "conversation");
+  EXPECT_EQ(second.usage.loaded_prompt_tokens, EngineStoreTest::kStoredTokens);
+  EXPECT_EQ(second.usage.cached_tier, restart ? "ssd" : "dram");
+  return second;
+}
+
+TEST_F(EngineStoreTest, ResumedTurnsFromKiviChunksLoseQualityInTheOrderOfTheirBits) {
+  const double kivi8 = mean_logprob_error(*recomputed_second_, resumed_with_codec("kivi-8", "", false));
+  const double kivi2 = mean_logprob_error(*recomputed_second_, resumed_with_codec("kivi-2", "", false));
+  EXPECT_LT(kivi8, 0.05);
+  EXPECT_GT(kivi2, kivi8);
+  test_util::TempDir dir;
+  const double after_restart =
+      mean_logprob_error(*recomputed_second_, resumed_with_codec("kivi-8", dir.file("kv"), true));
+  EXPECT_NEAR(after_restart, kivi8, 1e-6) << "the SSD served other bytes than DRAM did";
 }
 
 // Cached KV is keyed by the model's content: a copy of the model file elsewhere finds the KV the

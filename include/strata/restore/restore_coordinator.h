@@ -167,6 +167,8 @@ class RestoreCoordinator {
   scheduler::Scheduler& scheduler_;
   uint64_t model_fingerprint_ = 0;
   std::unique_ptr<store::KvStore> store_;
+  // The format of each of the store's item codecs (nullopt: raw chunks), for KvLoad::encoding.
+  std::vector<std::optional<kv::KvFormat>> codec_formats_;
   std::unordered_map<SeqId, std::unique_ptr<Sequence>> sequences_;
   std::vector<store::StoreLease> step_leases_;  // pinned by restore(), released by after_pass()
   std::vector<store::ItemId> queue_;            // last queue given to the store

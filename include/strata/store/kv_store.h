@@ -196,8 +196,9 @@ class KvStore {
   // for them, into buffers the lease owns. NOT_FOUND if the item is gone or shorter; DATA_LOSS if
   // a chunk is corrupt or unreadable (the item is dropped and counted).
   StatusOr<StoreLease> acquire(ItemId item, int64_t first, int64_t count);
-  // Like acquire() for chunks that are all in DRAM now, counted as a DRAM hit; nullopt (nothing
-  // counted) when the item is gone, being moved or shorter, or a chunk is only in a lower tier.
+  // Like acquire() for raw chunks that are all in DRAM now, counted as a DRAM hit; nullopt
+  // (nothing counted) when the item is gone, being moved, encoded or shorter, or a chunk is only
+  // in a lower tier.
   // Never waits or does I/O: pre-loading uses it.
   std::optional<StoreLease> try_acquire_in_dram(ItemId item, int64_t first, int64_t count);
   void release(const StoreLease& lease, double load_seconds);

@@ -12,6 +12,21 @@
 
 namespace strata::store {
 
+// AdaptCache (docs/adaptcache.md), the deployment file's adaptcache section: lossy codecs for
+// stored items (KIVI at 8, 4 or 2 bits).
+struct AdaptCacheConfig {
+  bool enabled = false;  // each item's codec and tier by utility (needs `profile`)
+  // With enabled false: "none", or kivi-8 | kivi-4 | kivi-2 for every item (static baselines).
+  std::string fixed_codec = "none";
+  double alpha = 1.0;               // seconds of delay one unit of quality is worth
+  double half_life_seconds = 600;   // of an item's decayed reuse count
+  // A JSON profile of this model on this machine (codec qualities and decode costs, tier
+  // bandwidths, prefill rate): bench/adaptcache_profile.py writes it.
+  std::string profile;
+
+  bool operator==(const AdaptCacheConfig&) const = default;
+};
+
 struct StoreConfig {
   int64_t dram_bytes = 0;  // DRAM tier capacity; 0 disables the whole store
   // The SSD tier: a directory (relative paths are relative to the process's working directory)
@@ -31,6 +46,7 @@ struct StoreConfig {
   // runs (CachedAttention's read buffer): -1 sized per request from the measured load and prefill
   // times (store::read_buffer_layers), 0 off (layer-wise loading within the pass only), n fixed.
   int32_t read_buffer_layers = -1;
+  AdaptCacheConfig adaptcache;
 
   bool enabled() const { return dram_bytes > 0; }
   bool operator==(const StoreConfig&) const = default;

@@ -265,6 +265,17 @@ TEST(ConfigSectionsTest, KvStoreOverrides) {
   // An empty value clears the directory (the store then has no SSD tier once ssd_bytes is 0).
   ASSERT_TRUE(apply_override(config, "kv_store.ssd_dir", "").ok());
   EXPECT_EQ(config.kv_store.ssd_dir, "");
+  // AdaptCache: a fixed codec (the static baselines), or the utility with its profile.
+  ASSERT_TRUE(apply_override(config, "kv_store.fixed_codec", "kivi-2").ok());
+  EXPECT_EQ(config.kv_store.adaptcache.fixed_codec, "kivi-2");
+  ASSERT_TRUE(apply_override(config, "kv_store.fixed_codec", "none").ok());
+  ASSERT_TRUE(apply_override(config, "kv_store.adaptcache_profile", "p.json").ok());
+  ASSERT_TRUE(apply_override(config, "kv_store.adaptcache", "true").ok());
+  ASSERT_TRUE(apply_override(config, "kv_store.adaptcache_alpha", "0.05").ok());
+  EXPECT_EQ(config.kv_store.adaptcache,
+            (store::AdaptCacheConfig{true, "none", 0.05, 600, "p.json"}));
+  EXPECT_FALSE(apply_override(config, "kv_store.fixed_codec", "kivi-4").ok())
+      << "a fixed codec is a baseline, not beside AdaptCache";
 
   const DeploymentConfig original = with_path("m");
   const struct {
@@ -282,14 +293,22 @@ TEST(ConfigSectionsTest, KvStoreOverrides) {
       {"kv_store.dram_bytes", "null",
        "kv_store.dram_bytes: expected a byte size (an integer, optionally followed by KiB, MiB, "
        "GiB, TiB, KB, MB, GB or TB), got 'null'"},
+      {"kv_store.fixed_codec", "kivi-3",
+       "kv_store.fixed_codec must be none, kivi-8, kivi-4 or kivi-2, got 'kivi-3'"},
+      {"kv_store.adaptcache", "true", "kv_store.adaptcache needs kv_store.adaptcache_profile"},
+      {"kv_store.adaptcache_alpha", "-1", "kv_store.adaptcache_alpha must be >= 0, got -1"},
+      {"kv_store.adaptcache_half_life_seconds", "0",
+       "kv_store.adaptcache_half_life_seconds must be > 0, got 0"},
       {"kv_store.ssd_path", "/x",
        "unknown key 'kv_store.ssd_path'; allowed keys in 'kv_store': dram_bytes, ssd_dir, "
        "ssd_bytes, ssd_file_bytes, direct_io, ssd_codec, eviction_policy, io_threads, ttl_seconds, "
-       "dram_reserve_fraction, read_buffer_layers"},
+       "dram_reserve_fraction, read_buffer_layers, adaptcache, fixed_codec, adaptcache_alpha, "
+       "adaptcache_half_life_seconds, adaptcache_profile"},
       {"kv_store", "1",
        "'kv_store' is a section; override one of its keys: dram_bytes, ssd_dir, ssd_bytes, "
        "ssd_file_bytes, direct_io, ssd_codec, eviction_policy, io_threads, ttl_seconds, "
-       "dram_reserve_fraction, read_buffer_layers"},
+       "dram_reserve_fraction, read_buffer_layers, adaptcache, fixed_codec, adaptcache_alpha, "
+       "adaptcache_half_life_seconds, adaptcache_profile"},
   };
   for (const auto& c : bad) {
     DeploymentConfig changed = original;

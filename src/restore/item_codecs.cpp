@@ -1,0 +1,85 @@
+#include "item_codecs.h"
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace strata::restore {
+namespace {
+
+constexpr int kKiviBits[] = {8, 4, 2};
+
+// Reads the profile into the codecs' qualities and decode costs and the tiers' bandwidths.
+Status read_profile(const std::string& path, store::StoreOptions* options) {
+  std::ifstream in(path);
+  if (!in) return not_found_error("adaptcache.profile: cannot read " + path);
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  const auto bad = [&](const std::string& what) {
+    return invalid_argument_error("adaptcache.profile " + path + ": " + what);
+  };
+  if (!j.is_object() || !j.contains("prefill_seconds_per_token") || !j["prefill_seconds_per_token"].is_number() ||
+      !j.contains("tiers") || !j["tiers"].is_array() || !j.contains("codecs") || !j["codecs"].is_array()) {
+    return bad("expected an object with prefill_seconds_per_token, tiers and codecs");
+  }
+  store::AdaptCacheOptions& ac = options->adaptcache;
+  ac.prefill_seconds_per_token = j["prefill_seconds_per_token"].get<double>();
+  std::vector<std::string> names = {"dram"};
+  for (const store::SsdOptions& t : options->tiers) names.push_back(t.name);
+  for (const std::string& name : names) {
+    const auto it = std::find_if(j["tiers"].begin(), j["tiers"].end(), [&](const nlohmann::json& t) {
+      return t.is_object() && t.value("name", "") == name;
+    });
+    if (it == j["tiers"].end() || !(*it)["bandwidth"].is_number()) {
+      return bad("no bandwidth for the " + name + " tier");
+    }
+    ac.bandwidth.push_back((*it)["bandwidth"].get<double>());
+    ac.latency_seconds.push_back(it->value("latency_seconds", 0.0));
+  }
+  for (store::ItemCodec& codec : options->codecs) {
+    const auto it = std::find_if(j["codecs"].begin(), j["codecs"].end(), [&](const nlohmann::json& c) {
+      return c.is_object() && c.value("name", "") == codec.name;
+    });
+    if (it == j["codecs"].end() || !(*it)["quality"].is_number()) {
+      return bad("no quality for codec " + codec.name);
+    }
+    codec.quality = (*it)["quality"].get<double>();
+    codec.decode_seconds_per_byte = it->value("decode_seconds_per_byte", 0.0);
+  }
+  return Status();
+}
+
+}  // namespace
+
+StatusOr<std::vector<std::optional<kv::KvFormat>>> configure_item_codecs(
+    const store::AdaptCacheConfig& config, const executor::Executor& executor,
+    store::StoreOptions* options) {
+  std::vector<std::optional<kv::KvFormat>> formats = {std::nullopt};
+  if (!config.enabled && config.fixed_codec == "none") return formats;
+  for (int bits : kKiviBits) {
+    const kv::KvFormat format = kv::kivi_format(bits);
+    formats.push_back(format);
+    options->codecs.push_back({"kivi-" + std::to_string(bits), executor.kv_chunk_bytes(format)});
+  }
+  if (!config.enabled) {
+    for (size_t i = 0; i < options->codecs.size(); ++i) {
+      if (options->codecs[i].name == config.fixed_codec) options->fixed_codec = static_cast<int32_t>(i + 1);
+    }
+    if (options->fixed_codec == 0) {
+      return invalid_argument_error("adaptcache.fixed_codec must be none, kivi-8, kivi-4 or kivi-2, got '" +
+                                    config.fixed_codec + "'");
+    }
+  } else {
+    options->adaptcache.enabled = true;
+    options->adaptcache.alpha = config.alpha;
+    options->adaptcache.half_life_seconds = config.half_life_seconds;
+    STRATA_RETURN_IF_ERROR(read_profile(config.profile, options));
+  }
+  const executor::Executor* e = &executor;
+  options->transcode = [e, formats](int32_t from, int32_t to, std::span<const std::byte* const> in,
+                                    std::span<std::byte* const> out) {
+    return e->transcode_kv_chunks(formats[from], formats[to], in, out);
+  };
+  return formats;
+}
+
+}  // namespace strata::restore

@@ -1,0 +1,23 @@
+// The KV store's lossy item codecs for this executor's chunks (store/item_codecs.h), from the
+// deployment's adaptcache section: KIVI at 8, 4 and 2 bits, the transcoder the executor provides,
+// and for AdaptCache the profile file's numbers. Private to the restore coordinator.
+#pragma once
+
+#include <optional>
+#include <vector>
+
+#include "strata/common/status.h"
+#include "strata/executor/executor.h"
+#include "strata/store/kv_store.h"
+
+namespace strata::restore {
+
+// Sets options->codecs, transcode, fixed_codec and adaptcache (the tiers in options->tiers must be
+// set). Returns each codec's format, index-aligned with the store's codecs ("none" first:
+// nullopt). INVALID_ARGUMENT for an unknown fixed codec; NOT_FOUND / INVALID_ARGUMENT naming the
+// profile file when it is missing or malformed.
+StatusOr<std::vector<std::optional<kv::KvFormat>>> configure_item_codecs(
+    const store::AdaptCacheConfig& config, const executor::Executor& executor,
+    store::StoreOptions* options);
+
+}  // namespace strata::restore
