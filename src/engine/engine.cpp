@@ -281,7 +281,8 @@ void Engine::loop() {
     bool stopping = false;
     {
       std::unique_lock lock(mutex_);
-      wake_.wait(lock, [&] {
+      // Idle, it still refreshes the statistics each second: the store moves items meanwhile.
+      wake_.wait_for(lock, std::chrono::seconds(1), [&] {
         return stopping_ || !inbox_.empty() || !cancels_.empty() || scheduler_->has_work();
       });
       inbox.swap(inbox_);
