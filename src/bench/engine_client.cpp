@@ -143,6 +143,7 @@ class EngineClient final : public BenchClient {
                     {"saves_partial", d(s.saves_partial)},
                     {"saves_skipped", d(s.saves_skipped)},
                     {"corrupt_chunks", d(s.corrupt_chunks)},
+                    {"transcodes", d(s.transcodes)},
                     {"load_failures", d(stats.store_load_failures)},
                     {"preemptions", d(stats.num_preemptions)}};
   }

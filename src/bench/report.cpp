@@ -158,6 +158,11 @@ Json multiturn_metrics(const MultiturnRun& run, const ReportOptions& options) {
     }
   }
   Json out = serve_metrics(all, run.duration_s, run.tier_hit_tokens, options);
+  Json request_turns = Json::array();  // the turn of each request of the per-request arrays
+  for (const std::vector<RequestResult>& conversation : run.results) {
+    for (size_t t = 0; t < conversation.size(); ++t) request_turns.push_back(t + 1);
+  }
+  out["request_turns"] = std::move(request_turns);
   out["store_counters"] = run.store_counters ? Json(*run.store_counters) : Json();
   out["num_conversations"] = run.results.size();
   Json turns = Json::array();

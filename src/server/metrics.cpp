@@ -190,6 +190,8 @@ void render_store(const engine::EngineStats& engine, std::string* out) {
          "Tokens whose KV finished requests saved to the store.", d(engine.store_saved_tokens));
   single("strata_kv_store_expired_total", "counter", "Items dropped after the TTL.",
          d(s.expired));
+  single("strata_kv_store_transcodes_total", "counter",
+         "Items re-encoded to another lossy codec (fixed_codec or AdaptCache).", d(s.transcodes));
   single("strata_kv_store_preloads_total", "counter",
          "Waiting requests whose first layers of stored KV were pre-loaded (the read buffer).",
          d(engine.preloads));

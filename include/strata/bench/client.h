@@ -46,10 +46,11 @@ using Counters = std::map<std::string, double>;
 // Prompt tokens served from each KV tier ("gpu", "dram", "ssd"), as the engine counts them.
 using TierTokens = Counters;
 // What the KV store and the scheduler did, by name: "prefetches", "direct_loads",
-// "saves_partial", "saves_skipped", "corrupt_chunks", "load_failures", "preemptions".
+// "saves_partial", "saves_skipped", "corrupt_chunks", "transcodes", "load_failures",
+// "preemptions".
 inline constexpr const char* kStoreCounterNames[] = {
     "prefetches", "direct_loads", "saves_partial", "saves_skipped", "corrupt_chunks",
-    "load_failures", "preemptions"};
+    "transcodes", "load_failures", "preemptions"};
 
 class BenchClient {
  public:

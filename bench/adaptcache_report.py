@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""AdaptCache's measures from a `strata bench compare --workload multiturn` run (docs/adaptcache.md).
+
+  adaptcache_report.py COMPARE_JSON --reference VARIANT [--plot FILE] [--profile-out FILE
+                       --prefill-seconds-per-token S --dram-bandwidth B --ssd-bandwidth B]
+
+Per variant, over the later turns (turn >= 2, the ones that reuse stored KV):
+  quality     mean token F1 of each answer against the reference variant's answer to the same
+              request (AdaptCache's quality: similarity to the uncompressed KV's answer, digest
+              §2.3; SQuAD-style F1 over lower-cased whitespace tokens); first turns, which reuse
+              nothing, are reported too as a check of the comparison (1.0 unless batching changed
+              a greedy choice)
+  delay       mean TTFT of the later turns (ms)
+  DRAM hits   tokens loaded from DRAM / tokens loaded from the store (DRAM + SSD)
+  cached      tokens served from any KV tier / later-turn prompt tokens
+--profile-out writes the store's profile file (kv_store.adaptcache_profile): each variant named
+kivi-8 / kivi-4 / kivi-2 gives that codec's quality; bandwidths and the prefill time per token
+are given on the command line (measured on the same machine, see docs/results/).
+Stdlib only, except matplotlib for --plot.
+"""
+import argparse
+import collections
+import json
+import sys
+
+
+def f1(prediction, reference):
+    p, r = prediction.lower().split(), reference.lower().split()
+    if not p and not r:
+        return 1.0
+    common = sum((collections.Counter(p) & collections.Counter(r)).values())
+    if common == 0:
+        return 0.0
+    precision, recall = common / len(p), common / len(r)
+    return 2 * precision * recall / (precision + recall)
+
+
+def mean(values):
+    return sum(values) / len(values) if values else float("nan")
+
+
+def measures(result, reference):
+    turns = result["request_turns"]
+    texts, ref_texts = result["generated_texts"], reference["generated_texts"]
+    later = [i for i, t in enumerate(turns) if t >= 2]
+    first = [i for i, t in enumerate(turns) if t == 1]
+    hits = result.get("tier_hit_tokens") or {}
+    loaded = hits.get("dram", 0) + hits.get("ssd", 0)
+    later_prompt = sum(result["input_lens"][i] for i in later)
+    counters = result.get("store_counters") or {}
+    return {
+        "quality": mean([f1(texts[i], ref_texts[i]) for i in later]),
+        "first_turn_quality": mean([f1(texts[i], ref_texts[i]) for i in first]),
+        "delay_ms": mean([result["ttfts"][i] * 1000 for i in later if not result["errors"][i]]),
+        "dram_hit_rate": hits.get("dram", 0) / loaded if loaded else float("nan"),
+        "cached_share": sum(hits.values()) / later_prompt if later_prompt else float("nan"),
+        "transcodes": counters.get("transcodes", 0),
+        "later_turns": len(later),
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("compare_json")
+    ap.add_argument("--reference", required=True, help="the uncompressed variant's name")
+    ap.add_argument("--plot")
+    ap.add_argument("--profile-out")
+    ap.add_argument("--prefill-seconds-per-token", type=float)
+    ap.add_argument("--dram-bandwidth", type=float, help="bytes/s, DRAM to the device")
+    ap.add_argument("--ssd-bandwidth", type=float, help="bytes/s, SSD to the device")
+    args = ap.parse_args()
+    runs = json.load(open(args.compare_json))["runs"]
+    by_variant = {r["variant"]: r["result"] for r in runs}
+    if args.reference not in by_variant:
+        sys.exit(f"no variant {args.reference!r}; variants: {', '.join(by_variant)}")
+    reference = by_variant[args.reference]
+    rows = {name: measures(result, reference) for name, result in by_variant.items()}
+    print("| variant | quality (F1 vs %s) | first turns F1 | mean TTFT turns >= 2 (ms) | DRAM hit rate | cached share | transcodes |" % args.reference)
+    print("|---|---|---|---|---|---|---|")
+    for name, m in rows.items():
+        print(f"| {name} | {m['quality']:.3f} | {m['first_turn_quality']:.3f} | {m['delay_ms']:,.0f} | "
+              f"{m['dram_hit_rate']:.2f} | {m['cached_share']:.2f} | {m['transcodes']:.0f} |")
+    if args.plot:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for name, m in rows.items():
+            ax.scatter(m["delay_ms"], m["quality"])
+            ax.annotate(name, (m["delay_ms"], m["quality"]), fontsize=7)
+        ax.set_xlabel("mean TTFT of later turns (ms)")
+        ax.set_ylabel(f"answer F1 against {args.reference}")
+        ax.set_title("quality against delay per policy")
+        fig.tight_layout()
+        fig.savefig(args.plot, dpi=120)
+    if args.profile_out:
+        if None in (args.prefill_seconds_per_token, args.dram_bandwidth, args.ssd_bandwidth):
+            sys.exit("--profile-out needs --prefill-seconds-per-token, --dram-bandwidth, --ssd-bandwidth")
+        codecs = [{"name": c, "quality": round(rows[c]["quality"], 4)}
+                  for c in ("kivi-8", "kivi-4", "kivi-2") if c in rows]
+        if len(codecs) != 3:
+            sys.exit("--profile-out needs variants named kivi-8, kivi-4 and kivi-2")
+        profile = {
+            "source": args.compare_json,
+            "prefill_seconds_per_token": args.prefill_seconds_per_token,
+            "tiers": [{"name": "dram", "bandwidth": args.dram_bandwidth, "latency_seconds": 0},
+                      {"name": "ssd", "bandwidth": args.ssd_bandwidth, "latency_seconds": 0}],
+            "codecs": codecs,
+        }
+        with open(args.profile_out, "w") as out:
+            json.dump(profile, out, indent=2)
+            out.write("\n")
+
+
+if __name__ == "__main__":
+    main()
