@@ -56,6 +56,11 @@ int64_t DramTier::used_bytes() const {
 
 int64_t DramTier::footprint(int64_t bytes) const { return round_up_to_page(bytes); }
 
+int64_t DramTier::fitting(int64_t bytes) const {
+  std::scoped_lock lock(mutex_);
+  return pages_.count_contiguous(footprint(bytes) / kIoAlignment);
+}
+
 std::optional<Reservation> DramTier::reserve(std::span<const int64_t> sizes) {
   std::scoped_lock lock(mutex_);
   Reservation r;

@@ -87,6 +87,12 @@ bool ExtentAllocator::mark_used(Extent extent) {
   return true;
 }
 
+int64_t ExtentAllocator::count_contiguous(int64_t n) const {
+  int64_t count = 0;
+  for (const auto& [start, length] : free_) count += length / n;
+  return count;
+}
+
 std::vector<Extent> ExtentAllocator::free_extents() const {
   std::vector<Extent> out;
   for (const auto& [start, length] : free_) out.push_back({start, length});

@@ -70,7 +70,10 @@ void KvStore::adopt(TierIndex t, std::vector<RecoveredItem> recovered) {
     auto codec = std::find_if(options_.codecs.begin(), options_.codecs.end(), [&](const ItemCodec& c) {
       return c.name == (r.attributes.codec.empty() ? "none" : r.attributes.codec);
     });
-    if (codec == options_.codecs.end()) continue;
+    if (codec == options_.codecs.end()) {
+      (void)tiers_[t]->evict(r.id);  // its room is the tier's again
+      continue;
+    }
     auto [it, added] = items_.try_emplace(r.id);
     Item& item = it->second;
     if (added) {

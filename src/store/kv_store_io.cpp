@@ -25,9 +25,7 @@ TierIndex KvStore::source_of(const Chunk& chunk) const {
   return -1;
 }
 
-int64_t KvStore::free_dram_chunks() const {
-  return (dram_->capacity_bytes() - dram_->used_bytes()) / dram_chunk_bytes();
-}
+int64_t KvStore::free_dram_chunks() const { return dram_->fitting(options_.chunk_bytes); }
 
 int64_t KvStore::capacity_chunks(TierIndex t) const {
   if (!usable(t)) return 0;

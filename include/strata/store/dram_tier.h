@@ -43,6 +43,9 @@ class DramTier final : public Tier {
   bool contains(const ChunkKey& key) const override;
   Status evict(ItemId item) override;
 
+  // How many values of `bytes` bytes reserve() could place at once now (each takes contiguous
+  // pages, so values of other sizes may leave the free pages in pieces too small).
+  int64_t fitting(int64_t bytes) const;
   // The memory of a reserved or held placement.
   std::byte* address(const Placement& placement) const;
   // Where chunk `index` of `item` is held; nullptr if it is not.

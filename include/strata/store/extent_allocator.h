@@ -37,6 +37,8 @@ class ExtentAllocator {
   // Takes specific slots out of the free space (rebuilding the allocation from a recovered
   // index). Returns false if any of them is not free.
   bool mark_used(Extent extent);
+  // How many extents of n consecutive slots the free space holds at once (n > 0).
+  int64_t count_contiguous(int64_t n) const;
   // Free extents in slot order (tests, diagnostics).
   std::vector<Extent> free_extents() const;
 

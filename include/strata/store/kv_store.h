@@ -318,6 +318,8 @@ class KvStore {
   // The nearest usable tier below DRAM holding the chunk, or -1.
   TierIndex source_of(const Chunk& chunk) const;
   int64_t dram_chunk_bytes() const { return dram_->footprint(options_.chunk_bytes); }
+  // Raw chunks DRAM can take now (whole values in free runs of pages: encoded items' smaller
+  // values may leave the free pages in pieces).
   int64_t free_dram_chunks() const;
   // Tier t's capacity in chunks as it stores them (its mean stored size per chunk).
   int64_t capacity_chunks(TierIndex t) const;

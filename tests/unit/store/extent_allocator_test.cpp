@@ -19,6 +19,15 @@ TEST(ExtentAllocatorTest, BestFitThenLargestFirst) {
   EXPECT_EQ(a.num_free(), 1);  // a failed allocation changes nothing
 }
 
+TEST(ExtentAllocatorTest, CountsTheRunsOfNSlotsTheFreeSpaceHolds) {
+  ExtentAllocator a({{0, 10}, {100, 7}});
+  EXPECT_EQ(a.count_contiguous(3), 3 + 2);
+  ASSERT_TRUE(a.mark_used({4, 1}));  // free: [0, 4), [5, 10), [100, 107)
+  EXPECT_EQ(a.count_contiguous(3), 1 + 1 + 2);
+  EXPECT_EQ(a.count_contiguous(1), 16);
+  EXPECT_EQ(a.count_contiguous(8), 0);
+}
+
 TEST(ExtentAllocatorTest, SplitsAcrossExtentsWhenNoneIsLargeEnough) {
   ExtentAllocator a({{0, 4}, {4, 4}});
   const std::vector<Extent> got = a.allocate(6).value();
