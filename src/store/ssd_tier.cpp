@@ -11,8 +11,13 @@ namespace strata::store {
 namespace {
 
 constexpr uint64_t kMagic = 0x564b415441525453ULL;  // "STRATAKV"
-constexpr uint32_t kVersion = 3;  // 2: variable-size values in extents, a codec; 3: item codecs
+// 2: variable-size values in extents, a codec; 3: item codecs, records with a sync word.
+constexpr uint32_t kVersion = 3;
+constexpr uint32_t kSync = 0x4b565453;  // "STVK": where a record starts
 enum RecordType : uint32_t { kHeader = 1, kPut = 2, kDrop = 3 };
+// [u32 sync][u32 payload bytes][u32 type] payload [u64 XXH3-64 of size, type and payload]
+constexpr size_t kFrame = 3 * sizeof(uint32_t), kSum = sizeof(uint64_t);
+constexpr uint32_t kMaxPayload = 1 << 20;
 
 class Writer {
  public:
@@ -29,11 +34,14 @@ class Writer {
   // Frames the payload as one record and appends it to `out`.
   void finish(RecordType type, std::vector<std::byte>& out) {
     Writer frame;
+    frame.put<uint32_t>(kSync);
     frame.put<uint32_t>(static_cast<uint32_t>(payload_.size()));
     frame.put<uint32_t>(type);
+    const size_t start = out.size();
     out.insert(out.end(), frame.payload_.begin(), frame.payload_.end());
     out.insert(out.end(), payload_.begin(), payload_.end());
-    const uint64_t sum = XXH3_64bits(payload_.data(), payload_.size());
+    const uint64_t sum = XXH3_64bits(out.data() + start + sizeof(uint32_t),
+                                     out.size() - start - sizeof(uint32_t));
     const auto* p = reinterpret_cast<const std::byte*>(&sum);
     out.insert(out.end(), p, p + sizeof(sum));
     payload_.clear();
@@ -78,6 +86,7 @@ void encode_header(const SsdOptions& o, int64_t file_bytes, std::vector<std::byt
 }
 
 struct PutRecord {
+  int64_t seq = 0;  // its place in the journal (replay only)
   ChunkKey key;
   Placement placement;
   uint64_t checksum = 0;
@@ -199,26 +208,40 @@ Status SsdTier::recover(std::vector<RecoveredItem>* recovered) {
   };
   std::map<ItemId, Pending> items;
   bool header_ok = false;
-  int64_t good_records = 0;
-  bool torn = false;
+  int64_t good_records = 0, skipped_bytes = 0;
+  int64_t seq = 0;  // of each good record, in journal order
   size_t pos = 0;
-  constexpr size_t kFrame = 2 * sizeof(uint32_t), kSum = sizeof(uint64_t);
-  while (pos < data.size()) {
-    Reader frame(std::span<const std::byte>(data).subspan(pos));
-    uint32_t size = 0, type = 0;
-    if (!frame.get(&size) || !frame.get(&type) || pos + kFrame + size + kSum > data.size()) {
-      torn = true;
-      break;
+  // The record at `at` if it is whole and its checksum matches: its size, type and payload.
+  auto record_at = [&](size_t at, uint32_t* type, std::span<const std::byte>* payload) {
+    Reader frame(std::span<const std::byte>(data).subspan(at));
+    uint32_t sync = 0, size = 0;
+    if (!frame.get(&sync) || !frame.get(&size) || !frame.get(type) || sync != kSync ||
+        size > kMaxPayload || at + kFrame + size + kSum > data.size()) {
+      return false;
     }
-    const std::span<const std::byte> payload(data.data() + pos + kFrame, size);
     uint64_t sum = 0;
-    std::memcpy(&sum, data.data() + pos + kFrame + size, kSum);
-    if (sum != XXH3_64bits(payload.data(), payload.size())) {
-      torn = true;
-      break;
+    std::memcpy(&sum, data.data() + at + kFrame + size, kSum);
+    const std::byte* checked = data.data() + at + sizeof(uint32_t);
+    if (sum != XXH3_64bits(checked, kFrame - sizeof(uint32_t) + size)) return false;
+    *payload = std::span<const std::byte>(data.data() + at + kFrame, size);
+    return true;
+  };
+  while (pos < data.size()) {
+    uint32_t type = 0;
+    std::span<const std::byte> payload;
+    if (!record_at(pos, &type, &payload)) {
+      // A corrupt or torn record: skip to the next place a whole record starts, keeping every
+      // good record after it.
+      const size_t from = pos;
+      for (++pos; pos < data.size() && !record_at(pos, &type, &payload); ++pos) {
+      }
+      skipped_bytes += static_cast<int64_t>(pos - from);
+      continue;
     }
-    pos += kFrame + size + kSum;
+    pos += kFrame + payload.size() + kSum;
+    ++seq;
     Reader p(payload);
+    if (type == kHeader && header_ok) continue;  // the copy compaction writes after the first
     if (!header_ok) {
       uint64_t magic = 0, tag = 0;
       uint32_t version = 0;
@@ -229,40 +252,60 @@ Status SsdTier::recover(std::vector<RecoveredItem>* recovered) {
                   version == kVersion && page_bytes == kIoAlignment &&
                   file_bytes == pages_per_file_ * kIoAlignment && tag == options_.layout_tag &&
                   codec == static_cast<uint8_t>(options_.codec);
-      if (!header_ok) {
+      if (!header_ok && type == kHeader) {
         spdlog::warn("{}: written for another model, layout or codec; the SSD tier starts empty",
                      path);
         break;
       }
+      if (!header_ok) continue;  // records before any good header cannot be trusted
     } else if (type == kPut) {
       PutRecord r;
-      if (!decode_put(p, &r)) {
-        torn = true;
-        break;
-      }
+      if (!decode_put(p, &r)) continue;
+      r.seq = seq;
       Pending& pending = items[r.key.item];
       pending.attributes = r.item;
       pending.chunks[r.key.index] = std::move(r);
     } else if (type == kDrop) {
       ItemId id = 0;
-      if (!p.get(&id)) {
-        torn = true;
-        break;
-      }
-      items.erase(id);
+      if (p.get(&id)) items.erase(id);
     }
     ++good_records;
   }
-  if (torn) spdlog::warn("{}: ignoring a torn or corrupt tail after {} records", path, good_records);
+  if (skipped_bytes > 0) {
+    spdlog::warn("{}: skipped {} bytes of torn or corrupt records; kept {} good records", path,
+                 skipped_bytes, good_records);
+  }
 
-  // Rebuild: each item keeps its chunks 0..k-1 whose extents exist and are not claimed twice.
+  // A page two surviving PUTs name (the DROP between them was lost) belongs to the later one.
+  std::map<int64_t, int64_t> owner;  // page -> seq of the newest PUT naming it
+  for (const auto& [id, pending] : items) {
+    for (const auto& [index, r] : pending.chunks) {
+      for (const Extent& e : r.placement.extents) {
+        for (int64_t page = e.start; page < e.start + e.length; ++page) {
+          int64_t& o = owner[page];
+          o = std::max(o, r.seq);
+        }
+      }
+    }
+  }
+  auto owns = [&](const PutRecord& r) {
+    for (const Extent& e : r.placement.extents) {
+      for (int64_t page = e.start; page < e.start + e.length; ++page) {
+        if (owner[page] != r.seq) return false;
+      }
+    }
+    return true;
+  };
+  // Rebuild: each item keeps its chunks 0..k-1 whose extents exist and are its own.
   int64_t dropped_chunks = 0;
   std::vector<std::byte> out;
+  // Twice: a corrupt first header still leaves one to check the rest against.
+  encode_header(options_, pages_per_file_ * kIoAlignment, out);
   encode_header(options_, pages_per_file_ * kIoAlignment, out);
   for (auto& [id, pending] : items) {
     RecoveredItem item{id, pending.attributes, {}};
     for (auto& [index, r] : pending.chunks) {
-      bool ok = index == std::ssize(item.chunks) && !r.placement.extents.empty();
+      bool ok = index == std::ssize(item.chunks) && !r.placement.extents.empty() && owns(r);
       size_t marked = 0;
       for (; ok && marked < r.placement.extents.size(); ++marked) {
         ok = allocator_.mark_used(r.placement.extents[marked]);
@@ -349,7 +392,7 @@ Status SsdTier::put(const ItemRecord& item, const Reservation& reservation,
   Status status;
   for (size_t i = 0; i < keys.size() && status.ok(); ++i) {
     const Placement& p = reservation.placements[i];
-    records.push_back({keys[i], p, XXH3_64bits(values[i].data(), values[i].size()), item});
+    records.push_back({0, keys[i], p, XXH3_64bits(values[i].data(), values[i].size()), item});
     // The value's pages, extent by extent (the source is readable up to its footprint).
     int64_t done = 0;
     for (const Extent& e : p.extents) {

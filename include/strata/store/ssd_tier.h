@@ -5,13 +5,15 @@
 //
 // Files under `dir`:
 //   data-NNN.bin   file_bytes each, preallocated (a full disk shows at open)
-//   index.journal  records, each [u32 payload bytes][u32 type][payload][u64 XXH3-64 of payload]:
-//                  a header (magic, version, page size, file size, layout tag, codec), then PUT
-//                  (one value is durable: its item, chunk, hash, size, checksum, extents and the
-//                  item's attributes) and DROP (an item's values are gone) records.
+//   index.journal  records, each [u32 sync word][u32 payload bytes][u32 type][payload][u64 XXH3-64
+//                  of size, type and payload]: a header (magic, version, page size, file size,
+//                  layout tag, codec; written twice), then PUT (one value is durable: its item,
+//                  chunk, hash, size, checksum, extents and the item's attributes) and DROP (an
+//                  item's values are gone) records.
 // Crash safety: data is written and synced before its PUT is appended (and synced), and a DROP is
-// synced before its pages are reused. Replay stops at the first torn or corrupt record; pages no
-// surviving PUT names are free again. get() checks every value against its checksum, so a torn
+// synced before its pages are reused. Replay skips a torn or corrupt record to the next sync word
+// that starts a whole record, keeping every good record; a page two surviving PUTs name (their
+// DROP was lost) belongs to the later one; pages no surviving PUT names are free again. get() checks every value against its checksum, so a torn
 // data write is never served. A failed write, sync or journal append fails the tier (available()
 // turns false): the store goes on without it.
 #pragma once
