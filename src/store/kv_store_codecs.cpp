@@ -162,9 +162,11 @@ void KvStore::transcode(ItemId id, int32_t codec) {
   now.busy = false;
   idle_.notify_all();
   if (!status.ok()) {
-    spdlog::warn("KV store: item {} not re-encoded to {}: {}", id, options_.codecs[codec].name,
-                 status.message());
-    return;
+    // Left as it is, the same decision would come back at once: the item leaves the store.
+    spdlog::warn("KV store: item {} not re-encoded to {} ({}); dropping it", id,
+                 options_.codecs[codec].name, status.message());
+    ++counters_[kDramTier].evictions;
+    return drop_item(id);
   }
   // Every copy is in the old codec: the other tiers' are dropped, DRAM's replaced.
   for (TierIndex t = 0; t < num_tiers(); ++t) {
