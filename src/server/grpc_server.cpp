@@ -4,9 +4,14 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <spdlog/spdlog.h>
 
-#include <charconv>
+#include <atomic>
+#include <limits>
+#include <mutex>
+#include <optional>
+#include <unordered_map>
 
 #include "api_keys.h"
+#include "request_ids.h"
 #include "strata/model/model_config.h"
 #include "strata/server/tenant.h"
 #include "strata/tokenizer/tokenizer.h"
@@ -17,6 +22,9 @@ namespace {
 
 namespace pb = ::strata::v1;
 constexpr std::chrono::milliseconds kPollInterval{50};
+// What a stream cancelled at the shutdown deadline gets to write its final message.
+constexpr std::chrono::seconds kFinalMessageTime{5};
+using Clock = std::chrono::steady_clock;
 constexpr int32_t kDefaultMaxTokens = 256;
 // Session ids are keys the server stores and journals: bounded.
 constexpr size_t kMaxSessionIdBytes = 256;
@@ -88,15 +96,34 @@ std::string session_key(const std::string& tenant, const std::string& session_id
   return tenant + '\n' + session_id;
 }
 
-std::string request_id_string(engine::RequestId id) { return "req-" + std::to_string(id.value); }
+// The running requests by their public id (random_request_id: unguessable, unlike the engine's
+// counter), each owned by the tenant that started it, so Abort reaches only a caller's own.
+class RunningRequests {
+ public:
+  // The public id of a request `tenant` started; forget it with remove().
+  std::string add(engine::RequestId id, const std::string& tenant) {
+    std::string public_id = random_request_id("req-");
+    std::scoped_lock lock(mutex_);
+    by_id_.emplace(public_id, std::make_pair(id, tenant));
+    return public_id;
+  }
+  void remove(const std::string& public_id) {
+    std::scoped_lock lock(mutex_);
+    by_id_.erase(public_id);
+  }
+  // The request `tenant` started under `public_id`, if it still runs.
+  std::optional<engine::RequestId> find(const std::string& public_id,
+                                        const std::string& tenant) const {
+    std::scoped_lock lock(mutex_);
+    auto it = by_id_.find(public_id);
+    if (it == by_id_.end() || it->second.second != tenant) return std::nullopt;
+    return it->second.first;
+  }
 
-std::optional<engine::RequestId> parse_request_id(const std::string& s) {
-  if (!s.starts_with("req-")) return std::nullopt;
-  uint64_t value = 0;
-  auto [ptr, ec] = std::from_chars(s.data() + 4, s.data() + s.size(), value);
-  if (ec != std::errc() || ptr != s.data() + s.size()) return std::nullopt;
-  return engine::RequestId{value};
-}
+ private:
+  mutable std::mutex mutex_;
+  std::unordered_map<std::string, std::pair<engine::RequestId, std::string>> by_id_;
+};
 
 class GenerationService final : public pb::Generation::Service {
  public:
@@ -135,7 +162,7 @@ class GenerationService final : public pb::Generation::Service {
     r.priority = request->priority();
     if (request->has_compress_kv()) r.compress_kv = request->compress_kv();
     std::string unused;
-    return stream(context, std::move(r), "", writer, &unused);
+    return stream(context, std::move(r), tenant, "", writer, &unused);
   }
 
   grpc::Status Chat(grpc::ServerContext* context, const pb::ChatRequest* request,
@@ -197,7 +224,8 @@ class GenerationService final : public pb::Generation::Service {
     if (request->has_compress_kv()) r.compress_kv = request->compress_kv();
     if (in_session) r.session = session_key(tenant, request->session_id());
     std::string reply;
-    grpc::Status status = stream(context, std::move(r), request->session_id(), writer, &reply);
+    grpc::Status status =
+        stream(context, std::move(r), tenant, request->session_id(), writer, &reply);
     if (status.ok() && in_session) {
       // The reply went out; a journal that cannot record it (a full disk) costs durability only.
       const Status kept = sessions_.commit_turn(session_key(tenant, request->session_id()), turn,
@@ -217,17 +245,19 @@ class GenerationService final : public pb::Generation::Service {
     return grpc::Status::OK;
   }
 
+  // From now on, requests still running at `deadline` are cancelled and their streams finished.
+  void set_cancel_deadline(Clock::time_point deadline) {
+    cancel_deadline_.store(deadline.time_since_epoch().count());
+  }
+
   grpc::Status Abort(grpc::ServerContext* context, const pb::AbortRequest* request,
                      pb::AbortResponse* response) override {
     std::string tenant;
     if (grpc::Status auth = authorize(context, &tenant); !auth.ok()) return auth;
-    const std::optional<engine::RequestId> id = parse_request_id(request->request_id());
-    if (!id) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          "request_id: '" + request->request_id() + "' is not a request id");
-    }
-    engine_.cancel(*id);
-    response->set_found(true);
+    // Another tenant's request, one that ended and one that never was look alike: not found.
+    const std::optional<engine::RequestId> id = running_.find(request->request_id(), tenant);
+    if (id) engine_.cancel(*id);
+    response->set_found(id.has_value());
     return grpc::Status::OK;
   }
 
@@ -270,14 +300,27 @@ class GenerationService final : public pb::Generation::Service {
   // Submits the request and relays its deltas until it finishes, the client goes away (the
   // request is cancelled and its KV freed) or the deadline passes. Collects the reply text.
   grpc::Status stream(grpc::ServerContext* context, engine::GenerateRequest request,
-                      const std::string& session_id,
+                      const std::string& tenant, const std::string& session_id,
                       grpc::ServerWriter<pb::GenerateResponse>* writer, std::string* reply) {
     StatusOr<std::shared_ptr<engine::RequestStream>> submitted = engine_.submit(std::move(request));
     if (!submitted.ok()) return to_grpc_status(submitted.status());
     engine::RequestStream& stream = **submitted;
+    const std::string public_id = running_.add(stream.id(), tenant);
+    struct Forget {
+      RunningRequests& running;
+      const std::string& id;
+      ~Forget() { running.remove(id); }
+    } forget{running_, public_id};
     bool first = true;
+    bool draining = false;
     engine::RequestOutput out;
     while (true) {
+      // Past the shutdown deadline the request is cancelled; its stream still ends with a final
+      // message (finish reason ABORT, usage) before the server closes the call.
+      if (!draining && Clock::now().time_since_epoch().count() >= cancel_deadline_.load()) {
+        engine_.cancel(stream.id());
+        draining = true;
+      }
       const engine::RequestStream::Wait wait = stream.next_for(kPollInterval, &out);
       if (wait == engine::RequestStream::Wait::kEnd) return grpc::Status::OK;
       if (wait == engine::RequestStream::Wait::kTimeout) {
@@ -289,7 +332,7 @@ class GenerationService final : public pb::Generation::Service {
       }
       pb::GenerateResponse response;
       if (first) {
-        response.set_request_id(request_id_string(stream.id()));
+        response.set_request_id(public_id);
         response.set_session_id(session_id);
         first = false;
       }
@@ -326,6 +369,9 @@ class GenerationService final : public pb::Generation::Service {
   const std::string served_name_;
   const std::vector<std::string> api_keys_;
   const sampling::SamplingParams sampling_defaults_;
+  RunningRequests running_;
+  // Clock::time_point::rep of the shutdown deadline; max until shutdown() starts.
+  std::atomic<Clock::rep> cancel_deadline_{std::numeric_limits<Clock::rep>::max()};
 };
 
 }  // namespace
@@ -365,7 +411,10 @@ int GrpcServer::port() const { return impl_->port; }
 void GrpcServer::shutdown(std::chrono::milliseconds grace) {
   if (!impl_ || !impl_->server) return;
   impl_->server->GetHealthCheckService()->SetServingStatus(false);
-  impl_->server->Shutdown(std::chrono::system_clock::now() + grace);
+  // Requests still running after `grace` are cancelled by the service, which then writes their
+  // final messages; gRPC closes the calls left after that.
+  impl_->service->set_cancel_deadline(Clock::now() + grace);
+  impl_->server->Shutdown(std::chrono::system_clock::now() + grace + kFinalMessageTime);
   impl_->server->Wait();
   impl_->server.reset();
 }

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "api_keys.h"
+#include "request_ids.h"
 #include "metrics.h"
 #include "openai_protocol.h"
 #include "strata/model/model_config.h"
@@ -357,7 +358,7 @@ class Service {
     request.compress_kv = parsed->compress_kv;
     openai::ResponseBuilder::Options response_options;
     response_options.endpoint = endpoint;
-    response_options.id = chat ? "chatcmpl-" : "cmpl-";
+    response_options.id = random_request_id(chat ? "chatcmpl-" : "cmpl-");
     response_options.model = options_.served_name;
     response_options.created = std::chrono::duration_cast<std::chrono::seconds>(
                                    std::chrono::system_clock::now().time_since_epoch())
@@ -385,7 +386,6 @@ class Service {
     }
 
     std::vector<Choice> choices;
-    response_options.id += std::to_string((*submitted)[0]->id().value);
     for (size_t i = 0; i < submitted->size(); ++i) {
       InFlight in;
       in.stream = std::move((*submitted)[i]);

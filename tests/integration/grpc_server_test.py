@@ -87,6 +87,14 @@ def main():
                                request_serializer=request_type.SerializeToString,
                                response_deserializer=pb.GenerateResponse.FromString)
 
+    def other_server_unary(other_port, method, request_type, response_type):
+        """A unary method of another server started by the test, once it is ready."""
+        ch = grpc.insecure_channel(f"127.0.0.1:{other_port}")
+        grpc.channel_ready_future(ch).result(timeout=30)
+        return ch.unary_unary(f"/strata.v1.Generation/{method}",
+                              request_serializer=request_type.SerializeToString,
+                              response_deserializer=response_type.FromString)
+
     generate = unary_stream("Generate", pb.GenerateRequest)
     chat = unary_stream("Chat", pb.ChatRequest)
     abort = unary("Abort", pb.AbortRequest, pb.AbortResponse)
@@ -299,6 +307,19 @@ def main():
             first_b = collect(keyed_generate(request, metadata=as_b))[2].usage
             assert again_a.cached_prompt_tokens > 0, "a tenant reuses its own prompt"
             assert first_b.cached_prompt_tokens == 0, "another tenant does not see it"
+            # Request ids are unguessable and owned: B cannot abort A's stream, nor guess an id.
+            keyed_abort = other_server_unary(keyed_port, "Abort", pb.AbortRequest, pb.AbortResponse)
+            call = keyed_generate(long_request(), metadata=as_a)
+            first = next(call)
+            assert first.request_id.startswith("req-") and len(first.request_id) == 36, first.request_id
+            assert not keyed_abort(pb.AbortRequest(request_id=first.request_id), metadata=as_b).found
+            for guess in ("req-0", "req-1", "req-2", "chatcmpl-1", ""):
+                assert not keyed_abort(pb.AbortRequest(request_id=guess), metadata=as_a).found, guess
+            assert keyed_abort(pb.AbortRequest(request_id=first.request_id), metadata=as_a).found
+            _, _, last = collect(call)
+            assert last.finish_reason == pb.FINISH_REASON_ABORT
+            assert not keyed_abort(pb.AbortRequest(request_id=first.request_id), metadata=as_a).found, \
+                "an ended request is not found"
         finally:
             keyed.kill()
 
@@ -458,6 +479,21 @@ def main():
         assert last.finish_reason == pb.FINISH_REASON_LENGTH, "the in-flight request finished"
         assert server.wait(timeout=180) == 0
 
+    def test_sigterm_past_the_grace_period_ends_streams_with_usage():
+        short, short_port, _ = start_server("server.shutdown_grace_seconds=1")
+        try:
+            short_generate = other_server_stream(short_port, "Generate", pb.GenerateRequest)
+            call = short_generate(long_request())
+            next(call)
+            short.send_signal(signal.SIGTERM)
+            _, _, last = collect(call)  # an RpcError (UNAVAILABLE) before: no final message
+            assert last.finish_reason == pb.FINISH_REASON_ABORT, last
+            assert 0 < last.usage.completion_tokens < 2000, last.usage
+            assert last.usage.prompt_tokens > 0, last.usage
+            assert short.wait(timeout=120) == 0
+        finally:
+            short.kill()
+
     check("generate streams greedy text", test_generate_streams_greedy_text)
     check("generate from token ids", test_generate_from_token_ids)
     check("stateless chat", test_stateless_chat)
@@ -474,6 +510,8 @@ def main():
     check("full queue is RESOURCE_EXHAUSTED (and 429)", test_full_queue_is_resource_exhausted)
     check("KV store survives kill -9", test_kv_store_survives_kill_9)
     check("SIGTERM drains in-flight requests", test_sigterm_drains_in_flight_requests)
+    check("past the grace period streams end with ABORT and usage",
+          test_sigterm_past_the_grace_period_ends_streams_with_usage)
     if server.poll() is None:
         server.kill()
     return summary()

@@ -37,7 +37,8 @@ class GrpcServer {
   ~GrpcServer();
 
   int port() const;
-  // Stops accepting calls, lets in-flight ones finish for up to `grace`, then cancels them.
+  // Stops accepting calls and lets in-flight ones finish for up to `grace`; then cancels their
+  // requests, each stream ending with a final message (finish reason ABORT, usage).
   void shutdown(std::chrono::milliseconds grace);
 
  private:
