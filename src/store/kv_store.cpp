@@ -50,6 +50,10 @@ Status KvStore::start() {
     ssd.layout_tag = options_.layout_tag;
     std::vector<RecoveredItem> recovered;
     StatusOr<std::unique_ptr<SsdTier>> tier = SsdTier::open(ssd, &recovered);
+    if (!tier.ok() && ssd.required) {
+      return failed_precondition_error("KV store: the " + ssd.name + " tier at '" + ssd.dir +
+                                       "' cannot be used: " + tier.status().message());
+    }
     if (!tier.ok()) {
       spdlog::warn("KV store: no {} tier ({}); continuing without it", ssd.name,
                    tier.status().to_string());

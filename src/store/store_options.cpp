@@ -14,7 +14,8 @@ StoreOptions StoreOptions::from_config(const StoreConfig& config) {
                        .capacity_bytes = config.ssd_bytes,
                        .file_bytes = config.ssd_file_bytes,
                        .direct_io = config.direct_io,
-                       .codec = config.ssd_codec});
+                       .codec = config.ssd_codec,
+                       .required = true});
   }
   o.policy = config.eviction_policy;
   o.io_threads = config.io_threads;

@@ -63,7 +63,8 @@ struct StoreOptions {
   int32_t block_size_tokens = 16;  // tokens per chunk
   int64_t dram_bytes = 0;          // DRAM tier capacity
   // The tiers below DRAM, nearest first, each with its name, directory, capacity, codec and Env;
-  // the store sets their layout_tag. A tier that cannot open is left out with a warning.
+  // the store sets their layout_tag. A tier that cannot open is left out with a warning, or fails
+  // open() if it is `required` (a deployment's configured tier).
   std::vector<SsdOptions> tiers;
   // Identifies the model, weights and chunk layout; a persistent tier written under another tag
   // is discarded at open.
@@ -172,7 +173,8 @@ struct SaveRequest {
 class KvStore {
  public:
   // Opens the tiers and recovers the persistent ones' items. A tier that cannot open (a missing
-  // or full disk) is left out with a warning, not an error; bad options are INVALID_ARGUMENT.
+  // or full disk) is left out with a warning, unless it is required (FAILED_PRECONDITION naming
+  // it); bad options are INVALID_ARGUMENT.
   static StatusOr<std::unique_ptr<KvStore>> open(const StoreOptions& options);
   // Stops the I/O threads after writing DRAM-only items to the lower tiers while they have room,
   // so a clean restart finds them.

@@ -36,6 +36,9 @@ struct SsdOptions {
   bool direct_io = true;
   CodecKind codec = CodecKind::kIdentity;
   Env* env = Env::posix();
+  // A deployment's explicitly configured tier: KvStore::open fails when it cannot be used, instead
+  // of going on without it.
+  bool required = false;
 };
 
 class SsdTier final : public Tier {

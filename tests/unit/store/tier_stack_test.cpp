@@ -254,5 +254,23 @@ TEST(TierStackTest, ADiskWithoutRoomAtOpenLeavesADramOnlyStore) {
   EXPECT_TRUE(load_kv_like(*store, a));
 }
 
+// A deployment's configured SSD tier (StoreOptions::from_config marks it required) that cannot be
+// used fails start-up with its directory named, instead of a warning and a DRAM-only store.
+TEST(TierStackTest, AConfiguredTierThatCannotBeUsedFailsTheStart) {
+  TempDir dir;
+  FaultEnv env;
+  env.inject(Fault::kNoSpace, "data-");
+  SsdOptions ssd = lower_tier(dir, "ssd", 64, CodecKind::kIdentity, &env);
+  ssd.required = true;
+  const Status status = KvStore::open(stack({ssd})).status();
+  EXPECT_EQ(status.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(status.message().find(ssd.dir), std::string::npos) << status.message();
+  StoreConfig config;
+  config.dram_bytes = 1 << 20;
+  config.ssd_dir = dir.file("x");
+  config.ssd_bytes = 1 << 20;
+  EXPECT_TRUE(StoreOptions::from_config(config).tiers.at(0).required);
+}
+
 }  // namespace
 }  // namespace strata::store
