@@ -21,7 +21,7 @@ struct AdaptCacheConfig {
   double alpha = 1.0;               // seconds of delay one unit of quality is worth
   double half_life_seconds = 600;   // of an item's decayed reuse count
   // A JSON profile of this model on this machine (codec qualities and decode costs, tier
-  // bandwidths, prefill rate): bench/adaptcache_profile.py writes it.
+  // bandwidths, prefill rate): bench/adaptcache_report.py --profile-out writes it.
   std::string profile;
 
   bool operator==(const AdaptCacheConfig&) const = default;
