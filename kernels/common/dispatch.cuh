@@ -60,6 +60,19 @@ __device__ __forceinline__ __half from_float(float v) { return __float2half_rn(v
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_float(float v) { return __float2bfloat16_rn(v); }
 
+// Element i of an array of `kind` (float32, float16 or bfloat16) as a float: for kernels that
+// take the element type at run time instead of as a template parameter.
+__device__ __forceinline__ float load_element(const void* base, int64_t i, DType kind) {
+  switch (kind) {
+    case DType::kFloat16:
+      return __half2float(static_cast<const __half*>(base)[i]);
+    case DType::kBFloat16:
+      return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
+    default:
+      return static_cast<const float*>(base)[i];
+  }
+}
+
 // Rounds a float32 to T and back: emulates an intermediate stored in T.
 template <typename T>
 __device__ __forceinline__ float round_to(float v) { return to_float(from_float<T>(v)); }

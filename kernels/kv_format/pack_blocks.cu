@@ -20,17 +20,6 @@ namespace {
 
 constexpr int kThreads = 128;
 
-__device__ __forceinline__ float load_element(const void* base, int64_t i, DType kind) {
-  switch (kind) {
-    case DType::kFloat16:
-      return __half2float(static_cast<const __half*>(base)[i]);
-    case DType::kBFloat16:
-      return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
-    default:
-      return static_cast<const float*>(base)[i];
-  }
-}
-
 __device__ __forceinline__ void store_element(void* base, int64_t i, float v, DType kind) {
   switch (kind) {
     case DType::kFloat16:

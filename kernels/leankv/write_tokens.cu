@@ -17,17 +17,6 @@ using kv::leankv::PageSegments;
 
 constexpr int kWarpsPerBlock = 4;
 
-__device__ __forceinline__ float load_element(const void* base, int64_t i, DType kind) {
-  switch (kind) {
-    case DType::kFloat16:
-      return __half2float(static_cast<const __half*>(base)[i]);
-    case DType::kBFloat16:
-      return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
-    default:
-      return static_cast<const float*>(base)[i];
-  }
-}
-
 // Quantizes one row (the warp's token's key or value) and stores its data and params.
 template <int BITS, int D>
 __device__ __forceinline__ void write_row(const void* src, int64_t token, DType kind,
