@@ -330,7 +330,8 @@ class Service {
     if (!prompt.ok()) return send_error(res, api_error(prompt.status()));
     const auto num_prompt_tokens = static_cast<int64_t>(prompt->size());
     const char* prompt_field = chat ? "messages" : "prompt";
-    if (num_prompt_tokens >= config.max_context_tokens) {
+    // The engine's overflow policy: rejected here with OpenAI's error, or truncated by the engine.
+    if (num_prompt_tokens >= config.max_context_tokens && !engine_.truncates_overflow()) {
       return send_error(res, make_error(400,
                                         "This model's maximum context length is " +
                                             std::to_string(config.max_context_tokens) +
@@ -351,7 +352,10 @@ class Service {
     if (!grammar.ok()) return send_error(res, api_error(grammar.status()));
     request.sampling.grammar = std::move(*grammar);
     if (!parsed->max_tokens_given) {
-      const int64_t room = config.max_context_tokens - num_prompt_tokens;
+      // A truncated prompt's room is decided by the engine, which stops at a full context.
+      const int64_t room = num_prompt_tokens < config.max_context_tokens
+                               ? config.max_context_tokens - num_prompt_tokens
+                               : config.max_context_tokens;
       request.sampling.max_tokens = chat ? room : std::min(kDefaultCompletionMaxTokens, room);
     }
     request.tenant = tenant_salt(bearer_key(req), parsed->user);

@@ -644,6 +644,16 @@ def main():
         # SmolLM2's own template renders no tools: the default server says so.
         expect_api_error(lambda: chat(tools=[WEATHER_TOOL]), openai.BadRequestError, 400, "tools")
 
+    def test_overflow_follows_the_engines_policy():
+        # The second server truncates overflowing prompts (scheduler.overflow_truncation_fraction):
+        # so do both of its front doors; the first server (no truncation) rejects them on both
+        # (test_prompt_longer_than_the_context, and the engine's INVALID_ARGUMENT over gRPC).
+        good = second.client(api_key=API_KEY)
+        r = good.completions.create(model=SERVED_NAME, prompt="hello " * 9000, temperature=0,
+                                    max_tokens=2)
+        assert r.choices[0].finish_reason == "length", r
+        assert r.usage.completion_tokens == 2 and r.usage.prompt_tokens >= 8192, r.usage
+
     def test_api_key():
         guarded = second
         expect_api_error(lambda: guarded.client(api_key="wrong").models.list(),
@@ -715,10 +725,12 @@ def main():
         # A second server: API keys, and Qwen2.5's chat template (which renders tools).
         second = Server(args.binary, args.model,
                         ["--set", f"server.api_keys=[{API_KEY}]", "--kv-cache-mib", "512",
+                         "--set", "scheduler.overflow_truncation_fraction=0.5",
                          "--chat-template-file", QWEN_TEMPLATE])
         try:
             check("API key", test_api_key)
             check("tool calling", test_tool_calling)
+            check("overflow follows the engine's policy", test_overflow_follows_the_engines_policy)
         finally:
             second.stop()
         check("SIGTERM drains in-flight streams", test_sigterm_drains_in_flight_streams)

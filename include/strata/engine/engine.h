@@ -207,6 +207,10 @@ class Engine {
   bool end_session(const std::string& session);
 
   const model::ModelConfig& model_config() const;
+  // The one overflow policy of every front door: true when a prompt that fills the context
+  // window runs with its oldest history dropped (overflow_truncation_fraction > 0), false when
+  // submit() rejects it.
+  bool truncates_overflow() const { return options_.scheduler.overflow_truncation_fraction > 0; }
   const tokenizer::Tokenizer& tokenizer() const { return *tokenizer_; }
   const executor::Executor& executor() const { return *executor_; }
   EngineStats stats() const;
