@@ -145,8 +145,10 @@ class ToolResponseTest : public ::testing::Test {
   static void TearDownTestSuite() { delete tokenizer_; }
 
   static openai::ResponseBuilder builder(ToolCallFormat format) {
-    openai::ResponseBuilder::Options options{
-        .endpoint = openai::Endpoint::kChatCompletions, .id = "chatcmpl-1", .model = "m"};
+    openai::ResponseBuilder::Options options;
+    options.endpoint = openai::Endpoint::kChatCompletions;
+    options.id = "chatcmpl-1";
+    options.model = "m";
     options.tool_format = format;
     return openai::ResponseBuilder(options, *tokenizer_);
   }
