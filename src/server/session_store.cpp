@@ -5,6 +5,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -15,6 +16,12 @@ namespace strata::server {
 namespace {
 
 using Json = nlohmann::json;
+
+// The tenant of a tenant-qualified session id "TENANT\nID" ("" without a newline).
+std::string tenant_of(const std::string& session_id) {
+  const size_t newline = session_id.find('\n');
+  return newline == std::string::npos ? std::string() : session_id.substr(0, newline);
+}
 
 // A journal line: 16 hex digits of XXH3-64 over the JSON, a space, the JSON, a newline.
 std::string checksummed(const std::string& json) {
@@ -62,8 +69,9 @@ Json message_json(const tokenizer::ChatMessage& m) {
 }  // namespace
 
 StatusOr<std::unique_ptr<SessionStore>> SessionStore::open(const std::string& journal_path,
-                                                           size_t max_sessions) {
-  auto store = std::make_unique<SessionStore>(max_sessions);
+                                                           size_t max_sessions,
+                                                           size_t max_per_tenant) {
+  auto store = std::make_unique<SessionStore>(max_sessions, max_per_tenant);
   store->journal_path_ = journal_path;
   // Replay: "session" records replace a whole conversation (written by compaction), "turn"
   // records append one, "erase" records drop one.
@@ -134,6 +142,13 @@ Status SessionStore::append(const std::string& json) {
   return Status();
 }
 
+void SessionStore::forget(std::unordered_map<std::string, Session>::iterator it) {
+  const std::string tenant = tenant_of(it->first);
+  if (--per_tenant_[tenant] == 0) per_tenant_.erase(tenant);
+  lru_.erase(it->second.lru_position);
+  sessions_.erase(it);
+}
+
 SessionStore::Session& SessionStore::touch(const std::string& session_id,
                                            const std::string& system) {
   auto it = sessions_.find(session_id);
@@ -141,12 +156,17 @@ SessionStore::Session& SessionStore::touch(const std::string& session_id,
     lru_.splice(lru_.end(), lru_, it->second.lru_position);
     return it->second;
   }
-  if (sessions_.size() >= max_sessions_ && !lru_.empty()) {
-    sessions_.erase(lru_.front());
-    lru_.pop_front();
+  const std::string tenant = tenant_of(session_id);
+  if (per_tenant_[tenant] >= max_per_tenant_) {
+    // The tenant's own least recently used session makes room, never another tenant's.
+    auto oldest = std::find_if(lru_.begin(), lru_.end(),
+                               [&](const std::string& id) { return tenant_of(id) == tenant; });
+    if (oldest != lru_.end()) forget(sessions_.find(*oldest));
   }
+  if (sessions_.size() >= max_sessions_ && !lru_.empty()) forget(sessions_.find(lru_.front()));
   Session& session = sessions_[session_id];
   session.lru_position = lru_.insert(lru_.end(), session_id);
+  ++per_tenant_[tenant];
   if (!system.empty()) session.messages.push_back({"system", system});
   return session;
 }
@@ -197,8 +217,7 @@ bool SessionStore::erase(const std::string& session_id) {
   std::scoped_lock lock(mutex_);
   auto it = sessions_.find(session_id);
   if (it == sessions_.end()) return false;
-  lru_.erase(it->second.lru_position);
-  sessions_.erase(it);
+  forget(it);
   const Status journaled = append(dump(Json{{"op", "erase"}, {"id", session_id}}));
   if (!journaled.ok()) spdlog::warn("sessions: {}", journaled.message());
   return true;

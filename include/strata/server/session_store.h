@@ -7,7 +7,10 @@
 // with their KV on the SSD. A torn or corrupt line (a crash mid-write, a flipped bit) loses only
 // that record; open() then rewrites the journal compactly (one record per live session).
 //
-// Thread-safe. Bounded: beyond max_sessions the least recently used session is dropped.
+// Thread-safe. Bounded: beyond max_sessions the least recently used session is dropped, and a
+// tenant beyond max_per_tenant sessions drops its own least recently used one (so no tenant can
+// push another's sessions out). Session ids are tenant-qualified, "TENANT\nID" (ids without a
+// newline belong to the "" tenant).
 #pragma once
 
 #include <cstdint>
@@ -27,11 +30,13 @@ namespace strata::server {
 
 class SessionStore {
  public:
-  explicit SessionStore(size_t max_sessions = 10000) : max_sessions_(max_sessions) {}
+  explicit SessionStore(size_t max_sessions = 10000, size_t max_per_tenant = 1000)
+      : max_sessions_(max_sessions), max_per_tenant_(max_per_tenant) {}
   // A store journaled to `journal_path` (created if missing), with the sessions it holds.
   // UNAVAILABLE if the journal cannot be read or written.
   static StatusOr<std::unique_ptr<SessionStore>> open(const std::string& journal_path,
-                                                      size_t max_sessions = 10000);
+                                                      size_t max_sessions = 10000,
+                                                      size_t max_per_tenant = 1000);
   ~SessionStore();
   SessionStore(const SessionStore&) = delete;
   SessionStore& operator=(const SessionStore&) = delete;
@@ -80,10 +85,14 @@ class SessionStore {
   };
   // The session, created (with `system`, if any) when new. REQUIRES mutex_ held.
   Session& touch(const std::string& session_id, const std::string& system = {});
+  // Forgets a session (not journaled). REQUIRES mutex_ held.
+  void forget(std::unordered_map<std::string, Session>::iterator it);
   // Appends one checksummed record and syncs it. REQUIRES mutex_ held.
   Status append(const std::string& json);
 
   const size_t max_sessions_;
+  const size_t max_per_tenant_;
+  std::unordered_map<std::string, size_t> per_tenant_;  // sessions held per tenant
   mutable std::mutex mutex_;
   std::unordered_map<std::string, Session> sessions_;
   std::list<std::string> lru_;  // least recently used first

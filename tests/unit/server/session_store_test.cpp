@@ -112,6 +112,26 @@ TEST(SessionStoreTest, LruBoundDropsLeastRecentlyUsed) {
   EXPECT_TRUE(store.erase("c"));
 }
 
+// A tenant past its own cap drops its own least recently used session, never another tenant's:
+// one tenant cannot flush everyone's conversations out of the shared bound.
+TEST(SessionStoreTest, ATenantPastItsCapDropsItsOwnSessionsOnly) {
+  SessionStore store(/*max_sessions=*/100, /*max_per_tenant=*/2);
+  EXPECT_TRUE(store.commit_turn("b\nkeep", {"user", "b1"}, "rb").ok());
+  for (int i = 0; i < 50; ++i) {
+    const std::string id = "a\n" + std::to_string(i);
+    EXPECT_TRUE(store.commit_turn(id, {"user", "a"}, "ra").ok());
+  }
+  EXPECT_EQ(store.size(), 3u);  // a's two newest and b's one
+  EXPECT_TRUE(store.erase("b\nkeep"));
+  EXPECT_TRUE(store.erase("a\n49"));
+  EXPECT_TRUE(store.erase("a\n48"));
+  EXPECT_FALSE(store.erase("a\n47"));
+  // Ids without a tenant share the "" tenant's cap.
+  for (const char* id : {"x", "y", "z"}) EXPECT_TRUE(store.commit_turn(id, {"user", "u"}, "r").ok());
+  EXPECT_EQ(store.size(), 2u);
+  EXPECT_FALSE(store.erase("x"));
+}
+
 TEST(SessionStoreTest, LruDroppedSessionStartsOverWhenUsedAgain) {
   SessionStore store(/*max_sessions=*/1);
   store.begin_turn("a", {"user", "a1"}, "sys");
