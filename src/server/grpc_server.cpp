@@ -141,7 +141,7 @@ class GenerationService final : public pb::Generation::Service {
     std::string tenant;
     if (grpc::Status auth = authorize(context, &tenant); !auth.ok()) return auth;
     engine::GenerateRequest r;
-    r.tenant = tenant_salt(tenant, "");
+    r.tenant = tenant_salt(tenant, request->user());
     switch (request->input_case()) {
       case pb::GenerateRequest::kPrompt:
         if (request->prompt().empty()) {
@@ -217,7 +217,7 @@ class GenerationService final : public pb::Generation::Service {
         chat_->render(messages, /*add_generation_prompt=*/true);
     if (!prompt.ok()) return to_grpc_status(prompt.status());
     engine::GenerateRequest r;
-    r.tenant = tenant_salt(tenant, "");
+    r.tenant = tenant_salt(tenant, request->user());
     r.prompt_token_ids = engine_.tokenizer().encode(*prompt);
     r.sampling = to_sampling(request->sampling(), sampling_defaults_);
     r.priority = request->priority();

@@ -307,6 +307,14 @@ def main():
             first_b = collect(keyed_generate(request, metadata=as_b))[2].usage
             assert again_a.cached_prompt_tokens > 0, "a tenant reuses its own prompt"
             assert first_b.cached_prompt_tokens == 0, "another tenant does not see it"
+            # Within a key, `user` separates end users as OpenAI's `user` does over HTTP.
+            other = "A different history of another city, told at length. " * 12
+            def as_user(user):
+                r = pb.GenerateRequest(prompt=other, sampling=greedy(2), user=user)
+                return collect(keyed_generate(r, metadata=as_a))[2].usage
+            as_user("u1")
+            assert as_user("u2").cached_prompt_tokens == 0, "another user of the key does not see it"
+            assert as_user("u1").cached_prompt_tokens > 0, "a user reuses its own prompt"
             # Request ids are unguessable and owned: B cannot abort A's stream, nor guess an id.
             keyed_abort = other_server_unary(keyed_port, "Abort", pb.AbortRequest, pb.AbortResponse)
             call = keyed_generate(long_request(), metadata=as_a)

@@ -1,7 +1,7 @@
 // The tenant a request's KV-cache entries are salted with, the same on every front door: the API
 // key it authenticated with (empty without authentication) and the client's own user id (OpenAI
-// `user`; empty over gRPC). Requests share cached prompts only within one tenant, so no key or
-// user can reuse, or probe by timing, another's prompts.
+// `user`, and the gRPC requests' `user`). Requests share cached prompts only within one tenant,
+// so no key or user can reuse, or probe by timing, another's prompts.
 #pragma once
 
 #include <string>
