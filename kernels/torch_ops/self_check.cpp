@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include "strata/kernels/kv_format_ops.h"
+
 #include <chrono>
 #include <cmath>
 #include <exception>
@@ -176,6 +178,17 @@ KernelReport run_kernel_self_check(const KernelOpTable& strata, const KernelOpTa
         at::Tensor pool = b.kv_cache.clone();
         t.reshape_and_cache(pool, key, value, slots);
         return pool;
+      }));
+
+  // Five KV blocks in KIVI-2 (the store's most compressed codec) decoded into the pool's dtype.
+  const kv::KvFormat kivi = kv::kivi_format(2);
+  const at::Tensor packed = aten::pack_kv_blocks(
+      randn({5, 2, shape.num_kv_heads, shape.block_size, shape.head_dim}, shape, gen).cpu(), kivi)
+                                .to(shape.device);
+  report.ops.push_back(
+      check_op(KernelOp::kUnpackKvBlocks, strata, reference, tol, [&](const KernelOpTable& t) {
+        return t.unpack_kv_blocks(packed, kivi, shape.num_kv_heads, shape.block_size,
+                                  shape.head_dim, shape.dtype);
       }));
 
   report.self_check_seconds =

@@ -11,6 +11,7 @@
 #include <functional>
 
 #include "strata/kernels/kernel_selection.h"
+#include "strata/kv/kv_format.h"
 
 namespace strata::kernels {
 
@@ -26,6 +27,10 @@ struct KernelOpTable {
   std::function<void(at::Tensor& kv_cache, const at::Tensor& key, const at::Tensor& value,
                      const at::Tensor& slot_mapping)>
       reshape_and_cache;
+  // bytes [n, block_bytes] of `format` -> blocks [n, 2, heads, block_size, head_dim] of `dtype`.
+  std::function<at::Tensor(const at::Tensor& bytes, const kv::KvFormat& format, int64_t heads,
+                           int64_t block_size, int64_t head_dim, at::ScalarType dtype)>
+      unpack_kv_blocks;
 };
 
 // torch_ops.h's functions with every op on `backend` (defined with the adapters, in

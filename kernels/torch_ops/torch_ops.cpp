@@ -326,6 +326,10 @@ KernelOpTable torch_ops_table(KernelBackend backend) {
                                   const at::Tensor& slots) {
     reshape_and_cache(kv, key, value, slots, backend);
   };
+  t.unpack_kv_blocks = [backend](const at::Tensor& bytes, const kv::KvFormat& format, int64_t h,
+                                 int64_t b, int64_t d, at::ScalarType dtype) {
+    return unpack_kv_blocks(bytes, format, h, b, d, dtype, backend);
+  };
   return t;
 }
 

@@ -223,7 +223,8 @@ void TorchExecutor::insert_loaded_layer(StagedLoads& loads, int64_t layer) {
     blocks.index_copy_(0, e.index,
                        kernels::unpack_kv_blocks(bytes, e.format, config_.num_kv_heads,
                                                  kv_geometry_.block_size_tokens, config_.head_dim,
-                                                 dtype_));
+                                                 dtype_,
+                                                 kernel_report_.backend(KernelOp::kUnpackKvBlocks)));
   }
   rotate_keys(blocks, loads.first_positions, /*inverse=*/false);
   pool_.base_view().index_copy_(0, loads.destinations[layer], blocks);

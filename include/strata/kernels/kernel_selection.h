@@ -13,10 +13,12 @@ namespace strata::kernels {
 
 enum class KernelBackend { kStrata, kTorch };
 
-enum class KernelOp { kRmsNorm, kRotary, kPagedAttention, kReshapeAndCache };
-inline constexpr int kNumKernelOps = 4;
+// kUnpackKvBlocks: the KV store's encoded chunks decoded into the pool (kernels::unpack_kv_blocks).
+enum class KernelOp { kRmsNorm, kRotary, kPagedAttention, kReshapeAndCache, kUnpackKvBlocks };
+inline constexpr int kNumKernelOps = 5;
 inline constexpr std::array<KernelOp, kNumKernelOps> kAllKernelOps = {
-    KernelOp::kRmsNorm, KernelOp::kRotary, KernelOp::kPagedAttention, KernelOp::kReshapeAndCache};
+    KernelOp::kRmsNorm, KernelOp::kRotary, KernelOp::kPagedAttention, KernelOp::kReshapeAndCache,
+    KernelOp::kUnpackKvBlocks};
 
 inline const char* kernel_op_name(KernelOp op) {
   switch (op) {
@@ -28,6 +30,8 @@ inline const char* kernel_op_name(KernelOp op) {
       return "paged_attention";
     case KernelOp::kReshapeAndCache:
       return "reshape_and_cache";
+    case KernelOp::kUnpackKvBlocks:
+      return "unpack_kv_blocks";
   }
   return "?";
 }

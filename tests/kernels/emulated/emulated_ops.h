@@ -51,8 +51,18 @@ inline void emulated_reshape_and_cache(at::Tensor& kv_cache, const at::Tensor& k
   launch_reshape_and_cache(reshape_and_cache_params(kv_cache, key, value, slots), nullptr);
 }
 
+inline at::Tensor emulated_unpack_kv_blocks(const at::Tensor& bytes, const kv::KvFormat& format,
+                                            int64_t heads, int64_t block_size, int64_t head_dim,
+                                            at::ScalarType dtype) {
+  at::Tensor blocks = at::empty({bytes.size(0), 2, heads, block_size, head_dim}, dtype);
+  at::Tensor in = bytes.contiguous();
+  launch_unpack_kv_blocks(kv_blocks_params(blocks, in, format), nullptr);
+  return blocks;
+}
+
 inline KernelOpTable emulated_kernel_table() {
-  return {emulated_rms_norm, emulated_rotary, emulated_paged_attention, emulated_reshape_and_cache};
+  return {emulated_rms_norm, emulated_rotary, emulated_paged_attention, emulated_reshape_and_cache,
+          emulated_unpack_kv_blocks};
 }
 
 }  // namespace strata::kernels::testing

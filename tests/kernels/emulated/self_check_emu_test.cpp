@@ -10,6 +10,7 @@
 #include "emulated_ops.h"
 #include "self_check.h"
 #include "strata/kernels/aten_ops.h"
+#include "strata/kernels/kv_format_ops.h"
 
 namespace strata::kernels {
 namespace {
@@ -26,6 +27,10 @@ KernelOpTable libtorch_table() {
     return out;
   };
   t.reshape_and_cache = aten::reshape_and_cache;
+  t.unpack_kv_blocks = [](const at::Tensor& bytes, const kv::KvFormat& format, int64_t h,
+                          int64_t b, int64_t d, at::ScalarType dtype) {
+    return aten::unpack_kv_blocks(bytes, format, h, b, d).to(dtype);
+  };
   return t;
 }
 

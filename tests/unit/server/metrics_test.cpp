@@ -183,7 +183,7 @@ TEST(MetricsTest, HealthNamesEachOpsImplementationAndCheck) {
   const nlohmann::json body = nlohmann::json::parse(health_body(report_with_a_fallback()));
   EXPECT_EQ(body["status"], "ok");
   EXPECT_EQ(body["kernels"]["self_check_seconds"], 0.25);
-  ASSERT_EQ(body["kernels"]["ops"].size(), 4u);
+  ASSERT_EQ(body["kernels"]["ops"].size(), static_cast<size_t>(kernels::kNumKernelOps));
   const nlohmann::json& attention = body["kernels"]["ops"][2];
   EXPECT_EQ(attention["op"], "paged_attention");
   EXPECT_EQ(attention["backend"], "torch");
