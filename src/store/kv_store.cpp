@@ -29,7 +29,9 @@ bool KvStore::Item::only_in(TierIndex t) const {
   return true;
 }
 
-KvStore::KvStore(const StoreOptions& options) : options_(options) {}
+KvStore::KvStore(const StoreOptions& options) : options_(options) {
+  stats_.codec_items.assign(options_.codecs.size(), 0);
+}
 
 StatusOr<std::unique_ptr<KvStore>> KvStore::open(const StoreOptions& options) {
   StoreOptions with_none = options;
@@ -63,6 +65,7 @@ Status KvStore::start() {
     adopt(static_cast<TierIndex>(tiers_.size() - 1), std::move(recovered));
   }
   counters_.resize(tiers_.size());
+  if (options_.adaptcache.enabled) adaptcache_profile_ = make_adaptcache_profile();
   for (int32_t i = 0; i < options_.io_threads; ++i) threads_.emplace_back([this] { io_loop(); });
   return Status();
 }
@@ -86,6 +89,7 @@ void KvStore::adopt(TierIndex t, std::vector<RecoveredItem> recovered) {
       item.exact = r.attributes.exact;
       item.token_offset = r.attributes.token_offset;
       item.codec = static_cast<int32_t>(codec - options_.codecs.begin());
+      ++stats_.codec_items[item.codec];
       item.stored_at = item.last_access = ++clock_;
       item.touched = std::chrono::steady_clock::now();
       next_item_ = std::max(next_item_, r.id + 1);
@@ -351,6 +355,7 @@ StatusOr<SaveTicket> KvStore::begin_save(const SaveRequest& request) {
     item.stored_at = ++clock_;
     ticket.item = item.id;
     target = &items_.emplace(item.id, std::move(item)).first->second;
+    ++stats_.codec_items[0];
   }
   if (replaced && *replaced != target->id) {
     Item& old = items_.at(*replaced);
@@ -483,8 +488,6 @@ StoreStats KvStore::stats() const {
   std::scoped_lock lock(mutex_);
   StoreStats s = stats_;
   s.items = std::ssize(items_);
-  s.codec_items.assign(options_.codecs.size(), 0);
-  for (const auto& [id, item] : items_) ++s.codec_items[item.codec];
   for (TierIndex t = 0; t < num_tiers(); ++t) {
     TierStats& ts = s.tiers.emplace_back();
     static_cast<TierCounters&>(ts) = counters_[t];

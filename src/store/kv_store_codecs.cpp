@@ -21,6 +21,7 @@ double seconds_between(std::chrono::steady_clock::time_point from,
 }  // namespace
 
 void KvStore::record_use(Item& item) {
+  if (!options_.adaptcache.enabled) return;  // only AdaptCache's utility reads reuse counts
   const double now = seconds_between(started_, std::chrono::steady_clock::now());
   const double half_life = options_.adaptcache.half_life_seconds;
   if (item.reuse.count == 0) {
@@ -38,7 +39,7 @@ void KvStore::record_use(Item& item) {
   adaptcache::record_use(&item.reuse, now, half_life);
 }
 
-adaptcache::Profile KvStore::adaptcache_profile() const {
+adaptcache::Profile KvStore::make_adaptcache_profile() const {
   const AdaptCacheOptions& ac = options_.adaptcache;
   adaptcache::Profile profile;
   for (TierIndex t = 0; t < num_tiers(); ++t) {
@@ -81,7 +82,7 @@ KvStore::Decision KvStore::codec_decision() {
       options_.dram_reserve_fraction * static_cast<double>(capacity_chunks(kDramTier))));
   if (free_dram_chunks() + dram_chunks_demoting_ >= reserve) return {};
 
-  adaptcache::Profile profile = adaptcache_profile();
+  adaptcache::Profile profile = adaptcache_profile_;  // capacities are set below
   const double now = seconds_between(started_, std::chrono::steady_clock::now());
   // Composed with CachedAttention: an item whose job is about to run is not moved.
   std::unordered_set<ItemId> about_to_run;
@@ -180,6 +181,8 @@ void KvStore::transcode(ItemId id, int32_t codec) {
     ++counters_[kDramTier].evictions;
     return drop_item(id);
   }
+  --stats_.codec_items[now.codec];
+  ++stats_.codec_items[codec];
   now.codec = codec;
   std::vector<ChunkKey> keys;
   std::vector<std::span<const std::byte>> values;

@@ -113,6 +113,7 @@ void KvStore::drop_item(ItemId id) {
     published_chunks_ -= std::ssize(item.chunks);
     published_items_ -= 1;
   }
+  --stats_.codec_items[item.codec];
   items_.erase(it);
 }
 

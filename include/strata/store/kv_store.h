@@ -283,7 +283,8 @@ class KvStore {
   // The lossy-codec decisions (REQUIRES mutex_): a fixed codec for every item, or AdaptCache's
   // first move over all items when DRAM is below its reserve (kv_store_codecs.cpp).
   Decision codec_decision();
-  adaptcache::Profile adaptcache_profile() const;
+  // The profile of options_.adaptcache over the opened tiers (capacities set per decision).
+  adaptcache::Profile make_adaptcache_profile() const;
   // Re-encodes a busy item's DRAM chunks to `codec` (REQUIRES mutex_ not held); its copies in
   // other tiers, in the old codec, are dropped.
   void transcode(ItemId id, int32_t codec);
@@ -332,6 +333,7 @@ class KvStore {
   int64_t prefetch_window() const;
 
   StoreOptions options_;
+  adaptcache::Profile adaptcache_profile_;  // when options_.adaptcache.enabled
   std::vector<std::unique_ptr<Tier>> tiers_;  // DRAM first, then the lower tiers
   DramTier* dram_ = nullptr;                  // tiers_[0]
 
@@ -355,7 +357,7 @@ class KvStore {
   std::atomic<int64_t> publications_ = 0;
   bool stopping_ = false;
   std::vector<TierCounters> counters_;  // per tier
-  StoreStats stats_;                    // the store-wide counters (tiers filled by stats())
+  StoreStats stats_;  // the store-wide counters and codec_items (tiers filled by stats())
   std::vector<std::thread> threads_;
 };
 
