@@ -106,8 +106,10 @@ KvStore::Decision KvStore::codec_decision() {
     e.prefill_seconds = static_cast<double>(n * options_.block_size_tokens) *
                         options_.adaptcache.prefill_seconds_per_token;
     e.current.codec = item.codec;
-    e.current.tier = item.held[kDramTier] > 0 ? kDramTier : -1;
-    for (TierIndex t = 1; t < num_tiers() && e.current.tier < 0; ++t) {
+    // The nearest tier holding it whole: a partial DRAM copy (some chunks loaded) cannot be
+    // re-encoded, so such an item is placed where its whole copy is.
+    e.current.tier = -1;
+    for (TierIndex t = 0; t < num_tiers() && e.current.tier < 0; ++t) {
       if (usable(t) && item.held[t] == n) e.current.tier = t;
     }
     if (e.current.tier < 0) continue;  // not whole anywhere it can be read from
