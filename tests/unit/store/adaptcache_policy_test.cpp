@@ -161,7 +161,6 @@ double total_utility(const Profile& p, const std::vector<Entry>& entries,
 
 TEST(AdaptCachePolicyTest, GreedyIsWithinOneIncrementOfTheExhaustiveOptimumOnOneTier) {
   std::mt19937 rng(7);
-  int checked = 0;
   for (int instance = 0; instance < 150; ++instance) {
     Profile p = random_profile(rng, 1, static_cast<int64_t>(1.2 * kGB));
     std::vector<Entry> entries = random_entries(rng, p, 5);
@@ -203,9 +202,7 @@ TEST(AdaptCachePolicyTest, GreedyIsWithinOneIncrementOfTheExhaustiveOptimumOnOne
     const double greedy = total_utility(p, entries, plan.options);
     EXPECT_LE(greedy, optimum + 1e-9) << instance;
     EXPECT_GE(greedy, optimum - bound - 1e-9) << instance;
-    ++checked;
   }
-  EXPECT_EQ(checked, 150);
 }
 
 TEST(AdaptCachePolicyTest, ADominatedOptionIsNeverApplied) {
@@ -264,15 +261,12 @@ TEST(AdaptCachePolicyTest, HotEntriesStayNearUnderZipfReuse) {
   for (size_t i = 0; i < 5; ++i) EXPECT_EQ(plan.options[i].tier, 0) << "hot entry " << i;
   for (size_t i = 35; i < 40; ++i) EXPECT_NE(plan.options[i].tier, 0) << "cold entry " << i;
   // Compression lets DRAM serve more of the reuse mass than whole entries would (4 of 40).
-  double near = 0, all = 0;
+  double near = 0, whole = 0;
   for (size_t i = 0; i < entries.size(); ++i) {
-    all += entries[i].frequency;
     if (plan.options[i].tier == 0) near += entries[i].frequency;
+    if (i < 4) whole += entries[i].frequency;
   }
-  double whole = 0;
-  for (size_t i = 0; i < 4; ++i) whole += entries[i].frequency;
   EXPECT_GT(near, whole);
-  EXPECT_LE(near, all);
 }
 
 TEST(AdaptCachePolicyTest, ProfileValidationNamesTheProblem) {
