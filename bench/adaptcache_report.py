@@ -10,7 +10,7 @@ Per variant, over the later turns (turn >= 2, the ones that reuse stored KV):
               §2.3; SQuAD-style F1 over lower-cased whitespace tokens); first turns, which reuse
               nothing, are reported too as a check of the comparison (1.0 unless batching changed
               a greedy choice)
-  delay       mean TTFT of the later turns (ms)
+  delay       mean TTFT of the later turns (ms), and its ratio to the reference's (< 1: faster)
   DRAM hits   tokens loaded from DRAM / tokens loaded from the store (DRAM + SSD)
   cached      tokens served from any KV tier / later-turn prompt tokens
 --profile-out writes the store's profile file (kv_store.adaptcache_profile): each variant named
@@ -75,11 +75,14 @@ def main():
         sys.exit(f"no variant {args.reference!r}; variants: {', '.join(by_variant)}")
     reference = by_variant[args.reference]
     rows = {name: measures(result, reference) for name, result in by_variant.items()}
-    print("| variant | quality (F1 vs %s) | first turns F1 | mean TTFT turns >= 2 (ms) | DRAM hit rate | cached share | transcodes |" % args.reference)
-    print("|---|---|---|---|---|---|---|")
+    ref = args.reference
+    print(f"| variant | quality (F1 vs {ref}) | first turns F1 | mean TTFT turns >= 2 (ms) | "
+          f"TTFT / {ref} | DRAM hit rate | cached share | transcodes |")
+    print("|---|---|---|---|---|---|---|---|")
     for name, m in rows.items():
+        ratio = m["delay_ms"] / rows[ref]["delay_ms"]
         print(f"| {name} | {m['quality']:.3f} | {m['first_turn_quality']:.3f} | {m['delay_ms']:,.0f} | "
-              f"{m['dram_hit_rate']:.2f} | {m['cached_share']:.2f} | {m['transcodes']:.0f} |")
+              f"{ratio:.2f} | {m['dram_hit_rate']:.2f} | {m['cached_share']:.2f} | {m['transcodes']:.0f} |")
     if args.plot:
         import matplotlib
         matplotlib.use("Agg")
