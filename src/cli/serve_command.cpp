@@ -127,6 +127,7 @@ Status serve(const std::vector<std::string>& args) {
     options.sampling_defaults = loaded.sampling_defaults;
     options.api_keys = api_keys;
     options.request_timeout = std::chrono::seconds(server.request_timeout_seconds);
+    options.max_connections = static_cast<size_t>(server.max_connections);
     STRATA_ASSIGN_OR_RETURN(http,
                             server::HttpServer::start(*loaded.engine, loaded.chat_template, options));
     spdlog::info("serving {} on http://{}:{}/v1 (OpenAI-compatible HTTP)", served_name,

@@ -455,7 +455,8 @@ Status read_server(Context& ctx, const YAML::Node& node, ServerSection& out) {
   STRATA_RETURN_IF_ERROR(m.get("api_keys", into(ctx, out.api_keys)));
   STRATA_RETURN_IF_ERROR(m.get("api_keys_env", into(ctx, out.api_keys_env)));
   STRATA_RETURN_IF_ERROR(m.get("shutdown_grace_seconds", into(ctx, out.shutdown_grace_seconds)));
-  return m.get("request_timeout_seconds", into(ctx, out.request_timeout_seconds));
+  STRATA_RETURN_IF_ERROR(m.get("request_timeout_seconds", into(ctx, out.request_timeout_seconds)));
+  return m.get("max_connections", into(ctx, out.max_connections));
 }
 
 Status read_logging(Context& ctx, const YAML::Node& node, LoggingSection& out) {
@@ -748,6 +749,7 @@ std::string to_yaml(const DeploymentConfig& config) {
   emit_string(out, "api_keys_env", server.api_keys_env);
   emit_plain(out, "shutdown_grace_seconds", std::to_string(server.shutdown_grace_seconds));
   emit_plain(out, "request_timeout_seconds", std::to_string(server.request_timeout_seconds));
+  emit_plain(out, "max_connections", std::to_string(server.max_connections));
   out << YAML::EndMap;
 
   const SamplingSection& sampling = config.sampling;

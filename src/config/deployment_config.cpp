@@ -318,6 +318,10 @@ const KeyCheck<ServerSection> kServerKeys[] = {
      [](const ServerSection& s) {
        return at_least("server.request_timeout_seconds", s.request_timeout_seconds, 0);
      }},
+    {"server.max_connections",
+     [](const ServerSection& s) {
+       return at_least("server.max_connections", s.max_connections, 1);
+     }},
 };
 
 const KeyCheck<SamplingSection> kSamplingKeys[] = {

@@ -1,19 +1,17 @@
 #include "strata/server/http_server.h"
 
 #include <httplib.h>
-#include <netdb.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sys/socket.h>
 
 #include <atomic>
 #include <cerrno>
-#include <charconv>
 #include <csignal>
-#include <filesystem>
 #include <thread>
 
 #include "api_keys.h"
+#include "http_connections.h"
 #include "request_ids.h"
 #include "metrics.h"
 #include "openai_protocol.h"
@@ -75,40 +73,6 @@ void send_error(httplib::Response& res, const ApiError& error) {
 }
 
 // ---- The client's connection --------------------------------------------------------------------
-
-// The socket `req` arrived on. httplib 0.11 does not expose it, so it is found among this process's
-// descriptors by its address pair; it stays open while a handler runs on the connection's thread.
-std::optional<int> find_connection_socket(const httplib::Request& req) {
-  auto port_of = [](const sockaddr_storage& a) -> int {
-    if (a.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in&>(a).sin_port);
-    if (a.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6&>(a).sin6_port);
-    return -1;
-  };
-  auto host_of = [](const sockaddr_storage& a, socklen_t len) {
-    char host[NI_MAXHOST] = {};
-    getnameinfo(reinterpret_cast<const sockaddr*>(&a), len, host, sizeof(host), nullptr, 0,
-                NI_NUMERICHOST);
-    return std::string(host);
-  };
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
-    const std::string name = entry.path().filename().string();
-    int fd = -1;
-    if (std::from_chars(name.data(), name.data() + name.size(), fd).ec != std::errc()) continue;
-    sockaddr_storage local{}, peer{};
-    socklen_t local_len = sizeof(local), peer_len = sizeof(peer);
-    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_len) != 0 ||
-        port_of(local) != req.local_port ||
-        getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0 ||
-        port_of(peer) != req.remote_port) {
-      continue;
-    }
-    if (host_of(peer, peer_len) == req.remote_addr && host_of(local, local_len) == req.local_addr) {
-      return fd;
-    }
-  }
-  return std::nullopt;
-}
 
 // Whether the client closed (or reset) the connection. A client that sends a request and then
 // shuts down only its sending side counts as gone too; HTTP clients do not do that.
@@ -393,7 +357,7 @@ class Service {
     for (size_t i = 0; i < submitted->size(); ++i) {
       InFlight in;
       in.stream = std::move((*submitted)[i]);
-      in.socket = find_connection_socket(req);
+      if (current_connection_socket() >= 0) in.socket = current_connection_socket();
       in.received = received;
       if (options_.request_timeout.count() > 0) in.timeout_at = received + options_.request_timeout;
       response_options.choice_index = static_cast<int32_t>(i);
@@ -592,8 +556,8 @@ void block_sigpipe() {
 
 struct HttpServer::Impl {
   std::unique_ptr<Service> service;  // outlives `server`, whose handlers call it
-  httplib::Server server;
-  std::thread listener;  // runs server.listen_after_bind(), which owns the connection threads
+  std::unique_ptr<GatedHttpServer> server;
+  std::thread listener;  // runs server->listen_after_bind(), which owns the connection threads
   std::atomic<bool> listener_exited{false};
   int port = 0;
 };
@@ -610,14 +574,19 @@ StatusOr<std::unique_ptr<HttpServer>> HttpServer::start(
                                   std::to_string(options.num_threads));
   }
   if (options.max_body_bytes == 0) return invalid_argument_error("max_body_bytes must be > 0");
+  if (options.max_connections == 0) return invalid_argument_error("max_connections must be > 0");
   auto impl = std::make_unique<Impl>();
   impl->service = std::make_unique<Service>(engine, std::move(chat_template), options);
-  httplib::Server& server = impl->server;
-  const auto num_threads = static_cast<size_t>(options.num_threads);
-  server.new_task_queue = [num_threads] { return new httplib::ThreadPool(num_threads); };
-  server.set_tcp_nodelay(true);           // small SSE chunks go out at once
-  server.set_keep_alive_max_count(1000);  // httplib's default closes after 5 requests
-  server.set_payload_max_length(options.max_body_bytes);
+  ConnectionLimits limits;
+  limits.num_threads = options.num_threads;
+  limits.max_connections = options.max_connections;
+  limits.header_timeout = options.header_timeout;
+  limits.max_body_bytes = options.max_body_bytes;
+  impl->server = std::make_unique<GatedHttpServer>(
+      limits, [](int status, std::string_view message) {
+        return openai::error_body(make_error(status, std::string(message)));
+      });
+  GatedHttpServer& server = *impl->server;
   impl->service->install(server);
 
   const std::string address = options.host + ":" + std::to_string(options.port);
@@ -649,7 +618,7 @@ int HttpServer::port() const { return impl_->port; }
 void HttpServer::shutdown(std::chrono::milliseconds grace) {
   if (!impl_ || !impl_->listener.joinable()) return;
   impl_->service->set_cancel_deadline(Clock::now() + grace);
-  impl_->server.stop();
+  impl_->server->stop();
   impl_->listener.join();
 }
 

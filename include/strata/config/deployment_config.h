@@ -155,6 +155,8 @@ struct ServerSection {
   std::string api_keys_env;
   int32_t shutdown_grace_seconds = 30;  // time in-flight requests get to finish on shutdown
   int32_t request_timeout_seconds = 0;  // per request; 0: none
+  // HTTP connections open at once; more are answered 503 (keep below the process's `ulimit -n`).
+  int32_t max_connections = 1024;
 
   // INVALID_ARGUMENT naming server.<key>.
   Status validate() const;

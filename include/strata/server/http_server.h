@@ -31,9 +31,15 @@ struct HttpServerOptions {
   // A generation request still running after this long is cancelled: a stream then ends with
   // finish_reason "abort", a non-streamed request is answered 504. 0 = no limit.
   std::chrono::seconds request_timeout{0};
-  // Connection threads. Each open connection (also an idle keep-alive one) holds a thread while
-  // it is served; further connections wait for one.
+  // Threads running requests. A connection holds one only while a whole request it sent is
+  // served: one thread reads every connection's request bytes, within the timeouts below.
   int num_threads = 64;
+  // Connections open at once; more are answered 503 and closed (keep below `ulimit -n`).
+  size_t max_connections = 1024;
+  // A request's header must arrive within this of its first byte (or of the connection's accept),
+  // else 408 and close; its body within 10 s + 1 s per 64 KiB after that. An idle keep-alive
+  // connection is closed after 5 s.
+  std::chrono::milliseconds header_timeout{10'000};
   // What a request's unset sampling fields take (max_tokens has its own rule).
   sampling::SamplingParams sampling_defaults;
 };
@@ -42,7 +48,8 @@ class HttpServer {
  public:
   // Binds and starts serving on its own threads. `engine` must outlive the server. chat_template
   // may be empty (then /v1/chat/completions answers 400). UNAVAILABLE if the address cannot be
-  // bound; INVALID_ARGUMENT for options out of range (num_threads < 1, max_body_bytes == 0).
+  // bound; INVALID_ARGUMENT for options out of range (num_threads < 1, max_body_bytes == 0,
+  // max_connections == 0).
   static StatusOr<std::unique_ptr<HttpServer>> start(
       engine::Engine& engine, std::optional<tokenizer::ChatTemplate> chat_template,
       const HttpServerOptions& options);
@@ -53,9 +60,8 @@ class HttpServer {
 
   int port() const;
   // Stops accepting connections, lets in-flight requests finish for up to `grace`, then cancels
-  // them (a stream ends with finish_reason "abort"), and joins the server threads; an idle
-  // keep-alive connection holds its thread up to 5 s more. Idempotent. Not thread-safe against
-  // itself.
+  // them (a stream ends with finish_reason "abort"), closes every connection and joins the server
+  // threads. Idempotent. Not thread-safe against itself.
   void shutdown(std::chrono::milliseconds grace);
 
  private:

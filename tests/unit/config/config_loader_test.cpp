@@ -247,6 +247,8 @@ TEST(ConfigLoaderTest, ValidationErrorsNameTheKeyAndItsPosition) {
        "server.shutdown_grace_seconds must be >= 0, got -1"},
       {"negative timeout", "server: {request_timeout_seconds: -5}\n", kInvalid,
        "server.request_timeout_seconds must be >= 0, got -5"},
+      {"no connections", "server: {max_connections: 0}\n", kInvalid,
+       "server.max_connections must be >= 1, got 0"},
       {"served name with space", "model: {path: m, served_name: 'a b'}\n", kInvalid,
        "model.served_name must not contain spaces"},
   });
@@ -325,7 +327,7 @@ TEST(ConfigLoaderTest, UnknownKeysNameTheFullPathAndListTheAllowedOnes) {
        "overflow_truncation_fraction"},
       {"server", "server: {port: 1}\n", kInvalid,
        "unknown key 'server.port'; allowed keys in 'server': host, grpc_port, http_port, "
-       "api_keys, api_keys_env, shutdown_grace_seconds, request_timeout_seconds"},
+       "api_keys, api_keys_env, shutdown_grace_seconds, request_timeout_seconds, max_connections"},
       {"logging", "logging: {file: x}\n", kInvalid,
        "unknown key 'logging.file'; allowed keys in 'logging': level, format"},
       {"non-string key", "scheduler: {[a]: 1}\n", kInvalid, "unknown key 'scheduler.a list'"},
@@ -643,6 +645,7 @@ DeploymentConfig everything_changed() {
   c.server.api_keys = {"true", "123", "sk-\xc3\xa9#:,[]"};
   c.server.shutdown_grace_seconds = 0;
   c.server.request_timeout_seconds = 86400;
+  c.server.max_connections = 7;
   c.logging.level = LogLevel::kTrace;
   c.logging.format = LogFormat::kJson;
   return c;
