@@ -11,6 +11,7 @@
 #include <unordered_map>
 
 #include "api_keys.h"
+#include "grpc_requests.h"
 #include "request_ids.h"
 #include "strata/model/model_config.h"
 #include "strata/server/tenant.h"
@@ -127,6 +128,8 @@ class RunningRequests {
 
 class GenerationService final : public pb::Generation::Service {
  public:
+  using Writer = grpc::internal::WriterInterface<pb::GenerateResponse>;
+
   GenerationService(engine::Engine& engine, std::optional<tokenizer::ChatTemplate> chat,
                     SessionStore& sessions, const GrpcServerOptions& options)
       : engine_(engine),
@@ -134,10 +137,12 @@ class GenerationService final : public pb::Generation::Service {
         sessions_(sessions),
         served_name_(options.served_name),
         api_keys_(options.api_keys),
-        sampling_defaults_(options.sampling_defaults) {}
+        sampling_defaults_(options.sampling_defaults) {
+    read_requests_from_wire_bytes();
+  }
 
   grpc::Status Generate(grpc::ServerContext* context, const pb::GenerateRequest* request,
-                        grpc::ServerWriter<pb::GenerateResponse>* writer) override {
+                        Writer* writer) {
     std::string tenant;
     if (grpc::Status auth = authorize(context, &tenant); !auth.ok()) return auth;
     engine::GenerateRequest r;
@@ -166,7 +171,7 @@ class GenerationService final : public pb::Generation::Service {
   }
 
   grpc::Status Chat(grpc::ServerContext* context, const pb::ChatRequest* request,
-                    grpc::ServerWriter<pb::GenerateResponse>* writer) override {
+                    Writer* writer) {
     std::string tenant;
     if (grpc::Status auth = authorize(context, &tenant); !auth.ok()) return auth;
     if (!chat_) {
@@ -236,7 +241,7 @@ class GenerationService final : public pb::Generation::Service {
   }
 
   grpc::Status EndSession(grpc::ServerContext* context, const pb::EndSessionRequest* request,
-                          pb::EndSessionResponse* response) override {
+                          pb::EndSessionResponse* response) {
     std::string tenant;
     if (grpc::Status auth = authorize(context, &tenant); !auth.ok()) return auth;
     const std::string key = session_key(tenant, request->session_id());
@@ -251,7 +256,7 @@ class GenerationService final : public pb::Generation::Service {
   }
 
   grpc::Status Abort(grpc::ServerContext* context, const pb::AbortRequest* request,
-                     pb::AbortResponse* response) override {
+                     pb::AbortResponse* response) {
     std::string tenant;
     if (grpc::Status auth = authorize(context, &tenant); !auth.ok()) return auth;
     // Another tenant's request, one that ended and one that never was look alike: not found.
@@ -280,6 +285,60 @@ class GenerationService final : public pb::Generation::Service {
   }
 
  private:
+  // The methods that take strings get their request as wire bytes (see grpc_requests.h), so a
+  // field that is not UTF-8 is an INVALID_ARGUMENT naming it. Method indices follow the proto.
+  void read_requests_from_wire_bytes() {
+    using grpc::ByteBuffer;
+    MarkMethodStreamed(0, new grpc::internal::SplitServerStreamingHandler<ByteBuffer, pb::GenerateResponse>(
+        [this](grpc::ServerContext* context,
+               grpc::ServerSplitStreamer<ByteBuffer, pb::GenerateResponse>* call) {
+          pb::GenerateRequest request;
+          if (grpc::Status read = read_request(*call, request); !read.ok()) return read;
+          return Generate(context, &request, call);
+        }));
+    MarkMethodStreamed(1, new grpc::internal::SplitServerStreamingHandler<ByteBuffer, pb::GenerateResponse>(
+        [this](grpc::ServerContext* context,
+               grpc::ServerSplitStreamer<ByteBuffer, pb::GenerateResponse>* call) {
+          pb::ChatRequest request;
+          if (grpc::Status read = read_request(*call, request); !read.ok()) return read;
+          return Chat(context, &request, call);
+        }));
+    route_unary<pb::EndSessionRequest, pb::EndSessionResponse>(2, &GenerationService::EndSession);
+    route_unary<pb::AbortRequest, pb::AbortResponse>(3, &GenerationService::Abort);
+  }
+
+  template <class Request, class Response>
+  void route_unary(int index, grpc::Status (GenerationService::*method)(grpc::ServerContext*,
+                                                                         const Request*, Response*)) {
+    MarkMethodStreamed(index, new grpc::internal::StreamedUnaryHandler<grpc::ByteBuffer, Response>(
+        [this, method](grpc::ServerContext* context,
+                       grpc::ServerUnaryStreamer<grpc::ByteBuffer, Response>* call) {
+          Request request;
+          if (grpc::Status read = read_request(*call, request); !read.ok()) return read;
+          Response response;
+          grpc::Status status = (this->*method)(context, &request, &response);
+          if (status.ok()) call->Write(response);
+          return status;
+        }));
+  }
+
+  static grpc::Status read_request(grpc::internal::ReaderInterface<grpc::ByteBuffer>& call,
+                                   google::protobuf::Message& request) {
+    grpc::ByteBuffer raw;
+    if (!call.Read(&raw)) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "request: no message received");
+    }
+    std::vector<grpc::Slice> slices;
+    if (!raw.Dump(&slices).ok()) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "request: unreadable message");
+    }
+    std::string wire;
+    for (const grpc::Slice& slice : slices) {
+      wire.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+    }
+    return to_grpc_status(parse_request(wire, request));
+  }
+
   // With API keys configured, the call must carry "authorization: Bearer <key>"; the key is the
   // tenant. UNAUTHENTICATED otherwise.
   grpc::Status authorize(grpc::ServerContext* context, std::string* tenant) const {
@@ -301,7 +360,7 @@ class GenerationService final : public pb::Generation::Service {
   // request is cancelled and its KV freed) or the deadline passes. Collects the reply text.
   grpc::Status stream(grpc::ServerContext* context, engine::GenerateRequest request,
                       const std::string& tenant, const std::string& session_id,
-                      grpc::ServerWriter<pb::GenerateResponse>* writer, std::string* reply) {
+                      Writer* writer, std::string* reply) {
     StatusOr<std::shared_ptr<engine::RequestStream>> submitted = engine_.submit(std::move(request));
     if (!submitted.ok()) return to_grpc_status(submitted.status());
     engine::RequestStream& stream = **submitted;

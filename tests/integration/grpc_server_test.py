@@ -213,6 +213,40 @@ def main():
         bad_role.messages.add(role="wizard", content="hi")
         expect_error(chat, bad_role, grpc.StatusCode.INVALID_ARGUMENT, "role")
 
+    def test_invalid_utf8_names_the_field():
+        # Raw wire bytes: a Python client cannot put invalid UTF-8 into a string field.
+        def raw(method, unary_call=False):
+            make = channel.unary_unary if unary_call else channel.unary_stream
+            return make(f"/strata.v1.Generation/{method}", request_serializer=lambda b: b,
+                        response_deserializer=lambda b: b)
+
+        def field(number, payload):  # a length-delimited field (payloads under 128 bytes)
+            return bytes([number << 3 | 2, len(payload)]) + payload
+
+        bad = b"ok \xc3\x28"  # a lead byte followed by an ASCII byte
+        user_turn = lambda text: field(1, b"user") + field(2, text)  # noqa: E731
+        cases = [
+            ("Generate", field(1, bad), "prompt: must be valid UTF-8"),
+            ("Generate", field(1, b"x") + field(6, bad), "user: must be valid UTF-8"),
+            ("Generate", field(1, b"x") + field(3, field(10, b"ok") + field(10, bad)),
+             "sampling.stop[1]: must be valid UTF-8"),
+            ("Chat", field(1, user_turn(b"fine")) + field(1, user_turn(bad)),
+             "messages[1].content: must be valid UTF-8"),
+            ("Chat", field(2, b"s") + field(3, user_turn(bad)), "message.content: must be valid"),
+            ("Chat", field(2, bad) + field(3, user_turn(b"x")), "session_id: must be valid UTF-8"),
+            ("Generate", b"\x0a\xff\xff", "request: not a valid strata.v1.GenerateRequest"),
+        ]
+        for method, body, fragment in cases:
+            expect_error(raw(method), body, grpc.StatusCode.INVALID_ARGUMENT, fragment)
+        for method in ("Abort", "EndSession"):
+            expect_error(raw(method, unary_call=True), field(1, bad),
+                         grpc.StatusCode.INVALID_ARGUMENT, "_id: must be valid UTF-8")
+        # Valid requests over the same methods still work.
+        text, _, _ = collect(generate(pb.GenerateRequest(prompt="The capital of France is",
+                                                         sampling=greedy(3))))
+        assert text, text
+        assert not end_session(pb.EndSessionRequest(session_id="never-used")).existed
+
     def long_request():
         return pb.GenerateRequest(prompt="Count:", sampling=pb.SamplingParams(
             temperature=0, max_tokens=2000, ignore_eos=True))
@@ -509,6 +543,7 @@ def main():
           test_request_text_never_becomes_control_tokens)
     check("session chat reuses the conversation", test_session_chat_reuses_the_conversation)
     check("invalid requests name the field", test_invalid_requests_name_the_field)
+    check("invalid UTF-8 names the field", test_invalid_utf8_names_the_field)
     check("abort ends the stream", test_abort_ends_the_stream)
     check("disconnects and deadlines cancel requests", test_disconnects_and_deadlines_cancel_requests)
     check("32 concurrent clients", test_32_concurrent_clients)
