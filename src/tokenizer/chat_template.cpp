@@ -151,14 +151,15 @@ StatusOr<ChatPrompt> ChatTemplate::render(std::span<const ChatMessage> messages,
     if (!kwargs.is_object()) {
       return invalid_argument_error("chat_template_kwargs must be a JSON object");
     }
-    for (const auto& [key, value] : kwargs.items()) {
+    for (const auto& item : kwargs.items()) {
+      const std::string& key = item.key();
       // The request may not replace what the server passes (messages, bos_token, ...).
       const bool reserved = std::any_of(variables.begin(), variables.end(),
                                         [&](const auto& v) { return v.first == key; });
       if (reserved) {
         return invalid_argument_error("chat_template_kwargs cannot set '" + key + "'");
       }
-      variables.emplace_back(key, jinja::from_json(value, true));
+      variables.emplace_back(key, jinja::from_json(item.value(), true));
     }
   }
   STRATA_ASSIGN_OR_RETURN(

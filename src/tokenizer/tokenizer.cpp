@@ -119,8 +119,6 @@ std::vector<TokenId> Tokenizer::encode(const ChatPrompt& prompt) const {
   return encode_spans(prompt.text, /*add_bos=*/false, prompt.untrusted);
 }
 
-bool is_valid_utf8(std::string_view bytes) { return detail::is_valid_utf8(bytes); }
-
 std::vector<TokenId> Tokenizer::encode_spans(
     std::string_view text, bool add_bos,
     std::span<const std::pair<uint32_t, uint32_t>> untrusted) const {

@@ -1,61 +1,8 @@
 #include "utf8.h"
 
+#include "strata/common/utf8.h"
+
 namespace strata::tokenizer::detail {
-namespace {
-
-enum class SequenceStatus { kValid, kInvalid, kIncomplete };
-
-// Classifies the sequence starting at bytes[0] (bytes non-empty). *length is the sequence length
-// (kValid), the number of bytes forming the maximal invalid subpart (kInvalid, >= 1), or the bytes
-// available (kIncomplete).
-SequenceStatus classify_sequence(std::string_view bytes, size_t* length) {
-  const auto b0 = static_cast<uint8_t>(bytes[0]);
-  size_t num_continuation = 0;
-  uint8_t lo = 0x80;
-  uint8_t hi = 0xBF;
-  if (b0 < 0x80) {
-    *length = 1;
-    return SequenceStatus::kValid;
-  } else if (b0 >= 0xC2 && b0 <= 0xDF) {
-    num_continuation = 1;
-  } else if (b0 == 0xE0) {
-    num_continuation = 2;
-    lo = 0xA0;
-  } else if ((b0 >= 0xE1 && b0 <= 0xEC) || b0 == 0xEE || b0 == 0xEF) {
-    num_continuation = 2;
-  } else if (b0 == 0xED) {
-    num_continuation = 2;
-    hi = 0x9F;  // excludes surrogates
-  } else if (b0 == 0xF0) {
-    num_continuation = 3;
-    lo = 0x90;
-  } else if (b0 >= 0xF1 && b0 <= 0xF3) {
-    num_continuation = 3;
-  } else if (b0 == 0xF4) {
-    num_continuation = 3;
-    hi = 0x8F;  // <= U+10FFFF
-  } else {
-    *length = 1;
-    return SequenceStatus::kInvalid;
-  }
-  for (size_t k = 1; k <= num_continuation; ++k) {
-    if (k >= bytes.size()) {
-      *length = k;
-      return SequenceStatus::kIncomplete;
-    }
-    const auto c = static_cast<uint8_t>(bytes[k]);
-    if (c < lo || c > hi) {
-      *length = k;
-      return SequenceStatus::kInvalid;
-    }
-    lo = 0x80;
-    hi = 0xBF;
-  }
-  *length = num_continuation + 1;
-  return SequenceStatus::kValid;
-}
-
-}  // namespace
 
 bool is_unicode_whitespace(char32_t cp) {
   return (cp >= 0x09 && cp <= 0x0D) || cp == 0x20 || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
@@ -85,32 +32,18 @@ void append_utf8(char32_t cp, std::string* out) {
   }
 }
 
-bool is_valid_utf8(std::string_view bytes) {
-  size_t pos = 0;
-  while (pos < bytes.size()) {
-    if (static_cast<uint8_t>(bytes[pos]) < 0x80) {
-      ++pos;
-      continue;
-    }
-    size_t length = 0;
-    if (classify_sequence(bytes.substr(pos), &length) != SequenceStatus::kValid) return false;
-    pos += length;
-  }
-  return true;
-}
-
 size_t append_utf8_lossy(std::string_view bytes, bool final, std::string* out) {
   size_t pos = 0;
   while (pos < bytes.size()) {
     size_t length = 0;
-    switch (classify_sequence(bytes.substr(pos), &length)) {
-      case SequenceStatus::kValid:
+    switch (classify_utf8_sequence(bytes.substr(pos), &length)) {
+      case Utf8Sequence::kValid:
         out->append(bytes.substr(pos, length));
         break;
-      case SequenceStatus::kInvalid:
+      case Utf8Sequence::kInvalid:
         out->append(kReplacementChar);
         break;
-      case SequenceStatus::kIncomplete:
+      case Utf8Sequence::kIncomplete:
         if (!final) return pos;
         out->append(kReplacementChar);
         break;

@@ -7,6 +7,8 @@
 #include <string>
 #include <string_view>
 
+#include "strata/common/utf8.h"
+
 namespace strata::tokenizer::detail {
 
 // U+FFFD REPLACEMENT CHARACTER, UTF-8 encoded.
@@ -21,7 +23,7 @@ bool is_python_whitespace(char32_t cp);
 
 void append_utf8(char32_t cp, std::string* out);
 
-bool is_valid_utf8(std::string_view bytes);
+using ::strata::is_valid_utf8;
 
 // Appends `bytes` to `out` as valid UTF-8, replacing every maximal invalid subpart by U+FFFD
 // (Unicode "substitution of maximal subparts"). If `final` is false, a trailing sequence that is

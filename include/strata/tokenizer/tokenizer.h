@@ -26,9 +26,6 @@ namespace strata::tokenizer {
 // Index into the vocabulary: 0 <= id < Tokenizer::vocab_size().
 using TokenId = int32_t;
 
-// Whether `bytes` is well-formed UTF-8: no overlong forms, surrogates or code points past U+10FFFF.
-bool is_valid_utf8(std::string_view bytes);
-
 struct ChatPrompt;
 
 namespace detail {

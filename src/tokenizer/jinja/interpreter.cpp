@@ -198,10 +198,11 @@ class Interpreter {
           varargs.push_back(args.positional[k]);
         }
         auto kwargs = std::make_shared<Dict>();
-        for (const auto& [key, value] : args.keyword) {
-          const bool is_param = std::any_of(m->params.begin(), m->params.end(),
-                                            [&](const auto& p) { return p.first == key; });
-          if (!is_param) kwargs->set(key, value);
+        for (const auto& keyword : args.keyword) {
+          const bool is_param =
+              std::any_of(m->params.begin(), m->params.end(),
+                          [&](const auto& p) { return p.first == keyword.first; });
+          if (!is_param) kwargs->set(keyword.first, keyword.second);
         }
         scope->set("varargs", Value::list(std::move(varargs), true));
         scope->set("kwargs", Value::dict(std::move(kwargs)));

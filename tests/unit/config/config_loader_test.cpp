@@ -205,6 +205,9 @@ TEST(ConfigLoaderTest, ValidationErrorsNameTheKeyAndItsPosition) {
       {"block size 512", "kv_cache: {block_size_tokens: 512}\n", kInvalid,
        "kv_cache.block_size_tokens must be a power of two in [1, 256], got 512"},
       {"block size 1", "kv_cache: {block_size_tokens: 1}\n", kOk, ""},
+      // yaml-cpp passes such bytes through and writes them back as U+FFFD (found by config_fuzz).
+      {"invalid UTF-8", "kv_store:\n  ssd_dir: /a/\xff\n", kInvalid,
+       "t.yaml:4:15: not valid UTF-8"},
       {"block size 256", "kv_cache: {block_size_tokens: 256}\n", kOk, ""},
       {"fraction 0", "kv_cache: {gpu_memory_fraction: 0}\n", kInvalid,
        "kv_cache.gpu_memory_fraction must be in (0, 1], got 0"},
@@ -343,7 +346,10 @@ TEST(ConfigLoaderTest, MalformedYamlAndDocumentShape) {
       {"model:\n\tpath: x\n", "invalid YAML"},
       {"- a\n- b\n", "expected a map of sections"},
       {"just a string\n", "expected a map of sections"},
-      {"model: {path: m}\n---\nmodel: {path: n}\n", "expected one YAML document, found 2"},
+      {"model: {path: m}\n---\nmodel: {path: n}\n", "t.yaml:2:1: expected one YAML document"},
+      // yaml-cpp 0.7's LoadAll never returned on these (found by config_fuzz).
+      {",", "t.yaml:1:1: invalid YAML"},
+      {"model: {path: m}\n,\n", "invalid YAML"},
   };
   for (const auto& [text, part] : cases) {
     StatusOr<DeploymentConfig> loaded = parse_config(text, "t.yaml");
@@ -515,6 +521,8 @@ TEST(ConfigLoaderTest, OverridesSetOneKeyWithTheFileSpelling) {
 
   // Empty clears a string key; null clears an optional key; [] empties a list.
   ASSERT_TRUE(apply_override(config, "model.chat_template", "").ok());
+  EXPECT_EQ(apply_override(config, "kv_store.ssd_dir", "/a/\xff").message(),
+            "override is not valid UTF-8");
   EXPECT_EQ(config.model.chat_template, ChatTemplateFallback::kNone);
   ASSERT_TRUE(apply_override(config, "kv_cache.cache_bytes", "null").ok());
   EXPECT_FALSE(config.kv_cache.cache_bytes.has_value());
