@@ -4,9 +4,10 @@
 #   scripts/fuzz.sh smoke [SECONDS]       every target: its regression inputs once, then SECONDS
 #                                         (default 10) of fuzzing from the seeds; what the README's
 #                                         test command runs (ctest fuzz_smoke)
-#   scripts/fuzz.sh run SECONDS [TARGET]  long runs (all targets, or one), -jobs over the cores;
-#                                         each target's final stats go to
-#                                         docs/results/fuzz/TARGET.txt with the command
+#   scripts/fuzz.sh run RUNS [TARGET]     long runs (all targets, or one, one after the other on
+#                                         one core): RUNS executions each (at most 4 hours); the
+#                                         final stats go to docs/results/fuzz/TARGET.txt with the
+#                                         command
 #
 # The working corpus lives in build-fuzz/corpus/TARGET (seeded from fuzz/seeds/TARGET); a crash
 # or hang found is written to build-fuzz/findings/ and the run fails. Keep every fixed one as
@@ -14,8 +15,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
-mode=${1:?usage: scripts/fuzz.sh smoke [SECONDS] | run SECONDS [TARGET]}
-targets=(gguf safetensors tokenizer_json config openai_request grpc_request http_framing ssd_journal)
+mode=${1:?usage: scripts/fuzz.sh smoke [SECONDS] | run RUNS [TARGET]}
+targets=(http_framing grpc_request gguf safetensors openai_request tokenizer_json ssd_journal config)
 
 if [[ ! -f build-fuzz/build.ninja ]]; then
   cmake -S . -B build-fuzz -G Ninja -DSTRATA_FUZZ=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
@@ -61,14 +62,14 @@ case $mode in
     done
     ;;
   run)
-    seconds=${2:?run needs SECONDS}
+    runs=${2:?run needs RUNS}
     [[ -n ${3:-} ]] && targets=("$3")
     mkdir -p docs/results/fuzz
     for target in "${targets[@]}"; do
       binary=build-fuzz/fuzz/${target}_fuzz
       corpus=$(prepare_corpus "$target")
       log=build-fuzz/$target.run.log
-      command="$binary -max_total_time=$seconds -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 $corpus"
+      command="$binary -runs=$runs -max_total_time=14400 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 $corpus"
       start=$(date -u +%FT%TZ)
       status=0
       $command -artifact_prefix=build-fuzz/findings/"$target"- >"$log" 2>&1 || status=$?
@@ -76,7 +77,7 @@ case $mode in
         echo "# $target: libFuzzer, ASan + UBSan, clang $(clang -dumpversion), $(nproc) cores"
         echo "# started $start, commit $(git rev-parse --short HEAD), exit status $status"
         echo "# command (from the repository root, after scripts/fuzz.sh built build-fuzz/):"
-        echo "#   scripts/fuzz.sh run $seconds $target"
+        echo "#   scripts/fuzz.sh run $runs $target"
         echo "#   = $command"
         grep -E '^stat::|^#[0-9]+ *DONE|^Done [0-9]+ runs' "$log" || true
         echo "corpus_files: $(ls "$corpus" | wc -l)"

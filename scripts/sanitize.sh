@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Builds Strata with sanitizers and runs the CPU test suite under them (after scripts/bootstrap.sh).
+#
+#   scripts/sanitize.sh address [CTEST ARGS]   AddressSanitizer + UndefinedBehaviorSanitizer, the
+#                                              whole suite but fuzz_smoke (which has its own);
+#                                              build-asan/
+#   scripts/sanitize.sh thread [CTEST ARGS]    ThreadSanitizer, the engine, store, scheduler and
+#                                              server tests; build-tsan/
+#
+# Every report fails its test (halt_on_error). libtorch, gRPC and the other system libraries are
+# not instrumented: ASan sees their heap through its allocator, TSan their pthread calls only
+# (see scripts/tsan.supp for what it cannot see through, each with its reason). Results:
+# docs/results/sanitizers.md.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+kind=${1:?usage: scripts/sanitize.sh address|thread [ctest args]}
+shift
+export PATH="/usr/local/cuda/bin:$PATH"
+case $kind in
+  address)
+    dir=build-asan
+    flags="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
+    export ASAN_OPTIONS=abort_on_error=1:detect_leaks=1:detect_stack_use_after_return=1
+    export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+    select=(-LE fuzz)
+    ;;
+  thread)
+    dir=build-tsan
+    flags="-fsanitize=thread -fno-omit-frame-pointer"
+    export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$(pwd)/scripts/tsan.supp"
+    select=(-R "engine|store|scheduler|server|session|kv_cache|block_pool|restore")
+    ;;
+  *) echo "unknown sanitizer $kind" >&2; exit 2 ;;
+esac
+if [[ ! -f $dir/build.ninja ]]; then
+  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g $flags" \
+    -DCMAKE_EXE_LINKER_FLAGS="$flags" -DCMAKE_SHARED_LINKER_FLAGS="$flags"
+fi
+cmake --build "$dir" -j"$(nproc)"
+cd "$dir"
+ctest --output-on-failure -j"$(nproc)" "${select[@]}" "$@"
