@@ -14,8 +14,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   strata::v1::ChatRequest chat;
   if (strata::server::parse_request(wire, chat).ok()) {
     for (const auto& m : chat.messages()) {
-      if (!strata::is_valid_utf8(m.content()) ||
-          !strata::is_valid_utf8(m.role())) {
+      if (!strata::is_valid_utf8(m.content()) || !strata::is_valid_utf8(m.role())) {
         std::abort();
       }
     }

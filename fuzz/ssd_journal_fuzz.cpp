@@ -3,9 +3,9 @@
 // a real tier: run with STRATA_FUZZ_WRITE_SEED=FILE (scripts/fuzz.sh does).
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>

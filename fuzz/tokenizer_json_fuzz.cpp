@@ -10,7 +10,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto tokenizer =
       strata::tokenizer::Tokenizer::from_tokenizer_json(strata::fuzz::as_file(data, size));
   if (!tokenizer.ok()) return 0;
-  const auto ids = (*tokenizer)->encode("Hello, world! 123 h\xc3\xa9llo \xe4\xbd\xa0\xe5\xa5\xbd", true);
+  const auto ids =
+      (*tokenizer)->encode("Hello, world! 123 h\xc3\xa9llo \xe4\xbd\xa0\xe5\xa5\xbd", true);
   (void)(*tokenizer)->decode(ids, false);
   return 0;
 }

@@ -51,7 +51,6 @@ Utf8Sequence classify_utf8_sequence(std::string_view bytes, size_t* length) {
   return Utf8Sequence::kValid;
 }
 
-
 bool is_valid_utf8(std::string_view bytes) {
   size_t pos = 0;
   while (pos < bytes.size()) {

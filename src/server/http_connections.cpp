@@ -124,8 +124,8 @@ RequestFrame frame_request(std::string_view b, size_t max_header_bytes, size_t m
       const auto [p, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
       if (value.empty() || ec != std::errc() || p != value.data() + value.size() ||
           (content_length && *content_length != n)) {
-        frame.state = ec == std::errc::result_out_of_range ? Framing::kBodyTooLarge
-                                                           : Framing::kMalformed;
+        frame.state =
+            ec == std::errc::result_out_of_range ? Framing::kBodyTooLarge : Framing::kMalformed;
         return frame;
       }
       content_length = n;
@@ -248,11 +248,16 @@ void send_and_forget(int fd, const std::string& bytes) {
 
 const char* reason_phrase(int status) {
   switch (status) {
-    case 408: return "Request Timeout";
-    case 413: return "Payload Too Large";
-    case 431: return "Request Header Fields Too Large";
-    case 400: return "Bad Request";
-    default: return "Service Unavailable";
+    case 408:
+      return "Request Timeout";
+    case 413:
+      return "Payload Too Large";
+    case 431:
+      return "Request Header Fields Too Large";
+    case 400:
+      return "Bad Request";
+    default:
+      return "Service Unavailable";
   }
 }
 
@@ -274,8 +279,7 @@ class ConnectionGate {
   // Runs one buffered request on a pool thread; false: close the connection after it.
   using Serve = std::function<bool(httplib::Stream&, bool close_connection, bool& closed)>;
 
-  ConnectionGate(const ConnectionLimits& limits, GatedHttpServer::ErrorBody error_body,
-                 Serve serve)
+  ConnectionGate(const ConnectionLimits& limits, GatedHttpServer::ErrorBody error_body, Serve serve)
       : limits_(limits),
         error_body_(std::move(error_body)),
         serve_(std::move(serve)),
@@ -341,8 +345,8 @@ class ConnectionGate {
   std::string error_response(int status, std::string_view message) const {
     const std::string body = error_body_(status, message);
     return "HTTP/1.1 " + std::to_string(status) + " " + reason_phrase(status) +
-           "\r\nContent-Type: application/json\r\nContent-Length: " +
-           std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
+           "\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
+           "\r\nConnection: close\r\n\r\n" + body;
   }
 
   void refuse(int fd, int status, std::string_view message) {
@@ -440,13 +444,16 @@ class ConnectionGate {
                         std::chrono::milliseconds(1000 * f.body_bytes / rate);
         }
         return;
-      case Framing::kMalformed: return drop(c, 400, "malformed HTTP request framing");
+      case Framing::kMalformed:
+        return drop(c, 400, "malformed HTTP request framing");
       case Framing::kHeaderTooLarge:
-        return drop(c, 431, "The request header exceeds the limit of " +
-                                std::to_string(limits_.max_header_bytes) + " bytes");
+        return drop(c, 431,
+                    "The request header exceeds the limit of " +
+                        std::to_string(limits_.max_header_bytes) + " bytes");
       case Framing::kBodyTooLarge:
-        return drop(c, 413, "The request body exceeds the limit of " +
-                                std::to_string(limits_.max_body_bytes) + " bytes");
+        return drop(c, 413,
+                    "The request body exceeds the limit of " +
+                        std::to_string(limits_.max_body_bytes) + " bytes");
     }
   }
 
@@ -527,8 +534,8 @@ class ConnectionGate {
         continue;
       }
       c->header_done = false;
-      c->deadline = Clock::now() + (c->buffer.empty() ? limits_.idle_timeout
-                                                      : limits_.header_timeout);
+      c->deadline =
+          Clock::now() + (c->buffer.empty() ? limits_.idle_timeout : limits_.header_timeout);
       hand_to_gate(std::move(c));
     }
   }

@@ -36,8 +36,8 @@ struct ConnectionLimits {
   size_t max_body_bytes = 8 << 20;     // larger: 413 (before the body is read)
   // Bytes buffered by all connections together; a read past it is answered 503.
   size_t max_buffered_bytes = 256 << 20;
-  int num_threads = 64;                // pool threads running requests
-  size_t max_requests_per_connection = 1000;  // then the connection is closed
+  int num_threads = 64;                            // pool threads running requests
+  size_t max_requests_per_connection = 1000;       // then the connection is closed
   std::chrono::milliseconds write_timeout{5'000};  // per blocked write to a client
 };
 
@@ -46,9 +46,9 @@ struct ConnectionLimits {
 enum class Framing { kIncomplete, kComplete, kMalformed, kHeaderTooLarge, kBodyTooLarge };
 struct RequestFrame {
   Framing state = Framing::kIncomplete;
-  size_t header_bytes = 0;   // through the blank line; 0 while the header is incomplete
-  size_t request_bytes = 0;  // the whole request; set when kComplete
-  size_t body_bytes = 0;     // Content-Length (0 if none or chunked)
+  size_t header_bytes = 0;        // through the blank line; 0 while the header is incomplete
+  size_t request_bytes = 0;       // the whole request; set when kComplete
+  size_t body_bytes = 0;          // Content-Length (0 if none or chunked)
   bool expects_continue = false;  // "Expect: 100-continue"
   size_t expect_line_begin = 0, expect_line_end = 0;  // that header line, CRLF included
 };
