@@ -15,7 +15,7 @@ namespace strata::server {
 
 // The first string field in `wire` (a serialized message of type `type`, nested messages
 // included) whose bytes are not valid UTF-8, as a path like "messages[1].content"; nullopt if
-// there is none or `wire` is not parseable (the full parse reports that).
+// there is none before the end or the first malformed byte.
 std::optional<std::string> find_invalid_utf8(std::string_view wire,
                                              const google::protobuf::Descriptor& type);
 
