@@ -123,6 +123,9 @@ def main():
     model_section = f"model:\n  path: {model}\n  weights: {args.weights}\n"
     sut_config = (f"{model_section}server:\n  grpc_port: {free_port()}\n"
                   f"  http_port: {free_port()}\n  shutdown_grace_seconds: 5\n"
+                  # A pool of ~3,600 tokens (2,048-token contexts): conversations leave it
+                  # between turns and come back from the store's DRAM and SSD tiers.
+                  f"kv_cache:\n  cache_bytes: 160MiB\n  max_context_tokens: 2048\n"
                   f"kv_store:\n  dram_bytes: 48MiB\n  ssd_dir: {work}/kv\n  ssd_bytes: 1GiB\n"
                   f"  ssd_file_bytes: 256MiB\n")
     ref_config = (f"{model_section}server:\n  grpc_port: {free_port()}\n"
