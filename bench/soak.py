@@ -3,8 +3,10 @@
 cache-less reference server.
 
 For --minutes, --workers client threads pick, at random, one of:
-  session     a gRPC chat session of 2-5 turns (server-side history, KV from the store's tiers)
-  stateless   an HTTP chat whose client resends the growing conversation (prefix hits, tier loads)
+  session     one turn of a gRPC chat session (server-side history) of 2-6 turns
+  stateless   one turn of an HTTP chat whose client resends the growing conversation
+(up to 24 conversations of each kind stay open, so turns come back after other traffic pushed
+their KV out of the pool, and the store's DRAM and SSD tiers restore it)
   long        a gRPC Generate over a ~1,500-token document prefix
   cancel      a streamed request the client cancels after its first tokens (gRPC or HTTP)
   disconnect  an HTTP request whose client closes the socket mid-request, or sends it byte by byte
@@ -145,6 +147,9 @@ def main():
 
     chat, generate = stream(channel, "Chat", pb.ChatRequest), stream(channel, "Generate",
                                                                       pb.GenerateRequest)
+    end_session = channel.unary_unary("/strata.v1.Generation/EndSession",
+                                      request_serializer=pb.EndSessionRequest.SerializeToString,
+                                      response_deserializer=pb.EndSessionResponse.FromString)
     ref_chat, ref_generate = (stream(ref_channel, "Chat", pb.ChatRequest),
                               stream(ref_channel, "Generate", pb.GenerateRequest))
     greedy = pb.SamplingParams(temperature=0, max_tokens=MAX_TOKENS, logprobs=2)
@@ -217,30 +222,64 @@ def main():
     comparer = threading.Thread(target=compare_worker)
     comparer.start()
 
+    # Conversations stay open across scenarios: each call takes one turn of a random open one (or
+    # opens one), so a conversation comes back after other traffic pushed its KV out of the pool
+    # and the store must restore it. One turn of a conversation at a time.
+    open_conversations = {"session": [], "stateless": []}
+    conversations_lock = threading.Lock()
+
+    def next_conversation(kind, r):
+        with conversations_lock:
+            idle = [c for c in open_conversations[kind] if not c["busy"]]
+            if idle and (r.random() < 0.8 or len(open_conversations[kind]) >= 24):
+                conv = r.choice(idle)
+            else:
+                conv = {"id": f"soak-{r.getrandbits(64):x}", "turns": [], "busy": False,
+                        "left": r.randint(2, 6)}
+                open_conversations[kind].append(conv)
+            conv["busy"] = True
+            return conv
+
+    def release(kind, conv):
+        with conversations_lock:
+            conv["busy"] = False
+            conv["left"] -= 1
+            if conv["left"] == 0:
+                open_conversations[kind].remove(conv)
+                return True
+        return False
+
     def session(r):
-        sid = f"soak-{r.getrandbits(64):x}"
-        history = []
-        for _ in range(r.randint(2, 5)):
+        conv = next_conversation("session", r)
+        try:
             text = r.choice(user_turns)
             served, _, reply = collect(chat(pb.ChatRequest(
-                session_id=sid, message=pb.ChatMessage(role="user", content=text),
+                session_id=conv["id"], message=pb.ChatMessage(role="user", content=text),
                 sampling=greedy), timeout=600))
-            history.append(pb.ChatMessage(role="user", content=text))
-            checks.put(("session", reference_chat, pb.ChatRequest(messages=list(history),
-                                                                  sampling=greedy), served))
-            history.append(pb.ChatMessage(role="assistant", content=reply))
+            conv["turns"].append(pb.ChatMessage(role="user", content=text))
+            checks.put(("session", reference_chat,
+                        pb.ChatRequest(messages=list(conv["turns"]), sampling=greedy), served))
+            conv["turns"].append(pb.ChatMessage(role="assistant", content=reply))
             stats.count("session_turns")
+        finally:
+            if release("session", conv):
+                end_session(pb.EndSessionRequest(session_id=conv["id"]), timeout=60)
 
     def stateless(r):
-        messages = []
-        for _ in range(r.randint(2, 4)):
-            messages.append({"role": "user", "content": r.choice(user_turns)})
-            body = {"messages": list(messages), "temperature": 0,
+        conv = next_conversation("stateless", r)
+        try:
+            conv["turns"].append({"role": "user", "content": r.choice(user_turns)})
+            body = {"messages": list(conv["turns"]), "temperature": 0,
                     "max_tokens": MAX_TOKENS, "logprobs": True, "top_logprobs": 2}
             served, _, content = http_chat(sut_http, body)
             checks.put(("stateless", reference_http, body, served))
-            messages.append({"role": "assistant", "content": content})
+            conv["turns"].append({"role": "assistant", "content": content})
             stats.count("stateless_turns")
+        except Exception:
+            conv["turns"].pop()  # the turn did not happen
+            raise
+        finally:
+            release("stateless", conv)
 
     def long_prompt(r):
         doc = r.choice(documents)
