@@ -33,10 +33,15 @@ SsdOptions options(const std::string& dir) {
   return o;
 }
 
+// A directory of this process in memory (/dev/shm) where there is one, removed at exit.
 const std::string& work_dir() {
   static const std::string dir = [] {
-    const std::string d = "/dev/shm/strata-journal-fuzz-" + std::to_string(getpid());
+    const std::filesystem::path base = std::filesystem::exists("/dev/shm")
+                                           ? std::filesystem::path("/dev/shm")
+                                           : std::filesystem::temp_directory_path();
+    const std::string d = (base / ("strata-journal-fuzz-" + std::to_string(getpid()))).string();
     std::filesystem::create_directories(d);
+    std::atexit([] { std::filesystem::remove_all(work_dir()); });
     return d;
   }();
   return dir;
