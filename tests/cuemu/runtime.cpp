@@ -88,9 +88,15 @@ struct WarpState {
   std::vector<PendingCollective> pending;
 };
 
-// Fiber stacks, reused across blocks and launches.
+// Fiber stacks, reused across blocks and launches; freed with the pool (every fiber has ended).
 class StackPool {
  public:
+  StackPool() = default;
+  StackPool(const StackPool&) = delete;
+  StackPool& operator=(const StackPool&) = delete;
+  ~StackPool() {
+    for (void* base : free_) std::free(base);
+  }
   ctx::stack_context allocate() {
     if (free_.empty()) {
       void* base = std::malloc(kFiberStackBytes);
