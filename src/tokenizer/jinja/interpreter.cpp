@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <unordered_map>
+#include <utility>
 
 #include "ast.h"
 #include "builtins.h"
@@ -178,15 +179,28 @@ class Interpreter {
     return Value::undefined(name);
   }
 
+  // The scopes a macro or caller() sees, held weakly: the macro is stored in them, and a strong
+  // reference would make a cycle that outlives the render (a leak per rendered prompt). The
+  // interpreter holds them for as long as anything can call the macro.
+  using ScopeRefs = std::vector<std::weak_ptr<Dict>>;
+  static std::vector<std::shared_ptr<Dict>> lock(const ScopeRefs& refs) {
+    std::vector<std::shared_ptr<Dict>> scopes;
+    for (const auto& ref : refs) {
+      scopes.push_back(ref.lock());
+      if (!scopes.back()) throw TemplateError("a macro was called after its template ended");
+    }
+    return scopes;
+  }
+
   // A macro as a callable; `call_block` is the {% call %} statement whose body `caller()` renders.
   Value make_macro(const Stmt& macro, const Stmt* call_block) {
-    std::shared_ptr<Dict> globals = scopes_[0];
-    std::shared_ptr<Dict> root = scopes_[1];
+    const ScopeRefs definition{scopes_[0], scopes_[1]};  // globals and the template's root
     const Stmt* m = &macro;
-    return Value::callable(macro.text, [this, m, call_block, globals, root](Args& args) {
+    return Value::callable(macro.text, [this, m, call_block, definition](Args& args) {
       auto scope = std::make_shared<Dict>();
-      std::vector<std::shared_ptr<Dict>> saved = std::move(scopes_);
-      scopes_ = {globals, root, scope};
+      std::vector<std::shared_ptr<Dict>> scopes = lock(definition);
+      scopes.push_back(scope);
+      std::vector<std::shared_ptr<Dict>> saved = std::exchange(scopes_, std::move(scopes));
       try {
         List varargs;
         for (size_t k = 0; k < m->params.size(); ++k) {
@@ -206,7 +220,9 @@ class Interpreter {
         }
         scope->set("varargs", Value::list(std::move(varargs), true));
         scope->set("kwargs", Value::dict(std::move(kwargs)));
-        if (call_block) scope->set("caller", make_caller(*call_block, saved));
+        if (call_block) {
+          scope->set("caller", make_caller(*call_block, ScopeRefs(saved.begin(), saved.end())));
+        }
         TString out;
         render(m->body, &out);
         scopes_ = std::move(saved);
@@ -219,7 +235,7 @@ class Interpreter {
   }
 
   // caller() of a {% call %} block: renders its body in the scopes where the call was written.
-  Value make_caller(const Stmt& call_block, std::vector<std::shared_ptr<Dict>> call_scopes) {
+  Value make_caller(const Stmt& call_block, ScopeRefs call_scopes) {
     const Stmt* c = &call_block;
     return Value::callable("caller", [this, c, call_scopes](Args& args) {
       auto scope = std::make_shared<Dict>();
@@ -227,9 +243,9 @@ class Interpreter {
         Value v = args.take(k, c->params[k].first);
         scope->set(c->params[k].first, v);
       }
-      std::vector<std::shared_ptr<Dict>> saved = std::move(scopes_);
-      scopes_ = call_scopes;
-      scopes_.push_back(scope);
+      std::vector<std::shared_ptr<Dict>> scopes = lock(call_scopes);
+      scopes.push_back(scope);
+      std::vector<std::shared_ptr<Dict>> saved = std::exchange(scopes_, std::move(scopes));
       TString out;
       try {
         render(c->body, &out);
