@@ -224,7 +224,7 @@ TEST_F(ToolResponseTest, StreamReleasesHeldTextThatWasNoCall) {
   std::string content;
   for (const char* piece : {"{\"answer\"", ": 42}"}) {
     for (const std::string& chunk : b.stream_chunks(delta(piece))) {
-      const Json& d = Json::parse(chunk)["choices"][0]["delta"];
+      const Json d = Json::parse(chunk)["choices"][0]["delta"];
       EXPECT_TRUE(!d.contains("content") || d.contains("role")) << "held back: " << chunk;
     }
   }
