@@ -71,11 +71,12 @@ case $mode in
       log=build-fuzz/$target.run.log
       command="$binary -runs=$runs -max_total_time=14400 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 $corpus"
       start=$(date -u +%FT%TZ)
+      commit=$(git rev-parse --short HEAD)
       status=0
       $command -artifact_prefix=build-fuzz/findings/"$target"- >"$log" 2>&1 || status=$?
       {
         echo "# $target: libFuzzer, ASan + UBSan, clang $(clang -dumpversion), $(nproc) cores"
-        echo "# started $start, commit $(git rev-parse --short HEAD), exit status $status"
+        echo "# started $start, commit $commit, exit status $status"
         echo "# command (from the repository root, after scripts/fuzz.sh built build-fuzz/):"
         echo "#   scripts/fuzz.sh run $runs $target"
         echo "#   = $command"
