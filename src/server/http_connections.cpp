@@ -573,6 +573,16 @@ GatedHttpServer::GatedHttpServer(const ConnectionLimits& limits, ErrorBody error
 
 GatedHttpServer::~GatedHttpServer() { gate_->stop(); }
 
+int GatedHttpServer::bind(const std::string& host, int port) {
+  if (port == 0) {
+    port = bind_to_any_port(host);
+  } else if (!bind_to_port(host, port)) {
+    port = 0;
+  }
+  if (port > 0 && ::listen(svr_sock_, SOMAXCONN) != 0) return 0;
+  return std::max(port, 0);
+}
+
 bool GatedHttpServer::process_and_close_socket(socket_t sock) {
   gate_->admit(sock);
   return true;

@@ -69,6 +69,11 @@ class GatedHttpServer : public httplib::Server {
   GatedHttpServer(const ConnectionLimits& limits, ErrorBody error_body);
   ~GatedHttpServer() override;
 
+  // Binds `host`:`port` (0: a free port) and returns the port, or 0 if it cannot. Listens with a
+  // backlog of SOMAXCONN instead of httplib's 5, so a burst of new connections waits in the
+  // kernel's queue rather than being dropped and retried on the clients' SYN timers (1 s, 3 s...).
+  int bind(const std::string& host, int port);
+
  private:
   // Called by httplib's accept loop for each new connection (on the accept thread).
   bool process_and_close_socket(socket_t sock) override;

@@ -590,11 +590,7 @@ StatusOr<std::unique_ptr<HttpServer>> HttpServer::start(
   impl->service->install(server);
 
   const std::string address = options.host + ":" + std::to_string(options.port);
-  if (options.port == 0) {
-    impl->port = server.bind_to_any_port(options.host);
-  } else if (server.bind_to_port(options.host, options.port)) {
-    impl->port = options.port;
-  }
+  impl->port = server.bind(options.host, options.port);
   if (impl->port <= 0) return Status(StatusCode::kUnavailable, "HTTP: cannot listen on " + address);
 
   impl->listener = std::thread([&server, &exited = impl->listener_exited] {
