@@ -1,6 +1,7 @@
 // SSD tier recovery on an arbitrary journal: open() replays it into an index and compacts it, and
 // the tier it gives back serves only values whose checksums hold. The seed journal is written by
 // a real tier: run with STRATA_FUZZ_WRITE_SEED=FILE (scripts/fuzz.sh does).
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -86,6 +87,7 @@ void write_seed(const char* path) {
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  spdlog::set_level(spdlog::level::off);  // recovery logs what it skips: once per input here
   if (const char* seed = std::getenv("STRATA_FUZZ_WRITE_SEED")) {
     write_seed(seed);
     std::exit(0);
