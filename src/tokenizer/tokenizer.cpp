@@ -41,6 +41,14 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::from_spec(detail::TokenizerSpec 
   }
   if (spec.spm) num_ids = std::max<int64_t>(num_ids, std::ssize(spec.spm->pieces));
   if (num_ids == 0) return invalid_argument_error("empty vocabulary" + where);
+  // Tables are sized by the largest id: ids far past the number of tokens (found by fuzzing: one
+  // id of 444,444,444 asked for 14 GB) are a corrupt file, not a vocabulary.
+  const int64_t num_tokens = std::ssize(spec.bpe.vocab) + std::ssize(spec.added_tokens) +
+                             (spec.spm ? std::ssize(spec.spm->pieces) : 0);
+  if (num_ids > 2 * num_tokens + 1024) {
+    return invalid_argument_error("token ids up to " + std::to_string(num_ids - 1) + " for " +
+                                  std::to_string(num_tokens) + " tokens" + where);
+  }
 
   std::unique_ptr<Tokenizer> tokenizer(new Tokenizer());
   Tokenizer& t = *tokenizer;
