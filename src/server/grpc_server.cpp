@@ -141,7 +141,9 @@ class GenerationService final : public pb::Generation::Service {
     read_requests_from_wire_bytes();
   }
 
-  grpc::Status Generate(grpc::ServerContext* context, const pb::GenerateRequest* request,
+  // The methods below are routed by read_requests_from_wire_bytes(), not overrides of the
+  // generated service's (which would parse the request with gRPC's own error).
+  grpc::Status generate(grpc::ServerContext* context, const pb::GenerateRequest* request,
                         Writer* writer) {
     std::string tenant;
     if (grpc::Status auth = authorize(context, &tenant); !auth.ok()) return auth;
@@ -170,7 +172,7 @@ class GenerationService final : public pb::Generation::Service {
     return stream(context, std::move(r), tenant, "", writer, &unused);
   }
 
-  grpc::Status Chat(grpc::ServerContext* context, const pb::ChatRequest* request,
+  grpc::Status chat(grpc::ServerContext* context, const pb::ChatRequest* request,
                     Writer* writer) {
     std::string tenant;
     if (grpc::Status auth = authorize(context, &tenant); !auth.ok()) return auth;
@@ -240,8 +242,8 @@ class GenerationService final : public pb::Generation::Service {
     return status;
   }
 
-  grpc::Status EndSession(grpc::ServerContext* context, const pb::EndSessionRequest* request,
-                          pb::EndSessionResponse* response) {
+  grpc::Status end_session(grpc::ServerContext* context, const pb::EndSessionRequest* request,
+                           pb::EndSessionResponse* response) {
     std::string tenant;
     if (grpc::Status auth = authorize(context, &tenant); !auth.ok()) return auth;
     const std::string key = session_key(tenant, request->session_id());
@@ -255,8 +257,8 @@ class GenerationService final : public pb::Generation::Service {
     cancel_deadline_.store(deadline.time_since_epoch().count());
   }
 
-  grpc::Status Abort(grpc::ServerContext* context, const pb::AbortRequest* request,
-                     pb::AbortResponse* response) {
+  grpc::Status abort_request(grpc::ServerContext* context, const pb::AbortRequest* request,
+                             pb::AbortResponse* response) {
     std::string tenant;
     if (grpc::Status auth = authorize(context, &tenant); !auth.ok()) return auth;
     // Another tenant's request, one that ended and one that never was look alike: not found.
@@ -288,38 +290,40 @@ class GenerationService final : public pb::Generation::Service {
   // The methods that take strings get their request as wire bytes (see grpc_requests.h), so a
   // field that is not UTF-8 is an INVALID_ARGUMENT naming it. Method indices follow the proto.
   void read_requests_from_wire_bytes() {
-    using grpc::ByteBuffer;
-    MarkMethodStreamed(0, new grpc::internal::SplitServerStreamingHandler<ByteBuffer, pb::GenerateResponse>(
-        [this](grpc::ServerContext* context,
-               grpc::ServerSplitStreamer<ByteBuffer, pb::GenerateResponse>* call) {
-          pb::GenerateRequest request;
-          if (grpc::Status read = read_request(*call, request); !read.ok()) return read;
-          return Generate(context, &request, call);
-        }));
-    MarkMethodStreamed(1, new grpc::internal::SplitServerStreamingHandler<ByteBuffer, pb::GenerateResponse>(
-        [this](grpc::ServerContext* context,
-               grpc::ServerSplitStreamer<ByteBuffer, pb::GenerateResponse>* call) {
-          pb::ChatRequest request;
-          if (grpc::Status read = read_request(*call, request); !read.ok()) return read;
-          return Chat(context, &request, call);
-        }));
-    route_unary<pb::EndSessionRequest, pb::EndSessionResponse>(2, &GenerationService::EndSession);
-    route_unary<pb::AbortRequest, pb::AbortResponse>(3, &GenerationService::Abort);
+    route_streaming<pb::GenerateRequest>(0, &GenerationService::generate);
+    route_streaming<pb::ChatRequest>(1, &GenerationService::chat);
+    route_unary<pb::EndSessionRequest, pb::EndSessionResponse>(2, &GenerationService::end_session);
+    route_unary<pb::AbortRequest, pb::AbortResponse>(3, &GenerationService::abort_request);
+  }
+
+  template <class Request>
+  void route_streaming(int index, grpc::Status (GenerationService::*method)(
+                                      grpc::ServerContext*, const Request*, Writer*)) {
+    using Call = grpc::ServerSplitStreamer<grpc::ByteBuffer, pb::GenerateResponse>;
+    MarkMethodStreamed(
+        index,
+        new grpc::internal::SplitServerStreamingHandler<grpc::ByteBuffer, pb::GenerateResponse>(
+            [this, method](grpc::ServerContext* context, Call* call) {
+              Request request;
+              if (grpc::Status read = read_request(*call, request); !read.ok()) return read;
+              return (this->*method)(context, &request, call);
+            }));
   }
 
   template <class Request, class Response>
-  void route_unary(int index, grpc::Status (GenerationService::*method)(grpc::ServerContext*,
-                                                                         const Request*, Response*)) {
-    MarkMethodStreamed(index, new grpc::internal::StreamedUnaryHandler<grpc::ByteBuffer, Response>(
-        [this, method](grpc::ServerContext* context,
-                       grpc::ServerUnaryStreamer<grpc::ByteBuffer, Response>* call) {
-          Request request;
-          if (grpc::Status read = read_request(*call, request); !read.ok()) return read;
-          Response response;
-          grpc::Status status = (this->*method)(context, &request, &response);
-          if (status.ok()) call->Write(response);
-          return status;
-        }));
+  void route_unary(int index, grpc::Status (GenerationService::*method)(
+                                  grpc::ServerContext*, const Request*, Response*)) {
+    using Call = grpc::ServerUnaryStreamer<grpc::ByteBuffer, Response>;
+    MarkMethodStreamed(
+        index, new grpc::internal::StreamedUnaryHandler<grpc::ByteBuffer, Response>(
+                   [this, method](grpc::ServerContext* context, Call* call) {
+                     Request request;
+                     if (grpc::Status read = read_request(*call, request); !read.ok()) return read;
+                     Response response;
+                     grpc::Status status = (this->*method)(context, &request, &response);
+                     if (status.ok()) call->Write(response);
+                     return status;
+                   }));
   }
 
   static grpc::Status read_request(grpc::internal::ReaderInterface<grpc::ByteBuffer>& call,
