@@ -1,6 +1,5 @@
 #include "strata/config/config_loader.h"
 
-#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <charconv>
@@ -14,6 +13,7 @@
 #include <vector>
 
 #include "strata/common/utf8.h"
+#include "yaml_text.h"
 
 namespace strata::config {
 namespace {
@@ -572,71 +572,16 @@ void emit_name(YAML::Emitter& out, std::string_view key, std::string_view name) 
   }
 }
 
-// Where each YAML document starts.
-class DocumentStarts final : public YAML::EventHandler {
- public:
-  std::vector<YAML::Mark> starts;
-  void OnDocumentStart(const YAML::Mark& mark) override { starts.push_back(mark); }
-  void OnDocumentEnd() override {}
-  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
-  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
-  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t,
-                const std::string&) override {}
-  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
-                       YAML::EmitterStyle::value) override {}
-  void OnSequenceEnd() override {}
-  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
-                  YAML::EmitterStyle::value) override {}
-  void OnMapEnd() override {}
-};
-
-// OK for a stream of at most one document. Counted here rather than with YAML::LoadAll, which in
-// yaml-cpp 0.7 never returns on some invalid input (a lone ',': jbeder/yaml-cpp#1040, fixed in
-// 0.8.x): its parser keeps reporting a document at the same position, which is an error here.
-Status expect_one_document(const Context& ctx, std::string_view text) {
-  std::istringstream stream{std::string(text)};
-  YAML::Parser parser(stream);
-  DocumentStarts documents;
-  while (parser.HandleNextDocument(documents)) {
-    const std::vector<YAML::Mark>& starts = documents.starts;
-    if (starts.size() < 2) continue;
-    if (starts[0].pos == starts[1].pos) return ctx.error(starts[1], "invalid YAML");
-    return ctx.error(starts[1], "expected one YAML document, found more");
-  }
-  return Status::ok_status();
-}
-
-// Where the first byte that is not part of valid UTF-8 is, if any.
-std::optional<YAML::Mark> first_invalid_utf8(std::string_view text) {
-  YAML::Mark mark;
-  mark.line = 0;
-  mark.column = 0;
-  for (size_t pos = 0; pos < text.size();) {
-    size_t length = 0;
-    if (classify_utf8_sequence(text.substr(pos), &length) != Utf8Sequence::kValid) return mark;
-    if (text[pos] == '\n') {
-      ++mark.line;
-      mark.column = 0;
-    } else {
-      ++mark.column;
-    }
-    pos += length;
-  }
-  return std::nullopt;
-}
-
 }  // namespace
 
 StatusOr<DeploymentConfig> parse_config(std::string_view yaml_text, std::string_view source_name) {
   Context ctx;
   ctx.source = std::string(source_name);
   DeploymentConfig config;
-  // YAML is Unicode text; yaml-cpp would pass invalid bytes through and write them back as U+FFFD.
-  if (const std::optional<YAML::Mark> bad = first_invalid_utf8(yaml_text)) {
-    return ctx.error(*bad, "not valid UTF-8");
-  }
   try {
-    STRATA_RETURN_IF_ERROR(expect_one_document(ctx, yaml_text));
+    if (const std::optional<YamlTextProblem> problem = check_yaml_text(yaml_text)) {
+      return ctx.error(problem->mark, problem->message);
+    }
     const YAML::Node doc = YAML::Load(std::string(yaml_text));
     if (doc.IsDefined()) STRATA_RETURN_IF_ERROR(read_document(ctx, doc, config));
   } catch (const YAML::Exception& e) {
