@@ -9,6 +9,7 @@
 
 #include "ast.h"
 #include "builtins.h"
+#include "strata/common/check.h"
 #include "strings.h"
 #include "template.h"
 
@@ -183,11 +184,11 @@ class Interpreter {
   // reference would make a cycle that outlives the render (a leak per rendered prompt). The
   // interpreter holds them for as long as anything can call the macro.
   using ScopeRefs = std::vector<std::weak_ptr<Dict>>;
-  static std::vector<std::shared_ptr<Dict>> lock(const ScopeRefs& refs) {
+  static std::vector<std::shared_ptr<Dict>> lock_scopes(const ScopeRefs& refs) {
     std::vector<std::shared_ptr<Dict>> scopes;
     for (const auto& ref : refs) {
       scopes.push_back(ref.lock());
-      if (!scopes.back()) throw TemplateError("a macro was called after its template ended");
+      STRATA_CHECK(scopes.back() != nullptr) << "a macro called after its render ended";
     }
     return scopes;
   }
@@ -198,7 +199,7 @@ class Interpreter {
     const Stmt* m = &macro;
     return Value::callable(macro.text, [this, m, call_block, definition](Args& args) {
       auto scope = std::make_shared<Dict>();
-      std::vector<std::shared_ptr<Dict>> scopes = lock(definition);
+      std::vector<std::shared_ptr<Dict>> scopes = lock_scopes(definition);
       scopes.push_back(scope);
       std::vector<std::shared_ptr<Dict>> saved = std::exchange(scopes_, std::move(scopes));
       try {
@@ -243,7 +244,7 @@ class Interpreter {
         Value v = args.take(k, c->params[k].first);
         scope->set(c->params[k].first, v);
       }
-      std::vector<std::shared_ptr<Dict>> scopes = lock(call_scopes);
+      std::vector<std::shared_ptr<Dict>> scopes = lock_scopes(call_scopes);
       scopes.push_back(scope);
       std::vector<std::shared_ptr<Dict>> saved = std::exchange(scopes_, std::move(scopes));
       TString out;
