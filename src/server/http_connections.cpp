@@ -44,11 +44,19 @@ std::string_view trim(std::string_view s) {
 }
 
 // The end of a chunked body that starts at `pos`: kComplete with request_bytes, or why not.
+// The gate frames a connection's buffer again at each read, so the walk is bounded: at most
+// kMaxChunks chunks and kMaxTrailer bytes of trailer fields (more is malformed).
 RequestFrame frame_chunked(std::string_view b, size_t pos, size_t max_body_bytes,
                            RequestFrame frame) {
   constexpr size_t kMaxLine = 1024;  // a chunk-size line or a trailer field
+  constexpr int kMaxChunks = 4096;
+  constexpr size_t kMaxTrailer = 16 * kMaxLine;
   size_t body = 0;
-  for (;;) {
+  for (int chunk = 0;; ++chunk) {
+    if (chunk == kMaxChunks) {
+      frame.state = Framing::kMalformed;
+      return frame;
+    }
     const size_t eol = b.find("\r\n", pos);
     if (eol == std::string_view::npos) {
       frame.state = b.size() - pos > kMaxLine ? Framing::kMalformed : Framing::kIncomplete;
@@ -80,8 +88,13 @@ RequestFrame frame_chunked(std::string_view b, size_t pos, size_t max_body_bytes
     pos += size + 2;
   }
   // Trailer fields, then a blank line.
+  const size_t trailer = pos;
   for (;;) {
     const size_t eol = b.find("\r\n", pos);
+    if (std::min(eol, b.size()) - trailer > kMaxTrailer) {
+      frame.state = Framing::kMalformed;
+      return frame;
+    }
     if (eol == std::string_view::npos) {
       frame.state = b.size() - pos > kMaxLine ? Framing::kMalformed : Framing::kIncomplete;
       return frame;

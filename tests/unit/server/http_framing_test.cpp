@@ -66,6 +66,25 @@ TEST(HttpFramingTest, RefusedFramings) {
             Framing::kMalformed);
 }
 
+TEST(HttpFramingTest, ChunkedFramingIsBounded) {
+  // The gate frames its buffer again at each read: more than 4,096 chunks or 16 KiB of trailer
+  // fields are refused rather than walked again and again.
+  const std::string head = "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n";
+  std::string chunks;
+  for (int i = 0; i < 4095; ++i) chunks += "0001\r\nx\r\n";
+  const auto with_room = [&](size_t max_body) {
+    return frame_request(head + chunks + "0\r\n\r\n", kMaxHeader, max_body).state;
+  };
+  EXPECT_EQ(with_room(1 << 20), Framing::kComplete);  // 4,095 chunks and the last one
+  chunks += "0001\r\nx\r\n";
+  EXPECT_EQ(with_room(1 << 20), Framing::kMalformed);
+  std::string trailers;
+  for (int i = 0; i < 20; ++i) trailers += "X-T: " + std::string(1000, 'a') + "\r\n";
+  EXPECT_EQ(frame(head + "0\r\n" + trailers).state, Framing::kMalformed);
+  const std::string four_trailers = trailers.substr(0, trailers.size() / 5);
+  EXPECT_EQ(frame(head + "0\r\n" + four_trailers + "\r\n").state, Framing::kComplete);
+}
+
 TEST(HttpFramingTest, Limits) {
   EXPECT_EQ(frame("GET / HTTP/1.1\r\nX: " + std::string(kMaxHeader, 'a')).state,
             Framing::kHeaderTooLarge);
