@@ -34,18 +34,23 @@ SsdOptions options(const std::string& dir) {
   return o;
 }
 
-// A directory of this process in memory (/dev/shm) where there is one, removed at exit.
+// A directory of this process in memory (/dev/shm) where there is one, removed at exit by the
+// destructor of the static that owns its name (an atexit handler registered while that static is
+// being built runs after it is destroyed).
 const std::string& work_dir() {
-  static const std::string dir = [] {
+  struct WorkDir {
+    std::string path;
+    ~WorkDir() { std::filesystem::remove_all(path); }
+  };
+  static const WorkDir dir = [] {
     const std::filesystem::path base = std::filesystem::exists("/dev/shm")
                                            ? std::filesystem::path("/dev/shm")
                                            : std::filesystem::temp_directory_path();
-    const std::string d = (base / ("strata-journal-fuzz-" + std::to_string(getpid()))).string();
-    std::filesystem::create_directories(d);
-    std::atexit([] { std::filesystem::remove_all(work_dir()); });
-    return d;
+    const std::string path = (base / ("strata-journal-fuzz-" + std::to_string(getpid()))).string();
+    std::filesystem::create_directories(path);
+    return WorkDir{path};  // built in place: no temporary whose destructor removes the directory
   }();
-  return dir;
+  return dir.path;
 }
 
 // Three items of two chunks, the second evicted, one with a session and a codec.

@@ -34,7 +34,8 @@ prepare_corpus() {  # target -> its working corpus directory
   mkdir -p "$corpus"
   [[ -d fuzz/seeds/$target ]] && cp -n fuzz/seeds/"$target"/* "$corpus"/ 2>/dev/null || true
   if [[ $target == config ]]; then cp -n configs/*.yaml "$corpus"/; fi
-  if [[ $target == ssd_journal && ! -f $corpus/seed-journal ]]; then
+  # Written afresh each time, so the seed writer runs as it does on a fresh clone.
+  if [[ $target == ssd_journal ]]; then
     STRATA_FUZZ_WRITE_SEED="$corpus/seed-journal" build-fuzz/fuzz/ssd_journal_fuzz
   fi
   echo "$corpus"
