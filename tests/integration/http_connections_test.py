@@ -16,6 +16,7 @@ import socket
 import sys
 import threading
 import time
+import weakref
 
 from harness import check, summary
 from http_server_test import FRANCE_IDS, Server
@@ -24,10 +25,14 @@ MAX_CONNECTIONS = 300
 HEADER_TIMEOUT_S = 10  # HttpServerOptions::header_timeout's default
 
 
+_unread = weakref.WeakKeyDictionary()  # socket -> bytes received past the last response read
+
+
 def read_response(sock, timeout=30.0):
-    """One HTTP/1.1 response from `sock`: (status, headers dict, body bytes); status 0 on EOF."""
+    """One HTTP/1.1 response from `sock`: (status, headers dict, body bytes); status 0 on EOF.
+    Bytes of the responses after it (pipelining) are kept for the next call on the socket."""
     sock.settimeout(timeout)
-    data = b""
+    data = _unread.pop(sock, b"")
     while b"\r\n\r\n" not in data:
         chunk = sock.recv(65536)
         if not chunk:
@@ -37,13 +42,17 @@ def read_response(sock, timeout=30.0):
     lines = head.decode().split("\r\n")
     status = int(lines[0].split()[1])
     headers = {k.strip().lower(): v.strip() for k, v in (l.split(":", 1) for l in lines[1:])}
-    length = int(headers.get("content-length", 0))
+    if "content-length" not in headers:
+        return status, headers, body
+    length = int(headers["content-length"])
     while len(body) < length:
         chunk = sock.recv(65536)
         if not chunk:
             break
         body += chunk
-    return status, headers, body
+    if len(body) > length:
+        _unread[sock] = body[length:]
+    return status, headers, body[:length]
 
 
 def completion_body(max_tokens=4):
