@@ -245,6 +245,10 @@ Status TorchExecutor::validate(const ForwardBatch& batch) const {
                                     " tokens exceed the context window of " +
                                     std::to_string(config_.max_context_tokens));
     }
+    if (chunk.observe_attention &&
+        (decodes_from_pages(chunk) || (chunk.layout && !chunk.layout->is_default()))) {
+      return invalid_argument_error(seq + ": attention is observed only on the pool's base pages");
+    }
     if (decodes_from_pages(chunk)) continue;  // reads and writes no pool block
     STRATA_RETURN_IF_ERROR(validate_formats(chunk));
     const int64_t num_tables = config_.num_layers * groups_of(chunk);
@@ -428,6 +432,20 @@ void TorchExecutor::observe_prompts(const ForwardBatch& batch, int64_t layer, co
   }
 }
 
+void TorchExecutor::observe_attention(const ForwardBatch& batch, int64_t layer, const at::Tensor& q,
+                                     double scale) {
+  int64_t row = 0;
+  for (const SequenceChunk& chunk : batch.chunks) {
+    const int64_t n = static_cast<int64_t>(chunk.tokens.size());
+    if (chunk.observe_attention) {
+      const int64_t end = chunk.start_position + n;
+      attention_observer_.observe(chunk.seq, layer, q.narrow(0, row, n),
+                                  pool_part(chunk, layer, end, 0), chunk.start_position, scale);
+    }
+    row += n;
+  }
+}
+
 StatusOr<ForwardResult> TorchExecutor::run(const ForwardBatch& batch) {
   c10::InferenceMode inference_mode;
   const int64_t num_seqs = static_cast<int64_t>(batch.chunks.size());
@@ -561,6 +579,8 @@ StatusOr<ForwardResult> TorchExecutor::run(const ForwardBatch& batch) {
 
   StagedSaves saves = stage_saves(batch);
 
+  const bool observes = std::any_of(batch.chunks.begin(), batch.chunks.end(),
+                                    [](const SequenceChunk& c) { return c.observe_attention; });
   at::Tensor x = embedding_.lookup(ids);  // [num_tokens, hidden]
   for (int64_t l = 0; l < num_layers; ++l) {
     const LayerWeights& w = layers_[l];
@@ -590,6 +610,7 @@ StatusOr<ForwardResult> TorchExecutor::run(const ForwardBatch& batch) {
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     }
     if (leankv_) observe_prompts(batch, l, q, scale);
+    if (observes) observe_attention(batch, l, q, scale);
     at::Tensor attn;  // [tokens, H, D]
     if (!lean_seqs.empty()) {
       attn = at::empty({num_tokens, num_heads, head_dim}, q.options());
@@ -632,6 +653,8 @@ StatusOr<ForwardResult> TorchExecutor::run(const ForwardBatch& batch) {
       if (compressed.ok()) result.compressed.push_back(chunk.seq);
     }
   }
+
+  if (observes) attention_observer_.after_pass();
 
   result.load_copy_seconds = result.load_seconds;
   if (loads.copies_end) {

@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "attention_observer.h"
 #include "kv_pool.h"
 #include "leankv_runtime.h"
 #include "linear_weight.h"
@@ -41,7 +42,10 @@ struct LayerWeights {
 class TorchExecutor final : public Executor {
  public:
   TorchExecutor(model::ModelConfig config, ExecutorOptions options)
-      : config_(std::move(config)), options_(options) {}
+      : config_(std::move(config)),
+        options_(options),
+        attention_observer_(static_cast<int32_t>(config_.num_layers),
+                            static_cast<int32_t>(config_.num_heads)) {}
 
   Status load(const model::ModelSource& source);
 
@@ -63,6 +67,10 @@ class TorchExecutor final : public Executor {
   void drop_preload(SeqId seq) override { read_buffers_.erase(seq); }
   void end_sequence(SeqId seq) override {
     if (leankv_) leankv_->end(seq);
+    attention_observer_.forget(seq);
+  }
+  std::optional<kv::krul::AttentionStats> take_attention_stats(SeqId seq) override {
+    return attention_observer_.take(seq);
   }
   LeanKvCounts leankv_counts() const override {
     return leankv_ ? leankv_->counts() : LeanKvCounts{};
@@ -181,6 +189,9 @@ class TorchExecutor final : public Executor {
   // LeanKV: layer `layer`'s queries q [num_tokens, H, D] of the chunks computing a prompt (from
   // position 0, under LeanKV) add to their keys' received attention.
   void observe_prompts(const ForwardBatch& batch, int64_t layer, const at::Tensor& q, double scale);
+  // Krul: layer `layer`'s queries q [num_tokens, H, D] of the chunks that observe attention go to
+  // the attention observer with their keys so far.
+  void observe_attention(const ForwardBatch& batch, int64_t layer, const at::Tensor& q, double scale);
 
   model::ModelConfig config_;
   ExecutorOptions options_;
@@ -202,6 +213,7 @@ class TorchExecutor final : public Executor {
   WeightReport weight_report_;
   kernels::KernelReport kernel_report_;  // each custom op's implementation (start-up self-check)
   std::optional<LeanKvRuntime> leankv_;  // when options_.leankv.enabled
+  AttentionObserver attention_observer_;  // Krul's statistics of the chunks that ask for them
 };
 
 }  // namespace strata::executor

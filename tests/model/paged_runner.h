@@ -24,6 +24,7 @@ class PagedRunner {
     LogitsMode logits = LogitsMode::kLast;
     kv::KvLayout layout = {};  // used when the step creates its sequence
     bool samples = true;       // the chunk ends at the sequence's last token (SequenceChunk)
+    bool observe_attention = false;  // Krul's statistics (SequenceChunk)
   };
 
   // Appends each step's tokens to its sequence (creating it on first use) and runs them in one
@@ -47,6 +48,7 @@ class PagedRunner {
       const int64_t start = kv_.num_computed_tokens(s.seq);
       batch.chunks.push_back(
           {s.seq, s.tokens, start, kv_.tables(s.seq), s.logits, &kv_.layout(s.seq), s.samples});
+      batch.chunks.back().observe_attention = s.observe_attention;
     }
     StatusOr<ForwardResult> result = executor_.forward(batch);
     if (result.ok()) {

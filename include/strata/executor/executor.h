@@ -20,6 +20,7 @@
 #include "strata/executor/executor_config.h"
 #include "strata/executor/forward_batch.h"
 #include "strata/kernels/kernel_selection.h"
+#include "strata/kv/krul_policy.h"
 #include "strata/kv/kv_types.h"
 #include "strata/model/model_config.h"
 
@@ -130,6 +131,10 @@ class Executor {
   // call when it finishes, is aborted or is preempted to recompute. A chunk at position 0 also
   // starts a sequence over.
   virtual void end_sequence(SeqId seq) = 0;
+  // Krul's attention statistics of a sequence whose chunks observed attention
+  // (SequenceChunk::observe_attention), every observed row reduced, since its last chunk at
+  // position 0 or its last take; nullopt if none was observed. The executor forgets them.
+  virtual std::optional<kv::krul::AttentionStats> take_attention_stats(SeqId seq) = 0;
   // LeanKV's tokens per tier and pages (zeros when LeanKV is off).
   virtual LeanKvCounts leankv_counts() const = 0;
   // LeanKV's free pages (0 when off), and the most its next decode step of `seq` may take (0 for

@@ -44,6 +44,9 @@ struct SequenceChunk {
   // false: the sequence's KV is not compressed (LeanKV) even where the executor runs LeanKV; read
   // from a sequence's chunk at position 0.
   bool compress_kv = true;
+  // Krul: the chunk's attention rows add to the sequence's attention statistics
+  // (Executor::take_attention_stats). Needs every layer on the base view, not LeanKV's pages.
+  bool observe_attention = false;
 };
 
 // KV of whole token blocks that a sequence of the batch loads instead of computing (from the KV

@@ -1,0 +1,50 @@
+// Krul's operations in libtorch (docs/krul.md): the attention statistics its selector reads and
+// MiniCache's cross-layer merge of a layer pair's KV. The CPU path and the reference of the CUDA
+// kernels. Any device.
+#pragma once
+
+#include <cstdint>
+#include <tuple>
+
+#include "strata/kv/krul_policy.h"
+
+namespace at {
+class Tensor;
+}
+
+namespace strata::kernels::aten {
+
+// Post-softmax attention of query rows at positions start, start+1, ... over the keys before
+// them (causal): q [r, num_heads, d] (after RoPE), k [end, num_kv_heads, d] with end >= start + r
+// (num_heads a multiple of num_kv_heads; query head g reads KV head g / (num_heads /
+// num_kv_heads)). Returns float32 [num_heads, r, end], zero beyond each row's position.
+at::Tensor krul_attention_rows(const at::Tensor& q, const at::Tensor& k, int64_t start,
+                               double scale);
+
+// Adds rows of every layer to the statistics: rows float32 [num_layers, num_heads, r, t] with row
+// i's context length lengths[i] (int64 [r], <= t; zeros beyond it). Per layer, the probability on
+// the first and the last max(1, floor(0.1 * length)) positions of each row (each position once)
+// goes to edge_mass, and for every pair of layers and head the squared distance of their rows to
+// squared (float64 Gram products: ||a - b||^2 = ||a||^2 + ||b||^2 - 2 a.b, clamped at 0).
+void krul_accumulate(const at::Tensor& rows, const at::Tensor& lengths,
+                     kv::krul::AttentionStats& stats);
+
+// MiniCache's merge of one pair's keys or values, a (the shallow layer) and b (the deep one), both
+// [n, num_kv_heads, d]: per (token, head) the magnitudes |a|, |b| and one direction, the SLERP of
+// a/|a| and b/|b| at t (t = 0 gives a's, 1 b's). Pairs whose angle, as a share of pi, is in the
+// top `retain` of the range over this tensor (> min + (1 - retain)(max - min)) keep both
+// vectors instead; retain = 0 keeps none. Returns
+//   direction  [n, num_kv_heads, d], a's dtype
+//   magnitude  [2, n, num_kv_heads] float32 (a's, b's)
+//   retained   [m] int64: token * num_kv_heads + head, ascending
+//   originals  [2, m, d] a's dtype (a's, b's vectors of the retained pairs)
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> krul_merge(const at::Tensor& a,
+                                                                      const at::Tensor& b, double t,
+                                                                      double retain);
+
+// Both layers back from a merge: a^ = |a| e, b^ = |b| e, retained pairs exact. Returns
+// [2, n, num_kv_heads, d] in the direction's dtype.
+at::Tensor krul_unmerge(const at::Tensor& direction, const at::Tensor& magnitude,
+                        const at::Tensor& retained, const at::Tensor& originals);
+
+}  // namespace strata::kernels::aten

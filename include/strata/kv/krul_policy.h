@@ -1,0 +1,116 @@
+// Krul's decisions for one conversation (Krul §4 and §6, docs/krul.md): which layers may share
+// one stored KV (the I-R detector), which pairs do (greedy disjoint pairing by attention
+// distance), and how a resumed turn splits each layer's history between recomputation and
+// loading (the pyramid plan). Pure functions over statistics the executor accumulates
+// (kernels/krul_ops.h); no tensors here.
+//
+// Layers are 0-based; a pair names its shallow (earlier) and deep layer. Positions are token
+// indices of the conversation's history, [0, tokens).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "strata/common/status.h"
+
+namespace strata::kv::krul {
+
+// Attention statistics of one conversation, summed over the query rows observed (prompt rows and
+// decode rows alike; the two paths add up because squared distances are sums over rows).
+//   edge_mass[l]        sum over rows and query heads of the probability layer l puts on the
+//                       first and the last 10% of the row's context (at least one token each)
+//   observed[l]         number of (row, query head) terms in edge_mass[l]
+//   squared[(i*L+j)*H+h] for i > j: sum over rows of ||A_i[h, r, :] - A_j[h, r, :]||^2
+struct AttentionStats {
+  int32_t num_layers = 0;
+  int32_t num_heads = 0;
+  std::vector<double> edge_mass;
+  std::vector<int64_t> observed;
+  std::vector<double> squared;
+
+  AttentionStats() = default;
+  AttentionStats(int32_t layers, int32_t heads);
+  double& squared_at(int32_t deep, int32_t shallow, int32_t head) {
+    return squared[(static_cast<size_t>(deep) * num_layers + shallow) * num_heads + head];
+  }
+  double squared_at(int32_t deep, int32_t shallow, int32_t head) const {
+    return squared[(static_cast<size_t>(deep) * num_layers + shallow) * num_heads + head];
+  }
+  // The mean share of a row's probability on its first and last 10%, in [0, 1] (0 unobserved).
+  double edge_share(int32_t layer) const;
+  // D_ij of the paper: the mean over heads of the per-head Euclidean distance (order-free).
+  double distance(int32_t a, int32_t b) const;
+  // Adds another accumulation of the same shape (the prompt's and the decode rows').
+  void add(const AttentionStats& other);
+};
+
+// The I-R (Initial-Recent) layers: edge_share >= gamma. Only they may be compressed; a layer
+// with no observed row is not I-R.
+std::vector<bool> initial_recent_layers(const AttentionStats& stats, double gamma);
+
+struct LayerPair {
+  int32_t shallow = 0;
+  int32_t deep = 0;
+  double distance = 0;
+};
+
+// Algorithm 1, lines 9-22: every pair of I-R layers (not only adjacent ones) in ascending
+// distance (ties: the shallower pair first), taken when neither layer is used yet, until the
+// used layers reach share * num_layers (share of ALL layers, as the algorithm's stopping test;
+// an odd target overshoots by one layer) or the candidates run out. The result is a matching.
+std::vector<LayerPair> select_pairs(const AttentionStats& stats, const std::vector<bool>& ir,
+                                    double share);
+
+// MiniCache's fixed strategy (the FKC baseline): adjacent pairs (l, l+1) from `first` up to
+// `last` (inclusive), e.g. 16..31 for a 32-layer model.
+std::vector<LayerPair> adjacent_pairs(int32_t first, int32_t last);
+
+// What a resumed turn costs per layer, in seconds, measured on this machine (RestoreCosts come
+// from a calibration run, docs/krul.md):
+//   recompute of t tokens in one layer   t * compute_per_token + t^2 * attention_per_token2
+//   load of t tokens of one layer        t * load_per_token
+//   load of t tokens of a merged pair    t * merged_load_per_token (both layers' data)
+struct RestoreCosts {
+  double compute_per_token = 0;
+  double attention_per_token2 = 0;
+  double load_per_token = 0;
+  double merged_load_per_token = 0;
+};
+
+// A plan: layer l recomputes tokens [0, boundary[l]) and loads [boundary[l], tokens). Recompute
+// of layer l needs layer l-1's hidden states of exactly those tokens, so boundaries never grow
+// with depth (Eq. 4). A pair (shallow, deep) stores one merged suffix from the deep layer's
+// boundary (the smaller) on; the shallow layer uses it beyond its own boundary.
+struct RestorePlan {
+  std::vector<int64_t> boundary;
+  double compute_seconds = 0;
+  double load_seconds = 0;
+};
+
+// INVALID_ARGUMENT unless boundaries are within [0, tokens], non-increasing with depth, one per
+// layer, and pairs are disjoint with shallow < deep < num_layers.
+Status validate_plan(const std::vector<int64_t>& boundary, int64_t tokens,
+                     const std::vector<LayerPair>& pairs);
+
+// The stream times of a plan under these costs.
+void time_plan(RestorePlan& plan, int64_t tokens, const std::vector<LayerPair>& pairs,
+               const RestoreCosts& costs);
+
+// The bubble-free plan: non-increasing boundaries on multiples of `granularity` tokens (the
+// last block may be partial) minimizing max(compute, load). Exact for the weighted sums
+// compute + lambda * load (a dynamic program over layers and boundaries), with lambda searched
+// for the crossing; the better of the two plans around it is returned.
+RestorePlan plan_restore(int64_t tokens, int32_t num_layers, const std::vector<LayerPair>& pairs,
+                         const RestoreCosts& costs, int64_t granularity);
+
+// The fixed-ratio plan (the PRE baseline, and Krul without sharing): every layer recomputes the
+// first round(ratio * tokens) tokens, on `granularity`.
+RestorePlan fixed_ratio_plan(int64_t tokens, int32_t num_layers, double ratio, int64_t granularity);
+
+// Bytes a plan stores, as a share of the full history's KV: unshared layers their suffix, a pair
+// one suffix (times merged_load_per_token / load_per_token of the costs given) from its deep
+// layer's boundary. The paper's model: (1 - r_c)(1 - P/N) at merged/plain = 1.
+double stored_fraction(const RestorePlan& plan, int64_t tokens, const std::vector<LayerPair>& pairs,
+                       const RestoreCosts& costs);
+
+}  // namespace strata::kv::krul

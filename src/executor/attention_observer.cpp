@@ -1,0 +1,90 @@
+#include "attention_observer.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "strata/common/check.h"
+#include "strata/kernels/krul_ops.h"
+
+namespace strata::executor {
+
+AttentionObserver::AttentionObserver(int32_t num_layers, int32_t num_heads)
+    : num_layers_(num_layers), num_heads_(num_heads) {}
+
+void AttentionObserver::observe(SeqId seq, int64_t layer, const at::Tensor& q, at::Tensor keys,
+                                int64_t start, double scale) {
+  if (start == 0 && layer == 0) states_.erase(seq);
+  auto [it, added] = states_.try_emplace(seq);
+  State& state = it->second;
+  if (added) state.stats = kv::krul::AttentionStats(num_layers_, num_heads_);
+  const int64_t n = q.size(0), end = start + n;
+  if (n == 1) {
+    // One decode row of this layer into the sequence's buffer.
+    if (!state.decode_rows.defined() || state.decode_rows.size(3) < end) {
+      const int64_t capacity =
+          std::max<int64_t>(end, state.decode_rows.defined() ? 2 * state.decode_rows.size(3) : 256);
+      state.decode_rows =
+          at::zeros({num_layers_, num_heads_, 1, capacity}, q.options().dtype(at::kFloat));
+    }
+    state.decode_rows[layer].narrow(2, 0, end).copy_(
+        kernels::aten::krul_attention_rows(q, keys, start, scale));
+    state.decode_length = end;
+    return;
+  }
+  if (layer == 0) state.prompt.push_back({{}, {}, start, 0, scale});
+  PromptChunk& chunk = state.prompt.back();
+  STRATA_CHECK(chunk.start == start && std::ssize(chunk.q) == layer)
+      << "attention of layer " << layer << " at " << start << " observed out of order";
+  chunk.q.push_back(q.clone());
+  chunk.keys.push_back(std::move(keys));
+}
+
+int64_t AttentionObserver::reduce_prompt(State& state, int64_t rows) {
+  int64_t done = 0;
+  while (done < rows && !state.prompt.empty()) {
+    PromptChunk& chunk = state.prompt.front();
+    const int64_t n = chunk.q.front().size(0);
+    const int64_t take = std::min({kRowBlock, rows - done, n - chunk.reduced});
+    const int64_t first = chunk.start + chunk.reduced;
+    std::vector<at::Tensor> layer_rows;
+    layer_rows.reserve(chunk.q.size());
+    for (size_t l = 0; l < chunk.q.size(); ++l) {
+      // rows [first, first + take) over the chunk's keys, zero beyond each row's position
+      layer_rows.push_back(kernels::aten::krul_attention_rows(
+          chunk.q[l].narrow(0, chunk.reduced, take), chunk.keys[l], first, chunk.scale));
+    }
+    const at::Tensor lengths = at::arange(first + 1, first + take + 1, at::kLong);
+    kernels::aten::krul_accumulate(at::stack(layer_rows), lengths, state.stats);
+    chunk.reduced += take;
+    done += take;
+    if (chunk.reduced == n) state.prompt.pop_front();
+  }
+  return done;
+}
+
+void AttentionObserver::after_pass() {
+  int64_t budget = kPromptRowsPerPass;
+  for (auto& [seq, state] : states_) {
+    if (state.decode_length > 0) {
+      const int64_t t = state.decode_length;
+      kernels::aten::krul_accumulate(state.decode_rows.narrow(3, 0, t), at::full({1}, t, at::kLong),
+                                     state.stats);
+      state.decode_length = 0;
+    }
+    if (budget > 0) budget -= reduce_prompt(state, budget);
+  }
+}
+
+std::optional<kv::krul::AttentionStats> AttentionObserver::take(SeqId seq) {
+  auto it = states_.find(seq);
+  if (it == states_.end()) return std::nullopt;
+  State& state = it->second;
+  while (!state.prompt.empty()) reduce_prompt(state, INT64_MAX);
+  std::optional<kv::krul::AttentionStats> stats = std::move(state.stats);
+  states_.erase(it);
+  return stats;
+}
+
+}  // namespace strata::executor

@@ -1,0 +1,76 @@
+// Krul's attention statistics in the executor (docs/krul.md; private to the executor): for each
+// sequence whose chunks ask for them (SequenceChunk::observe_attention), the per-layer I-R mass
+// and the per-head squared distances between every pair of layers' attention rows
+// (kv::krul::AttentionStats), without ever holding [heads, s, s] of one layer, let alone all.
+//
+// The two paths of the paper, split by rows (squared distances add up over rows):
+//   prompt rows   a chunk of n > 1 queries keeps copies of its queries [n, H, D] and of the keys
+//                 [end, Hkv, D] it attends to, per layer; after each pass at most
+//                 kPromptRowsPerPass of those rows are turned into attention rows of every
+//                 layer (blocks of kRowBlock rows: [layers, H, rows, end] at a time) and reduced.
+//                 The paper reduces them on CPU threads beside the GPU's decoding; a CPU engine has
+//                 no idle thread (the step thread is the only one that runs libtorch), so the
+//                 reduction is spread over the passes that follow, a bounded slice each.
+//   decode rows   a chunk of one query writes its row [H, t] of each layer into a buffer of the
+//                 sequence ([layers, H, 1, capacity], grown by doubling), reduced once the pass
+//                 has run every layer.
+// take() reduces whatever is pending and hands the statistics over.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include "strata/common/ids.h"
+#include "strata/kv/krul_policy.h"
+
+namespace strata::executor {
+
+class AttentionObserver {
+ public:
+  AttentionObserver(int32_t num_layers, int32_t num_heads);
+
+  // Layer `layer` of a chunk of `seq`: its queries q [n, H, D] at positions [start, start + n)
+  // and the layer's keys of positions [0, start + n) (after RoPE). A chunk at position 0 starts
+  // the sequence's statistics over.
+  void observe(SeqId seq, int64_t layer, const at::Tensor& q, at::Tensor keys, int64_t start,
+               double scale);
+  // After a pass: the decode rows it observed, and a slice of the pending prompt rows.
+  void after_pass();
+  // The sequence's statistics with every observed row reduced (nullopt if none was observed);
+  // the sequence is forgotten.
+  std::optional<kv::krul::AttentionStats> take(SeqId seq);
+  void forget(SeqId seq) { states_.erase(seq); }
+
+ private:
+  static constexpr int64_t kRowBlock = 16;  // prompt rows turned into attention rows at once
+  // Prompt rows reduced after each pass: 4 blocks (on SmolLM2 at 1K tokens, ~15 ms of a pass).
+  static constexpr int64_t kPromptRowsPerPass = 64;
+
+  struct PromptChunk {             // copies of one prefill chunk, per layer
+    std::vector<at::Tensor> q;     // [n, H, D]
+    std::vector<at::Tensor> keys;  // [start + n, Hkv, D]
+    int64_t start = 0;
+    int64_t reduced = 0;  // rows of the chunk already reduced
+    double scale = 1.0;
+  };
+  struct State {
+    kv::krul::AttentionStats stats;
+    std::deque<PromptChunk> prompt;
+    at::Tensor decode_rows;     // [layers, H, 1, capacity] float32
+    int64_t decode_length = 0;  // context length of the rows written this pass (0: none)
+  };
+
+  // Reduces up to `rows` pending prompt rows of a state; returns how many it reduced.
+  int64_t reduce_prompt(State& state, int64_t rows);
+
+  int32_t num_layers_;
+  int32_t num_heads_;
+  std::unordered_map<SeqId, State> states_;
+};
+
+}  // namespace strata::executor

@@ -1,0 +1,136 @@
+// Krul's attention statistics in the executor (src/executor/attention_observer.h) against HF
+// transformers' eager attention matrices on the default model (tests/reference/krul_reference.py):
+// the prompt observed over several chunks and reduced over the passes that follow, then one
+// decode row per step; the split result equals the offline one.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "paged_runner.h"
+#include "strata/executor/executor.h"
+#include "strata/kv/krul_policy.h"
+#include "strata/model/model_source.h"
+
+namespace strata::executor {
+namespace {
+
+using kv::krul::AttentionStats;
+
+class KrulExecutorTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    auto source = model::open_model_source(STRATA_TEST_MODEL);
+    ASSERT_TRUE(source.ok()) << source.status().to_string();
+    source_ = std::move(source).value().release();
+    auto executor = Executor::create(*source_, ExecutorOptions{});
+    ASSERT_TRUE(executor.ok()) << executor.status().to_string();
+    executor_ = std::move(executor).value().release();
+  }
+  static void TearDownTestSuite() {
+    delete executor_;
+    delete source_;
+  }
+
+  // Runs prompt (in chunks of `chunk` tokens) then the generated tokens one at a time, observing
+  // attention as asked; returns the statistics taken at the end.
+  std::optional<AttentionStats> run(SeqId seq, const std::vector<TokenId>& prompt,
+                                    const std::vector<TokenId>& generated, size_t chunk,
+                                    bool observe) {
+    testing::PagedRunner runner(*executor_);
+    for (size_t start = 0; start < prompt.size(); start += chunk) {
+      const size_t end = std::min(prompt.size(), start + chunk);
+      testing::PagedRunner::Step step{seq, {prompt.begin() + start, prompt.begin() + end}};
+      step.samples = end == prompt.size();
+      step.observe_attention = observe;
+      EXPECT_TRUE(runner.run({step}).ok());
+    }
+    for (TokenId t : generated) {
+      testing::PagedRunner::Step step{seq, {t}};
+      step.observe_attention = observe;
+      EXPECT_TRUE(runner.run({step}).ok());
+    }
+    return executor_->take_attention_stats(seq);
+  }
+
+  static model::ModelSource* source_;
+  static Executor* executor_;
+};
+
+model::ModelSource* KrulExecutorTest::source_ = nullptr;
+Executor* KrulExecutorTest::executor_ = nullptr;
+
+TEST_F(KrulExecutorTest, SplitStatisticsEqualHfAttentionMatrices) {
+  std::ifstream in(std::string(STRATA_TEST_DATA_DIR) + "/model/krul/reference.json");
+  ASSERT_TRUE(in.good()) << "missing reference; run the krul_reference fixture";
+  const nlohmann::json ref = nlohmann::json::parse(in);
+  const auto prompt = ref["prompt_ids"].get<std::vector<TokenId>>();
+  const auto generated = ref["generated_ids"].get<std::vector<TokenId>>();
+  ASSERT_GT(prompt.size(), 100u);
+  // Chunks of 48: several prompt chunks, each reduced over later passes.
+  std::optional<AttentionStats> stats = run(SeqId{1}, prompt, generated, 48, true);
+  ASSERT_TRUE(stats.has_value());
+  const int32_t layers = stats->num_layers, heads = stats->num_heads;
+  ASSERT_EQ(layers, 30);
+  ASSERT_EQ(heads, 9);
+  const int64_t rows = static_cast<int64_t>(prompt.size() + generated.size());
+  double worst_share = 0, worst_rel = 0;
+  for (int32_t i = 0; i < layers; ++i) {
+    EXPECT_EQ(stats->observed[i], rows * heads);
+    const double share = ref["edge_share"][i].get<double>();
+    worst_share = std::max(worst_share, std::abs(stats->edge_share(i) - share));
+    for (int32_t j = 0; j < i; ++j) {
+      for (int32_t h = 0; h < heads; ++h) {
+        const double want = ref["squared"][i][j][h].get<double>();
+        const double got = stats->squared_at(i, j, h);
+        worst_rel = std::max(worst_rel, std::abs(got - want) / std::max(want, 1e-6));
+      }
+    }
+  }
+  std::printf("max |edge share - HF| %.2e, max relative error of squared distances %.2e\n",
+              worst_share, worst_rel);
+  EXPECT_LT(worst_share, 1e-4);
+  EXPECT_LT(worst_rel, 1e-3);
+  // The same pairs as from HF's matrices.
+  AttentionStats want(layers, heads);
+  for (int32_t i = 0; i < layers; ++i) {
+    want.edge_mass[i] = ref["edge_share"][i].get<double>();
+    want.observed[i] = 1;
+    for (int32_t j = 0; j < i; ++j) {
+      for (int32_t h = 0; h < heads; ++h)
+        want.squared_at(i, j, h) = ref["squared"][i][j][h].get<double>();
+    }
+  }
+  const std::vector<bool> all(layers, true);
+  const auto a = kv::krul::select_pairs(*stats, all, 0.5),
+             b = kv::krul::select_pairs(want, all, 0.5);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t p = 0; p < a.size(); ++p) {
+    EXPECT_EQ(a[p].shallow, b[p].shallow);
+    EXPECT_EQ(a[p].deep, b[p].deep);
+  }
+}
+
+TEST_F(KrulExecutorTest, OnlyChunksThatAskAreObservedAndTakeForgets) {
+  const std::vector<TokenId> prompt = {1, 504, 3458, 282, 260, 1345, 30, 378, 314, 2133};
+  EXPECT_FALSE(run(SeqId{2}, prompt, {42, 43}, 4, false).has_value());
+  ASSERT_TRUE(run(SeqId{3}, prompt, {42, 43}, 4, true).has_value());
+  EXPECT_FALSE(executor_->take_attention_stats(SeqId{3}).has_value());
+}
+
+TEST_F(KrulExecutorTest, ObservationNeedsTheBasePages) {
+  testing::PagedRunner runner(*executor_);
+  testing::PagedRunner::Step step{SeqId{4}, {1, 2, 3, 4}};
+  step.layout.shared_with.assign(30, -1);
+  step.layout.shared_with[1] = 0;
+  step.observe_attention = true;
+  StatusOr<ForwardResult> result = runner.run({step});
+  ASSERT_FALSE(result.ok());
+  EXPECT_NE(result.status().message().find("base pages"), std::string::npos)
+      << result.status().to_string();
+}
+
+}  // namespace
+}  // namespace strata::executor

@@ -1,0 +1,155 @@
+// Krul's libtorch operations (kernels/krul_ops.h): attention rows, the split statistics against
+// an offline computation over whole attention matrices, and MiniCache's merge.
+#include "strata/kernels/krul_ops.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+namespace strata::kernels::aten {
+namespace {
+
+using kv::krul::AttentionStats;
+
+// The causal attention matrix of a whole sequence, plainly: [heads, s, s].
+at::Tensor full_attention(const at::Tensor& q, const at::Tensor& k, double scale) {
+  const int64_t s = q.size(0), heads = q.size(1), kv_heads = k.size(1);
+  const at::Tensor kr = k.repeat_interleave(heads / kv_heads, 1);  // [s, heads, d]
+  const at::Tensor logits = at::einsum("qhd,khd->hqk", {q, kr}).mul(scale);
+  const at::Tensor mask = at::ones({s, s}, at::kBool).triu(1);
+  return at::softmax(logits.masked_fill(mask, -INFINITY), -1);
+}
+
+TEST(KrulOpsTest, AttentionRowsAreTheCausalSoftmaxRows) {
+  at::manual_seed(1);
+  const at::Tensor q = at::randn({20, 6, 16}), k = at::randn({20, 2, 16});
+  const at::Tensor full = full_attention(q, k, 0.25);
+  const at::Tensor rows = krul_attention_rows(q.slice(0, 7, 12), k.slice(0, 0, 15), 7, 0.25);
+  ASSERT_EQ(rows.sizes(), (std::vector<int64_t>{6, 5, 15}));
+  EXPECT_TRUE(at::allclose(rows, full.slice(1, 7, 12).slice(2, 0, 15), 1e-5, 1e-6));
+  EXPECT_EQ(rows.slice(1, 0, 1).slice(2, 8, 15).abs().sum().item<float>(), 0.0f);
+}
+
+// Offline statistics from whole matrices A [layers, heads, s, s] (in double): what the split
+// accumulation must equal.
+AttentionStats offline(const at::Tensor& A) {
+  const int64_t layers = A.size(0), heads = A.size(1), s = A.size(2);
+  AttentionStats st(static_cast<int32_t>(layers), static_cast<int32_t>(heads));
+  const at::Tensor a = A.to(at::kDouble);
+  for (int64_t l = 0; l < layers; ++l) {
+    for (int64_t r = 0; r < s; ++r) {
+      const int64_t len = r + 1, e = std::max<int64_t>(1, len / 10);
+      for (int64_t c = 0; c < len; ++c) {
+        if (c < e || c >= len - e)
+          st.edge_mass[l] += a[l].select(1, r).select(1, c).sum().item<double>();
+      }
+    }
+    st.observed[l] = heads * s;
+    for (int64_t j = 0; j < l; ++j) {
+      for (int64_t h = 0; h < heads; ++h) {
+        st.squared_at(static_cast<int32_t>(l), static_cast<int32_t>(j), static_cast<int32_t>(h)) =
+            (a[l][h] - a[j][h]).pow(2).sum().item<double>();
+      }
+    }
+  }
+  return st;
+}
+
+TEST(KrulOpsTest, SplitStatisticsEqualTheOfflineComputation) {
+  at::manual_seed(2);
+  const int64_t layers = 5, heads = 4, kv_heads = 2, d = 8, s = 37, prompt = 23;
+  // Layers that resemble each other to various degrees, so distances differ and matter.
+  const at::Tensor base_q = at::randn({s, heads, d}), base_k = at::randn({s, kv_heads, d});
+  std::vector<at::Tensor> qs, ks, full;
+  for (int64_t l = 0; l < layers; ++l) {
+    const double noise = 0.2 * static_cast<double>(l);
+    qs.push_back(base_q + noise * at::randn({s, heads, d}));
+    ks.push_back(base_k + noise * at::randn({s, kv_heads, d}));
+    full.push_back(full_attention(qs.back(), ks.back(), 0.35));
+  }
+  const AttentionStats want = offline(at::stack(full));
+
+  // Prompt rows in blocks of 5, over the prompt's keys; then one decode row per step over the
+  // keys so far: the engine's two paths.
+  AttentionStats prefill(layers, heads), decode(layers, heads);
+  for (int64_t start = 0; start < prompt; start += 5) {
+    const int64_t r = std::min<int64_t>(5, prompt - start);
+    std::vector<at::Tensor> rows;
+    for (int64_t l = 0; l < layers; ++l) {
+      rows.push_back(krul_attention_rows(qs[l].slice(0, start, start + r),
+                                         ks[l].slice(0, 0, prompt), start, 0.35));
+    }
+    krul_accumulate(at::stack(rows), at::arange(start + 1, start + r + 1, at::kLong), prefill);
+  }
+  for (int64_t p = prompt; p < s; ++p) {
+    std::vector<at::Tensor> rows;
+    for (int64_t l = 0; l < layers; ++l) {
+      rows.push_back(
+          krul_attention_rows(qs[l].slice(0, p, p + 1), ks[l].slice(0, 0, p + 1), p, 0.35));
+    }
+    krul_accumulate(at::stack(rows), at::full({1}, p + 1, at::kLong), decode);
+  }
+  prefill.add(decode);
+  for (int32_t i = 0; i < layers; ++i) {
+    EXPECT_NEAR(prefill.edge_share(i), want.edge_share(i), 1e-6) << "layer " << i;
+    for (int32_t j = 0; j < i; ++j) {
+      for (int32_t h = 0; h < heads; ++h) {
+        const double w = want.squared_at(i, j, h);
+        EXPECT_NEAR(prefill.squared_at(i, j, h), w, 1e-4 * w + 1e-9)
+            << i << "," << j << " head " << h;
+      }
+    }
+  }
+  // The same pairs from both.
+  const std::vector<bool> all(layers, true);
+  const auto a = kv::krul::select_pairs(prefill, all, 0.8),
+             b = kv::krul::select_pairs(want, all, 0.8);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].shallow, b[i].shallow);
+    EXPECT_EQ(a[i].deep, b[i].deep);
+  }
+  // Nearer layers are nearer: the noise grows with depth.
+  EXPECT_LT(want.distance(1, 0), want.distance(4, 0));
+}
+
+TEST(KrulOpsTest, MergeKeepsMagnitudesAndRestoresRetainedPairsExactly) {
+  at::manual_seed(3);
+  const at::Tensor a = at::randn({50, 3, 32});
+  const at::Tensor b = a + 0.3 * at::randn({50, 3, 32});
+  {  // identical layers: lossless whatever t
+    auto [e, m, kept, orig] = krul_merge(a, a, 0.6, 0.0);
+    const at::Tensor back = krul_unmerge(e, m, kept, orig);
+    EXPECT_TRUE(at::allclose(back[0], a, 1e-4, 1e-5));
+    EXPECT_TRUE(at::allclose(back[1], a, 1e-4, 1e-5));
+    EXPECT_EQ(kept.numel(), 0);
+  }
+  auto [e, m, kept, orig] = krul_merge(a, b, 0.6, 0.05);
+  const at::Tensor back = krul_unmerge(e, m, kept, orig);
+  // magnitudes exact, directions shared
+  EXPECT_TRUE(at::allclose(at::linalg_vector_norm(back, 2, {-1}), at::stack({a, b}).norm(2, -1),
+                           1e-4, 1e-5));
+  // retained pairs: the farthest angles, restored bit for bit
+  ASSERT_GT(kept.numel(), 0);
+  ASSERT_LT(kept.numel(), 50 * 3);
+  const at::Tensor fa = a.reshape({-1, 32}), fb = b.reshape({-1, 32});
+  EXPECT_TRUE(at::equal(back[0].reshape({-1, 32}).index_select(0, kept), fa.index_select(0, kept)));
+  EXPECT_TRUE(at::equal(back[1].reshape({-1, 32}).index_select(0, kept), fb.index_select(0, kept)));
+  const at::Tensor angle = at::acos(at::cosine_similarity(fa, fb, 1).clamp(-1, 1));
+  const at::Tensor mask = at::zeros({150}, at::kBool).index_fill(0, kept, true);
+  EXPECT_GT(angle.masked_select(mask).min().item<float>(),
+            angle.masked_select(~mask).max().item<float>());
+  // the merge error is that of the angle: each restored vector sits between the two directions
+  const at::Tensor err_a = (back[0] - a).norm(2, -1) / a.norm(2, -1);
+  EXPECT_LT(err_a.max().item<float>(), 0.6f);
+  // t = 0: the shallow layer's direction, so it comes back exactly
+  auto [e0, m0, k0, o0] = krul_merge(a, b, 0.0, 0.0);
+  EXPECT_TRUE(at::allclose(krul_unmerge(e0, m0, k0, o0)[0], a, 1e-4, 1e-5));
+  // bf16 in, bf16 out
+  auto [eb, mb, kb, ob] = krul_merge(a.to(at::kBFloat16), b.to(at::kBFloat16), 0.6, 0.05);
+  EXPECT_EQ(krul_unmerge(eb, mb, kb, ob).scalar_type(), at::kBFloat16);
+}
+
+}  // namespace
+}  // namespace strata::kernels::aten
