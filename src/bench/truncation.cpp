@@ -5,71 +5,10 @@
 #include <string>
 #include <vector>
 
+#include "kv_experiment.h"
 #include "strata/executor/executor.h"
-#include "strata/kv/kv_cache_manager.h"
 
 namespace strata::bench {
-namespace {
-
-using Chunks = std::vector<std::vector<std::byte>>;
-
-class Experiment {
- public:
-  explicit Experiment(executor::Executor& executor)
-      : executor_(executor),
-        kv_(executor.kv_geometry(), executor.kv_format(), kv::PrefixCacheOptions{false, 0}),
-        block_(executor.kv_geometry().block_size_tokens) {}
-
-  int64_t block() const { return block_; }
-
-  Chunks chunks(int64_t n) const {
-    return Chunks(n, std::vector<std::byte>(executor_.kv_chunk_bytes()));
-  }
-
-  // Runs tokens [computed, computed + n) of `seq` with `loads`, saving token blocks
-  // [0, saved->size()) when `saved` is given; returns the logits of `mode`.
-  StatusOr<std::vector<float>> run(SeqId seq, int64_t n, executor::LogitsMode mode,
-                                   std::vector<executor::KvLoad> loads = {},
-                                   Chunks* saved = nullptr) {
-    STRATA_ASSIGN_OR_RETURN(kv::KvPlan plan, kv_.prepare({{seq, n}}));
-    executor::ForwardBatch batch;
-    kv_.commit(std::move(plan), &batch.copies);
-    const int64_t start = kv_.num_computed_tokens(seq);
-    const std::vector<TokenId>& t = kv_.tokens(seq);
-    batch.chunks.push_back({seq, std::vector<TokenId>(t.begin() + start, t.begin() + start + n),
-                            start, kv_.tables(seq), mode});
-    batch.loads = std::move(loads);
-    if (saved != nullptr) batch.saves.push_back(save_of(seq, 0, *saved));
-    STRATA_ASSIGN_OR_RETURN(executor::ForwardResult result, executor_.forward(batch));
-    if (result.saves_written) result.saves_written();
-    kv_.mark_computed(seq, n);
-    return std::move(result.logits);
-  }
-
-  static executor::KvSave save_of(SeqId seq, int64_t first_block, Chunks& destinations) {
-    executor::KvSave save{seq, first_block, {}};
-    for (auto& c : destinations) save.chunks.push_back(c.data());
-    return save;
-  }
-
-  kv::KvCacheManager& kv() { return kv_; }
-  executor::Executor& executor() { return executor_; }
-
- private:
-  executor::Executor& executor_;
-  kv::KvCacheManager kv_;
-  int64_t block_;
-};
-
-// -log p(target) of one row of logits, in double.
-double token_nll(const float* row, int64_t vocab, TokenId target) {
-  const float max = *std::max_element(row, row + vocab);
-  double sum = 0;
-  for (int64_t v = 0; v < vocab; ++v) sum += std::exp(static_cast<double>(row[v] - max));
-  return std::log(sum) + max - row[target];
-}
-
-}  // namespace
 
 StatusOr<TruncationResult> measure_truncation(executor::Executor& executor,
                                               std::span<const TokenId> text,

@@ -33,12 +33,13 @@ void AttentionObserver::observe(SeqId seq, int64_t layer, const at::Tensor& q, a
     state.decode_length = end;
     return;
   }
-  if (layer == 0) state.prompt.push_back({{}, {}, start, 0, scale});
+  if (layer == 0) state.prompt.push_back({{}, start, 0, scale});
   PromptChunk& chunk = state.prompt.back();
   STRATA_CHECK(chunk.start == start && std::ssize(chunk.q) == layer)
       << "attention of layer " << layer << " at " << start << " observed out of order";
   chunk.q.push_back(q.clone());
-  chunk.keys.push_back(std::move(keys));
+  if (std::ssize(state.keys) <= layer) state.keys.resize(static_cast<size_t>(layer) + 1);
+  state.keys[static_cast<size_t>(layer)] = std::move(keys);
 }
 
 int64_t AttentionObserver::reduce_prompt(State& state, int64_t rows) {
@@ -53,7 +54,8 @@ int64_t AttentionObserver::reduce_prompt(State& state, int64_t rows) {
     for (size_t l = 0; l < chunk.q.size(); ++l) {
       // rows [first, first + take) over the chunk's keys, zero beyond each row's position
       layer_rows.push_back(kernels::aten::krul_attention_rows(
-          chunk.q[l].narrow(0, chunk.reduced, take), chunk.keys[l], first, chunk.scale));
+          chunk.q[l].narrow(0, chunk.reduced, take), state.keys[l].narrow(0, 0, chunk.start + n),
+          first, chunk.scale));
     }
     const at::Tensor lengths = at::arange(first + 1, first + take + 1, at::kLong);
     kernels::aten::krul_accumulate(at::stack(layer_rows), lengths, state.stats);
@@ -61,6 +63,7 @@ int64_t AttentionObserver::reduce_prompt(State& state, int64_t rows) {
     done += take;
     if (chunk.reduced == n) state.prompt.pop_front();
   }
+  if (state.prompt.empty()) state.keys.clear();
   return done;
 }
 

@@ -5,7 +5,8 @@
 //
 // The two paths of the paper, split by rows (squared distances add up over rows):
 //   prompt rows   a chunk of n > 1 queries keeps copies of its queries [n, H, D] and of the keys
-//                 [end, Hkv, D] it attends to, per layer; after each pass at most
+//                 [end, Hkv, D] it attends to, per layer (one copy of the keys serves every
+//                 pending chunk); after each pass at most
 //                 kPromptRowsPerPass of those rows are turned into attention rows of every
 //                 layer (blocks of kRowBlock rows: [layers, H, rows, end] at a time) and reduced.
 //                 The paper reduces them on CPU threads beside the GPU's decoding; a CPU engine has
@@ -51,9 +52,8 @@ class AttentionObserver {
   // Prompt rows reduced after each pass: 4 blocks (on SmolLM2 at 1K tokens, ~15 ms of a pass).
   static constexpr int64_t kPromptRowsPerPass = 64;
 
-  struct PromptChunk {             // copies of one prefill chunk, per layer
-    std::vector<at::Tensor> q;     // [n, H, D]
-    std::vector<at::Tensor> keys;  // [start + n, Hkv, D]
+  struct PromptChunk {          // copies of one prefill chunk's queries, per layer
+    std::vector<at::Tensor> q;  // [n, H, D]
     int64_t start = 0;
     int64_t reduced = 0;  // rows of the chunk already reduced
     double scale = 1.0;
@@ -61,6 +61,9 @@ class AttentionObserver {
   struct State {
     kv::krul::AttentionStats stats;
     std::deque<PromptChunk> prompt;
+    // Per layer, the keys [0, end) of the latest prompt chunk: a prefix of them serves every
+    // earlier chunk still pending.
+    std::vector<at::Tensor> keys;
     at::Tensor decode_rows;     // [layers, H, 1, capacity] float32
     int64_t decode_length = 0;  // context length of the rows written this pass (0: none)
   };
