@@ -234,4 +234,30 @@ struct KvBlocksParams {
 void launch_pack_kv_blocks(const KvBlocksParams& params, cudaStream_t stream);
 void launch_unpack_kv_blocks(const KvBlocksParams& params, cudaStream_t stream);
 
+// ---------------------------------------------------------------------------------------------
+// Krul's decode-row statistics (docs/krul.md): kernels::aten::krul_accumulate's contract for one
+// decode row per layer of each sequence, accumulated in place.
+//   rows       [num_seqs, num_layers, num_heads, row_stride] float32: sequence s's post-softmax
+//              attention rows over positions [0, lengths[s]) (the rest is not read)
+//   lengths    [num_seqs] int64, 1 <= lengths[s] <= row_stride
+//   squared    [num_seqs, num_layers, num_layers, num_heads, 2] float32, compensated sums (the
+//              total is [..., 0] - [..., 1], Kahan's): for i > j,
+//              += sum_c (rows[s, i, h, c] - rows[s, j, h, c])^2 (other entries untouched)
+//   edge_mass  [num_seqs, num_layers, 2] float32, compensated: += the probability on each row's
+//              first and last max(1, floor(len / 10)) positions (each position once), summed
+//              over heads
+// One thread block per (sequence, layer pair and head) and per (sequence, layer).
+struct KrulRowsParams {
+  const float* rows = nullptr;
+  const int64_t* lengths = nullptr;
+  float* squared = nullptr;
+  float* edge_mass = nullptr;
+  int64_t num_seqs = 0;
+  int64_t num_layers = 0;
+  int64_t num_heads = 0;
+  int64_t row_stride = 0;
+};
+
+void launch_krul_accumulate_rows(const KrulRowsParams& params, cudaStream_t stream);
+
 }  // namespace strata::kernels
