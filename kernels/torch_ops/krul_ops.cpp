@@ -42,10 +42,13 @@ void krul_accumulate(const at::Tensor& rows, const at::Tensor& lengths,
     stats.edge_mass[static_cast<size_t>(l)] += m[l];
     stats.observed[static_cast<size_t>(l)] += heads * r;
   }
-  // Per head, the Gram matrix of the layers' flattened rows: [heads, layers, layers].
-  const at::Tensor flat =
-      rows.permute({1, 0, 2, 3}).reshape({heads, layers, r * t}).to(at::kDouble);
-  const at::Tensor gram = at::bmm(flat, flat.transpose(1, 2));
+  // Per head, the Gram matrix of the layers' flattened rows, [heads, layers, layers], in float32
+  // (BLAS: float64 was 25x slower on the CPU) over rows centred on their mean across layers:
+  // distances do not move, and the norms shrink to the scale of the distances, so
+  // ||a||^2 + ||b||^2 - 2 a.b cancels little.
+  at::Tensor flat = rows.permute({1, 0, 2, 3}).reshape({heads, layers, r * t}).to(at::kFloat);
+  flat = flat - flat.mean(1, /*keepdim=*/true);
+  const at::Tensor gram = at::bmm(flat, flat.transpose(1, 2)).to(at::kDouble);
   const at::Tensor norms = gram.diagonal(0, 1, 2);  // [heads, layers]
   const at::Tensor sq = at::clamp_min(norms.unsqueeze(2) + norms.unsqueeze(1) - 2 * gram, 0.0)
                             .permute({1, 2, 0})

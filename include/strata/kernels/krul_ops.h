@@ -25,7 +25,8 @@ at::Tensor krul_attention_rows(const at::Tensor& q, const at::Tensor& k, int64_t
 // i's context length lengths[i] (int64 [r], <= t; zeros beyond it). Per layer, the probability on
 // the first and the last max(1, floor(0.1 * length)) positions of each row (each position once)
 // goes to edge_mass, and for every pair of layers and head the squared distance of their rows to
-// squared (float64 Gram products: ||a - b||^2 = ||a||^2 + ||b||^2 - 2 a.b, clamped at 0).
+// squared (float32 Gram products of rows centred across layers, summed in float64:
+// ||a - b||^2 = ||a||^2 + ||b||^2 - 2 a.b, clamped at 0).
 void krul_accumulate(const at::Tensor& rows, const at::Tensor& lengths,
                      kv::krul::AttentionStats& stats);
 
