@@ -21,16 +21,15 @@ void AttentionObserver::observe(SeqId seq, int64_t layer, const at::Tensor& q, a
   if (added) state.stats = kv::krul::AttentionStats(num_layers_, num_heads_);
   const int64_t n = q.size(0), end = start + n;
   if (n == 1) {
-    // One decode row of this layer into the sequence's buffer.
-    if (!state.decode_rows.defined() || state.decode_rows.size(3) < end) {
-      const int64_t capacity =
-          std::max<int64_t>(end, state.decode_rows.defined() ? 2 * state.decode_rows.size(3) : 256);
-      state.decode_rows =
-          at::zeros({num_layers_, num_heads_, 1, capacity}, q.options().dtype(at::kFloat));
+    if (layer == 0) {
+      state.decode_q.clear();
+      state.decode_keys.clear();
     }
-    state.decode_rows[layer].narrow(2, 0, end).copy_(
-        kernels::aten::krul_attention_rows(q, keys, start, scale));
-    state.decode_length = end;
+    STRATA_CHECK(std::ssize(state.decode_q) == layer)
+        << "decode attention of layer " << layer << " observed out of order";
+    state.decode_q.push_back(q[0]);
+    state.decode_keys.push_back(std::move(keys));
+    state.decode_scale = scale;
     return;
   }
   if (layer == 0) state.prompt.push_back({{}, start, 0, scale});
@@ -70,12 +69,15 @@ int64_t AttentionObserver::reduce_prompt(State& state, int64_t rows) {
 void AttentionObserver::after_pass() {
   int64_t budget = kPromptRowsPerPass;
   for (auto& [seq, state] : states_) {
-    if (state.decode_length > 0) {
-      const int64_t t = state.decode_length;
-      kernels::aten::krul_accumulate(state.decode_rows.narrow(3, 0, t), at::full({1}, t, at::kLong),
-                                     state.stats);
-      state.decode_length = 0;
+    if (std::ssize(state.decode_q) == num_layers_) {
+      const int64_t t = state.decode_keys.front().size(0);
+      kernels::aten::krul_accumulate(
+          kernels::aten::krul_decode_rows(at::stack(state.decode_q), at::stack(state.decode_keys),
+                                          state.decode_scale),
+          at::full({1}, t, at::kLong), state.stats);
     }
+    state.decode_q.clear();
+    state.decode_keys.clear();
     if (budget > 0) budget -= reduce_prompt(state, budget);
   }
 }

@@ -12,9 +12,10 @@
 //                 The paper reduces them on CPU threads beside the GPU's decoding; a CPU engine has
 //                 no idle thread (the step thread is the only one that runs libtorch), so the
 //                 reduction is spread over the passes that follow, a bounded slice each.
-//   decode rows   a chunk of one query writes its row [H, t] of each layer into a buffer of the
-//                 sequence ([layers, H, 1, capacity], grown by doubling), reduced once the pass
-//                 has run every layer.
+//   decode rows   a chunk of one query keeps its query and keys of each layer; once the pass has
+//                 run every layer, the rows of all layers come from one batched product
+//                 (krul_decode_rows) and are reduced, then dropped. (On CUDA the reduction is the
+//                 kernel of kernels/krul/accumulate_rows.cu over a row buffer; not wired yet.)
 // take() reduces whatever is pending and hands the statistics over.
 #pragma once
 
@@ -64,8 +65,9 @@ class AttentionObserver {
     // Per layer, the keys [0, end) of the latest prompt chunk: a prefix of them serves every
     // earlier chunk still pending.
     std::vector<at::Tensor> keys;
-    at::Tensor decode_rows;     // [layers, H, 1, capacity] float32
-    int64_t decode_length = 0;  // context length of the rows written this pass (0: none)
+    // This pass's decode query [H, D] and keys [t, Hkv, D] of each layer observed so far.
+    std::vector<at::Tensor> decode_q, decode_keys;
+    double decode_scale = 1.0;
   };
 
   // Reduces up to `rows` pending prompt rows of a state; returns how many it reduced.
