@@ -75,9 +75,16 @@ void rotary_rows(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& s
 
 // Vector loops for the attention over one block of `rows` cached tokens ([rows, dim] floats,
 // contiguous), compiled for AVX-512, AVX2 and baseline x86-64 and picked at load time by the CPU
-// (target_clones); `omp simd` lets the sums reassociate into lanes.
+// (target_clones); `omp simd` lets the sums reassociate into lanes. ThreadSanitizer instruments
+// the ifunc resolvers target_clones generates, which run during relocation before its runtime
+// is up (every binary crashed at load): its builds keep the baseline version only.
+#if defined(__SANITIZE_THREAD__)
+#define STRATA_VECTOR_CLONES
+#else
+#define STRATA_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
 // scores[r] = scale * <q, k[r]>
-__attribute__((target_clones("avx512f", "avx2", "default"))) void block_scores(
+STRATA_VECTOR_CLONES void block_scores(
     const float* q, const float* k, int64_t rows, int64_t dim, float scale, float* scores) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* k_row = k + r * dim;
@@ -89,7 +96,7 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void block_scores(
 }
 
 // out += sum_r p[r] * v[r]
-__attribute__((target_clones("avx512f", "avx2", "default"))) void block_values(
+STRATA_VECTOR_CLONES void block_values(
     const float* p, const float* v, int64_t rows, int64_t dim, float* out) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* v_row = v + r * dim;
