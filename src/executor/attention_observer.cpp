@@ -19,7 +19,7 @@ void AttentionObserver::observe(SeqId seq, int64_t layer, const at::Tensor& q, a
   auto [it, added] = states_.try_emplace(seq);
   State& state = it->second;
   if (added) state.stats = kv::krul::AttentionStats(num_layers_, num_heads_);
-  const int64_t n = q.size(0), end = start + n;
+  const int64_t n = q.size(0);
   if (n == 1) {
     if (layer == 0) {
       state.decode_q.clear();
