@@ -149,7 +149,6 @@ StatusOr<KrulQualityResult> measure_krul_quality(executor::Executor& executor,
   minicache.resize(std::min(minicache.size(), krul.size()));
 
   // Scores the continuation after the history loaded from `chunks`.
-  const int64_t vocab = executor.config().vocab_size;
   std::vector<TokenId> all = history_ids;
   all.insert(all.end(), continuation.begin(), continuation.end());
   SeqId next{3};
@@ -161,18 +160,8 @@ StatusOr<KrulQualityResult> measure_krul_quality(executor::Executor& executor,
     std::vector<executor::KvLoad> loads(1);
     loads[0] = {seq, 0, {}, std::nullopt};
     for (const auto& c : chunks) loads[0].chunks.push_back(c.data());
-    // Row r of a pass starting at continuation token i predicts continuation token i + r + 1.
-    for (int64_t i = 0; i < eval - 1;) {
-      const int64_t m = std::min(o.eval_chunk_tokens, eval - 1 - i);
-      STRATA_ASSIGN_OR_RETURN(std::vector<float> logits,
-                              x.run(seq, m, executor::LogitsMode::kAll, std::move(loads)));
-      loads.clear();
-      for (int64_t r = 0; r < m; ++r) {
-        v.nll += token_nll(logits.data() + r * vocab, vocab,
-                           continuation[static_cast<size_t>(i + r + 1)]);
-      }
-      i += m;
-    }
+    STRATA_ASSIGN_OR_RETURN(
+        v.nll, x.score_continuation(seq, continuation, o.eval_chunk_tokens, std::move(loads)));
     x.kv().free(seq);
     v.perplexity = std::exp(v.nll / static_cast<double>(eval - 1));
     return Status();

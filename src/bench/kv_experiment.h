@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <span>
 #include <vector>
 
 #include "strata/executor/executor.h"
@@ -15,6 +16,14 @@
 namespace strata::bench {
 
 using Chunks = std::vector<std::vector<std::byte>>;
+
+// -log p(target) of one row of logits, in double.
+inline double token_nll(const float* row, int64_t vocab, TokenId target) {
+  const float max = *std::max_element(row, row + vocab);
+  double sum = 0;
+  for (int64_t v = 0; v < vocab; ++v) sum += std::exp(static_cast<double>(row[v] - max));
+  return std::log(sum) + max - row[target];
+}
 
 class Experiment {
  public:
@@ -51,6 +60,29 @@ class Experiment {
     return std::move(result.logits);
   }
 
+  // Summed -log p of continuation[1..] (its first token is not scored), the continuation's
+  // tokens being the next ones of `seq` (computed from its current end on): passes of at most
+  // chunk_tokens, the first with `loads`. Row r of a pass starting at continuation token i
+  // predicts continuation token i + r + 1.
+  StatusOr<double> score_continuation(SeqId seq, std::span<const TokenId> continuation,
+                                      int64_t chunk_tokens, std::vector<executor::KvLoad> loads) {
+    const int64_t vocab = executor_.config().vocab_size;
+    const int64_t eval = static_cast<int64_t>(continuation.size());
+    double nll = 0;
+    for (int64_t i = 0; i < eval - 1;) {
+      const int64_t n = std::min(chunk_tokens, eval - 1 - i);
+      STRATA_ASSIGN_OR_RETURN(std::vector<float> logits,
+                              run(seq, n, executor::LogitsMode::kAll, std::move(loads)));
+      loads.clear();
+      for (int64_t r = 0; r < n; ++r) {
+        nll += token_nll(logits.data() + r * vocab, vocab,
+                         continuation[static_cast<size_t>(i + r + 1)]);
+      }
+      i += n;
+    }
+    return nll;
+  }
+
   static executor::KvSave save_of(SeqId seq, int64_t first_block, Chunks& destinations) {
     executor::KvSave save{seq, first_block, {}};
     for (auto& c : destinations) save.chunks.push_back(c.data());
@@ -65,13 +97,5 @@ class Experiment {
   kv::KvCacheManager kv_;
   int64_t block_;
 };
-
-// -log p(target) of one row of logits, in double.
-inline double token_nll(const float* row, int64_t vocab, TokenId target) {
-  const float max = *std::max_element(row, row + vocab);
-  double sum = 0;
-  for (int64_t v = 0; v < vocab; ++v) sum += std::exp(static_cast<double>(row[v] - max));
-  return std::log(sum) + max - row[target];
-}
 
 }  // namespace strata::bench

@@ -72,7 +72,6 @@ StatusOr<TruncationResult> measure_truncation(executor::Executor& executor,
   x.kv().free(scratch);
 
   // Scores the continuation after the kept history, recomputed (no chunks) or loaded.
-  const int64_t vocab = executor.config().vocab_size;
   auto score = [&](SeqId seq, const Chunks* source) -> StatusOr<TruncationScore> {
     STRATA_RETURN_IF_ERROR(x.kv().add_sequence(seq, truncated, ""));
     std::vector<executor::KvLoad> loads;
@@ -85,17 +84,9 @@ StatusOr<TruncationResult> measure_truncation(executor::Executor& executor,
       STRATA_RETURN_IF_ERROR(x.run(seq, kept * b, executor::LogitsMode::kNone).status());
     }
     TruncationScore scores;
-    // Row r of a pass starting at continuation token i predicts continuation token i + r + 1.
-    for (int64_t i = 0; i < eval - 1;) {
-      const int64_t n = std::min(options.eval_chunk_tokens, eval - 1 - i);
-      STRATA_ASSIGN_OR_RETURN(std::vector<float> logits,
-                              x.run(seq, n, executor::LogitsMode::kAll, std::move(loads)));
-      loads.clear();
-      for (int64_t r = 0; r < n; ++r) {
-        scores.nll += token_nll(logits.data() + r * vocab, vocab, continuation[i + r + 1]);
-      }
-      i += n;
-    }
+    STRATA_ASSIGN_OR_RETURN(scores.nll, x.score_continuation(seq, continuation,
+                                                             options.eval_chunk_tokens,
+                                                             std::move(loads)));
     x.kv().free(seq);
     scores.perplexity = std::exp(scores.nll / static_cast<double>(eval - 1));
     return scores;
