@@ -47,7 +47,13 @@ void krul_accumulate(const at::Tensor& rows, const at::Tensor& lengths,
   const at::Tensor edge = at::clamp_min(at::floor_divide(len, 10), 1);
   const at::Tensor pos = at::arange(t, len.options());
   const at::Tensor mask = ((pos < edge) | ((pos >= len - edge) & (pos < len))).to(at::kFloat);
-  const at::Tensor mass = (rows * mask).sum({1, 2, 3}).to(at::kDouble).cpu();  // [layers]
+  // [layers * heads, r * t] x [r * t]: a matrix-vector product, no temporary of the rows' size
+  const at::Tensor mass =
+      at::mv(rows.to(at::kFloat).reshape({layers * heads, r * t}), mask.reshape({-1}))
+          .reshape({layers, heads})
+          .sum(1)
+          .to(at::kDouble)
+          .cpu();  // [layers]
   const double* m = mass.data_ptr<double>();
   for (int64_t l = 0; l < layers; ++l) {
     stats.edge_mass[static_cast<size_t>(l)] += m[l];
