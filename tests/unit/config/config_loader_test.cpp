@@ -208,6 +208,8 @@ TEST(ConfigLoaderTest, ValidationErrorsNameTheKeyAndItsPosition) {
       // yaml-cpp passes such bytes through and writes them back as U+FFFD (found by config_fuzz).
       {"invalid UTF-8", "kv_store:\n  ssd_dir: /a/\xff\n", kInvalid,
        "t.yaml:4:15: not valid UTF-8"},
+      {"raw control character", "kv_store:\n  ssd_dir: /a/\x13" "b\n", kInvalid,
+       "t.yaml:4:15: control character U+0013 is not allowed in YAML"},
       {"block size 256", "kv_cache: {block_size_tokens: 256}\n", kOk, ""},
       {"fraction 0", "kv_cache: {gpu_memory_fraction: 0}\n", kInvalid,
        "kv_cache.gpu_memory_fraction must be in (0, 1], got 0"},
