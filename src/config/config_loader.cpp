@@ -419,6 +419,18 @@ Status read_kv_store(Context& ctx, const YAML::Node& node, KvStoreSection& out) 
   STRATA_RETURN_IF_ERROR(
       m.get("adaptcache_half_life_seconds", into(ctx, out.adaptcache.half_life_seconds)));
   STRATA_RETURN_IF_ERROR(m.get("adaptcache_profile", into(ctx, out.adaptcache.profile)));
+  STRATA_RETURN_IF_ERROR(m.get("remote_address", into(ctx, out.remote.address)));
+  STRATA_RETURN_IF_ERROR(m.get("remote_username", into(ctx, out.remote.username)));
+  STRATA_RETURN_IF_ERROR(m.get("remote_password_env", into(ctx, out.remote.password_env)));
+  STRATA_RETURN_IF_ERROR(m.get("remote_database", into(ctx, out.remote.database)));
+  STRATA_RETURN_IF_ERROR(m.get("remote_bytes", bytes_into(out.remote.bytes)));
+  STRATA_RETURN_IF_ERROR(m.get("remote_max_item_bytes", bytes_into(out.remote.max_item_bytes)));
+  STRATA_RETURN_IF_ERROR(m.get("remote_timeout_ms", into(ctx, out.remote.timeout_ms)));
+  STRATA_RETURN_IF_ERROR(m.get("remote_retry_ms", into(ctx, out.remote.retry_ms)));
+  STRATA_RETURN_IF_ERROR(m.get("remote_ttl_seconds", into(ctx, out.remote.ttl_seconds)));
+  STRATA_RETURN_IF_ERROR(m.get("remote_codec", [&](const YAML::Node& n, const std::string& k) {
+    return read_enum(ctx, n, k, {CodecKind::kIdentity, CodecKind::kZstd}, out.remote.codec);
+  }));
   return m.get("read_buffer_layers", into(ctx, out.read_buffer_layers));
 }
 

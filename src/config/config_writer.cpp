@@ -98,6 +98,16 @@ std::string to_yaml(const DeploymentConfig& config) {
   emit_plain(out, "adaptcache_alpha", format_double(store.adaptcache.alpha));
   emit_plain(out, "adaptcache_half_life_seconds", format_double(store.adaptcache.half_life_seconds));
   emit_string(out, "adaptcache_profile", store.adaptcache.profile);
+  emit_string(out, "remote_address", store.remote.address);
+  emit_string(out, "remote_username", store.remote.username);
+  emit_string(out, "remote_password_env", store.remote.password_env);
+  emit_plain(out, "remote_database", std::to_string(store.remote.database));
+  emit_plain(out, "remote_bytes", format_byte_size(store.remote.bytes));
+  emit_plain(out, "remote_max_item_bytes", format_byte_size(store.remote.max_item_bytes));
+  emit_plain(out, "remote_timeout_ms", std::to_string(store.remote.timeout_ms));
+  emit_plain(out, "remote_retry_ms", std::to_string(store.remote.retry_ms));
+  emit_plain(out, "remote_ttl_seconds", std::to_string(store.remote.ttl_seconds));
+  emit_name(out, "remote_codec", config_name(store.remote.codec));
   out << YAML::EndMap;
 
   const LeanKvSection& lean = config.leankv;

@@ -1,5 +1,6 @@
 #include "strata/config/deployment_config.h"
 
+#include <cctype>
 #include <array>
 #include <charconv>
 #include <cmath>
@@ -217,6 +218,59 @@ const KeyCheck<KvStoreSection> kKvStoreKeys[] = {
                                      format_number(k.adaptcache.half_life_seconds));
      }},
     {"kv_store.adaptcache_profile", nullptr},
+    {"kv_store.remote_address",
+     [](const KvStoreSection& k) {
+       const std::string& a = k.remote.address;
+       const bool unix_socket = a.starts_with("unix:") && a.size() > 5;
+       const size_t colon = a.rfind(':');
+       if (a.empty() || (!has_control(a) && (unix_socket || (colon != std::string::npos &&
+                                                              colon > 0 && colon + 1 < a.size())))) {
+         return Status();
+       }
+       return invalid_argument_error("kv_store.remote_address must be host:port or unix:/path, got '" +
+                                     (has_control(a) ? std::string("(control characters)") : a) +
+                                     "'");
+     }},
+    {"kv_store.remote_username",
+     [](const KvStoreSection& k) {
+       if (!has_control(k.remote.username)) return Status();
+       return invalid_argument_error("kv_store.remote_username must not contain control characters");
+     }},
+    {"kv_store.remote_password_env",
+     [](const KvStoreSection& k) {
+       for (char c : k.remote.password_env) {
+         if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_')) {
+           return invalid_argument_error(
+               "kv_store.remote_password_env must be an environment variable's name ([A-Za-z0-9_])");
+         }
+       }
+       return Status();
+     }},
+    {"kv_store.remote_database",
+     [](const KvStoreSection& k) {
+       return in_range("kv_store.remote_database", k.remote.database, 0, 1 << 20);
+     }},
+    {"kv_store.remote_bytes",
+     [](const KvStoreSection& k) {
+       return bytes_at_least("kv_store.remote_bytes", k.remote.bytes, int64_t{1} << 20);
+     }},
+    {"kv_store.remote_max_item_bytes",
+     [](const KvStoreSection& k) {
+       return bytes_at_least("kv_store.remote_max_item_bytes", k.remote.max_item_bytes, int64_t{1} << 20);
+     }},
+    {"kv_store.remote_timeout_ms",
+     [](const KvStoreSection& k) {
+       return in_range("kv_store.remote_timeout_ms", k.remote.timeout_ms, 1, 60000);
+     }},
+    {"kv_store.remote_retry_ms",
+     [](const KvStoreSection& k) {
+       return in_range("kv_store.remote_retry_ms", k.remote.retry_ms, 0, 600000);
+     }},
+    {"kv_store.remote_ttl_seconds",
+     [](const KvStoreSection& k) {
+       return at_least("kv_store.remote_ttl_seconds", k.remote.ttl_seconds, 0);
+     }},
+    {"kv_store.remote_codec", nullptr},
 };
 
 Status valid_bits(std::string_view key, int32_t bits) {
@@ -425,6 +479,11 @@ Status KvStoreSection::validate() const {
     return invalid_argument_error("kv_store.ssd_bytes is " + format_byte_size(ssd_bytes) +
                                   " but kv_store.ssd_dir is not set; set kv_store.ssd_dir, or "
                                   "kv_store.ssd_bytes to 0 for no SSD tier");
+  }
+  if (remote.enabled() && adaptcache.enabled) {
+    return invalid_argument_error(
+        "kv_store.remote_address: AdaptCache does not place conversations in the remote tier yet; "
+        "set kv_store.adaptcache to false or kv_store.remote_address to \"\"");
   }
   return Status();
 }

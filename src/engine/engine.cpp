@@ -246,6 +246,12 @@ StatusOr<std::vector<std::shared_ptr<RequestStream>>> Engine::submit_parallel(
                                   std::to_string(config.max_context_tokens) +
                                   " to be scored (it would be truncated)");
   }
+  if (restore_) {
+    // What another replica stored for this conversation, read here on the caller's thread.
+    restore_->look_up_shared(request.prompt_token_ids,
+                             {request.tenant, request.session,
+                              request.sampling.prompt_logprobs.has_value()});
+  }
   std::vector<std::shared_ptr<RequestStream>> streams;
   {
     std::scoped_lock lock(mutex_);

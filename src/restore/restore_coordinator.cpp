@@ -120,6 +120,12 @@ kv::ChunkHash RestoreCoordinator::root(const std::string& tenant) const {
                          tenant);
 }
 
+void RestoreCoordinator::look_up_shared(std::span<const TokenId> prompt,
+                                        const SequenceInfo& info) const {
+  if (info.scores_prompt) return;
+  store_->look_up_shared(prompt, root(info.tenant), store_session_key(info.session));
+}
+
 bool RestoreCoordinator::end_session(const std::string& session) {
   return !session.empty() && store_->erase_session(store_session_key(session));
 }
@@ -207,6 +213,7 @@ StatusOr<store::TierIndex> RestoreCoordinator::pin_load(Sequence& sequence, cons
   if (sequence.preloaded) {
     // Pinned since its pre-load: chunk i of the lease holds block i.
     const std::vector<const std::byte*>& held = sequence.preloaded->chunks;
+    tier = sequence.preloaded->served_from;
     kv_load->chunks.assign(held.begin() + load.first_block,
                            held.begin() + load.first_block + load.num_blocks);
     pinned.push_back(*std::move(sequence.preloaded));

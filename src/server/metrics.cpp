@@ -165,6 +165,16 @@ void render_store(const engine::EngineStats& engine, std::string* out) {
   tiered(out, "strata_kv_store_tier_available", "gauge",
          "1 while the tier is in use; 0 after it failed.",
          store_tiers([](const T& t) { return t.available ? 1.0 : 0.0; }));
+  const std::string_view failures = "strata_kv_store_tier_failures_total";
+  header(out, failures, "counter",
+         "Why a tier refused values or was unavailable (remote: unreachable, timeout, auth, "
+         "protocol, full, too_large, missing, corrupt, error).");
+  for (const store::TierStats& t : s.tiers) {
+    for (const auto& [reason, n] : t.failures) {
+      out->append(failures).append("{tier=\"").append(t.name).append("\",reason=\"");
+      out->append(reason).append("\"} ").append(format_number(d(n))).append("\n");
+    }
+  }
   auto single = [&](std::string_view name, std::string_view type, std::string_view help,
                     double value) {
     header(out, name, type, help);
@@ -190,6 +200,12 @@ void render_store(const engine::EngineStats& engine, std::string* out) {
          "Tokens whose KV finished requests saved to the store.", d(engine.store_saved_tokens));
   single("strata_kv_store_expired_total", "counter", "Items dropped after the TTL.",
          d(s.expired));
+  single("strata_kv_store_shared_lookups_total", "counter",
+         "Prompts looked up in the remote tier before admission.", d(s.shared_lookups));
+  single("strata_kv_store_shared_found_total", "counter",
+         "Of those, prompts the remote tier held longer than this replica (another replica's "
+         "conversations).",
+         d(s.shared_found));
   single("strata_kv_store_transcodes_total", "counter",
          "Items re-encoded to another lossy codec (fixed_codec or AdaptCache).", d(s.transcodes));
   single("strata_kv_store_preloads_total", "counter",

@@ -3,6 +3,7 @@
 #include "strata/store/kv_store.h"
 
 #include <algorithm>
+#include <utility>
 #include <spdlog/spdlog.h>
 
 #include "strata/common/check.h"
@@ -64,6 +65,19 @@ Status KvStore::start() {
     tiers_.push_back(std::move(tier).value());
     adopt(static_cast<TierIndex>(tiers_.size() - 1), std::move(recovered));
   }
+  if (options_.remote) {
+    RedisOptions remote = *options_.remote;
+    remote.layout_tag = options_.layout_tag;
+    StatusOr<std::unique_ptr<RedisTier>> tier = RedisTier::open(remote);
+    if (!tier.ok()) {
+      return failed_precondition_error("KV store: the " + remote.name + " tier at '" +
+                                       remote.address + "' cannot be used: " +
+                                       tier.status().message());
+    }
+    shared_tier_ = tier->get();
+    tiers_.push_back(std::move(tier).value());
+    shared_ = static_cast<TierIndex>(tiers_.size() - 1);
+  }
   counters_.resize(tiers_.size());
   if (options_.adaptcache.enabled) adaptcache_profile_ = make_adaptcache_profile();
   for (int32_t i = 0; i < options_.io_threads; ++i) threads_.emplace_back([this] { io_loop(); });
@@ -72,48 +86,50 @@ Status KvStore::start() {
 
 void KvStore::adopt(TierIndex t, std::vector<RecoveredItem> recovered) {
   int64_t adopted = 0;
-  for (RecoveredItem& r : recovered) {
-    // Values in a codec this deployment does not have cannot be decoded: left out.
-    auto codec = std::find_if(options_.codecs.begin(), options_.codecs.end(), [&](const ItemCodec& c) {
-      return c.name == (r.attributes.codec.empty() ? "none" : r.attributes.codec);
-    });
-    if (codec == options_.codecs.end()) {
-      (void)tiers_[t]->evict(r.id);  // its room is the tier's again
-      continue;
-    }
-    auto [it, added] = items_.try_emplace(r.id);
-    Item& item = it->second;
-    if (added) {
-      item.id = r.id;
-      item.session = r.attributes.session;
-      item.exact = r.attributes.exact;
-      item.token_offset = r.attributes.token_offset;
-      item.codec = static_cast<int32_t>(codec - options_.codecs.begin());
-      ++stats_.codec_items[item.codec];
-      item.stored_at = item.last_access = ++clock_;
-      item.touched = std::chrono::steady_clock::now();
-      next_item_ = std::max(next_item_, r.id + 1);
-      if (!item.session.empty()) by_session_[item.session] = r.id;
-    }
-    // An item another tier recovered too keeps the chunks both agree on.
-    for (const ChunkKey& key : r.chunks) {
-      if (key.index < std::ssize(item.chunks)) {
-        if (item.chunks[key.index].hash != key.hash) break;
-      } else if (key.index == std::ssize(item.chunks)) {
-        item.chunks.push_back({key.hash, 0, nullptr});
-        if (item.exact) by_hash_[key.hash] = {r.id, key.index};
-        published_chunks_ += 1;
-        published_items_ += item.chunks.size() == 1 ? 1 : 0;
-      } else {
-        break;
-      }
-      set_held(item, key.index, t, true);
-    }
-    ++adopted;
-  }
+  for (const RecoveredItem& r : recovered) adopted += adopt_item(t, r) ? 1 : 0;
   if (adopted > 0) {
     spdlog::info("KV store: recovered {} conversations from the {} tier", adopted, tiers_[t]->name());
   }
+}
+
+bool KvStore::adopt_item(TierIndex t, const RecoveredItem& r) {
+  // Values in a codec this deployment does not have cannot be decoded: left out.
+  auto codec = std::find_if(options_.codecs.begin(), options_.codecs.end(), [&](const ItemCodec& c) {
+    return c.name == (r.attributes.codec.empty() ? "none" : r.attributes.codec);
+  });
+  if (codec == options_.codecs.end()) {
+    (void)tiers_[t]->evict(r.id);  // its room is the tier's again
+    return false;
+  }
+  auto [it, added] = items_.try_emplace(r.id);
+  Item& item = it->second;
+  if (added) {
+    item.id = r.id;
+    item.session = r.attributes.session;
+    item.exact = r.attributes.exact;
+    item.token_offset = r.attributes.token_offset;
+    item.codec = static_cast<int32_t>(codec - options_.codecs.begin());
+    ++stats_.codec_items[item.codec];
+    item.stored_at = item.last_access = ++clock_;
+    item.touched = std::chrono::steady_clock::now();
+    next_item_ = std::max(next_item_, r.id + 1);
+    if (!item.session.empty()) by_session_[item.session] = r.id;
+  }
+  // An item another tier recovered too keeps the chunks both agree on.
+  for (const ChunkKey& key : r.chunks) {
+    if (key.index < std::ssize(item.chunks)) {
+      if (item.chunks[key.index].hash != key.hash) break;
+    } else if (key.index == std::ssize(item.chunks)) {
+      item.chunks.push_back({key.hash, 0, nullptr});
+      if (item.exact) by_hash_[key.hash] = {r.id, key.index};
+      published_chunks_ += 1;
+      published_items_ += item.chunks.size() == 1 ? 1 : 0;
+    } else {
+      break;
+    }
+    set_held(item, key.index, t, true);
+  }
+  return true;
 }
 
 KvStore::~KvStore() {
@@ -155,9 +171,19 @@ double KvStore::mean_item_chunks() const {
 
 std::optional<StoreMatch> KvStore::find(std::span<const TokenId> prompt, const kv::ChunkHash& root,
                                         const std::string& session) {
+  std::scoped_lock lock(mutex_);
+  std::optional<StoreMatch> best = match(prompt, root, session);
+  if (!best) {
+    for (TierCounters& c : counters_) ++c.misses;
+  }
+  return best;
+}
+
+std::optional<StoreMatch> KvStore::match(std::span<const TokenId> prompt,
+                                         const kv::ChunkHash& root,
+                                         const std::string& session) const {
   const int64_t block = options_.block_size_tokens;
   const int64_t n = std::ssize(prompt);
-  std::scoped_lock lock(mutex_);
   // The leading `chunks` of `item` a load can read (none held only by a failed tier), and the
   // farthest tier it would read them from; nullopt when not even the first is readable.
   auto match_of = [&](const Item& item, int64_t chunks) -> std::optional<StoreMatch> {
@@ -205,9 +231,6 @@ std::optional<StoreMatch> KvStore::find(std::span<const TokenId> prompt, const k
     best = m;
     if (m->num_chunks < i + 1) break;  // the rest sits in a failed tier
   }
-  if (!best) {
-    for (TierCounters& c : counters_) ++c.misses;
-  }
   return best;
 }
 
@@ -236,9 +259,11 @@ StatusOr<StoreLease> KvStore::acquire(ItemId id, int64_t first, int64_t count) {
     ++counters_[kDramTier].misses;
     if (!room) ++stats_.direct_loads;
   } else {
-    ++counters_[kDramTier].hits;
+    ++counters_[item.fetched_from].hits;
+    lease.served_from = item.fetched_from;
   }
   Item& now = items_.at(id);
+  now.fetched_from = kDramTier;  // reported once, by the load it was read for
   ++now.pins;
   touch(now);
   record_use(now);
@@ -264,7 +289,8 @@ std::optional<StoreLease> KvStore::try_acquire_in_dram(ItemId id, int64_t first,
     lease.chunks.push_back(item.chunks[i].dram);
   }
   ++item.pins;
-  ++counters_[kDramTier].hits;
+  ++counters_[item.fetched_from].hits;
+  lease.served_from = std::exchange(item.fetched_from, kDramTier);
   touch(item);
   record_use(item);
   return lease;
@@ -468,9 +494,12 @@ void KvStore::set_queue(std::vector<ItemId> queue) {
 }
 
 bool KvStore::erase_session(const std::string& session) {
+  // Other replicas forget it too (copies found by content stay, as here).
+  const bool shared = shared_tier_ != nullptr && usable(shared_) &&
+                      shared_tier_->erase_session(session).ok();
   std::unique_lock lock(mutex_);
   auto it = by_session_.find(session);
-  if (it == by_session_.end()) return false;
+  if (it == by_session_.end()) return shared;
   const ItemId id = it->second;
   by_session_.erase(it);
   idle_.wait(lock, [&] { return !items_.contains(id) || !items_.at(id).busy; });
@@ -498,6 +527,7 @@ StoreStats KvStore::stats() const {
     ts.capacity_bytes = tiers_[t]->capacity_bytes();
     ts.raw_bytes = tier_chunks_[t] * options_.chunk_bytes;
     ts.available = tiers_[t]->available();
+    ts.failures = tiers_[t]->failures();
   }
   return s;
 }

@@ -351,6 +351,14 @@ KvStore::Decision KvStore::next_action(bool claim) {
       return {Action::kDemote, *victim};
     }
   }
+  if (std::optional<ItemId> shared = write_through_candidate()) {
+    if (claim) {
+      Item& item = items_.at(*shared);
+      item.busy = true;
+      item.shared_written = std::ssize(item.chunks);
+    }
+    return {Action::kWriteThrough, *shared};
+  }
   if (options_.policy == EvictionPolicy::kSchedulerAware) {
     // Head first, and only while the item fits beside what the jobs ahead of it still have to
     // read into DRAM: a prefetch must not take the room the next load needs.
@@ -408,6 +416,9 @@ void KvStore::io_loop() {
         break;
       case Action::kTranscode:
         transcode(decision.item, decision.codec);
+        break;
+      case Action::kWriteThrough:
+        write_through(decision.item);
         break;
       case Action::kEvict:  // done under the lock, above
       case Action::kNone:

@@ -17,6 +17,20 @@ StoreOptions StoreOptions::from_config(const StoreConfig& config) {
                        .codec = config.ssd_codec,
                        .required = true});
   }
+  if (config.remote.enabled()) {
+    const RemoteTierConfig& r = config.remote;
+    o.remote = RedisOptions{.name = "remote",
+                            .address = r.address,
+                            .username = r.username,
+                            .password_env = r.password_env,
+                            .database = r.database,
+                            .capacity_bytes = r.bytes,
+                            .max_item_bytes = r.max_item_bytes,
+                            .timeout = std::chrono::milliseconds(r.timeout_ms),
+                            .retry_after = std::chrono::milliseconds(r.retry_ms),
+                            .ttl = std::chrono::seconds(r.ttl_seconds),
+                            .codec = r.codec};
+  }
   o.policy = config.eviction_policy;
   o.io_threads = config.io_threads;
   o.ttl = std::chrono::seconds(config.ttl_seconds);
@@ -32,7 +46,7 @@ Status StoreOptions::validate() const {
     return invalid_argument_error("store.dram_bytes must hold at least one chunk (" +
                                   std::to_string(chunk) + " bytes), got " + std::to_string(dram_bytes));
   }
-  if (std::ssize(tiers) + 1 > kMaxTiers) {
+  if (std::ssize(tiers) + 1 + (remote ? 1 : 0) > kMaxTiers) {
     return invalid_argument_error("store: at most " + std::to_string(kMaxTiers - 1) +
                                   " tiers below DRAM");
   }
@@ -49,6 +63,25 @@ Status StoreOptions::validate() const {
     }
     if (t.capacity_bytes <= 0 || t.dir.empty()) {
       return invalid_argument_error("store." + t.name + ": set a directory and a positive capacity");
+    }
+  }
+  if (remote) {
+    const RedisOptions& r = *remote;
+    for (const SsdOptions& t : tiers) {
+      if (t.name == r.name) {
+        return invalid_argument_error("store: two lower tiers are named '" + r.name + "'");
+      }
+    }
+    if (r.name.empty() || r.name == "dram" || r.name == "gpu") {
+      return invalid_argument_error("store: the remote tier needs its own name, got '" + r.name + "'");
+    }
+    if (r.address.empty() || r.capacity_bytes <= 0 || r.max_item_bytes <= 0 ||
+        r.timeout.count() <= 0 || r.retry_after.count() < 0 || r.ttl.count() < 0) {
+      return invalid_argument_error("store." + r.name +
+                                    ": set an address, a positive capacity, item size and timeout");
+    }
+    if (adaptcache.enabled) {
+      return invalid_argument_error("store.adaptcache: not available with a remote tier yet");
     }
   }
   if (!(dram_reserve_fraction >= 0 && dram_reserve_fraction <= 0.9)) {

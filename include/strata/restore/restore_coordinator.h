@@ -17,7 +17,7 @@
 // pre-loaded, the rest inside it, each before its layer's attention); the rest is computed.
 // Restoration planners of later techniques (recompute/load splits, speculative recall) plan here.
 //
-// Step-loop thread only, except end_session() (thread-safe).
+// Step-loop thread only, except look_up_shared() and end_session() (thread-safe).
 #pragma once
 
 #include <cstdint>
@@ -136,6 +136,11 @@ class RestoreCoordinator {
   // them back, and forgets the sequence.
   void finish(SeqId seq, bool publish);
 
+  // Before a request reaches the step loop, on the submitting thread: asks the store's shared
+  // tier (the remote tier other replicas write) for the prompt, so that look_up() finds what
+  // another replica stored (store::KvStore::look_up_shared). Thread-safe; a no-op without a
+  // shared tier or for a scored prompt.
+  void look_up_shared(std::span<const TokenId> prompt, const SequenceInfo& info) const;
   // Drops a session's stored KV; false if the store holds none for it. Thread-safe.
   bool end_session(const std::string& session);
   RestoreStats stats() const;

@@ -37,6 +37,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -53,6 +54,7 @@
 #include "strata/store/dram_tier.h"
 #include "strata/store/item_codecs.h"
 #include "strata/store/placement_policy.h"
+#include "strata/store/redis_tier.h"
 #include "strata/store/ssd_tier.h"
 #include "strata/store/store_config.h"
 
@@ -66,6 +68,9 @@ struct StoreOptions {
   // the store sets their layout_tag. A tier that cannot open is left out with a warning, or fails
   // open() if it is `required` (a deployment's configured tier).
   std::vector<SsdOptions> tiers;
+  // A tier shared with other replicas (a Redis server), below every other tier; the store sets
+  // its layout_tag. A server that is down at open makes it unavailable until it answers.
+  std::optional<RedisOptions> remote;
   // Identifies the model, weights and chunk layout; a persistent tier written under another tag
   // is discarded at open.
   uint64_t layout_tag = 0;
@@ -118,6 +123,7 @@ struct TierStats : TierCounters {
   int64_t capacity_bytes = 0;
   int64_t raw_bytes = 0;       // what the chunks it holds are before their codec
   bool available = true;       // false after the tier failed
+  std::map<std::string, int64_t> failures;  // Tier::failures(): why it refused or was unavailable
 };
 
 struct StoreStats {
@@ -130,6 +136,8 @@ struct StoreStats {
   int64_t saves_partial = 0;      // room for the leading chunks only: those were saved
   int64_t expired = 0;            // dropped by TTL
   int64_t transcodes = 0;         // items re-encoded to another codec
+  int64_t shared_lookups = 0;     // prompts looked up in the shared tier before admission
+  int64_t shared_found = 0;       // of those, found longer there than here: indexed and read
   std::vector<int64_t> codec_items;  // items per codec (StoreOptions::codecs order)
   // The tier named `name`; an empty, unavailable one if the store has none (it failed to open).
   const TierStats& tier(std::string_view name) const;
@@ -193,6 +201,14 @@ class KvStore {
   // held only by a failed tier). Counts a miss in every tier when nothing matches.
   std::optional<StoreMatch> find(std::span<const TokenId> prompt, const kv::ChunkHash& root,
                                  const std::string& session);
+  // Asks the shared tier (one other replicas write: the remote tier) for `prompt` before its
+  // request is admitted: when it holds a longer prefix than find() would match here (by session,
+  // then by content), the item is indexed here and read into DRAM now, on the calling thread, so
+  // that find() matches it and the load reads DRAM (its first load reports the shared tier). Its
+  // network calls are bounded by the tier's timeout; a failure leaves the store as it was.
+  // Nothing without a usable shared tier.
+  void look_up_shared(std::span<const TokenId> prompt, const kv::ChunkHash& root,
+                      const std::string& session);
   // Pins chunks [first, first + count) of `item`, reading those DRAM lacks from the nearest lower
   // tier now (checked against their checksums and decoded): into DRAM, or, when DRAM has no room
   // for them, into buffers the lease owns. NOT_FOUND if the item is gone or shorter; DATA_LOSS if
@@ -255,6 +271,10 @@ class KvStore {
     bool doomed = false;  // dropped while pinned: unreachable, removed at the last release
     uint64_t last_access = 0;
     uint64_t stored_at = 0;
+    int64_t shared_written = 0;  // chunks it had when last written through to the shared tier
+    // The shared tier its DRAM copy was read from for a waiting request: its first load reports
+    // that tier.
+    TierIndex fetched_from = kDramTier;
     std::chrono::steady_clock::time_point touched;
 
     ItemRecord record(const StoreOptions& o) const {
@@ -262,7 +282,7 @@ class KvStore {
     }
     bool only_in(TierIndex t) const;
   };
-  enum class Action { kNone, kPrefetch, kDemote, kTranscode, kEvict };
+  enum class Action { kNone, kPrefetch, kDemote, kTranscode, kEvict, kWriteThrough };
   struct Decision {
     Action action = Action::kNone;
     ItemId item = 0;
@@ -277,6 +297,15 @@ class KvStore {
   explicit KvStore(const StoreOptions& options);
   Status start();
   void adopt(TierIndex tier, std::vector<RecoveredItem> recovered);  // a persistent tier's items
+  // Indexes one item tier t holds (REQUIRES mutex_); false if its codec is not this deployment's.
+  bool adopt_item(TierIndex t, const RecoveredItem& r);
+  // find() without counting misses (REQUIRES mutex_).
+  std::optional<StoreMatch> match(std::span<const TokenId> prompt, const kv::ChunkHash& root,
+                                  const std::string& session) const;
+  // The next item to write through to the shared tier (REQUIRES mutex_): published, whole in
+  // DRAM, grown since it was last written there.
+  std::optional<ItemId> write_through_candidate() const;
+  void write_through(ItemId id);  // REQUIRES the item is busy and mutex_ is not held
   void io_loop();
   // The next background action (REQUIRES mutex_); with `claim`, marks its item busy.
   Decision next_action(bool claim);
@@ -336,6 +365,8 @@ class KvStore {
   adaptcache::Profile adaptcache_profile_;  // when options_.adaptcache.enabled
   std::vector<std::unique_ptr<Tier>> tiers_;  // DRAM first, then the lower tiers
   DramTier* dram_ = nullptr;                  // tiers_[0]
+  SharedTier* shared_tier_ = nullptr;         // the last tier when it is shared, else null
+  TierIndex shared_ = -1;
 
   mutable std::mutex mutex_;
   std::condition_variable work_;  // background work may be possible

@@ -1,6 +1,6 @@
 // The KV store's configuration as the deployment file's kv_store section writes it
 // (config::KvStoreSection derives from it and adds validation): a DRAM tier, optionally an SSD
-// tier below it, the placement policy and the read buffer. KvStore takes it through
+// tier and a remote (Redis) tier below it, the placement policy and the read buffer. KvStore takes it through
 // StoreOptions::from_config. Plain header.
 #pragma once
 
@@ -27,6 +27,24 @@ struct AdaptCacheConfig {
   bool operator==(const AdaptCacheConfig&) const = default;
 };
 
+// The remote tier (store/redis_tier.h): a Redis server replicas share, below every other tier.
+// The deployment file's kv_store.remote_* keys.
+struct RemoteTierConfig {
+  std::string address;       // host:port or unix:/path; "": no remote tier
+  std::string username;      // ACL user; "": the default user
+  std::string password_env;  // environment variable holding the password; "": no AUTH
+  int32_t database = 0;      // SELECT, in [0, 15] on a default server
+  int64_t bytes = int64_t{1} << 30;              // what this replica indexes there
+  int64_t max_item_bytes = int64_t{256} << 20;   // larger conversations are not written
+  int32_t timeout_ms = 200;  // connect and each socket read or write; a request waits at most this
+  int32_t retry_ms = 1000;   // after a failure, the tier is skipped this long
+  int64_t ttl_seconds = 3600;  // of every key, renewed by reads; 0: none (the server's policy)
+  CodecKind codec = CodecKind::kIdentity;
+
+  bool enabled() const { return !address.empty(); }
+  bool operator==(const RemoteTierConfig&) const = default;
+};
+
 struct StoreConfig {
   int64_t dram_bytes = 0;  // DRAM tier capacity; 0 disables the whole store
   // The SSD tier: a directory (relative paths are relative to the process's working directory)
@@ -47,6 +65,7 @@ struct StoreConfig {
   // times (store::read_buffer_layers), 0 off (layer-wise loading within the pass only), n fixed.
   int32_t read_buffer_layers = -1;
   AdaptCacheConfig adaptcache;
+  RemoteTierConfig remote;
 
   bool enabled() const { return dram_bytes > 0; }
   bool operator==(const StoreConfig&) const = default;

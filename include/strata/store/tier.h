@@ -17,6 +17,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -64,7 +65,7 @@ struct ChunkKey {
   kv::ChunkHash hash;
 };
 
-// An item a persistent tier held when it opened: chunks 0..n-1 in order.
+// An item a persistent tier held when it opened, or a shared tier found: chunks 0..n-1 in order.
 struct RecoveredItem {
   ItemId id = 0;
   ItemRecord attributes;
@@ -123,6 +124,27 @@ class Tier {
   virtual bool contains(const ChunkKey& key) const = 0;
   // Forgets every value of `item` and frees their room (durably first in a persistent tier).
   virtual Status evict(ItemId item) = 0;
+  // Failures by reason since the tier opened (metrics: why it is unavailable or refused values).
+  virtual std::map<std::string, int64_t> failures() const { return {}; }
+};
+
+// A tier other processes share (a Redis server that several replicas use): it may hold what
+// another process stored, which this process has not indexed. The store writes every published
+// item through to it, and asks it for a prompt's session and content before the request is
+// admitted (KvStore::look_up_shared). Its values are found by content (exact items under their
+// chained hashes, which the model, page format, block size and tenant root) or by session.
+class SharedTier : public Tier {
+ public:
+  // The latest item stored for `session`: its attributes and chunk hashes (chunks 0..n-1, with
+  // `item` unset), or nullopt. UNAVAILABLE when the tier cannot answer.
+  virtual StatusOr<std::optional<RecoveredItem>> find_session(const std::string& session) = 0;
+  // How many leading hashes of `chain` name chunks of exact items without a lossy codec that the
+  // tier holds.
+  virtual StatusOr<int64_t> count_held(std::span<const kv::ChunkHash> chain) = 0;
+  // Indexes chunks found above under found.id (each key's item set to it), so get() reads them.
+  virtual void attach(const RecoveredItem& found) = 0;
+  // Deletes the session's record, so no process finds the conversation by session any more.
+  virtual Status erase_session(const std::string& session) = 0;
 };
 
 }  // namespace strata::store

@@ -221,6 +221,19 @@ TEST(ConfigSectionsTest, KvStoreValidateWorksOnStructsBuiltInCode) {
   EXPECT_EQ(store.validate().message(), "kv_store.ssd_file_bytes must be >= 1MiB, got 1000");
   store.ssd_file_bytes = int64_t{1} << 20;
   EXPECT_TRUE(store.validate().ok());
+  for (const char* address : {"127.0.0.1:6379", "[::1]:6379", "redis.internal:7000", "unix:/run/r.sock"}) {
+    store.remote.address = address;
+    EXPECT_TRUE(store.validate().ok()) << address;
+  }
+  store.adaptcache = {.enabled = true, .profile = "p.json"};
+  EXPECT_EQ(store.validate().message(),
+            "kv_store.remote_address: AdaptCache does not place conversations in the remote tier "
+            "yet; set kv_store.adaptcache to false or kv_store.remote_address to \"\"");
+  store.adaptcache = {};
+  store.remote.address = "redis:";
+  EXPECT_EQ(store.validate().message(),
+            "kv_store.remote_address must be host:port or unix:/path, got 'redis:'");
+  store.remote = {};
 
   DeploymentConfig config = with_path("m");
   config.kv_store.io_threads = 0;
@@ -299,16 +312,28 @@ TEST(ConfigSectionsTest, KvStoreOverrides) {
       {"kv_store.adaptcache_alpha", "-1", "kv_store.adaptcache_alpha must be >= 0, got -1"},
       {"kv_store.adaptcache_half_life_seconds", "0",
        "kv_store.adaptcache_half_life_seconds must be > 0, got 0"},
+      {"kv_store.remote_address", "redis", "kv_store.remote_address must be host:port or "
+       "unix:/path, got 'redis'"},
+      {"kv_store.remote_timeout_ms", "0", "kv_store.remote_timeout_ms must be in [1, 60000], got 0"},
+      {"kv_store.remote_bytes", "1KiB", "kv_store.remote_bytes must be >= 1MiB, got 1KiB"},
+      {"kv_store.remote_password_env", "MY-PASS",
+       "kv_store.remote_password_env must be an environment variable's name ([A-Za-z0-9_])"},
+      {"kv_store.remote_codec", "lz4",
+       "kv_store.remote_codec: expected one of identity, zstd, got 'lz4'"},
       {"kv_store.ssd_path", "/x",
        "unknown key 'kv_store.ssd_path'; allowed keys in 'kv_store': dram_bytes, ssd_dir, "
        "ssd_bytes, ssd_file_bytes, direct_io, ssd_codec, eviction_policy, io_threads, ttl_seconds, "
        "dram_reserve_fraction, read_buffer_layers, adaptcache, fixed_codec, adaptcache_alpha, "
-       "adaptcache_half_life_seconds, adaptcache_profile"},
+       "adaptcache_half_life_seconds, adaptcache_profile, remote_address, remote_username, "
+       "remote_password_env, remote_database, remote_bytes, remote_max_item_bytes, "
+       "remote_timeout_ms, remote_retry_ms, remote_ttl_seconds, remote_codec"},
       {"kv_store", "1",
        "'kv_store' is a section; override one of its keys: dram_bytes, ssd_dir, ssd_bytes, "
        "ssd_file_bytes, direct_io, ssd_codec, eviction_policy, io_threads, ttl_seconds, "
        "dram_reserve_fraction, read_buffer_layers, adaptcache, fixed_codec, adaptcache_alpha, "
-       "adaptcache_half_life_seconds, adaptcache_profile"},
+       "adaptcache_half_life_seconds, adaptcache_profile, remote_address, remote_username, "
+       "remote_password_env, remote_database, remote_bytes, remote_max_item_bytes, "
+       "remote_timeout_ms, remote_retry_ms, remote_ttl_seconds, remote_codec"},
   };
   for (const auto& c : bad) {
     DeploymentConfig changed = original;

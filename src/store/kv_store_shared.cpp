@@ -1,0 +1,100 @@
+// The store and a shared tier (the remote tier other replicas write, store/redis_tier.h): every
+// published item is written through to it by the I/O threads, and a prompt is looked up in it
+// before its request is admitted, on the submitting thread, so the step thread never waits on the
+// network for it.
+#include <spdlog/spdlog.h>
+
+#include "strata/kv/prefix_hash.h"
+#include "strata/store/kv_store.h"
+
+namespace strata::store {
+
+std::optional<ItemId> KvStore::write_through_candidate() const {
+  if (shared_tier_ == nullptr || !usable(shared_)) return std::nullopt;
+  for (const auto& [id, item] : items_) {
+    const int64_t n = std::ssize(item.chunks);
+    if (item.busy || item.doomed || !item.pending.empty() || n == 0 || item.shared_written >= n ||
+        item.held[shared_] == n) {
+      continue;
+    }
+    bool in_dram = true;  // what the shared tier lacks is read from DRAM
+    for (const Chunk& c : item.chunks) {
+      in_dram = in_dram && ((c.tiers & (1u << shared_)) != 0 || c.dram != nullptr);
+    }
+    if (in_dram) return id;
+  }
+  return std::nullopt;
+}
+
+void KvStore::write_through(ItemId id) {
+  std::unique_lock lock(mutex_);
+  (void)write_down(id, shared_, lock);  // a refusal (full, too large, down) is counted by the tier
+  Item& item = items_.at(id);
+  item.busy = false;
+}
+
+void KvStore::look_up_shared(std::span<const TokenId> prompt, const kv::ChunkHash& root,
+                             const std::string& session) {
+  if (shared_tier_ == nullptr || !usable(shared_)) return;
+  const int64_t block = options_.block_size_tokens;
+  const int64_t n = std::ssize(prompt);
+  int64_t here = 0;
+  {
+    std::scoped_lock lock(mutex_);
+    ++stats_.shared_lookups;
+    if (std::optional<StoreMatch> m = match(prompt, root, session)) here = m->num_chunks;
+  }
+  // The session's item there, as far as it matches the prompt (find()'s rule), else the longest
+  // run of the prompt's chained content hashes.
+  std::optional<RecoveredItem> found;
+  if (!session.empty()) {
+    StatusOr<std::optional<RecoveredItem>> record = shared_tier_->find_session(session);
+    if (!record.ok()) return;
+    if (*record) {
+      RecoveredItem& r = **record;
+      const int64_t d = r.attributes.token_offset;
+      const int64_t limit = std::min<int64_t>(n > d ? (n - d - 1) / block : 0, std::ssize(r.chunks));
+      kv::ChunkHash h = root;
+      int64_t matched = 0;
+      for (; matched < limit; ++matched) {
+        const int64_t start = matched * block + (matched > 0 ? d : 0);
+        h = kv::chain_hash(h, prompt.subspan(start, block));
+        if (h != r.chunks[matched].hash) break;
+      }
+      r.chunks.resize(matched);
+      if (matched > 0) found = std::move(r);
+    }
+  }
+  if (!found) {
+    std::vector<kv::ChunkHash> chain;
+    kv::ChunkHash h = root;
+    for (int64_t i = 0; i < (n - 1) / block; ++i) {
+      h = kv::chain_hash(h, prompt.subspan(i * block, block));
+      chain.push_back(h);
+    }
+    StatusOr<int64_t> held = shared_tier_->count_held(chain);
+    if (!held.ok() || *held == 0) return;
+    RecoveredItem r;
+    for (int64_t i = 0; i < *held; ++i) r.chunks.push_back({0, static_cast<int32_t>(i), chain[i]});
+    found = std::move(r);
+  }
+  const int64_t count = std::ssize(found->chunks);
+  if (count <= here) return;
+
+  std::unique_lock lock(mutex_);
+  found->id = next_item_++;
+  for (ChunkKey& key : found->chunks) key.item = found->id;
+  shared_tier_->attach(*found);
+  if (!adopt_item(shared_, *found)) return;
+  ++stats_.shared_found;
+  Item& item = items_.at(found->id);
+  item.fetched_from = shared_;
+  // Read into DRAM now when it fits (else the load reads it straight for the device).
+  if (!reclaim_clean_dram(count)) return;
+  item.busy = true;
+  TierIndex from = kDramTier;
+  if (!fetch(found->id, 0, count, nullptr, &from, lock).ok()) return;  // dropped: recomputed
+  work_.notify_all();
+}
+
+}  // namespace strata::store

@@ -1,0 +1,372 @@
+#include "strata/store/redis_tier.h"
+
+#include <xxhash.h>
+
+#include <charconv>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+#include "redis_client.h"
+
+namespace strata::store {
+namespace {
+
+constexpr char kMagic[4] = {'S', 'K', 'V', '1'};
+constexpr uint32_t kHeaderBytes = 40;
+constexpr std::string_view kSessionMagic = "strata-session 1";
+
+std::string hex64(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+std::string hex_hash(const kv::ChunkHash& h) { return hex64(h.high) + hex64(h.low); }
+
+bool parse_hex64(std::string_view s, uint64_t* out) {
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), *out, 16);
+  return ec == std::errc() && end == s.data() + s.size() && s.size() == 16;
+}
+
+bool parse_hash(std::string_view s, kv::ChunkHash* out) {
+  return s.size() == 32 && parse_hex64(s.substr(0, 16), &out->high) &&
+         parse_hex64(s.substr(16), &out->low);
+}
+
+template <typename T>
+void put_le(std::string& out, T v) {
+  char b[sizeof(T)];
+  std::memcpy(b, &v, sizeof(T));  // little-endian hosts only (x86-64, aarch64)
+  out.append(b, sizeof(T));
+}
+
+template <typename T>
+T get_le(std::string_view in, size_t at) {
+  T v;
+  std::memcpy(&v, in.data() + at, sizeof(T));
+  return v;
+}
+
+std::string frame(const kv::ChunkHash& hash, std::span<const std::byte> payload) {
+  std::string out;
+  out.reserve(kHeaderBytes + payload.size());
+  out.append(kMagic, 4);
+  put_le<uint32_t>(out, kHeaderBytes);
+  put_le<uint64_t>(out, payload.size());
+  put_le<uint64_t>(out, XXH3_64bits(payload.data(), payload.size()));
+  put_le<uint64_t>(out, hash.low);
+  put_le<uint64_t>(out, hash.high);
+  out.append(reinterpret_cast<const char*>(payload.data()), payload.size());
+  return out;
+}
+
+// The payload of a framed value stored under `hash`, or nullopt if the value is not one.
+std::optional<std::string_view> unframe(std::string_view value, const kv::ChunkHash& hash) {
+  if (value.size() < kHeaderBytes || std::memcmp(value.data(), kMagic, 4) != 0 ||
+      get_le<uint32_t>(value, 4) != kHeaderBytes ||
+      get_le<uint64_t>(value, 8) != value.size() - kHeaderBytes ||
+      get_le<uint64_t>(value, 24) != hash.low || get_le<uint64_t>(value, 32) != hash.high) {
+    return std::nullopt;
+  }
+  const std::string_view payload = value.substr(kHeaderBytes);
+  if (XXH3_64bits(payload.data(), payload.size()) != get_le<uint64_t>(value, 16)) return std::nullopt;
+  return payload;
+}
+
+std::string session_record(const ItemRecord& r, std::span<const kv::ChunkHash> hashes) {
+  std::string text(kSessionMagic);
+  text += "\nexact " + std::to_string(r.exact ? 1 : 0);
+  text += "\noffset " + std::to_string(r.token_offset);
+  text += "\ncodec " + (r.codec.empty() ? std::string("none") : r.codec);
+  text += "\nchunks " + std::to_string(hashes.size());
+  for (const kv::ChunkHash& h : hashes) text += "\n" + hex_hash(h);
+  text += "\n";
+  return text + "sum " + hex64(XXH3_64bits(text.data(), text.size()));
+}
+
+std::optional<RecoveredItem> parse_session_record(std::string_view text, const std::string& session) {
+  const size_t sum_at = text.rfind("sum ");
+  uint64_t sum = 0;
+  if (sum_at == std::string_view::npos || !parse_hex64(text.substr(sum_at + 4), &sum) ||
+      XXH3_64bits(text.data(), sum_at) != sum) {
+    return std::nullopt;
+  }
+  std::istringstream in{std::string(text.substr(0, sum_at))};
+  std::string line, word, codec;
+  int exact = 0;
+  int64_t offset = 0, n = 0;
+  if (!std::getline(in, line) || line != kSessionMagic) return std::nullopt;
+  if (!(in >> word >> exact) || word != "exact" || !(in >> word >> offset) || word != "offset" ||
+      !(in >> word >> codec) || word != "codec" || !(in >> word >> n) || word != "chunks" ||
+      n < 0 || offset < 0) {
+    return std::nullopt;
+  }
+  RecoveredItem item;
+  item.attributes = {session, exact == 1, offset, codec == "none" ? std::string() : codec};
+  for (int64_t i = 0; i < n; ++i) {
+    kv::ChunkHash h;
+    if (!(in >> word) || !parse_hash(word, &h)) return std::nullopt;
+    item.chunks.push_back({0, static_cast<int32_t>(i), h});
+  }
+  return item;
+}
+
+std::string reason_of_error(const std::string& text) {
+  return text.starts_with("OOM") ? "full" : "error";
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<RedisTier>> RedisTier::open(const RedisOptions& options) {
+  if (options.capacity_bytes <= 0) {
+    return invalid_argument_error("store." + options.name + ": capacity must be positive");
+  }
+  std::string password;
+  if (!options.password_env.empty()) {
+    const char* value = std::getenv(options.password_env.c_str());
+    if (value == nullptr) {
+      return failed_precondition_error("store." + options.name + ": the password variable " +
+                                       options.password_env + " is not set");
+    }
+    password = value;
+  }
+  STRATA_ASSIGN_OR_RETURN(
+      std::unique_ptr<RedisClient> client,
+      RedisClient::create({options.address, options.username, std::move(password),
+                           options.database, options.timeout, options.retry_after}));
+  return std::unique_ptr<RedisTier>(new RedisTier(options, std::move(client)));
+}
+
+RedisTier::RedisTier(const RedisOptions& options, std::unique_ptr<RedisClient> client)
+    : options_(options),
+      prefix_("strata:1:" + hex64(options.layout_tag) + ":" + codec_name(options.codec) + ":"),
+      ttl_ms_(std::to_string(std::chrono::milliseconds(options.ttl).count())),
+      client_(std::move(client)) {}
+
+RedisTier::~RedisTier() = default;
+
+int64_t RedisTier::used_bytes() const {
+  std::scoped_lock lock(mutex_);
+  return used_;
+}
+
+int64_t RedisTier::footprint(int64_t bytes) const { return bytes + kHeaderBytes; }
+
+bool RedisTier::available() const { return client_->available(); }
+
+std::map<std::string, int64_t> RedisTier::failures() const {
+  std::map<std::string, int64_t> out = client_->failures();
+  std::scoped_lock lock(mutex_);
+  for (const auto& [reason, n] : rejected_) out[reason] += n;
+  return out;
+}
+
+void RedisTier::count(const std::string& reason) const {
+  std::scoped_lock lock(mutex_);
+  ++rejected_[reason];
+}
+
+std::string RedisTier::chunk_key(const ItemRecord& item, const ChunkKey& key) const {
+  const std::string codec = item.codec.empty() ? "none" : item.codec;
+  if (item.exact) return prefix_ + "k:" + codec + ":" + hex_hash(key.hash);
+  return prefix_ + "t:" + item.session + ":" + codec + ":" + std::to_string(key.index) + ":" +
+         hex_hash(key.hash);
+}
+
+std::string RedisTier::session_key(const std::string& session) const {
+  return prefix_ + "s:" + session;
+}
+
+std::optional<Reservation> RedisTier::reserve(std::span<const int64_t> sizes) {
+  int64_t total = 0;
+  Reservation r;
+  for (int64_t s : sizes) {
+    total += footprint(s);
+    r.placements.push_back({{}, s});
+  }
+  std::scoped_lock lock(mutex_);
+  if (total > options_.max_item_bytes) {
+    ++rejected_["too_large"];
+    return std::nullopt;
+  }
+  if (used_ + total > options_.capacity_bytes) return std::nullopt;
+  used_ += total;
+  return r;
+}
+
+void RedisTier::cancel(const Reservation& reservation) {
+  int64_t total = 0;
+  for (const Placement& p : reservation.placements) total += footprint(p.bytes);
+  std::scoped_lock lock(mutex_);
+  used_ -= total;
+}
+
+Status RedisTier::put(const ItemRecord& item, const Reservation& reservation,
+                      std::span<const ChunkKey> keys,
+                      std::span<const std::span<const std::byte>> values) {
+  if (keys.empty()) return Status();
+  std::vector<std::string> names, framed;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    names.push_back(chunk_key(item, keys[i]));
+    framed.push_back(frame(keys[i].hash, values[i]));
+  }
+  std::vector<RedisCommand> commands;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    commands.push_back(options_.ttl.count() > 0
+                           ? RedisCommand{"SET", names[i], framed[i], "PX", ttl_ms_}
+                           : RedisCommand{"SET", names[i], framed[i]});
+  }
+  // The session's record names every chunk this item has here, once they are all written.
+  std::string record;
+  const std::string skey = session_key(item.session);
+  if (!item.session.empty()) {
+    std::scoped_lock lock(mutex_);
+    std::vector<kv::ChunkHash> hashes;
+    if (auto it = items_.find(keys.front().item); it != items_.end()) hashes = it->second.hashes;
+    bool whole = true;
+    for (const ChunkKey& k : keys) {
+      if (k.index > std::ssize(hashes)) whole = false;
+      if (k.index >= std::ssize(hashes)) hashes.resize(k.index + 1);
+      hashes[k.index] = k.hash;
+    }
+    if (whole) {
+      record = session_record(item, hashes);
+      commands.push_back(options_.ttl.count() > 0 ? RedisCommand{"SET", skey, record, "PX", ttl_ms_}
+                                                  : RedisCommand{"SET", skey, record});
+    }
+  }
+  StatusOr<std::vector<RedisReply>> replies = client_->run(commands);
+  Status status = replies.status();
+  for (size_t i = 0; status.ok() && i < replies->size(); ++i) {
+    const RedisReply& r = (*replies)[i];
+    if (r.type == RedisReply::Type::kError) {
+      count(reason_of_error(r.text));
+      status = Status(reason_of_error(r.text) == "full" ? StatusCode::kResourceExhausted
+                                                        : StatusCode::kInternal,
+                      "redis refused a KV chunk: " + r.text);
+    }
+  }
+  if (!status.ok()) {
+    cancel(reservation);
+    return status;
+  }
+  std::scoped_lock lock(mutex_);
+  Indexed& indexed = items_[keys.front().item];
+  indexed.record = item;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (keys[i].index >= std::ssize(indexed.hashes)) indexed.hashes.resize(keys[i].index + 1);
+    indexed.hashes[keys[i].index] = keys[i].hash;
+    indexed.bytes += footprint(reservation.placements[i].bytes);
+  }
+  return Status();
+}
+
+Status RedisTier::get(ItemId item, std::span<const int32_t> indices,
+                      std::span<AlignedBuffer> out) const {
+  ItemRecord record;
+  std::vector<ChunkKey> keys;
+  {
+    std::scoped_lock lock(mutex_);
+    auto it = items_.find(item);
+    if (it == items_.end()) return not_found_error("remote tier: item not indexed");
+    record = it->second.record;
+    for (int32_t i : indices) {
+      if (i >= std::ssize(it->second.hashes)) return not_found_error("remote tier: chunk not indexed");
+      keys.push_back({item, i, it->second.hashes[i]});
+    }
+  }
+  std::vector<std::string> names;
+  for (const ChunkKey& k : keys) names.push_back(chunk_key(record, k));
+  std::vector<RedisCommand> commands;
+  for (const std::string& name : names) {
+    commands.push_back({"GET", name});
+    if (options_.ttl.count() > 0) commands.push_back({"PEXPIRE", name, ttl_ms_});
+  }
+  STRATA_ASSIGN_OR_RETURN(std::vector<RedisReply> replies, client_->run(commands));
+  const size_t stride = options_.ttl.count() > 0 ? 2 : 1;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const RedisReply& r = replies[i * stride];
+    if (r.type == RedisReply::Type::kNil) {
+      count("missing");
+      return not_found_error("remote tier: chunk " + std::to_string(keys[i].index) +
+                             " expired or was evicted by the server");
+    }
+    std::optional<std::string_view> payload;
+    if (r.type == RedisReply::Type::kString) payload = unframe(r.text, keys[i].hash);
+    if (!payload) {
+      count("corrupt");
+      const std::vector<RedisCommand> drop = {{"DEL", names[i]}};
+      (void)client_->run(drop);  // nobody reads it again
+      return Status(StatusCode::kDataLoss, "remote tier: chunk " + std::to_string(keys[i].index) +
+                                               " failed its checksum (deleted)");
+    }
+    out[i] = AlignedBuffer(std::ssize(*payload));
+    std::memcpy(out[i].data(), payload->data(), payload->size());
+  }
+  return Status();
+}
+
+bool RedisTier::contains(const ChunkKey& key) const {
+  std::scoped_lock lock(mutex_);
+  auto it = items_.find(key.item);
+  return it != items_.end() && key.index < std::ssize(it->second.hashes) &&
+         it->second.hashes[key.index] == key.hash;
+}
+
+Status RedisTier::evict(ItemId item) {
+  std::scoped_lock lock(mutex_);
+  auto it = items_.find(item);
+  if (it == items_.end()) return Status();
+  used_ -= it->second.bytes;
+  items_.erase(it);
+  return Status();
+}
+
+StatusOr<std::optional<RecoveredItem>> RedisTier::find_session(const std::string& session) {
+  const std::string key = session_key(session);
+  std::vector<RedisCommand> commands = {{"GET", key}};
+  STRATA_ASSIGN_OR_RETURN(std::vector<RedisReply> replies, client_->run(commands));
+  if (replies[0].type != RedisReply::Type::kString) return std::optional<RecoveredItem>();
+  std::optional<RecoveredItem> found = parse_session_record(replies[0].text, session);
+  if (!found) {
+    count("corrupt");
+    const std::vector<RedisCommand> drop = {{"DEL", key}};
+    (void)client_->run(drop);
+  }
+  return found;
+}
+
+StatusOr<int64_t> RedisTier::count_held(std::span<const kv::ChunkHash> chain) {
+  if (chain.empty()) return 0;
+  const ItemRecord exact;  // an exact item without a lossy codec
+  std::vector<std::string> names;
+  for (size_t i = 0; i < chain.size(); ++i) {
+    names.push_back(chunk_key(exact, {0, static_cast<int32_t>(i), chain[i]}));
+  }
+  std::vector<RedisCommand> commands;
+  for (const std::string& name : names) commands.push_back({"EXISTS", name});
+  STRATA_ASSIGN_OR_RETURN(std::vector<RedisReply> replies, client_->run(commands));
+  int64_t n = 0;
+  while (n < std::ssize(replies) && replies[n].type == RedisReply::Type::kInteger &&
+         replies[n].integer == 1) {
+    ++n;
+  }
+  return n;
+}
+
+void RedisTier::attach(const RecoveredItem& found) {
+  std::scoped_lock lock(mutex_);
+  Indexed& indexed = items_[found.id];
+  indexed.record = found.attributes;
+  indexed.hashes.clear();
+  for (const ChunkKey& k : found.chunks) indexed.hashes.push_back(k.hash);
+}
+
+Status RedisTier::erase_session(const std::string& session) {
+  const std::string key = session_key(session);
+  const std::vector<RedisCommand> commands = {{"DEL", key}};
+  return client_->run(commands).status();
+}
+
+}  // namespace strata::store
