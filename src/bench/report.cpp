@@ -240,7 +240,7 @@ std::string format_summary(const Json& result, const ReportOptions& options) {
   if (result.contains("tier_hit_tokens") && result["tier_hit_tokens"].is_object()) {
     header("KV cache hits by tier (prompt tokens)", '-');
     const auto prompt = static_cast<double>(result["server_prompt_tokens"].get<int64_t>());
-    for (const char* tier : {"gpu", "dram", "ssd"}) {  // nearest first
+    for (const char* tier : {"gpu", "dram", "ssd", "remote"}) {  // nearest first
       if (!result["tier_hit_tokens"].contains(tier)) continue;
       const double tokens = result["tier_hit_tokens"][tier].get<double>();
       std::snprintf(line, sizeof(line), "%-40s %-10.0f (%.1f%% of prompt tokens)\n",

@@ -94,7 +94,7 @@ std::string compare_row(const std::string& variant, const Json& r) {
   std::snprintf(
       line, sizeof(line),
       "| %s | %s | %lld/%lld | %.2f | %.1f | %lld | %.1f | %.1f | %.1f | %.1f | %.1f | %s "
-      "| %s | %s | %s |\n",
+      "| %s | %s | %s | %s |\n",
       variant.c_str(),
       r["request_rate"].is_string() ? r["request_rate"].get<std::string>().c_str()
                                     : r["request_rate"].dump().c_str(),
@@ -104,7 +104,7 @@ std::string compare_row(const std::string& variant, const Json& r) {
       static_cast<long long>(r["max_concurrent_decodes"].get<int64_t>()), ms("mean_ttft_ms"),
       ms("median_ttft_ms"), ms("p90_ttft_ms"), ms("p99_ttft_ms"), ms("mean_tpot_ms"),
       later_count > 0 ? one_decimal(later_sum / later_count).c_str() : "-", tier("gpu").c_str(),
-      tier("dram").c_str(), tier("ssd").c_str());
+      tier("dram").c_str(), tier("ssd").c_str(), tier("remote").c_str());
   return line;
 }
 
@@ -223,8 +223,8 @@ Status bench_compare(const Flags& flags, const std::vector<std::string>& args) {
             "mean prompt tokens | mean latency (ms) |\n|---|---|---|---|---|---|---|\n"
           : "| variant | rate (req/s) | completed | req/s | output tok/s | peak decodes "
             "| TTFT mean (ms) | p50 | p90 | p99 | TPOT mean (ms) | TTFT turns >= 2 (ms) "
-            "| gpu hit tokens | dram | ssd |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+            "| gpu hit tokens | dram | ssd | remote |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   auto record = [&](const std::string& name, Json setup, double rate, const Json& result) {
     table += quality ? quality_row(name, result) : compare_row(name, result);
     setup["variant"] = name;

@@ -191,6 +191,14 @@ bool Engine::end_session(const std::string& session) {
   return restore_ != nullptr && restore_->end_session(session);
 }
 
+std::pair<int64_t, std::string> Engine::stored_prefix(std::span<const TokenId> prompt,
+                                                      const std::string& tenant,
+                                                      const std::string& session) const {
+  if (!restore_) return {0, ""};
+  restore::LoadedPrefix stored = restore_->stored_prefix(prompt, {tenant, session, false});
+  return {stored.tokens, stored.tier};
+}
+
 EngineStats Engine::stats() const {
   std::scoped_lock lock(mutex_);
   return stats_;

@@ -126,6 +126,18 @@ void RestoreCoordinator::look_up_shared(std::span<const TokenId> prompt,
   store_->look_up_shared(prompt, root(info.tenant), store_session_key(info.session));
 }
 
+LoadedPrefix RestoreCoordinator::stored_prefix(std::span<const TokenId> prompt,
+                                              const SequenceInfo& info) const {
+  LoadedPrefix out;
+  if (info.scores_prompt) return out;
+  if (std::optional<store::StoreMatch> m =
+          store_->peek(prompt, root(info.tenant), store_session_key(info.session))) {
+    out.tokens = m->num_chunks * kv_.geometry().block_size_tokens;
+    out.tier = store_->tier_name(m->tier);
+  }
+  return out;
+}
+
 bool RestoreCoordinator::end_session(const std::string& session) {
   return !session.empty() && store_->erase_session(store_session_key(session));
 }

@@ -136,6 +136,10 @@ class Service {
                 with_body([this](const auto& req, const std::string& body, auto& res) {
                   generate(Endpoint::kCompletions, req, body, res);
                 }));
+    server.Post("/v1/kv/lookup",
+                with_body([this](const auto& req, const std::string& body, auto& res) {
+                  lookup(req, body, res);
+                }));
     server.Get("/v1/models", guarded([this](const auto& req, auto& res) { models(req, res); }));
     server.Get(R"(/v1/models/(.+))",
                guarded([this](const auto& req, auto& res) { model(req, res); }));
@@ -249,7 +253,7 @@ class Service {
 
   static std::string endpoint_label(const std::string& path) {
     static const char* const kRoutes[] = {"/v1/chat/completions", "/v1/completions", "/v1/models",
-                                          "/health", "/metrics"};
+                                          "/v1/kv/lookup", "/health", "/metrics"};
     for (const char* route : kRoutes) {
       if (path == route) return route;
     }
@@ -275,6 +279,20 @@ class Service {
 
   static ApiError model_not_found(const std::string& name) {
     return make_error(404, "The model `" + name + "` does not exist.", "model", "model_not_found");
+  }
+
+  // POST /v1/kv/lookup: how much of a request's prompt this replica's KV store holds, for a
+  // router choosing where to send it (docs/deployment.md). Runs nothing.
+  void lookup(const httplib::Request& req, const std::string& body, httplib::Response& res) {
+    const openai::Endpoint endpoint = openai::lookup_endpoint(body);
+    StatusOr<openai::ParsedRequest> parsed = openai::parse_request(
+        endpoint, body, engine_.model_config().vocab_size, options_.sampling_defaults);
+    if (!parsed.ok()) return send_error(res, api_error(parsed.status()));
+    StatusOr<std::vector<TokenId>> prompt = tokenize(*parsed);
+    if (!prompt.ok()) return send_error(res, api_error(prompt.status()));
+    const auto [stored, tier] =
+        engine_.stored_prefix(*prompt, tenant_salt(bearer_key(req), parsed->user), {});
+    res.set_content(openai::kv_lookup_body(std::ssize(*prompt), stored, tier), "application/json");
   }
 
   // POST /v1/chat/completions and /v1/completions.

@@ -396,6 +396,19 @@ Json model_json(const std::string& served_name, int64_t created, int64_t max_con
 
 }  // namespace
 
+Endpoint lookup_endpoint(std::string_view body) {
+  const Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
+  return j.is_object() && j.contains("messages") ? Endpoint::kChatCompletions
+                                                 : Endpoint::kCompletions;
+}
+
+std::string kv_lookup_body(int64_t prompt_tokens, int64_t stored_tokens, const std::string& tier) {
+  return dump(Json{{"object", "kv.lookup"},
+                   {"prompt_tokens", prompt_tokens},
+                   {"stored_tokens", stored_tokens},
+                   {"tier", tier.empty() ? Json(nullptr) : Json(tier)}});
+}
+
 std::string model_list_body(const std::string& served_name, int64_t created,
                             int64_t max_context_tokens) {
   return dump(Json{{"object", "list"},

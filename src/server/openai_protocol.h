@@ -78,6 +78,13 @@ struct ParsedRequest {
 StatusOr<ParsedRequest> parse_request(Endpoint endpoint, std::string_view body, int64_t vocab_size,
                                       const sampling::SamplingParams& defaults = {});
 
+// POST /v1/kv/lookup takes a chat completion or a completion body: the one it is (kChatCompletions
+// when it has "messages"; anything unparsable is left to parse_request to name).
+Endpoint lookup_endpoint(std::string_view body);
+// Its answer: the request's prompt tokens, how many of them this replica's KV store holds, and
+// the farthest tier they would be loaded from (null when none).
+std::string kv_lookup_body(int64_t prompt_tokens, int64_t stored_tokens, const std::string& tier);
+
 // GET /v1/models (a list of one) and /v1/models/{model}: the served model.
 std::string model_list_body(const std::string& served_name, int64_t created,
                             int64_t max_context_tokens);

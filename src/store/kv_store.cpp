@@ -179,6 +179,12 @@ std::optional<StoreMatch> KvStore::find(std::span<const TokenId> prompt, const k
   return best;
 }
 
+std::optional<StoreMatch> KvStore::peek(std::span<const TokenId> prompt, const kv::ChunkHash& root,
+                                        const std::string& session) const {
+  std::scoped_lock lock(mutex_);
+  return match(prompt, root, session);
+}
+
 std::optional<StoreMatch> KvStore::match(std::span<const TokenId> prompt,
                                          const kv::ChunkHash& root,
                                          const std::string& session) const {

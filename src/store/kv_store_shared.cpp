@@ -40,9 +40,21 @@ void KvStore::look_up_shared(std::span<const TokenId> prompt, const kv::ChunkHas
   const int64_t n = std::ssize(prompt);
   int64_t here = 0;
   {
-    std::scoped_lock lock(mutex_);
+    std::unique_lock lock(mutex_);
     ++stats_.shared_lookups;
-    if (std::optional<StoreMatch> m = match(prompt, root, session)) here = m->num_chunks;
+    if (std::optional<StoreMatch> m = match(prompt, root, session)) {
+      here = m->num_chunks;
+      // Indexed here but held only there (demoted out of DRAM): read into DRAM now, off the step
+      // thread, like an item another replica stored.
+      Item& item = items_.at(m->item);
+      if (m->tier == shared_ && !item.busy && reclaim_clean_dram(m->num_chunks)) {
+        item.busy = true;
+        item.fetched_from = shared_;
+        TierIndex from = kDramTier;
+        (void)fetch(m->item, 0, m->num_chunks, nullptr, &from, lock);  // a failure drops it
+        return;
+      }
+    }
   }
   // The session's item there, as far as it matches the prompt (find()'s rule), else the longest
   // run of the prompt's chained content hashes.

@@ -122,6 +122,17 @@ def main():
                       for t in choice["logprobs"]["content"]]
             return choice["message"]["content"], reply["usage"], tokens
 
+        def lookup(self, messages):
+            """POST /v1/kv/lookup: (stored tokens, tier) this replica holds for the chat."""
+            body = json.dumps({"messages": [{"role": r, "content": c} for r, c in messages]})
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{self.http_port}/v1/kv/lookup", data=body.encode(),
+                headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=60) as response:
+                reply = json.loads(response.read())
+            assert reply["object"] == "kv.lookup" and reply["prompt_tokens"] > 0, reply
+            return reply["stored_tokens"], reply["tier"]
+
         def metrics(self):
             text = urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/metrics",
                                           timeout=30).read().decode()
@@ -181,8 +192,13 @@ def main():
         reply, _, _ = a.chat(first)
         a.wait_written_through(before)
         second = follow_up(first, reply)
+        # What each replica reports holding, for a router: A has it, B has not seen it.
+        stored, tier = a.lookup(second)
+        assert stored >= 64 and tier == "dram", (stored, tier)
+        assert b.lookup(second) == (0, None)
         _, usage, tokens = b.chat(second)
         assert usage.cached_tier == "remote", usage
+        assert b.lookup(second)[0] >= stored
         assert usage.cached_prompt_tokens >= 64, usage
         same_greedy_tokens(tokens, reference.chat(second)[2])
         assert b.metric("strata_kv_store_shared_found_total") >= 1

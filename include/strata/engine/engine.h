@@ -28,6 +28,7 @@
 #include <mutex>
 #include <optional>
 #include <span>
+#include <utility>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -205,6 +206,13 @@ class Engine {
   // Drops a session's stored KV; false if the store holds none for it (or there is no store).
   // A turn of the session still running keeps saving, findable by content only. Thread-safe.
   bool end_session(const std::string& session);
+  // The prompt tokens of `prompt` whose KV this engine's store holds now, and the farthest tier
+  // they would be loaded from ("" when none, or without a store), as `tenant` and `session`
+  // would find them; nothing is counted or loaded. Routers use it to pick a replica.
+  // Thread-safe.
+  std::pair<int64_t, std::string> stored_prefix(std::span<const TokenId> prompt,
+                                                const std::string& tenant,
+                                                const std::string& session) const;
 
   const model::ModelConfig& model_config() const;
   // The one overflow policy of every front door: true when a prompt that fills the context

@@ -141,6 +141,9 @@ class RestoreCoordinator {
   // another replica stored (store::KvStore::look_up_shared). Thread-safe; a no-op without a
   // shared tier or for a scored prompt.
   void look_up_shared(std::span<const TokenId> prompt, const SequenceInfo& info) const;
+  // The prompt tokens the store holds for `prompt` now and the farthest tier they would be loaded
+  // from (tokens 0 and "" when none), without counting a lookup. Thread-safe.
+  LoadedPrefix stored_prefix(std::span<const TokenId> prompt, const SequenceInfo& info) const;
   // Drops a session's stored KV; false if the store holds none for it. Thread-safe.
   bool end_session(const std::string& session);
   RestoreStats stats() const;

@@ -201,12 +201,18 @@ class KvStore {
   // held only by a failed tier). Counts a miss in every tier when nothing matches.
   std::optional<StoreMatch> find(std::span<const TokenId> prompt, const kv::ChunkHash& root,
                                  const std::string& session);
+  // What find() would match now, without counting a lookup (a router asking which replica holds
+  // a conversation).
+  std::optional<StoreMatch> peek(std::span<const TokenId> prompt, const kv::ChunkHash& root,
+                                 const std::string& session) const;
   // Asks the shared tier (one other replicas write: the remote tier) for `prompt` before its
   // request is admitted: when it holds a longer prefix than find() would match here (by session,
   // then by content), the item is indexed here and read into DRAM now, on the calling thread, so
-  // that find() matches it and the load reads DRAM (its first load reports the shared tier). Its
-  // network calls are bounded by the tier's timeout; a failure leaves the store as it was.
-  // Nothing without a usable shared tier.
+  // that find() matches it and the load reads DRAM (its first load reports the shared tier). An
+  // item find() matches here that only the shared tier holds (demoted out of DRAM) is read into
+  // DRAM the same way. Network calls are bounded by the tier's timeout; a failure leaves the
+  // store as it was (or drops the item whose chunks failed). Nothing without a usable shared
+  // tier.
   void look_up_shared(std::span<const TokenId> prompt, const kv::ChunkHash& root,
                       const std::string& session);
   // Pins chunks [first, first + count) of `item`, reading those DRAM lacks from the nearest lower
