@@ -254,6 +254,7 @@ StatusOr<std::vector<std::shared_ptr<RequestStream>>> Engine::submit_parallel(
                                   std::to_string(config.max_context_tokens) +
                                   " to be scored (it would be truncated)");
   }
+  const Clock::time_point submitted = Clock::now();
   if (restore_) {
     // What another replica stored for this conversation, read here on the caller's thread.
     restore_->look_up_shared(request.prompt_token_ids,
@@ -274,7 +275,8 @@ StatusOr<std::vector<std::shared_ptr<RequestStream>>> Engine::submit_parallel(
     }
     inbox_.push_back(
         {std::move(request), streams.front(),
-         std::vector<std::shared_ptr<RequestStream>>(streams.begin() + 1, streams.end())});
+         std::vector<std::shared_ptr<RequestStream>>(streams.begin() + 1, streams.end()),
+         submitted});
   }
   wake_.notify_all();
   return streams;
@@ -353,7 +355,7 @@ void Engine::refresh_stats() {
 
 void Engine::admit(std::vector<Submission> submissions) {
   const int64_t vocab = executor_->config().vocab_size;
-  for (auto& [request, stream, forks] : submissions) {
+  for (auto& [request, stream, forks, submitted] : submissions) {
     const SeqId seq{stream->id().value};
     std::vector<TokenId> stop_ids = request.sampling.stop_token_ids;
     if (!request.sampling.ignore_eos) {
@@ -364,7 +366,7 @@ void Engine::admit(std::vector<Submission> submissions) {
     auto active = std::make_unique<Active>(
         stream->id(), stream, sampling::SequenceSampler(request.sampling, vocab, request.prompt_token_ids),
         sampling::StopChecker(request.sampling), tokenizer::StreamDecoder(*tokenizer_),
-        std::move(stop_ids), Clock::now());
+        std::move(stop_ids), submitted);
     active->forced = std::move(request.forced_completion);
     active->compress_kv = request.compress_kv;
     active->forks = std::move(forks);

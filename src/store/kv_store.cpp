@@ -84,54 +84,6 @@ Status KvStore::start() {
   return Status();
 }
 
-void KvStore::adopt(TierIndex t, std::vector<RecoveredItem> recovered) {
-  int64_t adopted = 0;
-  for (const RecoveredItem& r : recovered) adopted += adopt_item(t, r) ? 1 : 0;
-  if (adopted > 0) {
-    spdlog::info("KV store: recovered {} conversations from the {} tier", adopted, tiers_[t]->name());
-  }
-}
-
-bool KvStore::adopt_item(TierIndex t, const RecoveredItem& r) {
-  // Values in a codec this deployment does not have cannot be decoded: left out.
-  auto codec = std::find_if(options_.codecs.begin(), options_.codecs.end(), [&](const ItemCodec& c) {
-    return c.name == (r.attributes.codec.empty() ? "none" : r.attributes.codec);
-  });
-  if (codec == options_.codecs.end()) {
-    (void)tiers_[t]->evict(r.id);  // its room is the tier's again
-    return false;
-  }
-  auto [it, added] = items_.try_emplace(r.id);
-  Item& item = it->second;
-  if (added) {
-    item.id = r.id;
-    item.session = r.attributes.session;
-    item.exact = r.attributes.exact;
-    item.token_offset = r.attributes.token_offset;
-    item.codec = static_cast<int32_t>(codec - options_.codecs.begin());
-    ++stats_.codec_items[item.codec];
-    item.stored_at = item.last_access = ++clock_;
-    item.touched = std::chrono::steady_clock::now();
-    next_item_ = std::max(next_item_, r.id + 1);
-    if (!item.session.empty()) by_session_[item.session] = r.id;
-  }
-  // An item another tier recovered too keeps the chunks both agree on.
-  for (const ChunkKey& key : r.chunks) {
-    if (key.index < std::ssize(item.chunks)) {
-      if (item.chunks[key.index].hash != key.hash) break;
-    } else if (key.index == std::ssize(item.chunks)) {
-      item.chunks.push_back({key.hash, 0, nullptr});
-      if (item.exact) by_hash_[key.hash] = {r.id, key.index};
-      published_chunks_ += 1;
-      published_items_ += item.chunks.size() == 1 ? 1 : 0;
-    } else {
-      break;
-    }
-    set_held(item, key.index, t, true);
-  }
-  return true;
-}
-
 KvStore::~KvStore() {
   {
     std::scoped_lock lock(mutex_);

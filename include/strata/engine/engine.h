@@ -235,6 +235,7 @@ class Engine {
     GenerateRequest request;
     std::shared_ptr<RequestStream> stream;
     std::vector<std::shared_ptr<RequestStream>> forks;
+    std::chrono::steady_clock::time_point submitted;  // TTFT counts from here
   };
   void admit(std::vector<Submission> submissions);
   // Starts `parent`'s pending forks from its prefill's last-position logits `last`.
