@@ -15,6 +15,7 @@
 #include "strata/server/grpc_server.h"
 #include "strata/server/http_server.h"
 #include "strata/server/session_store.h"
+#include "strata/store/redis_client.h"
 
 namespace strata::cli {
 namespace {
@@ -104,6 +105,18 @@ Status serve(const std::vector<std::string>& args) {
         sessions, server::SessionStore::open(deployment.kv_store.ssd_dir + "/sessions.journal"));
   } else {
     sessions = std::make_unique<server::SessionStore>();
+  }
+  // With a remote tier, replicas share the sessions through the same Redis as their KV.
+  if (const store::RemoteTierConfig& remote = deployment.kv_store.remote;
+      deployment.kv_store.enabled() && remote.enabled()) {
+    STRATA_ASSIGN_OR_RETURN(
+        std::unique_ptr<store::RedisClient> redis,
+        store::RedisClient::create({remote.address, remote.username, remote.password_env,
+                                    remote.database, std::chrono::milliseconds(remote.timeout_ms),
+                                    std::chrono::milliseconds(remote.retry_ms)}));
+    sessions->share_through(std::move(redis), std::chrono::seconds(remote.ttl_seconds > 0
+                                                                       ? remote.ttl_seconds
+                                                                       : 7 * 24 * 3600));
   }
   std::unique_ptr<server::GrpcServer> grpc;
   if (server.grpc_port != 0) {

@@ -12,6 +12,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "strata/store/redis_client.h"
+
 namespace strata::server {
 namespace {
 
@@ -62,8 +64,21 @@ Status write_all(int fd, const std::string& data, const std::string& path) {
 // Invalid UTF-8 (which the front doors never let through) would become U+FFFD, not an exception.
 std::string dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
 
-Json message_json(const tokenizer::ChatMessage& m) {
-  return {{"role", m.role}, {"content", m.content.value_or("")}};
+Json messages_json(const std::vector<tokenizer::ChatMessage>& messages) {
+  Json list = Json::array();
+  for (const tokenizer::ChatMessage& m : messages) {
+    list.push_back({{"role", m.role}, {"content", m.content.value_or("")}});
+  }
+  return list;
+}
+
+// The Redis key of a session: a digest, so Redis never holds a tenant's key or a client's id.
+std::string shared_key(const std::string& session_id) {
+  const XXH128_hash_t h = XXH3_128bits(session_id.data(), session_id.size());
+  char hex[33];
+  std::snprintf(hex, sizeof(hex), "%016llx%016llx", static_cast<unsigned long long>(h.high64),
+                static_cast<unsigned long long>(h.low64));
+  return std::string("strata:sessions:1:") + hex;
 }
 
 }  // namespace
@@ -112,11 +127,8 @@ StatusOr<std::unique_ptr<SessionStore>> SessionStore::open(const std::string& jo
   if (fd < 0) return errno_error("cannot create", tmp);
   std::string compact;
   for (const std::string& id : store->lru_) {
-    Json messages = Json::array();
-    for (const tokenizer::ChatMessage& m : store->sessions_.at(id).messages) {
-      messages.push_back(message_json(m));
-    }
-    compact += checksummed(dump(Json{{"op", "session"}, {"id", id}, {"messages", messages}}));
+    compact += checksummed(dump(Json{
+        {"op", "session"}, {"id", id}, {"messages", messages_json(store->sessions_.at(id).messages)}}));
   }
   Status written = write_all(fd, compact, tmp);
   if (written.ok() && ::fdatasync(fd) != 0) written = errno_error("cannot sync", tmp);
@@ -171,12 +183,78 @@ SessionStore::Session& SessionStore::touch(const std::string& session_id,
   return session;
 }
 
+void SessionStore::share_through(std::shared_ptr<store::RedisClient> redis,
+                                 std::chrono::seconds ttl) {
+  redis_ = std::move(redis);
+  ttl_ms_ = std::to_string(std::chrono::milliseconds(ttl).count());
+}
+
+std::optional<std::vector<tokenizer::ChatMessage>> SessionStore::read_shared(
+    const std::string& session_id, bool* erased) const {
+  *erased = false;
+  if (redis_ == nullptr) return std::nullopt;
+  const std::string key = shared_key(session_id);
+  const std::vector<store::RedisCommand> get = {{"GET", key}};
+  StatusOr<std::vector<store::RedisReply>> reply = redis_->run(get);
+  if (!reply.ok() || (*reply)[0].type != store::RedisReply::Type::kString) return std::nullopt;
+  const std::optional<Json> record = parse_line((*reply)[0].text);
+  // The id guards against a digest collision; a bad record is ignored (the local copy serves).
+  if (!record || record->value("id", "") != session_id || !record->contains("messages")) {
+    spdlog::warn("sessions: ignoring a corrupt shared record of a session");
+    return std::nullopt;
+  }
+  if (record->value("erased", false)) {
+    *erased = true;
+    return std::nullopt;
+  }
+  std::vector<tokenizer::ChatMessage> messages;
+  for (const Json& m : (*record)["messages"]) {
+    if (!m.is_object() || !m.contains("role") || !m.contains("content")) return std::nullopt;
+    messages.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+  }
+  return messages;
+}
+
+void SessionStore::write_shared(const std::string& session_id,
+                                const std::vector<tokenizer::ChatMessage>* messages) const {
+  if (redis_ == nullptr) return;
+  Json record = {{"id", session_id}};
+  if (messages == nullptr) {
+    record["erased"] = true;
+    record["messages"] = Json::array();
+  } else {
+    record["messages"] = messages_json(*messages);
+  }
+  std::string value = checksummed(dump(record));
+  value.pop_back();  // the newline
+  const std::string key = shared_key(session_id);
+  const std::vector<store::RedisCommand> set = {{"SET", key, value, "PX", ttl_ms_}};
+  // Redis down: the turn is kept here (and journaled); another replica will not see it.
+  (void)redis_->run(set);
+}
+
 std::vector<tokenizer::ChatMessage> SessionStore::begin_turn(
     const std::string& session_id, const tokenizer::ChatMessage& message,
-    const std::string& system) const {
+    const std::string& system) {
+  bool erased = false;
+  std::optional<std::vector<tokenizer::ChatMessage>> shared = read_shared(session_id, &erased);
   std::scoped_lock lock(mutex_);
+  auto it = sessions_.find(session_id);
+  if (erased && it != sessions_.end()) {  // ended on another replica
+    forget(it);
+    it = sessions_.end();
+  }
+  if (shared && (it == sessions_.end() || shared->size() > it->second.messages.size())) {
+    // Turns another replica served: the shared copy is the conversation.
+    Session& session = touch(session_id);
+    session.messages = std::move(*shared);
+    const Status journaled = append(dump(
+        Json{{"op", "session"}, {"id", session_id}, {"messages", messages_json(session.messages)}}));
+    if (!journaled.ok()) spdlog::warn("sessions: {}", journaled.message());
+    it = sessions_.find(session_id);
+  }
   std::vector<tokenizer::ChatMessage> messages;
-  if (auto it = sessions_.find(session_id); it != sessions_.end()) {
+  if (it != sessions_.end()) {
     messages = it->second.messages;
   } else if (!system.empty()) {
     messages.push_back({"system", system});
@@ -188,17 +266,24 @@ std::vector<tokenizer::ChatMessage> SessionStore::begin_turn(
 Status SessionStore::commit_turn(const std::string& session_id,
                                  const tokenizer::ChatMessage& message, const std::string& reply,
                                  const std::string& system) {
-  std::scoped_lock lock(mutex_);
-  const bool is_new = sessions_.find(session_id) == sessions_.end();
-  Session& session = touch(session_id, system);
-  session.messages.push_back(message);
-  session.messages.push_back({"assistant", reply});
-  return append(dump(Json{{"op", "turn"},
-                          {"id", session_id},
-                          {"system", is_new ? system : std::string()},
-                          {"role", message.role},
-                          {"content", message.content.value_or("")},
-                          {"reply", reply}}));
+  std::vector<tokenizer::ChatMessage> conversation;
+  Status journaled;
+  {
+    std::scoped_lock lock(mutex_);
+    const bool is_new = sessions_.find(session_id) == sessions_.end();
+    Session& session = touch(session_id, system);
+    session.messages.push_back(message);
+    session.messages.push_back({"assistant", reply});
+    journaled = append(dump(Json{{"op", "turn"},
+                                 {"id", session_id},
+                                 {"system", is_new ? system : std::string()},
+                                 {"role", message.role},
+                                 {"content", message.content.value_or("")},
+                                 {"reply", reply}}));
+    if (redis_ != nullptr) conversation = session.messages;
+  }
+  if (redis_ != nullptr) write_shared(session_id, &conversation);
+  return journaled;
 }
 
 std::optional<SessionStore::TurnLease> SessionStore::lease_turn(const std::string& session_id) {
@@ -214,9 +299,15 @@ SessionStore::TurnLease::~TurnLease() {
 }
 
 bool SessionStore::erase(const std::string& session_id) {
+  bool erased_shared = false;
+  if (redis_ != nullptr) {  // a tombstone: replicas holding a copy drop it at its next turn
+    bool already = false;
+    erased_shared = read_shared(session_id, &already).has_value();
+    write_shared(session_id, nullptr);
+  }
   std::scoped_lock lock(mutex_);
   auto it = sessions_.find(session_id);
-  if (it == sessions_.end()) return false;
+  if (it == sessions_.end()) return erased_shared;
   forget(it);
   const Status journaled = append(dump(Json{{"op", "erase"}, {"id", session_id}}));
   if (!journaled.ok()) spdlog::warn("sessions: {}", journaled.message());

@@ -1,10 +1,11 @@
-#include "redis_client.h"
+#include "strata/store/redis_client.h"
 
 #include <hiredis/hiredis.h>
 #include <spdlog/spdlog.h>
 
 #include <cerrno>
 #include <charconv>
+#include <cstdlib>
 #include <sys/time.h>
 
 namespace strata::store {
@@ -65,6 +66,13 @@ void RedisClient::ContextDeleter::operator()(redisContext* c) const { redisFree(
 
 StatusOr<std::unique_ptr<RedisClient>> RedisClient::create(RedisClientOptions options) {
   std::unique_ptr<RedisClient> client(new RedisClient(std::move(options)));
+  if (const std::string& env = client->options_.password_env; !env.empty()) {
+    const char* value = std::getenv(env.c_str());
+    if (value == nullptr) {
+      return failed_precondition_error("redis: the password variable " + env + " is not set");
+    }
+    client->password_ = value;
+  }
   const std::string& a = client->options_.address;
   if (a.starts_with("unix:")) {
     client->unix_ = true;
@@ -133,11 +141,11 @@ StatusOr<RedisClient::Connection> RedisClient::connect() {
   if (redisSetTimeout(c.get(), tv) != REDIS_OK) return fail("unreachable", c->errstr);
   (void)redisEnableKeepAlive(c.get());
   std::vector<RedisCommand> hello;
-  if (!options_.password.empty()) {
+  if (!password_.empty()) {
     if (options_.username.empty()) {
-      hello.push_back({"AUTH", options_.password});
+      hello.push_back({"AUTH", password_});
     } else {
-      hello.push_back({"AUTH", options_.username, options_.password});
+      hello.push_back({"AUTH", options_.username, password_});
     }
   }
   const std::string db = std::to_string(options_.database);

@@ -3,11 +3,10 @@
 #include <xxhash.h>
 
 #include <charconv>
-#include <cstdlib>
 #include <cstring>
 #include <sstream>
 
-#include "redis_client.h"
+#include "strata/store/redis_client.h"
 
 namespace strata::store {
 namespace {
@@ -122,18 +121,9 @@ StatusOr<std::unique_ptr<RedisTier>> RedisTier::open(const RedisOptions& options
   if (options.capacity_bytes <= 0) {
     return invalid_argument_error("store." + options.name + ": capacity must be positive");
   }
-  std::string password;
-  if (!options.password_env.empty()) {
-    const char* value = std::getenv(options.password_env.c_str());
-    if (value == nullptr) {
-      return failed_precondition_error("store." + options.name + ": the password variable " +
-                                       options.password_env + " is not set");
-    }
-    password = value;
-  }
   STRATA_ASSIGN_OR_RETURN(
       std::unique_ptr<RedisClient> client,
-      RedisClient::create({options.address, options.username, std::move(password),
+      RedisClient::create({options.address, options.username, options.password_env,
                            options.database, options.timeout, options.retry_after}));
   return std::unique_ptr<RedisTier>(new RedisTier(options, std::move(client)));
 }

@@ -3,7 +3,8 @@
 Starts redis-server, two `strata serve` replicas whose KV stores share it, and a cache-less server
 (no store, no prefix cache) whose greedy answers are the reference. Then:
   - a conversation started on replica A resumes on replica B with its history's KV loaded from
-    Redis (usage: cached tokens, tier `remote`) and the cache-less server's greedy answer;
+    Redis (usage: cached tokens, tier `remote`) and the cache-less server's greedy answer, sent
+    as messages (OpenAI style) or as a gRPC session, whose history Redis shares too;
   - Redis stopped mid-run, and a corrupt value in it: requests still succeed, recomputing, with
     the reference answers; metrics say why;
   - the deployment recipe of docs/deployment.md: the two replicas behind nginx (Debian's) with
@@ -99,6 +100,19 @@ def main():
                 temperature=0, max_tokens=GREEDY_TOKENS, logprobs=2))
             for role, content in messages:
                 request.messages.add(role=role, content=content)
+            text, last, tokens = "", None, []
+            for r in self.chat_call(request, timeout=300):
+                text += r.text
+                tokens += [(lp.token_id, lp.top[0].logprob - lp.top[1].logprob)
+                           for lp in r.logprobs]
+                last = r
+            return text, last.usage, tokens
+
+        def session_chat(self, session, content):
+            """A turn of a server-side session (gRPC ChatRequest.session_id)."""
+            request = pb.ChatRequest(session_id=session, sampling=pb.SamplingParams(
+                temperature=0, max_tokens=GREEDY_TOKENS, logprobs=2),
+                message=pb.ChatMessage(role="user", content=content))
             text, last, tokens = "", None, []
             for r in self.chat_call(request, timeout=300):
                 text += r.text
@@ -203,6 +217,18 @@ def main():
         same_greedy_tokens(tokens, reference.chat(second)[2])
         assert b.metric("strata_kv_store_shared_found_total") >= 1
         assert b.metric('strata_kv_store_hits_total{tier="remote"}') >= 1
+
+    def test_grpc_session_continues_on_the_other_replica():
+        # The session's history is shared through Redis as well as its KV.
+        opening = HISTORY + "Tell me one fact about owls."
+        before = a.metric('strata_kv_store_chunks{tier="remote"}')
+        reply, first, _ = a.session_chat("owls", opening)
+        a.wait_written_through(before)
+        _, usage, tokens = b.session_chat("owls", "And another one?")
+        assert usage.prompt_tokens > first.prompt_tokens + 10, (usage, first)
+        assert usage.cached_tier == "remote" and usage.cached_prompt_tokens >= 64, usage
+        same_greedy_tokens(tokens, reference.chat(
+            [("user", opening), ("assistant", reply), ("user", "And another one?")])[2])
 
     def test_redis_down_mid_run_recomputes():
         first = conversation("rivers")
@@ -324,6 +350,8 @@ def main():
     try:
         check("conversation_resumes_on_the_other_replica",
               test_conversation_resumes_on_the_other_replica)
+        check("grpc_session_continues_on_the_other_replica",
+              test_grpc_session_continues_on_the_other_replica)
         check("redis_down_mid_run_recomputes", test_redis_down_mid_run_recomputes)
         check("corrupt_value_is_recomputed_not_served", test_corrupt_value_is_recomputed_not_served)
         check("nginx_consistent_hashing_and_failover", test_nginx_consistent_hashing_and_failover)

@@ -7,12 +7,19 @@
 // with their KV on the SSD. A torn or corrupt line (a crash mid-write, a flipped bit) loses only
 // that record; open() then rewrites the journal compactly (one record per live session).
 //
+// Shared between replicas (share_through(): the Redis server of the KV store's remote tier): each
+// finished turn also writes the whole conversation to Redis, and each turn begins from the
+// longer of the local and the shared copy, so a session continues on whichever replica serves
+// its next turn (docs/deployment.md). An erase leaves a tombstone there that other replicas
+// honour. Redis down or slow: the local copy serves (bounded by the client's timeout).
+//
 // Thread-safe. Bounded: beyond max_sessions the least recently used session is dropped, and a
 // tenant beyond max_per_tenant sessions drops its own least recently used one (so no tenant can
 // push another's sessions out). Session ids are tenant-qualified, "TENANT\nID" (ids without a
 // newline belong to the "" tenant).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <list>
 #include <memory>
@@ -25,6 +32,10 @@
 
 #include "strata/common/status.h"
 #include "strata/tokenizer/chat_template.h"
+
+namespace strata::store {
+class RedisClient;
+}
 
 namespace strata::server {
 
@@ -41,11 +52,16 @@ class SessionStore {
   SessionStore(const SessionStore&) = delete;
   SessionStore& operator=(const SessionStore&) = delete;
 
+  // Shares the sessions with other replicas through `redis` (keys expire `ttl` after their
+  // last turn). Call before serving.
+  void share_through(std::shared_ptr<store::RedisClient> redis, std::chrono::seconds ttl);
+
   // The conversation so far with `message` appended; for a session that does not exist yet,
-  // `system` (when non-empty) then `message`. Changes nothing: a turn that fails leaves no trace.
+  // `system` (when non-empty) then `message`. A turn that fails leaves no trace; a shared copy
+  // longer than the local one (turns served by another replica) replaces it first.
   std::vector<tokenizer::ChatMessage> begin_turn(const std::string& session_id,
                                                  const tokenizer::ChatMessage& message,
-                                                 const std::string& system = {}) const;
+                                                 const std::string& system = {});
   // Records a finished turn (the user message and the assistant's reply), creating the session
   // with `system` first if it does not exist (new, or dropped by the LRU bound meanwhile). With
   // a journal, the turn is durable when this returns OK; an error (a full disk) leaves the turn
@@ -89,6 +105,13 @@ class SessionStore {
   void forget(std::unordered_map<std::string, Session>::iterator it);
   // Appends one checksummed record and syncs it. REQUIRES mutex_ held.
   Status append(const std::string& json);
+  // The shared copy's messages (nullopt: none, erased, or Redis unavailable; `erased` set for a
+  // tombstone). REQUIRES mutex_ not held (network).
+  std::optional<std::vector<tokenizer::ChatMessage>> read_shared(const std::string& session_id,
+                                                                 bool* erased) const;
+  // Writes the shared copy (messages, or a tombstone when null). REQUIRES mutex_ not held.
+  void write_shared(const std::string& session_id,
+                    const std::vector<tokenizer::ChatMessage>* messages) const;
 
   const size_t max_sessions_;
   const size_t max_per_tenant_;
@@ -100,6 +123,8 @@ class SessionStore {
   int journal_fd_ = -1;         // -1: in memory only
   std::string journal_path_;
   int64_t corrupt_records_ = 0;
+  std::shared_ptr<store::RedisClient> redis_;  // null: not shared
+  std::string ttl_ms_;
 };
 
 }  // namespace strata::server

@@ -1,4 +1,5 @@
-// SessionStore: provisional turns, the system message, erase, the LRU bound and thread safety.
+// SessionStore: provisional turns, the system message, erase, the LRU bound and thread safety;
+// sessions shared by two stores (replicas) through a real redis-server.
 #include "strata/server/session_store.h"
 
 #include <gtest/gtest.h>
@@ -10,6 +11,8 @@
 #include <thread>
 #include <vector>
 
+#include "strata/store/redis_client.h"
+#include "support/redis_server.h"
 #include "support/temp_dir.h"
 
 namespace strata::server {
@@ -239,6 +242,61 @@ TEST(SessionStoreJournalTest, SessionsSurviveReopening) {
 TEST(SessionStoreJournalTest, AnUnwritableJournalIsAnError) {
   auto store = SessionStore::open("/nonexistent-dir/sessions.journal");
   EXPECT_EQ(store.status().code(), StatusCode::kUnavailable);
+}
+
+std::shared_ptr<store::RedisClient> client(const test_util::RedisServer& server) {
+  return store::RedisClient::create({server.address(), "", "", 0, std::chrono::milliseconds(200),
+                                     std::chrono::milliseconds(100)})
+      .value();
+}
+
+TEST(SharedSessionsTest, ASessionContinuesOnAnotherReplicaAndBack) {
+  test_util::RedisServer server;
+  SessionStore a, b;
+  a.share_through(client(server), std::chrono::seconds(60));
+  b.share_through(client(server), std::chrono::seconds(60));
+  ASSERT_TRUE(a.commit_turn("t\ns", {"user", "hi"}, "hello", "be brief").ok());
+  // b never served it: its turn begins from a's conversation.
+  EXPECT_EQ(flatten(b.begin_turn("t\ns", {"user", "again"})),
+            (Lines{"system:be brief", "user:hi", "assistant:hello", "user:again"}));
+  ASSERT_TRUE(b.commit_turn("t\ns", {"user", "again"}, "sure").ok());
+  // Back on a, whose own copy is one turn behind: the shared, longer one wins.
+  EXPECT_EQ(flatten(a.begin_turn("t\ns", {"user", "third"})),
+            (Lines{"system:be brief", "user:hi", "assistant:hello", "user:again", "assistant:sure",
+                   "user:third"}));
+  // Redis never holds the id in clear.
+  EXPECT_EQ(server.cli("KEYS '*s*'").find("t\ns"), std::string::npos);
+
+  // Ended on b: a drops its copy at its next turn, and a new conversation starts.
+  EXPECT_TRUE(b.erase("t\ns"));
+  EXPECT_EQ(flatten(a.begin_turn("t\ns", {"user", "new"})), (Lines{"user:new"}));
+  EXPECT_EQ(a.size(), 0u);
+}
+
+TEST(SharedSessionsTest, RedisDownLeavesTheLocalCopyServing) {
+  test_util::RedisServer server;
+  SessionStore a;
+  a.share_through(client(server), std::chrono::seconds(60));
+  ASSERT_TRUE(a.commit_turn("s", {"user", "hi"}, "hello").ok());
+  server.stop();
+  EXPECT_EQ(flatten(a.begin_turn("s", {"user", "more"})),
+            (Lines{"user:hi", "assistant:hello", "user:more"}));
+  EXPECT_TRUE(a.commit_turn("s", {"user", "more"}, "ok").ok());  // kept here
+  EXPECT_EQ(a.size(), 1u);
+}
+
+TEST(SharedSessionsTest, ACorruptSharedRecordIsIgnored) {
+  test_util::RedisServer server;
+  SessionStore a, b;
+  a.share_through(client(server), std::chrono::seconds(60));
+  b.share_through(client(server), std::chrono::seconds(60));
+  ASSERT_TRUE(a.commit_turn("s", {"user", "hi"}, "hello").ok());
+  const std::string key = server.cli("KEYS 'strata:sessions:*'");
+  ASSERT_FALSE(key.empty());
+  ASSERT_NE(server.cli("SETRANGE " + key.substr(0, key.size() - 1) + " 30 X"), "");
+  EXPECT_EQ(flatten(b.begin_turn("s", {"user", "?"})), (Lines{"user:?"}));
+  EXPECT_EQ(flatten(a.begin_turn("s", {"user", "?"})),
+            (Lines{"user:hi", "assistant:hello", "user:?"}));
 }
 
 }  // namespace

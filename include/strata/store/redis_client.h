@@ -1,6 +1,7 @@
-// A small Redis client over hiredis for the remote tier (redis_tier.cpp): a pool of blocking
-// connections, each command batch pipelined on one connection, every socket operation bounded by
-// a timeout. hiredis stays in redis_client.cpp.
+// A small Redis client over hiredis for what replicas share: the remote KV tier (redis_tier.h)
+// and chat sessions (server/session_store.h). A pool of blocking connections, each command batch
+// pipelined on one connection, every socket operation bounded by a timeout. hiredis stays in
+// redis_client.cpp.
 //
 // Failure model. A connection that cannot be made, times out, or breaks is discarded, and the
 // client refuses every call for `retry_after` (UNAVAILABLE at once, no I/O), so a down or slow
@@ -42,7 +43,8 @@ using RedisCommand = std::vector<std::string_view>;
 struct RedisClientOptions {
   std::string address;   // "host:port" or "unix:/path/to/socket"
   std::string username;  // ACL user (AUTH username password); empty: the default user
-  std::string password;  // empty: no AUTH
+  // The environment variable holding the password (AUTH); empty: no AUTH.
+  std::string password_env;
   int32_t database = 0;  // SELECT
   std::chrono::milliseconds timeout{200};  // connect, and each read or write on the socket
   std::chrono::milliseconds retry_after{1000};
@@ -51,7 +53,8 @@ struct RedisClientOptions {
 
 class RedisClient {
  public:
-  // INVALID_ARGUMENT for an address that is neither host:port nor unix:path. Connects lazily.
+  // INVALID_ARGUMENT for an address that is neither host:port nor unix:path; FAILED_PRECONDITION
+  // when password_env names an unset variable. Connects lazily.
   static StatusOr<std::unique_ptr<RedisClient>> create(RedisClientOptions options);
   ~RedisClient();
   RedisClient(const RedisClient&) = delete;
@@ -80,6 +83,7 @@ class RedisClient {
   void recovered();
 
   RedisClientOptions options_;
+  std::string password_;
   std::string host_;  // or the socket path when unix_
   int port_ = 0;
   bool unix_ = false;
