@@ -137,6 +137,23 @@ std::optional<StoreMatch> KvStore::peek(std::span<const TokenId> prompt, const k
   return match(prompt, root, session);
 }
 
+int64_t KvStore::session_chunks_matching(
+    std::span<const TokenId> prompt, const kv::ChunkHash& root, int64_t token_offset,
+    int64_t num_chunks, const std::function<kv::ChunkHash(int64_t)>& hash_of) const {
+  const int64_t block = options_.block_size_tokens;
+  const int64_t n = std::ssize(prompt);
+  const int64_t d = token_offset;
+  const int64_t limit = std::min<int64_t>(n > d ? (n - d - 1) / block : 0, num_chunks);
+  kv::ChunkHash h = root;
+  int64_t matched = 0;
+  for (; matched < limit; ++matched) {
+    const int64_t start = matched * block + (matched > 0 ? d : 0);
+    h = kv::chain_hash(h, prompt.subspan(start, block));
+    if (h != hash_of(matched)) break;
+  }
+  return matched;
+}
+
 std::optional<StoreMatch> KvStore::match(std::span<const TokenId> prompt,
                                          const kv::ChunkHash& root,
                                          const std::string& session) const {
@@ -159,16 +176,9 @@ std::optional<StoreMatch> KvStore::match(std::span<const TokenId> prompt,
   if (!session.empty()) {
     if (auto it = by_session_.find(session); it != by_session_.end()) {
       const Item& item = items_.at(it->second);
-      const int64_t d = item.token_offset;
-      const int64_t max_chunks =
-          std::min<int64_t>(n > d ? (n - d - 1) / block : 0, std::ssize(item.chunks));
-      kv::ChunkHash h = root;
-      int64_t matched = 0;
-      for (; matched < max_chunks; ++matched) {
-        const int64_t start = matched * block + (matched > 0 ? d : 0);
-        h = kv::chain_hash(h, prompt.subspan(start, block));
-        if (h != item.chunks[matched].hash) break;
-      }
+      const int64_t matched =
+          session_chunks_matching(prompt, root, item.token_offset, std::ssize(item.chunks),
+                                  [&](int64_t i) { return item.chunks[i].hash; });
       if (std::optional<StoreMatch> m = match_of(item, matched)) return m;
     }
   }

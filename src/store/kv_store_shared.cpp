@@ -114,15 +114,9 @@ void KvStore::look_up_shared(std::span<const TokenId> prompt, const kv::ChunkHas
     if (!record.ok()) return;
     if (*record) {
       RecoveredItem& r = **record;
-      const int64_t d = r.attributes.token_offset;
-      const int64_t limit = std::min<int64_t>(n > d ? (n - d - 1) / block : 0, std::ssize(r.chunks));
-      kv::ChunkHash h = root;
-      int64_t matched = 0;
-      for (; matched < limit; ++matched) {
-        const int64_t start = matched * block + (matched > 0 ? d : 0);
-        h = kv::chain_hash(h, prompt.subspan(start, block));
-        if (h != r.chunks[matched].hash) break;
-      }
+      const int64_t matched =
+          session_chunks_matching(prompt, root, r.attributes.token_offset, std::ssize(r.chunks),
+                                  [&](int64_t i) { return r.chunks[i].hash; });
       r.chunks.resize(matched);
       if (matched > 0) found = std::move(r);
     }

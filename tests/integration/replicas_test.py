@@ -94,12 +94,10 @@ def main():
                 "/strata.v1.Generation/Chat", request_serializer=pb.ChatRequest.SerializeToString,
                 response_deserializer=pb.GenerateResponse.FromString)
 
-        def chat(self, messages):
-            """Greedy chat over gRPC: (text, usage, [(token id, logprob, top-2 gap)])."""
-            request = pb.ChatRequest(sampling=pb.SamplingParams(
-                temperature=0, max_tokens=GREEDY_TOKENS, logprobs=2))
-            for role, content in messages:
-                request.messages.add(role=role, content=content)
+        def greedy(self, request):
+            """Runs a ChatRequest greedily: (text, usage, [(token id, top-2 logprob gap)])."""
+            request.sampling.CopyFrom(pb.SamplingParams(temperature=0, max_tokens=GREEDY_TOKENS,
+                                                        logprobs=2))
             text, last, tokens = "", None, []
             for r in self.chat_call(request, timeout=300):
                 text += r.text
@@ -108,18 +106,17 @@ def main():
                 last = r
             return text, last.usage, tokens
 
+        def chat(self, messages):
+            """A stateless chat over gRPC (the history sent as messages)."""
+            request = pb.ChatRequest()
+            for role, content in messages:
+                request.messages.add(role=role, content=content)
+            return self.greedy(request)
+
         def session_chat(self, session, content):
             """A turn of a server-side session (gRPC ChatRequest.session_id)."""
-            request = pb.ChatRequest(session_id=session, sampling=pb.SamplingParams(
-                temperature=0, max_tokens=GREEDY_TOKENS, logprobs=2),
-                message=pb.ChatMessage(role="user", content=content))
-            text, last, tokens = "", None, []
-            for r in self.chat_call(request, timeout=300):
-                text += r.text
-                tokens += [(lp.token_id, lp.top[0].logprob - lp.top[1].logprob)
-                           for lp in r.logprobs]
-                last = r
-            return text, last.usage, tokens
+            return self.greedy(pb.ChatRequest(
+                session_id=session, message=pb.ChatMessage(role="user", content=content)))
 
         def http_chat(self, messages, session="", port=None):
             """Greedy chat over HTTP (to `port`: a proxy), (text, usage, [(token, top-2 gap)])."""

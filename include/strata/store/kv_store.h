@@ -305,6 +305,11 @@ class KvStore {
   void adopt(TierIndex tier, std::vector<RecoveredItem> recovered);  // a persistent tier's items
   // Indexes one item tier t holds (REQUIRES mutex_); false if its codec is not this deployment's.
   bool adopt_item(TierIndex t, const RecoveredItem& r);
+  // How many leading chunks of a session's item (chunk i's hash hash_of(i), `token_offset` tokens
+  // dropped after its first block) match `prompt`, leaving at least one token to compute.
+  int64_t session_chunks_matching(std::span<const TokenId> prompt, const kv::ChunkHash& root,
+                                  int64_t token_offset, int64_t num_chunks,
+                                  const std::function<kv::ChunkHash(int64_t)>& hash_of) const;
   // find() without counting misses (REQUIRES mutex_).
   std::optional<StoreMatch> match(std::span<const TokenId> prompt, const kv::ChunkHash& root,
                                   const std::string& session) const;
