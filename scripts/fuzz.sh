@@ -16,7 +16,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 mode=${1:?usage: scripts/fuzz.sh smoke [SECONDS] | run RUNS [TARGET]}
-targets=(http_framing grpc_request gguf safetensors openai_request tokenizer_json ssd_journal config)
+targets=(http_framing grpc_request gguf safetensors openai_request tokenizer_json ssd_journal config
+         redis_records)
 
 if [[ ! -f build-fuzz/build.ninja ]]; then
   cmake -S . -B build-fuzz -G Ninja -DSTRATA_FUZZ=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
@@ -37,6 +38,9 @@ prepare_corpus() {  # target -> its working corpus directory
   # Written afresh each time, so the seed writer runs as it does on a fresh clone.
   if [[ $target == ssd_journal ]]; then
     STRATA_FUZZ_WRITE_SEED="$corpus/seed-journal" build-fuzz/fuzz/ssd_journal_fuzz
+  fi
+  if [[ $target == redis_records ]]; then
+    STRATA_FUZZ_WRITE_SEED="$corpus" build-fuzz/fuzz/redis_records_fuzz
   fi
   echo "$corpus"
 }
