@@ -1,0 +1,69 @@
+// Collectives between the ranks of a tensor-parallel group, through c10d (PyTorch's distributed
+// library as the libtorch wheel ships it): Gloo between CPU processes; NCCL on GPUs is the
+// tensor-parallel issue's next step. One process per rank; ranks meet through a c10d store: a
+// TCPStore that rank 0 hosts at master_address:master_port, or a FileStore at store_path (one
+// machine). docs/decisions/0003-c10d-from-cpp.md says how c10d is used from C++ here.
+//
+// Every call is collective: all ranks make the same calls in the same order. A rank that died or
+// stopped answering makes the others' calls fail with UNAVAILABLE within `timeout`, never hang.
+// Tensors are CPU tensors (at::Tensor, forward-declared: libtorch stays out of this header).
+//
+// Not thread-safe: one thread (the step thread) drives a communicator.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "strata/common/status.h"
+
+namespace at {
+class Tensor;
+}  // namespace at
+
+namespace strata::dist {
+
+struct GroupOptions {
+  int32_t rank = 0;
+  int32_t world_size = 1;
+  // Rendezvous: rank 0 hosts a TCP store here when master_port > 0 ...
+  std::string master_address = "127.0.0.1";
+  int32_t master_port = 0;
+  // ... else every rank opens this file (the ranks share a file system).
+  std::string store_path;
+  // The address this rank's Gloo connections bind to.
+  std::string hostname = "127.0.0.1";
+  std::chrono::milliseconds timeout{30000};  // of the rendezvous and of every collective
+};
+
+class Communicator {
+ public:
+  // Joins the group: returns once every rank has joined, UNAVAILABLE after `timeout` otherwise;
+  // INVALID_ARGUMENT for a rank outside [0, world_size) or no rendezvous.
+  static StatusOr<std::unique_ptr<Communicator>> create(const GroupOptions& options);
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int32_t rank() const { return options_.rank; }
+  int32_t world_size() const { return options_.world_size; }
+
+  // Sums `tensor` over the ranks, in place (contiguous, float32/bfloat16/float16/int).
+  Status all_reduce_sum(at::Tensor& tensor);
+  // Every rank's `part` ([n, ...], the same shape on every rank) stacked in rank order along
+  // dim 0 into `out` ([world_size * n, ...]).
+  Status all_gather(const at::Tensor& part, at::Tensor& out);
+  // Rank `root`'s bytes on every rank (the scheduler's plan). Sizes may differ: sent first.
+  Status broadcast_bytes(std::string& bytes, int32_t root);
+  Status barrier();
+
+ private:
+  struct Group;
+  Communicator(const GroupOptions& options, std::unique_ptr<Group> group);
+
+  GroupOptions options_;
+  std::unique_ptr<Group> group_;
+};
+
+}  // namespace strata::dist
