@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "gloo_backend.h"
+#include "nccl_backend.h"
 
 namespace strata::dist {
 
@@ -59,8 +60,11 @@ StatusOr<std::unique_ptr<Communicator>> Communicator::create(const GroupOptions&
       base->setTimeout(options.timeout);
     }
     group->store = c10::make_intrusive<c10d::PrefixStore>("strata/tp", base);
-    group->backend = make_gloo_backend(group->store, options.rank, options.world_size,
-                                       options.hostname, options.timeout);
+    group->backend = options.transport == Transport::kNccl
+                         ? make_nccl_backend(group->store, options.rank, options.world_size,
+                                             options.timeout)
+                         : make_gloo_backend(group->store, options.rank, options.world_size,
+                                             options.hostname, options.timeout);
   });
   if (!joined.ok()) return joined;
   return std::unique_ptr<Communicator>(new Communicator(options, std::move(group)));
@@ -93,13 +97,22 @@ Status Communicator::broadcast_bytes(std::string& bytes, int32_t root) {
   return collective(options_, "broadcast", [&] {
     c10d::BroadcastOptions from;
     from.rootRank = root;
-    std::vector<at::Tensor> size = {at::full({1}, static_cast<int64_t>(bytes.size()), at::kLong)};
+    // NCCL moves device memory only: the bytes travel through the rank's GPU there.
+    const at::Device device = options_.transport == Transport::kNccl
+                                  ? at::Device(at::kCUDA, static_cast<int8_t>(options_.rank))
+                                  : at::Device(at::kCPU);
+    std::vector<at::Tensor> size = {
+        at::full({1}, static_cast<int64_t>(bytes.size()), at::kLong).to(device)};
     group_->backend->broadcast(size, from)->wait();
     const int64_t n = size[0].item<int64_t>();
-    std::vector<at::Tensor> data = {at::empty({std::max<int64_t>(n, 1)}, at::kByte)};
-    if (options_.rank == root) std::memcpy(data[0].data_ptr(), bytes.data(), bytes.size());
+    at::Tensor host = at::empty({std::max<int64_t>(n, 1)}, at::kByte);
+    if (options_.rank == root) std::memcpy(host.data_ptr(), bytes.data(), bytes.size());
+    std::vector<at::Tensor> data = {host.to(device)};
     group_->backend->broadcast(data, from)->wait();
-    if (options_.rank != root) bytes.assign(static_cast<const char*>(data[0].data_ptr()), n);
+    if (options_.rank != root) {
+      host = data[0].to(at::kCPU);
+      bytes.assign(static_cast<const char*>(host.data_ptr()), n);
+    }
   });
 }
 

@@ -1,12 +1,12 @@
 // Collectives between the ranks of a tensor-parallel group, through c10d (PyTorch's distributed
-// library as the libtorch wheel ships it): Gloo between CPU processes; NCCL on GPUs is the
-// tensor-parallel issue's next step. One process per rank; ranks meet through a c10d store: a
+// library as the libtorch wheel ships it): Gloo between CPU processes, NCCL between GPUs (one per
+// rank; tensors on that rank's device). One process per rank; ranks meet through a c10d store: a
 // TCPStore that rank 0 hosts at master_address:master_port, or a FileStore at store_path (one
 // machine). docs/decisions/0003-c10d-from-cpp.md says how c10d is used from C++ here.
 //
 // Every call is collective: all ranks make the same calls in the same order. A rank that died or
 // stopped answering makes the others' calls fail with UNAVAILABLE within `timeout`, never hang.
-// Tensors are CPU tensors (at::Tensor, forward-declared: libtorch stays out of this header).
+// Tensors are at::Tensor (forward-declared: libtorch stays out of this header).
 //
 // Not thread-safe: one thread (the step thread) drives a communicator.
 #pragma once
@@ -24,7 +24,10 @@ class Tensor;
 
 namespace strata::dist {
 
+enum class Transport { kGloo, kNccl };
+
 struct GroupOptions {
+  Transport transport = Transport::kGloo;  // kNccl: CUDA tensors, one GPU per rank
   int32_t rank = 0;
   int32_t world_size = 1;
   // Rendezvous: rank 0 hosts a TCP store here when master_port > 0 ...
@@ -32,7 +35,7 @@ struct GroupOptions {
   int32_t master_port = 0;
   // ... else every rank opens this file (the ranks share a file system).
   std::string store_path;
-  // The address this rank's Gloo connections bind to.
+  // The address this rank's Gloo connections bind to (Gloo only).
   std::string hostname = "127.0.0.1";
   std::chrono::milliseconds timeout{30000};  // of the rendezvous and of every collective
 };

@@ -197,6 +197,25 @@ TEST(CommunicatorTest, ARankThatNeverJoinsFailsTheRendezvous) {
   EXPECT_EQ(codes, std::vector<int>(1, 0));
 }
 
+// NCCL, compiled and linked everywhere; run where a GPU is (one rank: one GPU suffices).
+TEST(CommunicatorTest, NcclSingleRankOnAGpu) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no GPU: the NCCL path is compiled and linked, not run";
+  test_util::TempDir dir;
+  const std::vector<int> codes = run_ranks(1, [&](int rank) {
+    GroupOptions o = file_group(dir, rank, 1);
+    o.transport = Transport::kNccl;
+    StatusOr<std::unique_ptr<Communicator>> c = Communicator::create(o);
+    RANK_CHECK(c.ok());
+    at::Tensor x = at::arange(64, at::TensorOptions(at::kFloat).device(at::kCUDA, 0));
+    RANK_CHECK((*c)->all_reduce_sum(x).ok());
+    RANK_CHECK(at::equal(x.cpu(), at::arange(64, at::kFloat)));
+    std::string plan = "plan";
+    RANK_CHECK((*c)->broadcast_bytes(plan, 0).ok() && plan == "plan");
+    return 0;
+  });
+  EXPECT_EQ(codes, std::vector<int>(1, 0));
+}
+
 TEST(CommunicatorTest, BadOptionsAreRefusedBeforeAnyNetwork) {
   GroupOptions o;
   o.rank = 2;
