@@ -668,7 +668,8 @@ TEST(ConfigLoaderTest, ToYamlRoundTrips) {
   fraction.kv_store.dram_reserve_fraction = 0.1 + 0.2;
   fraction.scheduler.overflow_truncation_fraction = 0.1 + 0.2;
   configs.push_back(fraction);
-  for (const char* name : {"default.yaml", "single-gpu.yaml", "multi-a100.yaml"}) {
+  for (const char* name :
+       {"default.yaml", "single-gpu.yaml", "multi-a100.yaml", "llama3-8b-tp2-replicas.yaml"}) {
     StatusOr<DeploymentConfig> loaded = load_config_file(config_path(name));
     ASSERT_TRUE(loaded.ok()) << name;
     configs.push_back(*loaded);
