@@ -198,19 +198,26 @@ std::optional<std::vector<tokenizer::ChatMessage>> SessionStore::read_shared(
   StatusOr<std::vector<store::RedisReply>> reply = redis_->run(get);
   if (!reply.ok() || (*reply)[0].type != store::RedisReply::Type::kString) return std::nullopt;
   const std::optional<Json> record = parse_line((*reply)[0].text);
-  // The id guards against a digest collision; a bad record is ignored (the local copy serves).
-  if (!record || record->value("id", "") != session_id || !record->contains("messages")) {
-    spdlog::warn("sessions: ignoring a corrupt shared record of a session");
+  auto is_string = [](const Json& j, const char* key) {
+    return j.is_object() && j.contains(key) && j[key].is_string();
+  };
+  // The id guards against a digest collision; a record of any other shape is ignored (the local
+  // copy serves), whoever wrote it.
+  std::vector<tokenizer::ChatMessage> messages;
+  bool valid = record && is_string(*record, "id") && (*record)["id"] == session_id &&
+               record->contains("messages") && (*record)["messages"].is_array();
+  for (size_t i = 0; valid && i < (*record)["messages"].size(); ++i) {
+    const Json& m = (*record)["messages"][i];
+    valid = is_string(m, "role") && is_string(m, "content");
+    if (valid) messages.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+  }
+  if (!valid) {
+    spdlog::warn("sessions: ignoring a malformed shared record of a session");
     return std::nullopt;
   }
-  if (record->value("erased", false)) {
+  if (record->contains("erased") && (*record)["erased"] == true) {
     *erased = true;
     return std::nullopt;
-  }
-  std::vector<tokenizer::ChatMessage> messages;
-  for (const Json& m : (*record)["messages"]) {
-    if (!m.is_object() || !m.contains("role") || !m.contains("content")) return std::nullopt;
-    messages.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
   }
   return messages;
 }
@@ -243,6 +250,8 @@ std::vector<tokenizer::ChatMessage> SessionStore::begin_turn(
   if (erased && it != sessions_.end()) {  // ended on another replica
     forget(it);
     it = sessions_.end();
+    const Status journaled = append(dump(Json{{"op", "erase"}, {"id", session_id}}));
+    if (!journaled.ok()) spdlog::warn("sessions: {}", journaled.message());
   }
   if (shared && (it == sessions_.end() || shared->size() > it->second.messages.size())) {
     // Turns another replica served: the shared copy is the conversation.
