@@ -2,11 +2,8 @@
 // by the test, without persistence. redis-cli (installed with it) runs commands against it.
 #pragma once
 
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,6 +14,8 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+
+#include "support/free_port.h"
 
 namespace strata::test_util {
 
@@ -92,22 +91,6 @@ class RedisServer {
   }
 
  private:
-  static int free_port() {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    addr.sin_port = 0;
-    socklen_t len = sizeof(addr);
-    int port = 0;
-    if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-        ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-      port = ntohs(addr.sin_port);
-    }
-    ::close(fd);
-    return port;
-  }
-
   std::vector<std::string> args_;
   int port_ = 0;
   pid_t pid_ = 0;

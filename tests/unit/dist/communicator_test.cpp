@@ -5,10 +5,7 @@
 #include "strata/dist/communicator.h"
 
 #include <ATen/ATen.h>
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -19,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "support/free_port.h"
 #include "support/temp_dir.h"
 
 namespace strata::dist {
@@ -69,21 +67,6 @@ GroupOptions file_group(const test_util::TempDir& dir, int rank, int world) {
   return o;
 }
 
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  int port = 0;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  ::close(fd);
-  return port;
-}
-
 // Every collective, with values that differ per rank.
 int exercise(Communicator& c) {
   const int rank = c.rank();
@@ -128,7 +111,7 @@ TEST(CommunicatorTest, CollectivesOverGlooWithTwoAndFourRanks) {
 }
 
 TEST(CommunicatorTest, RendezvousThroughATcpStoreOnRankZero) {
-  const int port = free_port();
+  const int port = test_util::free_port();
   const std::vector<int> codes = run_ranks(2, [&](int rank) {
     GroupOptions o;
     o.rank = rank;
