@@ -163,7 +163,8 @@ void render_store(const engine::EngineStats& engine, std::string* out) {
   tiered(out, "strata_kv_store_capacity_bytes", "gauge", "Capacity per tier.",
          store_tiers([](const T& t) { return d(t.capacity_bytes); }));
   tiered(out, "strata_kv_store_tier_available", "gauge",
-         "1 while the tier is in use; 0 after it failed.",
+         "1 while the tier is in use; 0 after it failed (remote: from a failed call until one "
+         "succeeds).",
          store_tiers([](const T& t) { return t.available ? 1.0 : 0.0; }));
   const std::string_view failures = "strata_kv_store_tier_failures_total";
   header(out, failures, "counter",

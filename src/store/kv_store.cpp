@@ -494,7 +494,7 @@ StoreStats KvStore::stats() const {
     ts.used_bytes = tiers_[t]->used_bytes();
     ts.capacity_bytes = tiers_[t]->capacity_bytes();
     ts.raw_bytes = tier_chunks_[t] * options_.chunk_bytes;
-    ts.available = tiers_[t]->available();
+    ts.available = tiers_[t]->healthy();
     ts.failures = tiers_[t]->failures();
   }
   return s;

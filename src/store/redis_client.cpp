@@ -105,6 +105,11 @@ bool RedisClient::available() const {
   return Clock::now() >= retry_at_;
 }
 
+bool RedisClient::reachable() const {
+  std::scoped_lock lock(mutex_);
+  return !down_;
+}
+
 std::map<std::string, int64_t> RedisClient::failures() const {
   std::scoped_lock lock(mutex_);
   return failures_;

@@ -50,6 +50,8 @@ int64_t RedisTier::footprint(int64_t bytes) const { return bytes + kHeaderBytes;
 
 bool RedisTier::available() const { return client_->available(); }
 
+bool RedisTier::healthy() const { return client_->reachable(); }
+
 std::map<std::string, int64_t> RedisTier::failures() const {
   std::map<std::string, int64_t> out = client_->failures();
   std::scoped_lock lock(mutex_);

@@ -243,6 +243,7 @@ def main():
             failures = b.metrics()
             assert failures.get('strata_kv_store_tier_failures_total{tier="remote",'
                                 'reason="unreachable"}', 0) >= 1, failures
+            assert failures['strata_kv_store_tier_available{tier="remote"}'] == 0, failures
             # A new conversation on A goes on too, its write-through refused.
             _, _, tokens = a.chat(conversation("mountains"))
             same_greedy_tokens(tokens, reference.chat(conversation("mountains"))[2])

@@ -122,7 +122,7 @@ struct TierStats : TierCounters {
   int64_t used_bytes = 0;      // held or reserved
   int64_t capacity_bytes = 0;
   int64_t raw_bytes = 0;       // what the chunks it holds are before their codec
-  bool available = true;       // false after the tier failed
+  bool available = true;       // Tier::healthy(): false after the tier failed
   std::map<std::string, int64_t> failures;  // Tier::failures(): why it refused or was unavailable
 };
 

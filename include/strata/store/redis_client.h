@@ -66,6 +66,8 @@ class RedisClient {
 
   // False while calls are refused after a failure.
   bool available() const;
+  // False from a failed call until a call succeeds (what an operator should see).
+  bool reachable() const;
   const std::string& address() const { return options_.address; }
   // Failures by reason ("unreachable", "timeout", "auth", "protocol"), cumulative.
   std::map<std::string, int64_t> failures() const;

@@ -67,7 +67,8 @@ class RedisTier final : public SharedTier {
   int64_t capacity_bytes() const override { return options_.capacity_bytes; }
   int64_t used_bytes() const override;
   int64_t footprint(int64_t bytes) const override;
-  bool available() const override;
+  bool available() const override;  // false during the back-off after a failure
+  bool healthy() const override;     // false from a failed call until a call succeeds
   std::optional<Reservation> reserve(std::span<const int64_t> sizes) override;
   void cancel(const Reservation& reservation) override;
   Status put(const ItemRecord& item, const Reservation& reservation, std::span<const ChunkKey> keys,

@@ -106,6 +106,9 @@ class Tier {
   virtual int64_t footprint(int64_t bytes) const = 0;
   // False once the tier failed (an I/O error): it takes nothing more and serves nothing.
   virtual bool available() const = 0;
+  // What /metrics reports as the tier's availability: available() for a tier that fails for
+  // good; false from a failed call to the next good one for a tier that retries (remote).
+  virtual bool healthy() const { return available(); }
 
   // Room for values of `sizes` bytes, or nullopt (nothing taken) without enough free room.
   virtual std::optional<Reservation> reserve(std::span<const int64_t> sizes) = 0;

@@ -140,7 +140,9 @@ TEST(RedisTierTest, DownServerIsUnavailableWithinTheTimeoutAndRecovers) {
   server.start();  // empty: a restarted server lost its keys
   std::this_thread::sleep_for(std::chrono::milliseconds(150));
   EXPECT_TRUE(tier->available());
+  EXPECT_FALSE(tier->healthy());  // until a call succeeds
   EXPECT_EQ(tier->get(1, indices, out).code(), StatusCode::kNotFound);
+  EXPECT_TRUE(tier->healthy());
   EXPECT_EQ(tier->failures()["missing"], 1);
   EXPECT_TRUE(put_chunks(*tier, 2, t, {"", true, 0, ""}).ok());
   EXPECT_TRUE(tier->get(2, indices, out).ok());
