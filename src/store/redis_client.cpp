@@ -155,22 +155,40 @@ StatusOr<RedisClient::Connection> RedisClient::connect() {
   }
   const std::string db = std::to_string(options_.database);
   if (options_.database != 0) hello.push_back({"SELECT", db});
-  for (const RedisCommand& cmd : hello) {
+  STRATA_ASSIGN_OR_RETURN(std::vector<RedisReply> replies, exchange(*c, hello));
+  for (size_t i = 0; i < replies.size(); ++i) {
+    if (replies[i].type == RedisReply::Type::kError) {
+      return fail(hello[i][0] == "AUTH" ? "auth" : "protocol", replies[i].text);
+    }
+  }
+  return c;
+}
+
+StatusOr<std::vector<RedisReply>> RedisClient::exchange(redisContext& c,
+                                                        std::span<const RedisCommand> commands) {
+  for (const RedisCommand& cmd : commands) {
     std::vector<const char*> argv;
     std::vector<size_t> lens;
     for (std::string_view a : cmd) {
       argv.push_back(a.data());
       lens.push_back(a.size());
     }
-    void* raw = redisCommandArgv(c.get(), static_cast<int>(argv.size()), argv.data(), lens.data());
-    if (raw == nullptr) return fail(io_reason(*c), io_detail(*c));
-    const RedisReply reply = convert(*static_cast<redisReply*>(raw));
-    freeReplyObject(raw);
-    if (reply.type == RedisReply::Type::kError) {
-      return fail(cmd[0] == "AUTH" ? "auth" : "protocol", reply.text);
+    if (redisAppendCommandArgv(&c, static_cast<int>(argv.size()), argv.data(), lens.data()) !=
+        REDIS_OK) {
+      return fail(io_reason(c), io_detail(c));
     }
   }
-  return c;
+  std::vector<RedisReply> replies;
+  replies.reserve(commands.size());
+  for (size_t i = 0; i < commands.size(); ++i) {
+    void* raw = nullptr;
+    if (redisGetReply(&c, &raw) != REDIS_OK || raw == nullptr) {
+      return fail(io_reason(c), io_detail(c));
+    }
+    replies.push_back(convert(*static_cast<redisReply*>(raw)));
+    freeReplyObject(raw);
+  }
+  return replies;
 }
 
 StatusOr<std::vector<RedisReply>> RedisClient::run(std::span<const RedisCommand> commands) {
@@ -189,28 +207,7 @@ StatusOr<std::vector<RedisReply>> RedisClient::run(std::span<const RedisCommand>
   if (c == nullptr) {
     STRATA_ASSIGN_OR_RETURN(c, connect());
   }
-  for (const RedisCommand& cmd : commands) {
-    std::vector<const char*> argv;
-    std::vector<size_t> lens;
-    for (std::string_view a : cmd) {
-      argv.push_back(a.data());
-      lens.push_back(a.size());
-    }
-    if (redisAppendCommandArgv(c.get(), static_cast<int>(argv.size()), argv.data(), lens.data()) !=
-        REDIS_OK) {
-      return fail(io_reason(*c), io_detail(*c));
-    }
-  }
-  std::vector<RedisReply> replies;
-  replies.reserve(commands.size());
-  for (size_t i = 0; i < commands.size(); ++i) {
-    void* raw = nullptr;
-    if (redisGetReply(c.get(), &raw) != REDIS_OK || raw == nullptr) {
-      return fail(io_reason(*c), io_detail(*c));
-    }
-    replies.push_back(convert(*static_cast<redisReply*>(raw)));
-    freeReplyObject(raw);
-  }
+  STRATA_ASSIGN_OR_RETURN(std::vector<RedisReply> replies, exchange(*c, commands));
   for (const RedisReply& r : replies) {
     // A server that wants a password this client lacks (or a user without the rights) is a
     // deployment error, not a refused value.

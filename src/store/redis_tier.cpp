@@ -71,6 +71,11 @@ std::string RedisTier::chunk_key(const ItemRecord& item, const ChunkKey& key) co
          hex_hash(key.hash);
 }
 
+RedisCommand RedisTier::set_command(const std::string& key, const std::string& value) const {
+  if (options_.ttl.count() > 0) return {"SET", key, value, "PX", ttl_ms_};
+  return {"SET", key, value};
+}
+
 std::string RedisTier::session_key(const std::string& session) const {
   return prefix_ + "s:" + session;
 }
@@ -109,11 +114,7 @@ Status RedisTier::put(const ItemRecord& item, const Reservation& reservation,
     framed.push_back(frame(keys[i].hash, values[i]));
   }
   std::vector<RedisCommand> commands;
-  for (size_t i = 0; i < keys.size(); ++i) {
-    commands.push_back(options_.ttl.count() > 0
-                           ? RedisCommand{"SET", names[i], framed[i], "PX", ttl_ms_}
-                           : RedisCommand{"SET", names[i], framed[i]});
-  }
+  for (size_t i = 0; i < keys.size(); ++i) commands.push_back(set_command(names[i], framed[i]));
   // The session's record names every chunk this item has here, once they are all written.
   std::string record;
   const std::string skey = session_key(item.session);
@@ -129,8 +130,7 @@ Status RedisTier::put(const ItemRecord& item, const Reservation& reservation,
     }
     if (whole) {
       record = session_record(item, hashes);
-      commands.push_back(options_.ttl.count() > 0 ? RedisCommand{"SET", skey, record, "PX", ttl_ms_}
-                                                  : RedisCommand{"SET", skey, record});
+      commands.push_back(set_command(skey, record));
     }
   }
   StatusOr<std::vector<RedisReply>> replies = client_->run(commands);
@@ -138,9 +138,9 @@ Status RedisTier::put(const ItemRecord& item, const Reservation& reservation,
   for (size_t i = 0; status.ok() && i < replies->size(); ++i) {
     const RedisReply& r = (*replies)[i];
     if (r.type == RedisReply::Type::kError) {
-      count(reason_of_error(r.text));
-      status = Status(reason_of_error(r.text) == "full" ? StatusCode::kResourceExhausted
-                                                        : StatusCode::kInternal,
+      const std::string reason = reason_of_error(r.text);
+      count(reason);
+      status = Status(reason == "full" ? StatusCode::kResourceExhausted : StatusCode::kInternal,
                       "redis refused a KV chunk: " + r.text);
     }
   }

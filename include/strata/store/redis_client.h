@@ -80,6 +80,8 @@ class RedisClient {
 
   explicit RedisClient(RedisClientOptions options) : options_(std::move(options)) {}
   StatusOr<Connection> connect();
+  // Sends `commands` pipelined on `c` and reads one reply each (fail() on a socket error).
+  StatusOr<std::vector<RedisReply>> exchange(redisContext& c, std::span<const RedisCommand> commands);
   // Marks the server unreachable for retry_after, counts and logs `reason` (once per outage).
   Status fail(const std::string& reason, const std::string& detail);
   void recovered();

@@ -95,6 +95,8 @@ class RedisTier final : public SharedTier {
   };
   RedisTier(const RedisOptions& options, std::unique_ptr<RedisClient> client);
   std::string session_key(const std::string& session) const;
+  // SET key value, with the TTL when there is one (views into the arguments).
+  std::vector<std::string_view> set_command(const std::string& key, const std::string& value) const;
   void count(const std::string& reason) const;
 
   RedisOptions options_;
