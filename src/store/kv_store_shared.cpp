@@ -96,13 +96,8 @@ void KvStore::look_up_shared(std::span<const TokenId> prompt, const kv::ChunkHas
       here = m->num_chunks;
       // Indexed here but held only there (demoted out of DRAM): read into DRAM now, off the step
       // thread, like an item another replica stored.
-      Item& item = items_.at(m->item);
-      if (m->tier == shared_ && !item.busy && reclaim_clean_dram(m->num_chunks)) {
-        item.busy = true;
-        item.fetched_from = shared_;
-        TierIndex from = kDramTier;
-        (void)fetch(m->item, 0, m->num_chunks, nullptr, &from, lock);  // a failure drops it
-        return;
+      if (m->tier == shared_ && !items_.at(m->item).busy) {
+        return read_shared_into_dram(m->item, m->num_chunks, lock);
       }
     }
   }
@@ -143,14 +138,16 @@ void KvStore::look_up_shared(std::span<const TokenId> prompt, const kv::ChunkHas
   shared_tier_->attach(*found);
   if (!adopt_item(shared_, *found)) return;
   ++stats_.shared_found;
-  Item& item = items_.at(found->id);
-  item.fetched_from = shared_;
-  // Read into DRAM now when it fits (else the load reads it straight for the device).
-  if (!reclaim_clean_dram(count)) return;
+  read_shared_into_dram(found->id, count, lock);
+}
+
+void KvStore::read_shared_into_dram(ItemId id, int64_t count, std::unique_lock<std::mutex>& lock) {
+  if (!reclaim_clean_dram(count)) return;  // no room: the load reads it straight for the device
+  Item& item = items_.at(id);
   item.busy = true;
+  item.fetched_from = shared_;
   TierIndex from = kDramTier;
-  if (!fetch(found->id, 0, count, nullptr, &from, lock).ok()) return;  // dropped: recomputed
-  work_.notify_all();
+  if (fetch(id, 0, count, nullptr, &from, lock).ok()) work_.notify_all();  // else dropped
 }
 
 }  // namespace strata::store

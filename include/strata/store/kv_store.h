@@ -317,6 +317,10 @@ class KvStore {
   // DRAM, grown since it was last written there.
   std::optional<ItemId> write_through_candidate() const;
   void write_through(ItemId id);  // REQUIRES the item is busy and mutex_ is not held
+  // Reads the first `count` chunks of an idle item from the shared tier into DRAM when they fit
+  // (REQUIRES mutex_ via `lock`, released during the I/O); its first load then reports the shared
+  // tier. A chunk that fails drops the item.
+  void read_shared_into_dram(ItemId id, int64_t count, std::unique_lock<std::mutex>& lock);
   void io_loop();
   // The next background action (REQUIRES mutex_); with `claim`, marks its item busy.
   Decision next_action(bool claim);
