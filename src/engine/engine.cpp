@@ -256,6 +256,11 @@ StatusOr<std::vector<std::shared_ptr<RequestStream>>> Engine::submit_parallel(
   }
   const Clock::time_point submitted = Clock::now();
   if (restore_) {
+    // A request the queue refuses now does no remote I/O (checked again below).
+    {
+      std::scoped_lock lock(mutex_);
+      STRATA_RETURN_IF_ERROR(queue_room());
+    }
     // What another replica stored for this conversation, read here on the caller's thread.
     restore_->look_up_shared(request.prompt_token_ids,
                              {request.tenant, request.session,
@@ -264,12 +269,7 @@ StatusOr<std::vector<std::shared_ptr<RequestStream>>> Engine::submit_parallel(
   std::vector<std::shared_ptr<RequestStream>> streams;
   {
     std::scoped_lock lock(mutex_);
-    if (stopping_) return Status(StatusCode::kUnavailable, "the engine is shutting down");
-    const int64_t queued = static_cast<int64_t>(inbox_.size()) + stats_.num_waiting;
-    if (queued >= options_.scheduler.max_queued_requests) {
-      return resource_exhausted_error("the request queue is full (" + std::to_string(queued) +
-                                      " waiting); retry later");
-    }
+    STRATA_RETURN_IF_ERROR(queue_room());
     for (int32_t i = 0; i < n; ++i) {
       streams.push_back(std::make_shared<RequestStream>(RequestId{next_id_++}));
     }
@@ -280,6 +280,16 @@ StatusOr<std::vector<std::shared_ptr<RequestStream>>> Engine::submit_parallel(
   }
   wake_.notify_all();
   return streams;
+}
+
+Status Engine::queue_room() const {
+  if (stopping_) return Status(StatusCode::kUnavailable, "the engine is shutting down");
+  const int64_t queued = static_cast<int64_t>(inbox_.size()) + stats_.num_waiting;
+  if (queued >= options_.scheduler.max_queued_requests) {
+    return resource_exhausted_error("the request queue is full (" + std::to_string(queued) +
+                                    " waiting); retry later");
+  }
+  return Status();
 }
 
 void Engine::cancel(RequestId id) {

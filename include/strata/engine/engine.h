@@ -238,6 +238,8 @@ class Engine {
     std::chrono::steady_clock::time_point submitted;  // TTFT counts from here
   };
   void admit(std::vector<Submission> submissions);
+  // UNAVAILABLE while stopping, RESOURCE_EXHAUSTED when the queue is full (REQUIRES mutex_).
+  Status queue_room() const;
   // Starts `parent`'s pending forks from its prefill's last-position logits `last`.
   void start_forks(Active& parent, std::span<const float> last);
   // Sends the final delta, frees the sequence and forgets the request.
