@@ -145,10 +145,16 @@ def main():
             p.wait()
 
     summary = {}
+    recompute = statistics.mean(r["recompute"]["ttft_ms"] for r in rows)
+    dram = statistics.mean(r["dram"]["ttft_ms"] for r in rows)
     for name in ("recompute", "dram", "ssd", "remote"):
         ttfts = [r[name]["ttft_ms"] for r in rows]
         summary[name] = {
             "mean_ttft_ms": statistics.mean(ttfts), "median_ttft_ms": statistics.median(ttfts),
+            # against recomputing (the limit without a store) and the local DRAM tier (the best
+            # a tier can do on this machine), measured in the same run
+            "speedup_vs_recompute": recompute / statistics.mean(ttfts),
+            "ttft_vs_dram": statistics.mean(ttfts) / dram,
             "cached_share": sum(r[name]["cached_tokens"] for r in rows) /
                             sum(r[name]["prompt_tokens"] for r in rows),
             "tiers": sorted({r[name]["tier"] for r in rows})}

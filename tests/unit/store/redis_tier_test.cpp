@@ -178,6 +178,21 @@ TEST(RedisTierTest, FullServerRefusesWritesAndTooLargeItemsAreNotSent) {
   EXPECT_EQ(small->failures()["too_large"], 1);
 }
 
+TEST(RedisTierTest, AConnectionTheServerRefusesIsAProtocolFailure) {
+  RedisServer server;
+  RedisOptions o = remote_options(server);
+  o.database = 99;  // beyond the server's 16 databases: SELECT fails on every new connection
+  std::unique_ptr<RedisTier> tier = open_tier(o);
+  const std::vector<TokenId> t = tokens(6, kBlock + 1);
+  EXPECT_EQ(put_chunks(*tier, 1, t, {"", true, 0, ""}).code(), StatusCode::kUnavailable);
+  EXPECT_EQ(tier->failures()["protocol"], 1);
+  EXPECT_FALSE(tier->healthy());
+  o.database = 3;
+  std::unique_ptr<RedisTier> other = open_tier(o);
+  ASSERT_TRUE(put_chunks(*other, 1, t, {"", true, 0, ""}).ok());
+  EXPECT_EQ(server.cli("-n 3 DBSIZE"), "1\n");  // in the database it selected
+}
+
 TEST(RedisTierTest, PasswordComesFromTheEnvironment) {
   RedisServer server({}, "s3cret");
   RedisOptions o = remote_options(server);
