@@ -52,12 +52,7 @@ std::optional<tokenizer::ChatTemplateKind> to_template_kind(config::ChatTemplate
 }
 
 // The deployment's sections, as they are, are what the engine and its modules take.
-StatusOr<engine::EngineOptions> engine_options(const config::DeploymentConfig& d) {
-  if (d.devices.tensor_parallel_size > 1) {
-    return unimplemented_error("devices.tensor_parallel_size " +
-                               std::to_string(d.devices.tensor_parallel_size) +
-                               ": tensor parallelism is not implemented yet; use 1");
-  }
+engine::EngineOptions engine_options(const config::DeploymentConfig& d) {
   engine::EngineOptions o;
   static_cast<executor::DevicesConfig&>(o.executor) = d.devices;
   static_cast<executor::KernelsConfig&>(o.executor) = d.executor;
@@ -147,8 +142,17 @@ StatusOr<std::unique_ptr<tokenizer::Tokenizer>> open_tokenizer(const model::Mode
   return tokenizer::Tokenizer::from_tokenizer_json(source.tokenizer_json_path());
 }
 
-StatusOr<LoadedEngine> load_engine(const config::DeploymentConfig& deployment) {
-  STRATA_ASSIGN_OR_RETURN(engine::EngineOptions options, engine_options(deployment));
+StatusOr<LoadedEngine> load_engine(const config::DeploymentConfig& deployment,
+                                   dist::Communicator* group,
+                                   std::function<void(const Status&)> on_group_failure) {
+  if (deployment.devices.tensor_parallel_size > 1 && group == nullptr) {
+    return unimplemented_error("devices.tensor_parallel_size " +
+                               std::to_string(deployment.devices.tensor_parallel_size) +
+                               ": only `strata serve` runs a tensor-parallel group");
+  }
+  engine::EngineOptions options = engine_options(deployment);
+  options.executor.group = group;
+  options.executor.on_group_failure = std::move(on_group_failure);
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<model::ModelSource> source,
                           model::open_model_source(deployment.model.path));
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<tokenizer::Tokenizer> tok, open_tokenizer(*source));
@@ -184,6 +188,14 @@ StatusOr<LoadedEngine> load_engine(const config::DeploymentConfig& deployment) {
   STRATA_ASSIGN_OR_RETURN(loaded.engine,
                           engine::Engine::create(std::move(source), std::move(tok), options));
   return loaded;
+}
+
+Status serve_rank(const config::DeploymentConfig& deployment, dist::Communicator& group) {
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<model::ModelSource> source,
+                          model::open_model_source(deployment.model.path));
+  executor::ExecutorOptions options = engine_options(deployment).executor;
+  options.group = &group;
+  return executor::serve_tensor_parallel_rank(*source, options);
 }
 
 }  // namespace strata::cli

@@ -2,6 +2,7 @@
 // the engine built from it.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <set>
@@ -9,6 +10,7 @@
 
 #include "flags.h"
 #include "strata/config/deployment_config.h"
+#include "strata/dist/communicator.h"
 #include "strata/engine/engine.h"
 #include "strata/tokenizer/chat_template.h"
 
@@ -39,9 +41,15 @@ struct LoadedEngine {
 // The tokenizer of a model: its GGUF metadata, or the HF directory's tokenizer.json.
 StatusOr<std::unique_ptr<tokenizer::Tokenizer>> open_tokenizer(const model::ModelSource& source);
 
-// Opens the model and tokenizer and builds the engine. UNIMPLEMENTED for
-// devices.tensor_parallel_size > 1.
-StatusOr<LoadedEngine> load_engine(const config::DeploymentConfig& deployment);
+// Opens the model and tokenizer and builds the engine; with devices.tensor_parallel_size > 1, as
+// rank 0 of `group` (UNIMPLEMENTED without one), calling on_group_failure when the group fails.
+StatusOr<LoadedEngine> load_engine(const config::DeploymentConfig& deployment,
+                                   dist::Communicator* group = nullptr,
+                                   std::function<void(const Status&)> on_group_failure = {});
+
+// A rank > 0 of a tensor-parallel group: runs rank 0's passes on its part of the model until
+// rank 0 stops it (OK) or the group fails (executor::serve_tensor_parallel_rank).
+Status serve_rank(const config::DeploymentConfig& deployment, dist::Communicator& group);
 
 // Sampling flags shared by generate and chat: --temperature --top-p --top-k --min-p
 // --repetition-penalty --presence-penalty --frequency-penalty --seed --max-tokens --stop

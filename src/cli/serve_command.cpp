@@ -1,5 +1,7 @@
 // `strata serve`: the gRPC server over one model until SIGINT/SIGTERM, which stops accepting
-// calls, gives in-flight ones the configured grace period, and exits 0.
+// calls, gives in-flight ones the configured grace period, and exits 0. With
+// devices.tensor_parallel_size > 1 it also starts and watches the machine's other ranks
+// (rank_group.h); when a rank dies or hangs it exits 1 at once.
 
 #include <spdlog/spdlog.h>
 
@@ -7,11 +9,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <mutex>
 #include <thread>
 
 #include "commands.h"
 #include "loaded_model.h"
 #include "logging_setup.h"
+#include "rank_group.h"
 #include "strata/server/grpc_server.h"
 #include "strata/server/http_server.h"
 #include "strata/server/session_store.h"
@@ -36,6 +40,8 @@ SIGTERM.
   --served-name NAME      model name reported to clients (model.served_name)
   --device, --dtype, --weights, --threads, --kv-cache-mib, --block-size, --max-num-seqs,
   --max-batched-tokens, --chat-template, --chat-template-file    as for `strata generate`
+With devices.tensor_parallel_size N > 1 it starts this machine's other ranks itself (one process
+each) and exits 1 when one dies or hangs (docs/tensor-parallelism.md).
 Prints "grpc_port=N" and "http_port=N" on stdout once serving.
 Chat with it: strata chat --server HOST:PORT, or any OpenAI client at http://HOST:PORT/v1
 )";
@@ -62,8 +68,36 @@ void log_weight_report(const executor::WeightReport& r) {
       r.load_seconds);
 }
 
+// Why a tensor-parallel group failed, for the signal that reports it to serve()'s main thread.
+std::mutex group_failure_mutex;
+std::string group_failure;
+
+void report_group_failure(const std::string& why) {
+  {
+    std::scoped_lock lock(group_failure_mutex);
+    if (!group_failure.empty()) return;
+    group_failure = why;
+  }
+  kill(getpid(), SIGUSR1);
+}
+
+// A failed group ends the process at once: in-flight requests cannot finish, and a rank that
+// hangs would hold an orderly shutdown for the collective timeout.
+[[noreturn]] void exit_after_group_failure(RankGroup& group) {
+  group.kill_ranks();
+  {
+    std::scoped_lock lock(group_failure_mutex);
+    spdlog::error("{}: exiting", group_failure);
+    std::fprintf(stderr, "strata serve: %s\n", group_failure.c_str());
+  }
+  spdlog::default_logger()->flush();
+  std::fflush(nullptr);
+  std::_Exit(1);
+}
+
 Status serve(const std::vector<std::string>& args) {
   std::set<std::string> value_flags = deployment_flag_names();
+  value_flags.insert({kLocalRankFlag, kRendezvousFlag});
   STRATA_ASSIGN_OR_RETURN(
       Flags flags, Flags::parse(args, value_flags, {"help"}, deployment_repeated_flag_names()));
   if (flags.has("help")) {
@@ -85,14 +119,60 @@ Status serve(const std::vector<std::string>& args) {
       }));
 
   // Signals are taken synchronously by this thread; block them before any other thread starts.
+  // SIGUSR1: a tensor-parallel group failed.
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGUSR1);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
+  std::unique_ptr<RankGroup> ranks;
+  if (deployment.devices.tensor_parallel_size > 1) {
+    std::optional<int32_t> local_rank;
+    if (flags.has(kLocalRankFlag)) {
+      STRATA_ASSIGN_OR_RETURN(const int64_t r, flags.get_int(kLocalRankFlag, 0));
+      local_rank = static_cast<int32_t>(r);
+    }
+    // The flags the other ranks of this machine are started with: this command's, minus the
+    // hidden ones.
+    std::vector<std::string> rank_args;
+    for (size_t i = 0; i < args.size(); ++i) {
+      if (args[i] == std::string("--") + kLocalRankFlag ||
+          args[i] == std::string("--") + kRendezvousFlag) {
+        ++i;
+        continue;
+      }
+      rank_args.push_back(args[i]);
+    }
+    STRATA_ASSIGN_OR_RETURN(ranks, RankGroup::join(deployment, rank_args, local_rank,
+                                                   flags.get(kRendezvousFlag, ""),
+                                                   report_group_failure));
+    spdlog::info("tensor-parallel rank {} of {} on {}", ranks->rank(),
+                 deployment.devices.tensor_parallel_size,
+                 executor::device_name(deployment.devices.device));
+    if (ranks->rank() != 0) {
+      // A rank that only computes: its own started ranks' failure ends it as well.
+      std::thread watch([&] {
+        int signal_number = 0;
+        sigwait(&signals, &signal_number);
+        if (signal_number == SIGUSR1) exit_after_group_failure(*ranks);
+        ranks->kill_ranks();
+        std::_Exit(0);
+      });
+      watch.detach();
+      Status served = serve_rank(deployment, ranks->communicator());
+      ranks->stopping();
+      if (!served.ok()) ranks->kill_ranks();
+      return served;
+    }
+  }
+
   spdlog::info("loading {}", deployment.model.path);
-  STRATA_ASSIGN_OR_RETURN(LoadedEngine loaded, load_engine(deployment));
+  STRATA_ASSIGN_OR_RETURN(
+      LoadedEngine loaded,
+      load_engine(deployment, ranks ? &ranks->communicator() : nullptr,
+                  [](const Status& failed) { report_group_failure(failed.message()); }));
   log_weight_report(loaded.engine->executor().weight_report());
   log_kernel_report(loaded.engine->executor().kernel_report());
   const std::string served_name = deployment.model.effective_served_name();
@@ -151,6 +231,8 @@ Status serve(const std::vector<std::string>& args) {
 
   int signal_number = 0;
   sigwait(&signals, &signal_number);
+  if (signal_number == SIGUSR1 && ranks) exit_after_group_failure(*ranks);
+  if (ranks) ranks->stopping();
   spdlog::info("signal {}: draining in-flight requests for up to {}s", signal_number,
                server.shutdown_grace_seconds);
   // Both stop accepting at once, then share the grace period for in-flight requests.

@@ -340,6 +340,12 @@ Status read_devices(Context& ctx, const YAML::Node& node, DevicesSection& out) {
   STRATA_RETURN_IF_ERROR(m.get(
       "device", [&](const YAML::Node& n, const std::string&) { return read_device(ctx, n, out); }));
   STRATA_RETURN_IF_ERROR(m.get("tensor_parallel_size", into(ctx, out.tensor_parallel_size)));
+  STRATA_RETURN_IF_ERROR(m.get("nodes", into(ctx, out.nodes)));
+  STRATA_RETURN_IF_ERROR(m.get("node_rank", into(ctx, out.node_rank)));
+  STRATA_RETURN_IF_ERROR(m.get("master_address", into(ctx, out.master_address)));
+  STRATA_RETURN_IF_ERROR(m.get("master_port", into(ctx, out.master_port)));
+  STRATA_RETURN_IF_ERROR(
+      m.get("collective_timeout_seconds", into(ctx, out.collective_timeout_seconds)));
   return m.get("cpu_threads", into(ctx, out.cpu_threads));
 }
 

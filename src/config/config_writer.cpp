@@ -51,6 +51,12 @@ std::string to_yaml(const DeploymentConfig& config) {
   out << YAML::Key << "devices" << YAML::Value << YAML::BeginMap;
   emit_plain(out, "device", device_config_name(config.devices));
   emit_plain(out, "tensor_parallel_size", std::to_string(config.devices.tensor_parallel_size));
+  emit_plain(out, "nodes", std::to_string(config.devices.nodes));
+  emit_plain(out, "node_rank", std::to_string(config.devices.node_rank));
+  emit_string(out, "master_address", config.devices.master_address);
+  emit_plain(out, "master_port", std::to_string(config.devices.master_port));
+  emit_plain(out, "collective_timeout_seconds",
+             std::to_string(config.devices.collective_timeout_seconds));
   emit_plain(out, "cpu_threads", std::to_string(config.devices.cpu_threads));
   out << YAML::EndMap;
 

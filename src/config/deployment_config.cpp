@@ -111,6 +111,26 @@ const KeyCheck<DevicesSection> kDevicesKeys[] = {
      [](const DevicesSection& d) {
        return at_least("devices.tensor_parallel_size", d.tensor_parallel_size, 1);
      }},
+    {"devices.nodes", [](const DevicesSection& d) { return at_least("devices.nodes", d.nodes, 1); }},
+    {"devices.node_rank",
+     [](const DevicesSection& d) { return at_least("devices.node_rank", d.node_rank, 0); }},
+    {"devices.master_address",
+     [](const DevicesSection& d) {
+       return d.master_address.empty()
+                  ? invalid_argument_error("devices.master_address must not be empty")
+                  : Status();
+     }},
+    {"devices.master_port",
+     [](const DevicesSection& d) {
+       return d.master_port < 0 || d.master_port > 65535
+                  ? invalid_argument_error("devices.master_port must be in [0, 65535], got " +
+                                           std::to_string(d.master_port))
+                  : Status();
+     }},
+    {"devices.collective_timeout_seconds",
+     [](const DevicesSection& d) {
+       return at_least("devices.collective_timeout_seconds", d.collective_timeout_seconds, 1);
+     }},
     {"devices.cpu_threads",
      [](const DevicesSection& d) { return at_least("devices.cpu_threads", d.cpu_threads, 0); }},
 };
@@ -444,9 +464,19 @@ Status ModelSection::validate() const { return check_keys(kModelKeys, *this); }
 
 Status DevicesSection::validate() const {
   STRATA_RETURN_IF_ERROR(check_keys(kDevicesKeys, *this));
-  if (device.kind == DeviceKind::kCpu && tensor_parallel_size != 1) {
-    return invalid_argument_error("devices.tensor_parallel_size must be 1 on the cpu device, got " +
-                                  std::to_string(tensor_parallel_size));
+  if (tensor_parallel_size % nodes != 0) {
+    return invalid_argument_error("devices.tensor_parallel_size " +
+                                  std::to_string(tensor_parallel_size) + " does not divide among " +
+                                  std::to_string(nodes) + " devices.nodes");
+  }
+  if (node_rank >= nodes) {
+    return invalid_argument_error("devices.node_rank " + std::to_string(node_rank) +
+                                  " must be below devices.nodes " + std::to_string(nodes));
+  }
+  if (nodes > 1 && master_port == 0) {
+    return invalid_argument_error(
+        "devices.master_port: ranks on several machines meet at master_address:master_port; "
+        "set it");
   }
   return Status();
 }

@@ -1,6 +1,7 @@
 #include "strata/dist/communicator.h"
 
 #include <ATen/ATen.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -99,7 +100,10 @@ Status Communicator::broadcast_bytes(std::string& bytes, int32_t root) {
     from.rootRank = root;
     // NCCL moves device memory only: the bytes travel through the rank's GPU there.
     const at::Device device = options_.transport == Transport::kNccl
-                                  ? at::Device(at::kCUDA, static_cast<int8_t>(options_.rank))
+                                  ? at::Device(at::kCUDA, static_cast<int8_t>(
+                                                                options_.cuda_device >= 0
+                                                                    ? options_.cuda_device
+                                                                    : options_.rank))
                                   : at::Device(at::kCPU);
     std::vector<at::Tensor> size = {
         at::full({1}, static_cast<int64_t>(bytes.size()), at::kLong).to(device)};
@@ -119,5 +123,7 @@ Status Communicator::broadcast_bytes(std::string& bytes, int32_t root) {
 Status Communicator::barrier() {
   return collective(options_, "barrier", [&] { group_->backend->barrier()->wait(); });
 }
+
+int32_t cuda_device_count() { return c10::cuda::device_count(); }
 
 }  // namespace strata::dist

@@ -337,7 +337,11 @@ void Engine::loop() {
       while (!active_.empty()) finish(*active_.begin()->second, {}, FinishReason::kAbort);
       return;
     }
-    if (scheduler_->has_work()) step();
+    if (scheduler_->has_work()) {
+      step();
+    } else {
+      executor_->keep_alive();
+    }
     refresh_stats();
   }
 }

@@ -24,18 +24,37 @@ struct Int4Rows {
   at::Tensor codes, scale, offset;
 };
 
+// Rows [rows.begin, rows.end) of t (all of them when the range is empty).
+at::Tensor take_rows(const at::Tensor& t, const IndexRange& rows) {
+  return rows.size() > 0 ? t.narrow(0, rows.begin, rows.size()) : t;
+}
+
+// Columns [cols.begin, cols.end) / `unit` of t (all of them when the range is empty).
+at::Tensor take_cols(const at::Tensor& t, const IndexRange& cols, int64_t unit = 1) {
+  return cols.size() > 0 ? t.narrow(1, cols.begin / unit, cols.size() / unit).contiguous() : t;
+}
+
+IndexRange rows_of(const WeightSlice& slice, size_t i) {
+  return i < slice.rows.size() ? slice.rows[i] : IndexRange{};
+}
+
 StatusOr<Int4Rows> read_int4(const model::ModelSource& source,
-                             const std::vector<std::string>& names) {
+                             const std::vector<std::string>& names, const WeightSlice& slice) {
   std::vector<at::Tensor> codes, scale, offset;
-  for (const std::string& name : names) {
-    STRATA_ASSIGN_OR_RETURN(model::Int4Weight w, source.read_weight_int4(name));
+  for (size_t i = 0; i < names.size(); ++i) {
+    STRATA_ASSIGN_OR_RETURN(model::Int4Weight w, source.read_weight_int4(names[i]));
     const auto u8 = at::TensorOptions().dtype(at::kByte);
     const auto f32 = at::TensorOptions().dtype(at::kFloat);
-    codes.push_back(at::from_blob(w.codes.data(), {w.rows, w.cols}, u8).clone());
-    scale.push_back(at::from_blob(w.scale.data(), {w.rows, w.cols / kGroup}, f32).clone());
-    offset.push_back(at::from_blob(w.offset.data(), {w.rows, w.cols / kGroup}, f32).clone());
+    const IndexRange rows = rows_of(slice, i);
+    codes.push_back(take_rows(at::from_blob(w.codes.data(), {w.rows, w.cols}, u8), rows).clone());
+    scale.push_back(
+        take_rows(at::from_blob(w.scale.data(), {w.rows, w.cols / kGroup}, f32), rows).clone());
+    offset.push_back(
+        take_rows(at::from_blob(w.offset.data(), {w.rows, w.cols / kGroup}, f32), rows).clone());
   }
-  return Int4Rows{at::cat(codes), at::cat(scale), at::cat(offset)};
+  return Int4Rows{take_cols(at::cat(codes), slice.cols),
+                  take_cols(at::cat(scale), slice.cols, kGroup),
+                  take_cols(at::cat(offset), slice.cols, kGroup)};
 }
 
 // Symmetric int8 per row: W ~= scale[r] * q[r, :], scale the row's max |w| / 127 in bfloat16
@@ -55,21 +74,27 @@ bool any_quantized(const model::ModelSource& source, const std::vector<std::stri
 
 // The 4-bit codes of every name, nullopt when one is stored otherwise; other errors as they are.
 StatusOr<std::optional<Int4Rows>> try_read_int4(const model::ModelSource& source,
-                                                const std::vector<std::string>& names) {
-  StatusOr<Int4Rows> rows = read_int4(source, names);
+                                                const std::vector<std::string>& names,
+                                                const WeightSlice& slice) {
+  if (slice.cols.begin % kGroup != 0 || slice.cols.end % kGroup != 0) {
+    return std::optional<Int4Rows>();  // a column split inside a group: not as 4-bit codes
+  }
+  StatusOr<Int4Rows> rows = read_int4(source, names, slice);
   if (rows.ok()) return std::optional<Int4Rows>(std::move(rows).value());
   if (rows.status().code() == StatusCode::kUnimplemented) return std::optional<Int4Rows>();
   return rows.status();
 }
 
+// The slice's rows of each weight, stacked, all columns (float32 on the host).
 StatusOr<at::Tensor> read_stacked_float(const model::ModelSource& source,
-                                        const std::vector<std::string>& names) {
+                                        const std::vector<std::string>& names,
+                                        const WeightSlice& slice) {
   std::vector<at::Tensor> parts;
-  for (const std::string& name : names) {
-    STRATA_ASSIGN_OR_RETURN(at::Tensor part, read_weight_float(source, name));
-    parts.push_back(std::move(part));
+  for (size_t i = 0; i < names.size(); ++i) {
+    STRATA_ASSIGN_OR_RETURN(at::Tensor part, read_weight_float(source, names[i]));
+    parts.push_back(take_rows(part, rows_of(slice, i)));
   }
-  return parts.size() == 1 ? parts[0] : at::cat(parts);
+  return parts.size() == 1 ? parts[0].contiguous() : at::cat(parts);
 }
 
 }  // namespace
@@ -96,12 +121,13 @@ const char* weight_form_name(WeightForm form) {
 
 StatusOr<LinearWeight> LinearWeight::load(const model::ModelSource& source,
                                           const std::vector<std::string>& names, bool quantized,
-                                          const at::Device& device, at::ScalarType dtype) {
+                                          const at::Device& device, at::ScalarType dtype,
+                                          const WeightSlice& slice) {
   LinearWeight w;
   w.dtype_ = dtype;
   std::optional<Int4Rows> rows;
   if (quantized && device.is_cpu()) {
-    STRATA_ASSIGN_OR_RETURN(rows, try_read_int4(source, names));
+    STRATA_ASSIGN_OR_RETURN(rows, try_read_int4(source, names, slice));
   }
   if (rows) {
     w.form_ = WeightForm::kInt4;
@@ -110,13 +136,15 @@ StatusOr<LinearWeight> LinearWeight::load(const model::ModelSource& source,
     w.scales_ = at::stack({rows->scale.t(), zero.t()}, -1).to(at::kBFloat16).contiguous();
     return w;
   }
-  STRATA_ASSIGN_OR_RETURN(at::Tensor dense, read_stacked_float(source, names));
+  STRATA_ASSIGN_OR_RETURN(at::Tensor dense, read_stacked_float(source, names, slice));
   if (quantized && device.is_cpu() && any_quantized(source, names)) {
+    // Scales of whole rows, then the columns: the same values as the unsplit weight's.
     w.form_ = WeightForm::kInt8;
     std::tie(w.weight_, w.scales_) = quantize_rows_int8(dense);
+    w.weight_ = take_cols(w.weight_, slice.cols);
     return w;
   }
-  w.weight_ = dense.to(device, dtype);
+  w.weight_ = take_cols(dense, slice.cols).to(device, dtype);
   return w;
 }
 
@@ -136,12 +164,14 @@ int64_t LinearWeight::bytes() const {
 
 StatusOr<EmbeddingTable> EmbeddingTable::load(const model::ModelSource& source,
                                               const std::string& name, bool quantized,
-                                              const at::Device& device, at::ScalarType dtype) {
+                                              const at::Device& device, at::ScalarType dtype,
+                                              IndexRange vocab) {
   EmbeddingTable t;
   t.dtype_ = dtype;
+  const WeightSlice slice{{vocab}, {}};
   std::optional<Int4Rows> rows;
   if (quantized && device.is_cpu()) {
-    STRATA_ASSIGN_OR_RETURN(rows, try_read_int4(source, {name}));
+    STRATA_ASSIGN_OR_RETURN(rows, try_read_int4(source, {name}, slice));
   }
   if (rows) {
     t.form_ = WeightForm::kInt4;
@@ -153,7 +183,7 @@ StatusOr<EmbeddingTable> EmbeddingTable::load(const model::ModelSource& source,
     t.offset_ = rows->offset.to(at::kBFloat16);
     return t;
   }
-  STRATA_ASSIGN_OR_RETURN(at::Tensor dense, read_weight_float(source, name));
+  STRATA_ASSIGN_OR_RETURN(at::Tensor dense, read_stacked_float(source, {name}, slice));
   if (quantized && device.is_cpu() && any_quantized(source, {name})) {
     t.form_ = WeightForm::kInt8;
     std::tie(t.table_, t.scale_) = quantize_rows_int8(dense);

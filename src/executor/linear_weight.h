@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "strata/common/status.h"
+#include "tensor_shard.h"
 
 namespace strata::model {
 class ModelSource;
@@ -31,6 +32,16 @@ namespace strata::executor {
 StatusOr<at::Tensor> read_weight_float(const model::ModelSource& source, const std::string& name);
 
 enum class WeightForm { kDense, kInt4, kInt8 };
+
+// The part of a weight [out, in] that a tensor-parallel rank holds (tensor_shard.h): rows
+// [begin, end) of each stacked weight (all of them when `rows` is empty), then columns
+// [cols.begin, cols.end) of the stack (all when cols is empty). Every form holds the same values
+// as the whole weight's rows and columns: int8 rows keep their whole row's scale, and 4-bit codes
+// are split at group boundaries (the form is dense when a column split is not on one).
+struct WeightSlice {
+  std::vector<IndexRange> rows;
+  IndexRange cols;
+};
 const char* weight_form_name(WeightForm form);
 
 class LinearWeight {
@@ -42,7 +53,8 @@ class LinearWeight {
   // stored quantized, else dense; false: dense. Quantized forms need the CPU (dense on CUDA).
   static StatusOr<LinearWeight> load(const model::ModelSource& source,
                                      const std::vector<std::string>& names, bool quantized,
-                                     const at::Device& device, at::ScalarType dtype);
+                                     const at::Device& device, at::ScalarType dtype,
+                                     const WeightSlice& slice = {});
 
   // x: [M, in] in the compute dtype -> [M, out] in the compute dtype; bias [out] or undefined.
   at::Tensor apply(const at::Tensor& x, const at::Tensor& bias = {}) const;
@@ -63,9 +75,10 @@ class LinearWeight {
 class EmbeddingTable {
  public:
   EmbeddingTable() = default;
+  // Rows `rows` of the table (all when empty: a tensor-parallel rank's vocabulary run).
   static StatusOr<EmbeddingTable> load(const model::ModelSource& source, const std::string& name,
                                        bool quantized, const at::Device& device,
-                                       at::ScalarType dtype);
+                                       at::ScalarType dtype, IndexRange rows = {});
   // Shares the rows of a tied head (REQUIRES head.form() != kInt4: its packing is opaque).
   static EmbeddingTable tied_to(const LinearWeight& head);
 

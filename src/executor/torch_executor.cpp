@@ -20,7 +20,9 @@
 
 #include "kernel_choice.h"
 #include "layers.h"
+#include "tensor_parallel.h"
 #include "strata/common/check.h"
+#include "strata/dist/communicator.h"
 #include "strata/kernels/kv_format_ops.h"
 #include "strata/model/model_source.h"
 
@@ -54,9 +56,22 @@ Status TorchExecutor::load_weights(const model::ModelSource& source) {
   WeightReport& report = weight_report_;
   report.storage = options_.weights;
   const bool quantized = options_.weights == WeightStorage::kQuantized;
-  auto linear = [&](std::vector<std::string> names) {
-    return LinearWeight::load(source, names, quantized, device_, dtype_);
+  auto linear = [&](std::vector<std::string> names, const WeightSlice& slice = {}) {
+    return LinearWeight::load(source, names, quantized, device_, dtype_, slice);
   };
+  // A sharded rank's parts (tensor_shard.h); empty ranges take the whole weight.
+  WeightSlice qkv, wo, gate_up, down;
+  IndexRange vocab;
+  if (shard_.sharded()) {
+    const int64_t d = config_.head_dim;
+    const IndexRange q{shard_.q_heads.begin * d, shard_.q_heads.end * d};
+    const IndexRange kv{shard_.kv_heads.begin * d, shard_.kv_heads.end * d};
+    qkv.rows = {q, kv, kv};
+    wo.cols = q;
+    gate_up.rows = {shard_.ffn, shard_.ffn};
+    down.cols = shard_.ffn;
+    vocab = shard_.vocab;
+  }
   auto count = [&](const LinearWeight& w) {
     ++(w.form() == WeightForm::kInt4   ? report.int4
        : w.form() == WeightForm::kInt8 ? report.int8
@@ -65,14 +80,16 @@ Status TorchExecutor::load_weights(const model::ModelSource& source) {
   };
   STRATA_ASSIGN_OR_RETURN(output_norm_, load_vector(source, "output_norm.weight"));
   STRATA_ASSIGN_OR_RETURN(
-      lm_head_, linear({config_.tied_embeddings ? "token_embd.weight" : "output.weight"}));
+      lm_head_, linear({config_.tied_embeddings ? "token_embd.weight" : "output.weight"},
+                       WeightSlice{{vocab}, {}}));
   count(lm_head_);
   if (config_.tied_embeddings && lm_head_.form() != WeightForm::kInt4) {
     embedding_ = EmbeddingTable::tied_to(lm_head_);
     report.embedding = "tied";
   } else {
     STRATA_ASSIGN_OR_RETURN(
-        embedding_, EmbeddingTable::load(source, "token_embd.weight", quantized, device_, dtype_));
+        embedding_,
+        EmbeddingTable::load(source, "token_embd.weight", quantized, device_, dtype_, vocab));
     report.embedding = weight_form_name(embedding_.form());
     report.bytes += embedding_.bytes();
   }
@@ -81,19 +98,22 @@ Status TorchExecutor::load_weights(const model::ModelSource& source) {
     LayerWeights w;
     STRATA_ASSIGN_OR_RETURN(w.attn_norm, load_vector(source, p + "attn_norm.weight"));
     STRATA_ASSIGN_OR_RETURN(
-        w.w_qkv, linear({p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"}));
+        w.w_qkv, linear({p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"}, qkv));
     if (config_.qkv_bias) {
       std::vector<at::Tensor> biases;
-      for (const char* part : {"attn_q.bias", "attn_k.bias", "attn_v.bias"}) {
-        STRATA_ASSIGN_OR_RETURN(at::Tensor b, load_vector(source, p + part));
+      const char* parts[] = {"attn_q.bias", "attn_k.bias", "attn_v.bias"};
+      for (size_t i = 0; i < 3; ++i) {
+        STRATA_ASSIGN_OR_RETURN(at::Tensor b, load_vector(source, p + parts[i]));
+        if (shard_.sharded()) b = b.narrow(0, qkv.rows[i].begin, qkv.rows[i].size());
         biases.push_back(std::move(b));
       }
       w.b_qkv = at::cat(biases);
     }
-    STRATA_ASSIGN_OR_RETURN(w.wo, linear({p + "attn_output.weight"}));
+    STRATA_ASSIGN_OR_RETURN(w.wo, linear({p + "attn_output.weight"}, wo));
     STRATA_ASSIGN_OR_RETURN(w.ffn_norm, load_vector(source, p + "ffn_norm.weight"));
-    STRATA_ASSIGN_OR_RETURN(w.w_gate_up, linear({p + "ffn_gate.weight", p + "ffn_up.weight"}));
-    STRATA_ASSIGN_OR_RETURN(w.w_down, linear({p + "ffn_down.weight"}));
+    STRATA_ASSIGN_OR_RETURN(w.w_gate_up,
+                            linear({p + "ffn_gate.weight", p + "ffn_up.weight"}, gate_up));
+    STRATA_ASSIGN_OR_RETURN(w.w_down, linear({p + "ffn_down.weight"}, down));
     for (const LinearWeight* lw : {&w.w_qkv, &w.wo, &w.w_gate_up, &w.w_down}) count(*lw);
     layers_.push_back(std::move(w));
   }
@@ -111,6 +131,18 @@ Status TorchExecutor::load_weights(const model::ModelSource& source) {
 Status TorchExecutor::load(const model::ModelSource& source) {
   if (options_.max_context_tokens > 0) {
     config_.max_context_tokens = std::min(config_.max_context_tokens, options_.max_context_tokens);
+    model_config_.max_context_tokens = config_.max_context_tokens;
+  }
+  if (shard_.sharded()) {
+    if (options_.leankv.enabled || options_.page_format || !options_.kv_formats.empty() ||
+        !options_.kv_head_groups.empty()) {
+      return invalid_argument_error(
+          "tensor parallelism serves the compute dtype's KV pages only: drop leankv and "
+          "kv_cache.page_format");
+    }
+    config_.num_heads = shard_.q_heads.size();
+    config_.num_kv_heads = shard_.kv_heads.size();
+    config_.intermediate_size = shard_.ffn.size();
   }
   device_choice_ = options_.device;
   if (device_choice_.kind == DeviceKind::kAuto) {
@@ -191,6 +223,10 @@ Status TorchExecutor::allocate_kv_pool() {
   const int64_t page_bytes = layout->page_bytes();
   const int64_t blocks_per_context =
       (config_.max_context_tokens + block - 1) / block * config_.num_layers;
+  // Sharded, every rank sizes its pages as the rank with the most KV heads does (page bytes grow
+  // with the heads: one format), so that all ranks have the same blocks.
+  const int64_t sizing_page_bytes =
+      shard_.sharded() ? page_bytes / config_.num_kv_heads * shard_.max_kv_heads : page_bytes;
   int64_t bytes = options_.cache_bytes.value_or(0);
   if (bytes == 0 && device_.is_cuda()) {
     size_t free_bytes = 0, total_bytes = 0;
@@ -201,9 +237,15 @@ Status TorchExecutor::allocate_kv_pool() {
     bytes = static_cast<int64_t>(options_.gpu_memory_fraction.value_or(kDefaultMemoryFraction) *
                                  static_cast<double>(free_bytes));
   } else if (bytes == 0) {
-    bytes = 4 * blocks_per_context * block_bytes_;
+    bytes = 4 * blocks_per_context * (shard_.sharded() ? sizing_page_bytes : block_bytes_);
   }
-  const int64_t num_pages = bytes / page_bytes;
+  int64_t num_pages = bytes / sizing_page_bytes;
+  if (shard_.sharded() && device_.is_cuda()) {  // free memory differs per GPU: the least of them
+    at::Tensor mine = at::full({1}, num_pages, at::TensorOptions().dtype(at::kLong).device(device_));
+    at::Tensor all = at::empty({shard_.world_size}, mine.options());
+    STRATA_RETURN_IF_ERROR(shard_.group->all_gather(mine, all));
+    num_pages = all.min().item<int64_t>();
+  }
   const int64_t num_blocks = num_pages * kv_geometry_.page_blocks;
   if (num_blocks < blocks_per_context) {
     return resource_exhausted_error(
@@ -212,7 +254,7 @@ Status TorchExecutor::allocate_kv_pool() {
         std::to_string(config_.max_context_tokens) + " tokens needs " +
         std::to_string(blocks_per_context));
   }
-  const int64_t num_host_pages = options_.host_cache_bytes / page_bytes;
+  const int64_t num_host_pages = options_.host_cache_bytes / sizing_page_bytes;
   if (num_pages * layout->max_blocks_per_page() > INT32_MAX ||
       num_host_pages * layout->max_blocks_per_page() > INT32_MAX) {
     return invalid_argument_error("KV pool has too many blocks");
@@ -581,7 +623,7 @@ StatusOr<ForwardResult> TorchExecutor::run(const ForwardBatch& batch) {
 
   const bool observes = std::any_of(batch.chunks.begin(), batch.chunks.end(),
                                     [](const SequenceChunk& c) { return c.observe_attention; });
-  at::Tensor x = embedding_.lookup(ids);  // [num_tokens, hidden]
+  STRATA_ASSIGN_OR_RETURN(at::Tensor x, embed(ids));  // [num_tokens, hidden]
   for (int64_t l = 0; l < num_layers; ++l) {
     const LayerWeights& w = layers_[l];
     if (!loads.sources.empty()) {
@@ -632,12 +674,17 @@ StatusOr<ForwardResult> TorchExecutor::run(const ForwardBatch& batch) {
                              : kernels::paged_attention(q, pool_.base_view(), tables[l], seq_lens_t,
                                                         cu_q_lens_t, max_q_len, scale, attention);
     }
-    x = x + w.wo.apply(attn.view({num_tokens, num_heads * head_dim}));
+    at::Tensor attn_out = w.wo.apply(attn.view({num_tokens, num_heads * head_dim}));
+    STRATA_RETURN_IF_ERROR(reduce_partial(attn_out));
+    x = x + attn_out;
 
     h = kernels::rms_norm(x, w.ffn_norm, config_.rms_norm_eps, norm);
     at::Tensor gate_up = w.w_gate_up.apply(h);
     const int64_t ffn = config_.intermediate_size;
-    x = x + w.w_down.apply(at::silu(gate_up.narrow(1, 0, ffn)) * gate_up.narrow(1, ffn, ffn));
+    at::Tensor mlp_out =
+        w.w_down.apply(at::silu(gate_up.narrow(1, 0, ffn)) * gate_up.narrow(1, ffn, ffn));
+    STRATA_RETURN_IF_ERROR(reduce_partial(mlp_out));
+    x = x + mlp_out;
   }
 
   // LeanKV: prompts that completed in this pass are compressed (a sequence that cannot be keeps
@@ -672,7 +719,7 @@ StatusOr<ForwardResult> TorchExecutor::run(const ForwardBatch& batch) {
   at::Tensor rows = at::tensor(logit_rows, long_opts).to(device_);
   at::Tensor last =
       kernels::rms_norm(x.index_select(0, rows), output_norm_, config_.rms_norm_eps, norm);
-  at::Tensor logits = lm_head_.apply(last).to(at::kCPU, at::kFloat).contiguous();
+  STRATA_ASSIGN_OR_RETURN(at::Tensor logits, lm_logits(last));
   result.logits.assign(logits.data_ptr<float>(), logits.data_ptr<float>() + logits.numel());
   return result;
 }
@@ -691,6 +738,13 @@ void TorchExecutor::unregister_host_memory(void* data) const {
 
 StatusOr<std::unique_ptr<Executor>> Executor::create(const model::ModelSource& source,
                                                      const ExecutorOptions& options) {
+  if (options.group != nullptr && options.group->world_size() > 1) {
+    if (options.group->rank() != 0) {
+      return invalid_argument_error("rank " + std::to_string(options.group->rank()) +
+                                    " of a tensor-parallel group runs serve_tensor_parallel_rank");
+    }
+    return create_tensor_parallel(source, options);
+  }
   auto executor = std::make_unique<TorchExecutor>(source.config(), options);
   STRATA_RETURN_IF_ERROR(executor->load(source));
   return std::unique_ptr<Executor>(std::move(executor));

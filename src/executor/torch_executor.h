@@ -24,6 +24,7 @@
 #include "kv_pool.h"
 #include "leankv_runtime.h"
 #include "linear_weight.h"
+#include "tensor_shard.h"
 #include "strata/executor/executor.h"
 #include "strata/kernels/torch_ops.h"
 
@@ -41,15 +42,19 @@ struct LayerWeights {
 
 class TorchExecutor final : public Executor {
  public:
-  TorchExecutor(model::ModelConfig config, ExecutorOptions options)
-      : config_(std::move(config)),
+  // shard: the part of the model this rank of a tensor-parallel group holds (tensor_shard.h);
+  // the whole model by default.
+  TorchExecutor(model::ModelConfig config, ExecutorOptions options, TensorShard shard = {})
+      : model_config_(config),
+        config_(std::move(config)),
         options_(options),
+        shard_(std::move(shard)),
         attention_observer_(static_cast<int32_t>(config_.num_layers),
                             static_cast<int32_t>(config_.num_heads)) {}
 
   Status load(const model::ModelSource& source);
 
-  const model::ModelConfig& config() const override { return config_; }
+  const model::ModelConfig& config() const override { return model_config_; }
   const ExecutorOptions& options() const override { return options_; }
   Device device() const override { return device_choice_; }
   DType dtype() const override { return compute_dtype_; }
@@ -193,8 +198,21 @@ class TorchExecutor final : public Executor {
   // the attention observer with their keys so far.
   void observe_attention(const ForwardBatch& batch, int64_t layer, const at::Tensor& q, double scale);
 
+  // The embedding's rows of `ids` (int64 [n]) -> [n, hidden]; sharded, the rank's vocabulary
+  // run looks up its ids and the ranks' rows are summed.
+  StatusOr<at::Tensor> embed(const at::Tensor& ids);
+  // The LM head over rows x [n, hidden] -> [n, vocab] float32; sharded, the ranks' vocabulary
+  // runs are gathered.
+  StatusOr<at::Tensor> lm_logits(const at::Tensor& x);
+  // Sharded: sums a row-parallel matmul's partial output over the ranks, in place.
+  Status reduce_partial(at::Tensor& partial);
+
+  model::ModelConfig model_config_;  // the whole model's (config())
+  // This rank's part of it: its query and KV heads and intermediate units (the whole model's
+  // unless sharded); vocab_size stays the whole vocabulary.
   model::ModelConfig config_;
   ExecutorOptions options_;
+  TensorShard shard_;
   at::Device device_ = at::kCPU;
   Device device_choice_;                   // options_.device resolved
   DType compute_dtype_ = DType::kFloat32;  // options_.dtype resolved

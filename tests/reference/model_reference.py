@@ -103,13 +103,13 @@ def smollm2_prompts(tokenizer, data_dir: Path):
     return prompts
 
 
-def write_tiny_qwen2_gguf(path: Path, layers: int = 2):
+def write_tiny_qwen2_gguf(path: Path, layers: int = 2, heads: int = 4, kv_heads: int = 2,
+                          head_dim: int = 16, ffn: int = 128, vocab: int = 320):
     """A random-weight qwen2 GGUF (F32 norms, F16 / Q8_0 matrices, QKV biases, untied head)."""
     import gguf
 
     rng = np.random.default_rng(1234)
-    hidden, heads, kv_heads, ffn, vocab = 64, 4, 2, 128, 320
-    head_dim = hidden // heads
+    hidden = heads * head_dim
     w = gguf.GGUFWriter(str(path), "qwen2")
     w.add_block_count(layers)
     w.add_context_length(512)

@@ -38,7 +38,12 @@ struct GroupOptions {
   // The address this rank's Gloo connections bind to (Gloo only).
   std::string hostname = "127.0.0.1";
   std::chrono::milliseconds timeout{30000};  // of the rendezvous and of every collective
+  // NCCL: this rank's GPU (cuda:N on its machine); -1: cuda:<rank> (one machine).
+  int32_t cuda_device = -1;
 };
+
+// GPUs this process sees (0 without CUDA).
+int32_t cuda_device_count();
 
 class Communicator {
  public:

@@ -27,6 +27,9 @@
 namespace strata::model {
 class ModelSource;
 }
+namespace strata::dist {
+class Communicator;
+}
 
 namespace strata::executor {
 
@@ -56,6 +59,13 @@ struct ExecutorOptions : DevicesConfig, KernelsConfig, KvCacheConfig {
   // page tables; each divides the model's KV heads).
   std::vector<int32_t> kv_head_groups;
   LeanKvConfig leankv;
+  // Tensor parallelism (docs/tensor-parallelism.md): this process's rank in a group of
+  // tensor_parallel_size ranks (borrowed; outlives the executor). Rank 0's executor runs the
+  // engine's passes on every rank; the others run serve_tensor_parallel_rank(). Null: one rank.
+  dist::Communicator* group = nullptr;
+  // Called once, on the step thread, when a collective fails (a rank died or hangs): every later
+  // pass fails with UNAVAILABLE.
+  std::function<void(const Status&)> on_group_failure;
 };
 
 // LeanKV's state over the live sequences (docs/leankv.md): stored tokens per tier, tokens pruned
@@ -152,6 +162,14 @@ class Executor {
   // not cover it, a load that is not below its sequence's chunk or a save that does not end by
   // its end; nothing is written then. INTERNAL if libtorch fails.
   virtual StatusOr<ForwardResult> forward(const ForwardBatch& batch) = 0;
+  // Called by the step thread when it has run no pass for a while (about a second): a
+  // tensor-parallel group checks that its ranks still answer.
+  virtual void keep_alive() {}
 };
+
+// Rank > 0 of a tensor-parallel group (ExecutorOptions::group): loads this rank's part of the
+// model and runs the passes rank 0's executor sends, until that executor is destroyed (OK) or the
+// group fails (UNAVAILABLE: a rank died, or nothing came within the collective timeout).
+Status serve_tensor_parallel_rank(const model::ModelSource& source, const ExecutorOptions& options);
 
 }  // namespace strata::executor

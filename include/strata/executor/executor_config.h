@@ -41,11 +41,20 @@ enum class WeightStorage {
 
 struct DevicesConfig {
   Device device;
-  // GPUs one model replica is split across. Values > 1 parse and validate (they need a CUDA or
-  // auto device) so deployment files can be written ahead, but the engine does not implement
-  // tensor parallelism yet: callers reject them with UNIMPLEMENTED.
+  // Ranks one model replica is split across (tensor parallelism, docs/tensor-parallelism.md): one
+  // process and GPU per rank over NCCL on CUDA, one process per rank over Gloo on the CPU.
   int32_t tensor_parallel_size = 1;
-  int32_t cpu_threads = 0;  // CPU intra-op threads; 0 keeps libtorch's default
+  // Machines the ranks span (tensor_parallel_size divides evenly among them), this machine's
+  // index, and where rank 0 hosts the rendezvous: master_port 0 on one machine uses a file
+  // instead (no port needed).
+  int32_t nodes = 1;
+  int32_t node_rank = 0;
+  std::string master_address = "127.0.0.1";
+  int32_t master_port = 0;
+  // A collective that has not completed by then means a rank died or hangs: the server reports
+  // unhealthy and exits non-zero.
+  int32_t collective_timeout_seconds = 30;
+  int32_t cpu_threads = 0;  // CPU intra-op threads (per rank); 0 keeps libtorch's default
   bool operator==(const DevicesConfig&) const = default;
 };
 

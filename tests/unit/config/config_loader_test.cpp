@@ -230,8 +230,18 @@ TEST(ConfigLoaderTest, ValidationErrorsNameTheKeyAndItsPosition) {
       {"tp 0", "devices: {tensor_parallel_size: 0}\n", kInvalid,
        "devices.tensor_parallel_size must be >= 1, got 0"},
       {"tp 8 on cuda", "devices: {device: cuda, tensor_parallel_size: 8}\n", kOk, ""},
-      {"tp 2 on cpu", "devices: {device: cpu, tensor_parallel_size: 2}\n", kInvalid,
-       "devices.tensor_parallel_size must be 1 on the cpu device, got 2"},
+      {"tp 2 on cpu (Gloo)", "devices: {device: cpu, tensor_parallel_size: 2}\n", kOk, ""},
+      {"tp 3 on 2 nodes", "devices: {tensor_parallel_size: 3, nodes: 2, master_port: 29500}\n",
+       kInvalid, "devices.tensor_parallel_size 3 does not divide among 2 devices.nodes"},
+      {"node rank past nodes",
+       "devices: {tensor_parallel_size: 2, nodes: 2, node_rank: 2, master_port: 29500}\n",
+       kInvalid, "devices.node_rank 2 must be below devices.nodes 2"},
+      {"2 nodes, no port", "devices: {tensor_parallel_size: 4, nodes: 2}\n", kInvalid,
+       "devices.master_port: ranks on several machines meet at master_address:master_port"},
+      {"master port 70000", "devices: {master_port: 70000}\n", kInvalid,
+       "devices.master_port must be in [0, 65535], got 70000"},
+      {"collective timeout 0", "devices: {collective_timeout_seconds: 0}\n", kInvalid,
+       "devices.collective_timeout_seconds must be >= 1, got 0"},
       {"threads -1", "devices: {cpu_threads: -1}\n", kInvalid,
        "devices.cpu_threads must be >= 0, got -1"},
       {"grpc port 70000", "server: {grpc_port: 70000}\n", kInvalid,
@@ -317,7 +327,8 @@ TEST(ConfigLoaderTest, UnknownKeysNameTheFullPathAndListTheAllowedOnes) {
        "served_name"},
       {"devices", "devices:\n  gpus: 2\n", kInvalid,
        "t.yaml:4:3: unknown key 'devices.gpus'; allowed keys in 'devices': device, "
-       "tensor_parallel_size, cpu_threads"},
+       "tensor_parallel_size, nodes, node_rank, master_address, master_port, "
+       "collective_timeout_seconds, cpu_threads"},
       {"kv_cache", "kv_cache: {swap_bytes: 1GiB}\n", kInvalid,
        "unknown key 'kv_cache.swap_bytes'; allowed keys in 'kv_cache': block_size_tokens, "
        "gpu_memory_fraction, cache_bytes, host_cache_bytes, enable_prefix_caching"},
@@ -628,6 +639,11 @@ DeploymentConfig everything_changed() {
   c.devices.device.kind = DeviceKind::kCuda;
   c.devices.device.index = 5;
   c.devices.tensor_parallel_size = 4;
+  c.devices.nodes = 2;
+  c.devices.node_rank = 1;
+  c.devices.master_address = "10.0.0.1";
+  c.devices.master_port = 29500;
+  c.devices.collective_timeout_seconds = 7;
   c.devices.cpu_threads = 12;
   c.executor.kernels = strata::kernels::KernelBackend::kTorch;
   c.kv_cache.block_size_tokens = 32;

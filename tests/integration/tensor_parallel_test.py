@@ -1,0 +1,222 @@
+#!/usr/bin/env python3
+"""Tensor parallelism on the CPU over Gloo, end to end through `strata serve`.
+
+`strata serve` with devices.tensor_parallel_size N starts its other ranks itself. Checks:
+  - greedy completions at TP=2 and TP=4 equal TP=1's, token for token, for the default model and
+    for a random-weight qwen2 model whose heads divide unevenly (6 query heads, 3 KV heads: at
+    TP=2 the ranks hold 1 and 2 KV heads, at TP=4 KV heads are replicated; the vocabulary and the
+    MLP split unevenly too);
+  - with the KV store on (prefix caching off, so the second turn's history is loaded from the
+    store's DRAM tier), a resumed conversation at TP=2 loads its history and answers as TP=1;
+  - a rank killed: the server exits non-zero within a bounded time;
+  - a rank that hangs (SIGSTOP) while a request runs: the request fails (no output presented as
+    complete) and the server exits non-zero within the collective timeout and a margin; likewise
+    when it hangs while the server is idle.
+Weights are dequantized (float32) so that TP=1 and TP=N differ only in summation order.
+
+usage: tensor_parallel_test.py --binary build/bin/strata --model MODEL.gguf
+Prints "N passed, N failed" and exits non-zero on any failure.
+"""
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from harness import check, free_port, summary
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reference"))
+from model_reference import write_tiny_qwen2_gguf  # noqa: E402
+
+EXIT_BOUND_S = 15  # a dead rank: the server is gone within this
+HANG_TIMEOUT_S = 3  # devices.collective_timeout_seconds of the hang checks
+
+
+class Server:
+    """A `strata serve` process (rank 0 of its group) on an HTTP port."""
+
+    def __init__(self, binary, model, tp, *overrides):
+        self.port = free_port()
+        command = [binary, "serve", "--model", str(model), "--weights", "dequantize",
+                   "--grpc-port", "0", "--http-port", str(self.port),
+                   "--set", f"devices.tensor_parallel_size={tp}", "--set", "devices.device=cpu"]
+        for o in overrides:
+            command += ["--set", o]
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        text=True)
+        line = self.process.stdout.readline()
+        assert line.startswith("http_port="), (line, self.process.stderr.read()[-3000:])
+
+    def ranks(self):
+        """The rank processes this server started (its children)."""
+        children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children")
+        return [int(p) for p in children.read_text().split()]
+
+    def post(self, path, body, timeout=300):
+        request = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}",
+                                         data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return json.loads(response.read())
+
+    def complete(self, prompt, max_tokens=24):
+        reply = self.post("/v1/completions", {"prompt": prompt, "max_tokens": max_tokens,
+                                              "temperature": 0, "ignore_eos": True})
+        return reply["choices"][0]["text"]
+
+    def chat(self, messages, max_tokens=24):
+        reply = self.post("/v1/chat/completions", {"messages": messages, "max_tokens": max_tokens,
+                                                   "temperature": 0})
+        return reply["choices"][0]["message"]["content"], reply["usage"]
+
+    def exit_code_within(self, seconds):
+        try:
+            return self.process.wait(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def stop(self):
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process.stdout.close()
+        self.process.stderr.close()
+
+
+def greedy_outputs(binary, model, tp, prompts):
+    server = Server(binary, model, tp)
+    try:
+        outputs = [server.complete(p) for p in prompts]
+    finally:
+        server.stop()
+    assert server.process.returncode == 0, ("orderly stop", tp, server.process.returncode)
+    return outputs
+
+
+def check_equal_to_tp1(binary, model, prompts):
+    reference = greedy_outputs(binary, model, 1, prompts)
+    assert all(reference), reference
+    for tp in (2, 4):
+        outputs = greedy_outputs(binary, model, tp, prompts)
+        assert outputs == reference, (tp, outputs, reference)
+
+
+def check_resumed_conversation(binary, model):
+    store = ["kv_store.dram_bytes=256MiB", "kv_cache.enable_prefix_caching=false"]
+    first = [{"role": "user", "content": "Name three rivers of Europe."}]
+    answers = {}
+    for tp in (1, 2):
+        server = Server(binary, model, tp, *store)
+        try:
+            reply, _ = server.chat(first)
+            second = first + [{"role": "assistant", "content": reply},
+                              {"role": "user", "content": "Which one is the longest?"}]
+            resumed, usage = server.chat(second)
+            cached = usage.get("prompt_tokens_details", {}).get("cached_tokens", 0)
+            assert cached >= 16, ("the history was not loaded from the store", tp, usage)
+            answers[tp] = (reply, resumed)
+        finally:
+            server.stop()
+    assert answers[2] == answers[1], answers
+
+
+def check_killed_rank(binary, model):
+    server = Server(binary, model, 2)
+    try:
+        assert server.complete("hello") is not None
+        (rank,) = server.ranks()
+        os.kill(rank, signal.SIGKILL)
+        started = time.monotonic()
+        code = server.exit_code_within(EXIT_BOUND_S)
+        assert code not in (None, 0), ("server still up or exited 0", code)
+        print(f"  killed rank: server exited {code} after {time.monotonic() - started:.1f} s")
+    finally:
+        server.stop()
+
+
+def check_hung_rank_during_request(binary, model):
+    server = Server(binary, model, 2, f"devices.collective_timeout_seconds={HANG_TIMEOUT_S}")
+    rank = None
+    try:
+        (rank,) = server.ranks()
+        os.kill(rank, signal.SIGSTOP)
+        started = time.monotonic()
+        completed = None
+        try:
+            reply = server.post("/v1/completions", {"prompt": "hello", "max_tokens": 64,
+                                                    "temperature": 0, "ignore_eos": True},
+                                timeout=EXIT_BOUND_S + HANG_TIMEOUT_S)
+            completed = reply["choices"][0].get("finish_reason")
+        except (urllib.error.URLError, ConnectionError, OSError):
+            pass  # the server failed the request or went away: neither is presented as complete
+        assert completed in (None, "error"), ("a request completed on a hung group", completed)
+        code = server.exit_code_within(EXIT_BOUND_S + HANG_TIMEOUT_S)
+        assert code not in (None, 0), ("server still up or exited 0", code)
+        print(f"  hung rank: server exited {code} after {time.monotonic() - started:.1f} s")
+    finally:
+        if rank is not None:
+            try:
+                os.kill(rank, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        server.stop()
+
+
+def check_hung_rank_idle(binary, model):
+    server = Server(binary, model, 2, f"devices.collective_timeout_seconds={HANG_TIMEOUT_S}")
+    rank = None
+    try:
+        (rank,) = server.ranks()
+        os.kill(rank, signal.SIGSTOP)
+        started = time.monotonic()
+        code = server.exit_code_within(EXIT_BOUND_S + HANG_TIMEOUT_S)
+        assert code not in (None, 0), ("server still up or exited 0", code)
+        print(f"  hung idle rank: server exited {code} after {time.monotonic() - started:.1f} s")
+    finally:
+        if rank is not None:
+            try:
+                os.kill(rank, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        server.stop()
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--binary", required=True)
+    parser.add_argument("--model", required=True)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        uneven = Path(tmp) / "uneven_qwen2.gguf"
+        write_tiny_qwen2_gguf(uneven, layers=2, heads=6, kv_heads=3, head_dim=16, ffn=160,
+                              vocab=322)
+        smollm_prompts = ["The capital of France is", "def fibonacci(n):\n    ",
+                          "Once upon a time, in a small village,"]
+        check("default model: TP=2 and TP=4 equal TP=1",
+              lambda: check_equal_to_tp1(args.binary, args.model, smollm_prompts))
+        uneven_prompts = ["ab" * 5, "tok7 tok9 hello world", "x" * 40]
+        check("uneven heads (KV-head replication): TP=2 and TP=4 equal TP=1",
+              lambda: check_equal_to_tp1(args.binary, uneven, uneven_prompts))
+        check("KV store on: a resumed conversation at TP=2 loads its history and equals TP=1",
+              lambda: check_resumed_conversation(args.binary, args.model))
+        check("a killed rank: the server exits non-zero",
+              lambda: check_killed_rank(args.binary, uneven))
+        check("a rank hung during a request: the request fails, the server exits non-zero",
+              lambda: check_hung_rank_during_request(args.binary, uneven))
+        check("a rank hung while idle: the server exits non-zero",
+              lambda: check_hung_rank_idle(args.binary, uneven))
+    return summary()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
