@@ -23,8 +23,17 @@ struct Communicator::Group {
 namespace {
 
 // c10d reports a dead, hung or unreachable peer by throwing: one Status for all of them.
+// Adds the call's wall time to `seconds`.
 template <typename F>
-Status collective(const GroupOptions& o, const char* what, F&& run) {
+Status collective(const GroupOptions& o, const char* what, double& seconds, F&& run) {
+  const auto start = std::chrono::steady_clock::now();
+  struct Timed {
+    std::chrono::steady_clock::time_point start;
+    double& seconds;
+    ~Timed() {
+      seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
+  } timed{start, seconds};
   try {
     run();
     return Status();
@@ -47,7 +56,8 @@ StatusOr<std::unique_ptr<Communicator>> Communicator::create(const GroupOptions&
     return invalid_argument_error("tensor-parallel group: set a master port or a store path");
   }
   auto group = std::make_unique<Group>();
-  const Status joined = collective(options, "joining", [&] {
+  double join_seconds = 0;
+  const Status joined = collective(options, "joining", join_seconds, [&] {
     c10::intrusive_ptr<c10d::Store> base;
     if (options.master_port > 0) {
       c10d::TCPStoreOptions tcp;
@@ -77,7 +87,7 @@ Communicator::Communicator(const GroupOptions& options, std::unique_ptr<Group> g
 Communicator::~Communicator() = default;
 
 Status Communicator::all_reduce_sum(at::Tensor& tensor) {
-  return collective(options_, "all-reduce", [&] {
+  return collective(options_, "all-reduce", seconds_, [&] {
     std::vector<at::Tensor> tensors = {tensor};
     group_->backend->allreduce(tensors)->wait();
   });
@@ -88,14 +98,14 @@ Status Communicator::all_gather(const at::Tensor& part, at::Tensor& out) {
       !part.is_contiguous()) {
     return invalid_argument_error("all_gather: out must be contiguous [world_size * n, ...]");
   }
-  return collective(options_, "all-gather", [&] {
+  return collective(options_, "all-gather", seconds_, [&] {
     at::Tensor input = part;
     group_->backend->_allgather_base(out, input)->wait();
   });
 }
 
 Status Communicator::broadcast_bytes(std::string& bytes, int32_t root) {
-  return collective(options_, "broadcast", [&] {
+  return collective(options_, "broadcast", seconds_, [&] {
     c10d::BroadcastOptions from;
     from.rootRank = root;
     // NCCL moves device memory only: the bytes travel through the rank's GPU there.
@@ -121,7 +131,7 @@ Status Communicator::broadcast_bytes(std::string& bytes, int32_t root) {
 }
 
 Status Communicator::barrier() {
-  return collective(options_, "barrier", [&] { group_->backend->barrier()->wait(); });
+  return collective(options_, "barrier", seconds_, [&] { group_->backend->barrier()->wait(); });
 }
 
 int32_t cuda_device_count() { return c10::cuda::device_count(); }

@@ -625,6 +625,8 @@ void Engine::step() {
   }
   std::scoped_lock lock(mutex_);
   ++stats_.num_steps;
+  stats_.forward_seconds += forward_seconds;
+  stats_.collective_seconds += result->collective_seconds;
 }
 
 }  // namespace strata::engine

@@ -304,6 +304,7 @@ class TensorParallelExecutor final : public Executor {
 
   StatusOr<ForwardResult> forward(const ForwardBatch& batch) override {
     if (!failed_.ok()) return failed_;
+    const double collective_start = shard_.group->collective_seconds();
     STRATA_ASSIGN_OR_RETURN(std::string plan,
                             encode_pass(batch, chunk_bytes_, local_->kv_format()));
     STRATA_RETURN_IF_ERROR(checked(shard_.group->broadcast_bytes(plan, 0)));
@@ -316,6 +317,7 @@ class TensorParallelExecutor final : public Executor {
         std::memcpy(chunk, saved[j++].data_ptr(), static_cast<size_t>(chunk_bytes_));
       }
     }
+    result.collective_seconds = shard_.group->collective_seconds() - collective_start;
     return std::move(result);
   }
 

@@ -363,6 +363,12 @@ std::string Metrics::render(const engine::EngineStats& engine) const {
   counter("strata_swap_outs_total", "Preemptions that swapped KV out to host memory.",
           static_cast<double>(engine.num_swap_outs));
   counter("strata_engine_steps_total", "Engine steps run.", static_cast<double>(engine.num_steps));
+  counter("strata_forward_seconds_total", "Wall time of the executor's forward passes.",
+          engine.forward_seconds);
+  counter("strata_tensor_parallel_collective_seconds_total",
+          "Of the forward passes, rank 0's time in tensor-parallel collectives (the plan's "
+          "broadcast, all-reduces, gathers; waiting for the other ranks included).",
+          engine.collective_seconds);
   render_tier_hits(engine, &out);
   if (engine.store) render_store(engine, &out);
   return out;

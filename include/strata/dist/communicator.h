@@ -65,6 +65,8 @@ class Communicator {
   // Rank `root`'s bytes on every rank (the scheduler's plan). Sizes may differ: sent first.
   Status broadcast_bytes(std::string& bytes, int32_t root);
   Status barrier();
+  // Wall time spent in this rank's collectives since it joined (waiting for the others included).
+  double collective_seconds() const { return seconds_; }
 
  private:
   struct Group;
@@ -72,6 +74,7 @@ class Communicator {
 
   GroupOptions options_;
   std::unique_ptr<Group> group_;
+  double seconds_ = 0;
 };
 
 }  // namespace strata::dist

@@ -171,6 +171,10 @@ struct EngineStats : restore::RestoreStats {
   int64_t num_preemptions = 0;  // swap-outs plus recomputes
   int64_t num_swap_outs = 0;
   int64_t num_steps = 0;
+  // Wall time of the executor's forward passes, and of it the time in tensor-parallel
+  // collectives (0 with one rank).
+  double forward_seconds = 0;
+  double collective_seconds = 0;
   // The device pool as the store's top tier: requests whose prompt found blocks in its prefix
   // cache (hits) or none (misses).
   int64_t pool_prefix_hits = 0;

@@ -110,6 +110,9 @@ struct ForwardResult {
   // with their bytes, the load bandwidth that sizes the read buffer.
   double load_copy_seconds = 0;
   double save_seconds = 0;  // host time spent on the batch's saves (likewise)
+  // Tensor parallelism: rank 0's time in collectives during the pass (the plan's broadcast, the
+  // all-reduces and gathers, waiting for the other ranks included).
+  double collective_seconds = 0;
   // Blocks until the saves' bytes are in their chunks; empty when they already are (CPU). On CUDA
   // each layer's blocks are gathered into a device write buffer on the compute stream (the pool
   // blocks may be reused by the next pass at once) and copied to the host on a separate stream.

@@ -262,6 +262,8 @@ TEST(MetricsTest, EngineGaugesAndCounters) {
   stats.num_preemptions = 7;
   stats.num_swap_outs = 2;
   stats.num_steps = 12345;
+  stats.forward_seconds = 2.5;
+  stats.collective_seconds = 0.5;
   stats.kv_capacity_bytes = 4 << 20;
   stats.kv_used_bytes = 3 << 20;
   const std::string text = Metrics().render(stats);
@@ -282,6 +284,8 @@ TEST(MetricsTest, EngineGaugesAndCounters) {
   EXPECT_EQ(samples.at("strata_preemptions_total"), "7");
   EXPECT_EQ(samples.at("strata_swap_outs_total"), "2");
   EXPECT_EQ(samples.at("strata_engine_steps_total"), "12345");
+  EXPECT_EQ(samples.at("strata_forward_seconds_total"), "2.5");
+  EXPECT_EQ(samples.at("strata_tensor_parallel_collective_seconds_total"), "0.5");
   EXPECT_NE(text.find("# TYPE strata_num_requests_waiting gauge\n"), std::string::npos);
   EXPECT_NE(text.find("# TYPE strata_engine_steps_total counter\n"), std::string::npos);
 }
