@@ -107,7 +107,10 @@ Status serve(const std::vector<std::string>& args) {
   STRATA_ASSIGN_OR_RETURN(config::DeploymentConfig deployment, deployment_from_flags(flags));
   configure_logging(deployment.logging);
   const config::ServerSection& server = deployment.server;
-  if (server.grpc_port == 0 && server.http_port == 0) {
+  // Only rank 0 of a tensor-parallel group serves the front door.
+  const bool front_door = deployment.devices.tensor_parallel_size == 1 ||
+                          (deployment.devices.node_rank == 0 && !flags.has(kLocalRankFlag));
+  if (front_door && server.grpc_port == 0 && server.http_port == 0) {
     return invalid_argument_error("server.grpc_port and server.http_port are both 0: nothing to serve");
   }
   // The one environment read of the binary: API keys named by server.api_keys_env.

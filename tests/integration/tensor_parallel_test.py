@@ -8,6 +8,8 @@
     MLP split unevenly too);
   - with the KV store on (prefix caching off, so the second turn's history is loaded from the
     store's DRAM tier), a resumed conversation at TP=2 loads its history and answers as TP=1;
+  - two "machines" (nodes: 2 on loopback, a TCP store at master_address:master_port): the
+    node-1 process joins node 0's front door and the output equals TP=1;
   - a rank killed: the server exits non-zero within a bounded time;
   - a rank that hangs (SIGSTOP) while a request runs: the request fails (no output presented as
     complete) and the server exits non-zero within the collective timeout and a margin; likewise
@@ -130,6 +132,35 @@ def check_resumed_conversation(binary, model):
     assert answers[2] == answers[1], answers
 
 
+def check_two_nodes(binary, model, prompts):
+    reference = greedy_outputs(binary, model, 1, prompts)
+    port = free_port()
+    nodes = ["devices.nodes=2", "devices.master_address=127.0.0.1", f"devices.master_port={port}"]
+    # Node 1 first: it waits for node 0's store; node 0 serves once both have joined.
+    node1 = subprocess.Popen(
+        [binary, "serve", "--model", str(model), "--weights", "dequantize", "--grpc-port", "0",
+         "--http-port", "0", "--set", "devices.tensor_parallel_size=2", "--set",
+         "devices.device=cpu", "--set", "devices.node_rank=1"] + sum([["--set", n] for n in nodes],
+                                                                      []),
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    server = None
+    try:
+        server = Server(binary, model, 2, "devices.node_rank=0", *nodes)
+        assert server.ranks() == [], "a one-rank node starts no other process"
+        outputs = [server.complete(p) for p in prompts]
+        assert outputs == reference, (outputs, reference)
+        server.stop()
+        assert server.process.returncode == 0, server.process.returncode
+        assert node1.wait(timeout=60) == 0, node1.stderr.read()[-2000:]
+    finally:
+        if server:
+            server.stop()
+        if node1.poll() is None:
+            node1.kill()
+            node1.wait()
+        node1.stderr.close()
+
+
 def check_killed_rank(binary, model):
     server = Server(binary, model, 2)
     try:
@@ -209,6 +240,8 @@ def main():
               lambda: check_equal_to_tp1(args.binary, uneven, uneven_prompts))
         check("KV store on: a resumed conversation at TP=2 loads its history and equals TP=1",
               lambda: check_resumed_conversation(args.binary, args.model))
+        check("two nodes over a TCP rendezvous: equal to TP=1",
+              lambda: check_two_nodes(args.binary, uneven, uneven_prompts))
         check("a killed rank: the server exits non-zero",
               lambda: check_killed_rank(args.binary, uneven))
         check("a rank hung during a request: the request fails, the server exits non-zero",
