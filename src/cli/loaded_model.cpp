@@ -150,6 +150,13 @@ StatusOr<LoadedEngine> load_engine(const config::DeploymentConfig& deployment,
                                std::to_string(deployment.devices.tensor_parallel_size) +
                                ": only `strata serve` runs a tensor-parallel group");
   }
+  if (const store::AdaptCacheConfig& codecs = deployment.kv_store.adaptcache;
+      deployment.devices.tensor_parallel_size > 1 && deployment.kv_store.enabled() &&
+      (codecs.enabled || codecs.fixed_codec != "none")) {
+    return invalid_argument_error(
+        "kv_store.adaptcache: the store's lossy codecs are not served with tensor parallelism; "
+        "set kv_store.adaptcache false and kv_store.fixed_codec none (docs/tensor-parallelism.md)");
+  }
   engine::EngineOptions options = engine_options(deployment);
   options.executor.group = group;
   options.executor.on_group_failure = std::move(on_group_failure);

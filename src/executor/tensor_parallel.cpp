@@ -189,7 +189,7 @@ StatusOr<RankPass> decode_pass(std::string_view plan, const TorchExecutor& local
       if (p == nullptr) break;
       // The rank's heads of the whole chunk.
       at::Tensor mine = at::from_blob(const_cast<char*>(p), whole, dtype)
-                            .narrow(2, 0, shard.kv_heads.size())
+                            .narrow(2, shard.kv_heads.begin, shard.kv_heads.size())
                             .contiguous();
       chunk = static_cast<const std::byte*>(mine.data_ptr());
       pass.loaded.push_back(std::move(mine));

@@ -7,7 +7,8 @@
     TP=2 the ranks hold 1 and 2 KV heads, at TP=4 KV heads are replicated; the vocabulary and the
     MLP split unevenly too);
   - with the KV store on (prefix caching off, so the second turn's history is loaded from the
-    store's DRAM tier), a resumed conversation at TP=2 loads its history and answers as TP=1;
+    store's DRAM tier), a resumed conversation at TP=2 and TP=4 loads its history and answers as
+    TP=1;
   - two "machines" (nodes: 2 on loopback, a TCP store at master_address:master_port): the
     node-1 process joins node 0's front door and the output equals TP=1;
   - a rank killed: the server exits non-zero within a bounded time;
@@ -117,7 +118,7 @@ def check_resumed_conversation(binary, model):
     store = ["kv_store.dram_bytes=256MiB", "kv_cache.enable_prefix_caching=false"]
     first = [{"role": "user", "content": "Name three rivers of Europe."}]
     answers = {}
-    for tp in (1, 2):
+    for tp in (1, 2, 4):
         server = Server(binary, model, tp, *store)
         try:
             reply, _ = server.chat(first)
@@ -129,7 +130,7 @@ def check_resumed_conversation(binary, model):
             answers[tp] = (reply, resumed)
         finally:
             server.stop()
-    assert answers[2] == answers[1], answers
+    assert answers[2] == answers[1] and answers[4] == answers[1], answers
 
 
 def check_two_nodes(binary, model, prompts):
@@ -238,7 +239,7 @@ def main():
         uneven_prompts = ["ab" * 5, "tok7 tok9 hello world", "x" * 40]
         check("uneven heads (KV-head replication): TP=2 and TP=4 equal TP=1",
               lambda: check_equal_to_tp1(args.binary, uneven, uneven_prompts))
-        check("KV store on: a resumed conversation at TP=2 loads its history and equals TP=1",
+        check("KV store on: a resumed conversation at TP=2/4 loads its history and equals TP=1",
               lambda: check_resumed_conversation(args.binary, args.model))
         check("two nodes over a TCP rendezvous: equal to TP=1",
               lambda: check_two_nodes(args.binary, uneven, uneven_prompts))
