@@ -5,10 +5,11 @@
 // and MLP runs as one matmul; attention reads and writes the paged KV pool through each layer's
 // page tables (kernels/attention on CUDA, the same contract in ATen on CPU).
 //
-// Files: torch_executor.cpp (weights, the pool, validation, the forward pass), kv_transfers.cpp
-// (the KV store's loads, pre-loads and saves around it), format_reference.cpp (layers not on the
-// pool's base view: pages of other formats, per-KV-head tables), leankv_runtime.cpp (LeanKV's
-// per-sequence state: prompts compressed into its pages, decode from them).
+// Files: torch_executor.cpp (weights, the pool, the forward pass), batch_validation.cpp (a batch's
+// checks), kv_transfers.cpp (the KV store's loads, pre-loads and saves around it),
+// format_reference.cpp (layers not on the pool's base view: pages of other formats, per-KV-head
+// tables), leankv_runtime.cpp (LeanKV's per-sequence state: prompts compressed into its pages,
+// decode from them), sharded_layers.cpp (the layers that differ on a tensor-parallel rank).
 #pragma once
 
 #include <ATen/ATen.h>
