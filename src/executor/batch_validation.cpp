@@ -32,6 +32,7 @@ Status TorchExecutor::validate(const ForwardBatch& batch) const {
         (decodes_from_pages(chunk) || (chunk.layout && !chunk.layout->is_default()))) {
       return invalid_argument_error(seq + ": attention is observed only on the pool's base pages");
     }
+    STRATA_RETURN_IF_ERROR(validate_restore(batch, chunk));
     if (decodes_from_pages(chunk)) continue;  // reads and writes no pool block
     STRATA_RETURN_IF_ERROR(validate_formats(chunk));
     const int64_t num_tables = config_.num_layers * groups_of(chunk);
@@ -66,9 +67,10 @@ Status TorchExecutor::validate(const ForwardBatch& batch) const {
       return invalid_argument_error(seq + ": loads need the default KV layout");
     }
     const int64_t end_block = load.first_block + static_cast<int64_t>(load.chunks.size());
-    if (load.first_block < 0 || end_block * block > chunk->start_position) {
+    const int64_t below = chunk->start_position + chunk->restored_tokens;
+    if (load.first_block < 0 || end_block * block > below) {
       return invalid_argument_error(seq + ": loaded blocks must lie below position " +
-                                    std::to_string(chunk->start_position));
+                                    std::to_string(below));
     }
     if (std::find(load.chunks.begin(), load.chunks.end(), nullptr) != load.chunks.end()) {
       return invalid_argument_error(seq + ": null load source");
@@ -171,6 +173,55 @@ Status TorchExecutor::validate_sharing(const SequenceChunk& chunk, int64_t neede
                                     " shares blocks but its page table is "
                                     "not layer " +
                                     std::to_string(owner) + "'s");
+    }
+  }
+  return Status();
+}
+
+Status TorchExecutor::validate_restore(const ForwardBatch& batch,
+                                       const SequenceChunk& chunk) const {
+  const int64_t history = chunk.restored_tokens;
+  if (history == 0 && chunk.computed_rows.empty()) return Status();
+  const std::string seq = "sequence " + std::to_string(chunk.seq.value) + ": restoring: ";
+  const int64_t block = kv_geometry_.block_size_tokens;
+  if (history < 0 || history >= std::ssize(chunk.tokens)) {
+    return invalid_argument_error(seq + "the history must leave at least one new token");
+  }
+  if (chunk.start_position % block != 0 || history % block != 0) {
+    return invalid_argument_error(seq + "the chunk's start and history must be whole blocks");
+  }
+  if (std::ssize(chunk.computed_rows) != config_.num_layers) {
+    return invalid_argument_error(seq + "one computed_rows entry per layer");
+  }
+  for (int64_t l = 0; l < config_.num_layers; ++l) {
+    const int64_t n = chunk.computed_rows[l];
+    if (n < 0 || n > history || n % block != 0 || (l > 0 && n > chunk.computed_rows[l - 1])) {
+      return invalid_argument_error(seq + "layer " + std::to_string(l) + " computes " +
+                                    std::to_string(n) +
+                                    " rows: whole blocks of the history, never more than the "
+                                    "layer above");
+    }
+  }
+  if (chunk.logits == LogitsMode::kAll || chunk.observe_attention || decodes_from_pages(chunk) ||
+      (chunk.layout && !chunk.layout->is_default()) || leankv_ || shard_.sharded()) {
+    return invalid_argument_error(seq +
+                                  "needs the default KV layout, logits of the new tokens only, "
+                                  "no attention observation, LeanKV or tensor parallelism");
+  }
+  // Every history block some layer does not compute comes from a load.
+  std::vector<bool> loaded(static_cast<size_t>(history / block), false);
+  const int64_t first = chunk.start_position / block;
+  for (const KvLoad& load : batch.loads) {
+    if (load.seq != chunk.seq || load.encoding) continue;
+    for (int64_t j = 0; j < std::ssize(load.chunks); ++j) {
+      const int64_t b = load.first_block + j - first;
+      if (b >= 0 && b < std::ssize(loaded)) loaded[b] = true;
+    }
+  }
+  for (int64_t b = chunk.computed_rows.back() / block; b < std::ssize(loaded); ++b) {
+    if (!loaded[b]) {
+      return invalid_argument_error(seq + "no load brings history block " +
+                                    std::to_string(first + b));
     }
   }
   return Status();

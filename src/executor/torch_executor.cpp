@@ -18,7 +18,6 @@
 #include <memory>
 
 #include "kernel_choice.h"
-#include "layers.h"
 #include "tensor_parallel.h"
 #include "strata/common/check.h"
 #include "strata/dist/communicator.h"
@@ -375,7 +374,9 @@ StatusOr<ForwardResult> TorchExecutor::run(const ForwardBatch& batch) {
       // Tokens whose layer is not on the kernels' base view, or shares another layer's blocks,
       // and LeanKV's decode tokens are not written by the cache-write kernel (slot -1).
       for (int64_t l = 0; l < num_layers; ++l) {
-        const bool base = !lean && on_base_view(chunk, l) && !shares(chunk, l);
+        // Krul: history rows a layer does not compute keep their loaded KV there.
+        const bool computed = i >= chunk.restored_tokens || i < chunk.computed_rows[l];
+        const bool base = !lean && computed && on_base_view(chunk, l) && !shares(chunk, l);
         slot_data[l * num_tokens + offset + i] =
             base ? layout.base_index(chunk.tables[l][position / block]) * block + position % block
                  : -1;
@@ -432,12 +433,14 @@ StatusOr<ForwardResult> TorchExecutor::run(const ForwardBatch& batch) {
 
   at::Tensor ids = at::tensor(token_ids, long_opts).to(device_);
   at::Tensor pos = at::tensor(positions, long_opts).to(device_);
+  const at::Tensor host_tables = tables, host_slots = slots;
   tables = tables.to(device_);
   slots = slots.to(device_);
   at::Tensor seq_lens_t = at::tensor(seq_lens, at::kInt).to(device_);
   at::Tensor cu_q_lens_t = at::tensor(cu_q_lens, at::kInt).to(device_);
   if (!lean_seqs.empty()) dense_seq_lens_t = seq_lens_t.index_select(0, dense_seqs_t);
   const RotaryTables rope = make_rotary_tables(pos, inv_freq_, dtype_);
+  const std::vector<PartialLayer> partial = partial_layers(batch, host_tables, host_slots, rope);
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
   const kernels::KernelBackend norm = kernel_report_.backend(KernelOp::kRmsNorm);
   const kernels::KernelBackend rotary = kernel_report_.backend(KernelOp::kRotary);
@@ -463,18 +466,21 @@ StatusOr<ForwardResult> TorchExecutor::run(const ForwardBatch& batch) {
       result.load_seconds +=
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     }
-    at::Tensor h = kernels::rms_norm(x, w.attn_norm, config_.rms_norm_eps, norm);
-    const at::Tensor qkv = w.w_qkv.apply(h, w.b_qkv);  // [num_tokens, (H + 2 Hkv) * D]
+    // Krul: a layer that computes only some rows runs on those (partial_layers).
+    const PartialLayer* part = partial.empty() || !partial[l].rows.defined() ? nullptr : &partial[l];
+    at::Tensor xl = part ? x.index_select(0, part->rows) : x;
+    const int64_t rows = xl.size(0);
+    const RotaryTables& rope_l = part ? part->rope : rope;
+    at::Tensor h = kernels::rms_norm(xl, w.attn_norm, config_.rms_norm_eps, norm);
+    const at::Tensor qkv = w.w_qkv.apply(h, w.b_qkv);  // [rows, (H + 2 Hkv) * D]
     const int64_t q_width = num_heads * head_dim, kv_width = num_kv_heads * head_dim;
-    at::Tensor q = qkv.narrow(1, 0, q_width).contiguous().view({num_tokens, num_heads, head_dim});
-    at::Tensor k =
-        qkv.narrow(1, q_width, kv_width).contiguous().view({num_tokens, num_kv_heads, head_dim});
-    at::Tensor v = qkv.narrow(1, q_width + kv_width, kv_width)
-                       .contiguous()
-                       .view({num_tokens, num_kv_heads, head_dim});
-    q = kernels::apply_rotary(q, rope.cos, rope.sin, rotary);
-    k = kernels::apply_rotary(k, rope.cos, rope.sin, rotary);
-    kernels::reshape_and_cache(pool_.base_view(), k, v, slots[l], cache_write);
+    at::Tensor q = qkv.narrow(1, 0, q_width).contiguous().view({rows, num_heads, head_dim});
+    at::Tensor k = qkv.narrow(1, q_width, kv_width).contiguous().view({rows, num_kv_heads, head_dim});
+    at::Tensor v =
+        qkv.narrow(1, q_width + kv_width, kv_width).contiguous().view({rows, num_kv_heads, head_dim});
+    q = kernels::apply_rotary(q, rope_l.cos, rope_l.sin, rotary);
+    k = kernels::apply_rotary(k, rope_l.cos, rope_l.sin, rotary);
+    kernels::reshape_and_cache(pool_.base_view(), k, v, part ? part->slots : slots[l], cache_write);
     if (other_format[l]) write_other_formats(batch, l, k, v);
     if (!saves.destinations.empty()) {
       const auto start = std::chrono::steady_clock::now();
@@ -499,23 +505,31 @@ StatusOr<ForwardResult> TorchExecutor::run(const ForwardBatch& batch) {
           leankv_->attend(lean_seqs, lean_positions, l, q.index_select(0, lean_rows_t),
                           k.index_select(0, lean_rows_t), v.index_select(0, lean_rows_t), scale));
       STRATA_RETURN_IF_ERROR(leankv_->settle(lean_seqs, lean_positions, l));
+    } else if (part) {
+      attn = kernels::paged_attention(q, pool_.base_view(), part->tables, part->seq_lens,
+                                      part->cu_q_lens, part->max_q_len, scale, attention);
     } else {
       attn = other_format[l] ? attend_dequantized(batch, l, q, seq_lens_t, cu_q_lens_t, max_q_len,
                                                   scale, attention)
                              : kernels::paged_attention(q, pool_.base_view(), tables[l], seq_lens_t,
                                                         cu_q_lens_t, max_q_len, scale, attention);
     }
-    at::Tensor attn_out = w.wo.apply(attn.view({num_tokens, num_heads * head_dim}));
+    at::Tensor attn_out = w.wo.apply(attn.view({rows, num_heads * head_dim}));
     STRATA_RETURN_IF_ERROR(reduce_partial(attn_out));
-    x = x + attn_out;
+    xl = xl + attn_out;
 
-    h = kernels::rms_norm(x, w.ffn_norm, config_.rms_norm_eps, norm);
+    h = kernels::rms_norm(xl, w.ffn_norm, config_.rms_norm_eps, norm);
     at::Tensor gate_up = w.w_gate_up.apply(h);
     const int64_t ffn = config_.intermediate_size;
     at::Tensor mlp_out =
         w.w_down.apply(at::silu(gate_up.narrow(1, 0, ffn)) * gate_up.narrow(1, ffn, ffn));
     STRATA_RETURN_IF_ERROR(reduce_partial(mlp_out));
-    x = x + mlp_out;
+    xl = xl + mlp_out;
+    if (part) {
+      x.index_copy_(0, part->rows, xl);
+    } else {
+      x = xl;
+    }
   }
 
   // LeanKV: prompts that completed in this pass are compressed (a sequence that cannot be keeps

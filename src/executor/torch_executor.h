@@ -23,6 +23,7 @@
 
 #include "attention_observer.h"
 #include "kv_pool.h"
+#include "layers.h"
 #include "leankv_runtime.h"
 #include "linear_weight.h"
 #include "tensor_shard.h"
@@ -152,6 +153,8 @@ class TorchExecutor final : public Executor {
   // tables equal their owners' over the chunk's blocks (REQUIRES the tables cover them).
   Status validate_formats(const SequenceChunk& chunk) const;
   Status validate_sharing(const SequenceChunk& chunk, int64_t needed_blocks) const;
+  // Krul's restoration (SequenceChunk::restored_tokens) of one chunk of the batch.
+  Status validate_restore(const ForwardBatch& batch, const SequenceChunk& chunk) const;
   // A chunk's KV head groups (page tables per layer), the KV heads of its blocks (0: all), and
   // the format of its table t (layer t / groups).
   static int32_t groups_of(const SequenceChunk& chunk) {
@@ -189,6 +192,22 @@ class TorchExecutor final : public Executor {
                                 const at::Tensor& seq_lens, const at::Tensor& cu_q_lens,
                                 int64_t max_q_len, double scale, kernels::KernelBackend backend);
   StatusOr<ForwardResult> run(const ForwardBatch& batch);
+  // Krul's restoration (SequenceChunk::restored_tokens): the rows a layer computes when some chunk
+  // of the batch restores its history, with that layer's attention metadata over them. A
+  // restoring chunk's rows are two runs there, its history's first computed_rows[l] and its new
+  // turn; each attends as its own query run over the chunk's page table.
+  struct PartialLayer {
+    at::Tensor rows;   // int64 [n]: the batch's rows this layer computes; undefined: all of them
+    RotaryTables rope;                         // of those rows
+    at::Tensor slots;                          // int64 [n]: their pool slots
+    at::Tensor tables, seq_lens, cu_q_lens;    // per query run: [runs, blocks], [runs], [runs + 1]
+    int64_t max_q_len = 0;
+  };
+  // One per layer; empty when no chunk restores. tables [num_layers, num_seqs, max_blocks] int32
+  // and slots [num_layers, num_tokens] int64 on the host, rope over every row of the batch.
+  std::vector<PartialLayer> partial_layers(const ForwardBatch& batch, const at::Tensor& tables,
+                                           const at::Tensor& slots,
+                                           const RotaryTables& rope) const;
   // LeanKV (docs/leankv.md): the keys (part 0) or values (part 1) [end, Hkv, D] of a sequence's
   // first `end` positions in a layer, read from the pool's base view.
   at::Tensor pool_part(const SequenceChunk& chunk, int64_t layer, int64_t end, int64_t part);

@@ -47,12 +47,23 @@ struct SequenceChunk {
   // Krul: the chunk's attention rows add to the sequence's attention statistics
   // (Executor::take_attention_stats). Needs every layer on the base view, not LeanKV's pages.
   bool observe_attention = false;
+  // Krul's restoration (docs/krul.md): the chunk's first `restored_tokens` tokens are history
+  // whose KV the batch's loads also bring (whole blocks: the chunk starts and the history ends on
+  // a block boundary). Layer l computes only the first computed_rows[l] of them (non-increasing
+  // with depth, multiples of the block size: the deeper layers never form the hidden states of
+  // the rest) and reads the others' KV from the loads, which must cover the history's blocks
+  // from the smallest computed_rows on. The tokens after the history (the new turn: at least one,
+  // logits kLast or kNone) are computed at every layer. 0: every token at every layer.
+  int64_t restored_tokens = 0;
+  std::vector<int64_t> computed_rows;  // one per layer when restored_tokens > 0
 };
 
 // KV of whole token blocks that a sequence of the batch loads instead of computing (from the KV
 // store). Chunk j fills token block first_block + j of the sequence's page tables in every layer
 // before that layer's attention runs; its keys are stored before RoPE and rotated to the block's
-// positions on the way in. The blocks lie below the chunk's start_position.
+// positions on the way in. The blocks lie below the chunk's start_position, or below the end of
+// its restored history (SequenceChunk::restored_tokens: the layers that compute a block
+// overwrite what was loaded into it).
 struct KvLoad {
   SeqId seq;
   int64_t first_block = 0;

@@ -1,0 +1,213 @@
+// Krul's restoration in the executor (SequenceChunk::restored_tokens, computed_rows) on the
+// default model (fp32, CPU): a resumed turn whose layers each recompute a prefix of the history
+// (never longer than the layer above's) and load the rest from saved chunks, in the same pass as
+// the new turn, gives the logits of recomputing everything, and so do the decode steps after it
+// (they read the loaded KV). Plans from recompute-all to load-all, pyramids and random ones.
+// Invalid plans are refused before anything runs.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <vector>
+
+#include "strata/executor/executor.h"
+#include "strata/kv/kv_cache_manager.h"
+#include "strata/model/model_source.h"
+#include "strata/tokenizer/tokenizer.h"
+
+namespace strata::executor {
+namespace {
+
+constexpr int64_t kHistoryBlocks = 8;
+constexpr int64_t kTurnTokens = 9;
+
+class KrulRestoreTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    source_ = model::open_model_source(STRATA_TEST_MODEL).value().release();
+    tokenizer::Tokenizer* tok = tokenizer::Tokenizer::from_gguf(*source_->gguf()).value().release();
+    std::ifstream in(STRATA_SOURCE_DIR "/../shared/data/ppl/wikitext-2-raw-v1_test.raw");
+    std::stringstream text;
+    text << in.rdbuf();
+    prompt_ = tok->encode(text.str().substr(20000, 4000), false);
+    delete tok;
+    ExecutorOptions options;
+    options.cache_bytes = int64_t{400} << 20;
+    executor_ = Executor::create(*source_, options).value().release();
+    block_ = executor_->kv_geometry().block_size_tokens;
+    ASSERT_GE(std::ssize(prompt_), kHistoryBlocks * block_ + kTurnTokens) << "WikiText-2 missing";
+    prompt_.resize(kHistoryBlocks * block_ + kTurnTokens);
+  }
+  static void TearDownTestSuite() {
+    delete executor_;
+    delete source_;
+  }
+
+  void SetUp() override {
+    kv_ = std::make_unique<kv::KvCacheManager>(executor_->kv_geometry(), executor_->kv_format(),
+                                               kv::PrefixCacheOptions{false, 0});
+    // The previous turn: the history computed with its blocks saved, then dropped.
+    const std::vector<TokenId> history(prompt_.begin(), prompt_.begin() + history_tokens());
+    ASSERT_TRUE(kv_->add_sequence(SeqId{1}, history, "").ok());
+    saved_.assign(kHistoryBlocks, std::vector<std::byte>(executor_->kv_chunk_bytes()));
+    ForwardBatch batch = chunk_of(SeqId{1}, history_tokens(), LogitsMode::kNone);
+    KvSave& save = batch.saves.emplace_back(KvSave{SeqId{1}, 0, {}});
+    for (auto& c : saved_) save.chunks.push_back(c.data());
+    StatusOr<ForwardResult> result = executor_->forward(batch);
+    ASSERT_TRUE(result.ok()) << result.status().to_string();
+    if (result->saves_written) result->saves_written();
+    kv_->free(SeqId{1});
+  }
+
+  static int64_t history_tokens() { return kHistoryBlocks * block_; }
+
+  // A pass of the next n tokens of `seq` (its blocks allocated); the caller fills in the rest.
+  ForwardBatch chunk_of(SeqId seq, int64_t n, LogitsMode mode) {
+    StatusOr<kv::KvPlan> plan = kv_->prepare({{seq, n}});
+    EXPECT_TRUE(plan.ok()) << plan.status().to_string();
+    ForwardBatch batch;
+    kv_->commit(std::move(plan).value(), &batch.copies);
+    const int64_t start = kv_->num_computed_tokens(seq);
+    const std::vector<TokenId>& t = kv_->tokens(seq);
+    batch.chunks.push_back({seq, std::vector<TokenId>(t.begin() + start, t.begin() + start + n),
+                            start, kv_->tables(seq), mode});
+    return batch;
+  }
+
+  // Loads of the saved history blocks [first, kHistoryBlocks).
+  KvLoad load_from(SeqId seq, int64_t first) {
+    KvLoad load{seq, first, {}, std::nullopt};
+    for (int64_t b = first; b < kHistoryBlocks; ++b) load.chunks.push_back(saved_[b].data());
+    return load;
+  }
+
+  // The whole prompt in one pass (restored by `computed_rows` when given), then `steps` greedy
+  // decode steps: the logits of each.
+  std::vector<std::vector<float>> resume(SeqId seq, const std::vector<int64_t>& computed_rows,
+                                         int steps) {
+    EXPECT_TRUE(kv_->add_sequence(seq, prompt_, "").ok());
+    ForwardBatch batch = chunk_of(seq, std::ssize(prompt_), LogitsMode::kLast);
+    if (!computed_rows.empty()) {
+      batch.chunks[0].restored_tokens = history_tokens();
+      batch.chunks[0].computed_rows = computed_rows;
+      batch.loads.push_back(load_from(seq, computed_rows.back() / block_));
+    }
+    std::vector<std::vector<float>> logits;
+    StatusOr<ForwardResult> result = executor_->forward(batch);
+    EXPECT_TRUE(result.ok()) << result.status().to_string();
+    if (!result.ok()) return logits;
+    kv_->mark_computed(seq, std::ssize(prompt_));
+    logits.push_back(result->logits);
+    for (int s = 0; s < steps; ++s) {
+      const std::vector<float>& last = logits.back();
+      const auto token = static_cast<TokenId>(std::max_element(last.begin(), last.end()) - last.begin());
+      kv_->append_tokens(seq, std::vector<TokenId>{token});
+      StatusOr<ForwardResult> step = executor_->forward(chunk_of(seq, 1, LogitsMode::kLast));
+      EXPECT_TRUE(step.ok()) << step.status().to_string();
+      if (!step.ok()) return logits;
+      kv_->mark_computed(seq, 1);
+      logits.push_back(step->logits);
+    }
+    kv_->free(seq);
+    return logits;
+  }
+
+  static inline model::ModelSource* source_ = nullptr;
+  static inline Executor* executor_ = nullptr;
+  static inline std::vector<TokenId> prompt_;
+  static inline int64_t block_ = 16;
+  std::unique_ptr<kv::KvCacheManager> kv_;
+  std::vector<std::vector<std::byte>> saved_;
+};
+
+TEST_F(KrulRestoreTest, EveryValidPlanRestoresTheLogitsOfRecomputing) {
+  const int64_t layers = executor_->config().num_layers;
+  const int64_t history = history_tokens();
+  const std::vector<std::vector<float>> reference = resume(SeqId{2}, {}, 4);
+  ASSERT_EQ(reference.size(), 5u);
+
+  std::vector<std::vector<int64_t>> plans = {
+      std::vector<int64_t>(layers, history),  // recompute all
+      std::vector<int64_t>(layers, 0),        // load all (full load)
+  };
+  std::vector<int64_t> pyramid(layers), step(layers, 0);
+  for (int64_t l = 0; l < layers; ++l) {
+    pyramid[l] = (kHistoryBlocks - l * kHistoryBlocks / layers) * block_ - block_;
+    if (l < layers / 3) step[l] = history / 2;
+  }
+  plans.push_back(pyramid);
+  plans.push_back(step);
+  std::mt19937 rng(7);
+  for (int r = 0; r < 3; ++r) {  // random non-increasing whole-block plans
+    std::vector<int64_t> blocks(layers);
+    for (int64_t& b : blocks) b = std::uniform_int_distribution<int64_t>(0, kHistoryBlocks)(rng);
+    std::sort(blocks.rbegin(), blocks.rend());
+    std::vector<int64_t> plan;
+    for (int64_t b : blocks) plan.push_back(b * block_);
+    plans.push_back(plan);
+  }
+  uint64_t seq = 10;
+  for (const std::vector<int64_t>& plan : plans) {
+    std::ostringstream name;
+    for (int64_t n : plan) name << n / block_;
+    SCOPED_TRACE("blocks computed per layer: " + name.str());
+    const std::vector<std::vector<float>> restored = resume(SeqId{seq++}, plan, 4);
+    ASSERT_EQ(restored.size(), reference.size());
+    for (size_t s = 0; s < reference.size(); ++s) {
+      ASSERT_EQ(restored[s].size(), reference[s].size());
+      float max_diff = 0;
+      for (size_t i = 0; i < reference[s].size(); ++i) {
+        max_diff = std::max(max_diff, std::abs(reference[s][i] - restored[s][i]));
+      }
+      EXPECT_LT(max_diff, 1e-3) << "pass " << s;
+    }
+  }
+}
+
+TEST_F(KrulRestoreTest, InvalidPlansAreRefused) {
+  const int64_t layers = executor_->config().num_layers;
+  const int64_t history = history_tokens();
+  ASSERT_TRUE(kv_->add_sequence(SeqId{3}, prompt_, "").ok());
+  auto attempt = [&](std::vector<int64_t> plan, int64_t restored, int64_t first_loaded,
+                     LogitsMode mode) {
+    ForwardBatch batch = chunk_of(SeqId{3}, std::ssize(prompt_), mode);
+    batch.chunks[0].restored_tokens = restored;
+    batch.chunks[0].computed_rows = std::move(plan);
+    if (first_loaded < kHistoryBlocks) batch.loads.push_back(load_from(SeqId{3}, first_loaded));
+    return executor_->forward(batch).status();
+  };
+  std::vector<int64_t> growing(layers, 0);
+  growing.back() = block_;
+  const std::vector<int64_t> none(layers, 0);
+  std::vector<int64_t> partial_block(layers, 0);
+  partial_block[0] = block_ / 2;
+  const struct {
+    const char* what;
+    Status status;
+    const char* message;
+  } cases[] = {
+      {"a deeper layer computes more", attempt(growing, history, 0, LogitsMode::kLast),
+       "never more than the layer above"},
+      {"part of a block", attempt(partial_block, history, 0, LogitsMode::kLast), "whole blocks"},
+      {"an unloaded history block", attempt(none, history, 1, LogitsMode::kLast),
+       "no load brings history block 0"},
+      {"no new token", attempt(none, std::ssize(prompt_), 0, LogitsMode::kLast),
+       "at least one new token"},
+      {"a history that is not whole blocks", attempt(none, history - 1, 0, LogitsMode::kLast),
+       "whole blocks"},
+      {"every row's logits", attempt(none, history, 0, LogitsMode::kAll),
+       "logits of the new tokens only"},
+      {"a plan per layer", attempt({0}, history, 0, LogitsMode::kLast), "one computed_rows entry"},
+  };
+  for (const auto& c : cases) {
+    EXPECT_EQ(c.status.code(), StatusCode::kInvalidArgument) << c.what;
+    EXPECT_NE(c.status.message().find(c.message), std::string::npos)
+        << c.what << ": " << c.status.message();
+  }
+}
+
+}  // namespace
+}  // namespace strata::executor
