@@ -437,6 +437,11 @@ Status read_kv_store(Context& ctx, const YAML::Node& node, KvStoreSection& out) 
   STRATA_RETURN_IF_ERROR(m.get("remote_codec", [&](const YAML::Node& n, const std::string& k) {
     return read_enum(ctx, n, k, {CodecKind::kIdentity, CodecKind::kZstd}, out.remote.codec);
   }));
+  STRATA_RETURN_IF_ERROR(m.get("restore_mode", [&](const YAML::Node& n, const std::string& k) {
+    return read_enum(ctx, n, k, {RestoreMode::kLoad, RestoreMode::kKrul, RestoreMode::kPartial},
+                     out.restore_mode);
+  }));
+  STRATA_RETURN_IF_ERROR(m.get("recompute_ratio", into(ctx, out.recompute_ratio)));
   return m.get("read_buffer_layers", into(ctx, out.read_buffer_layers));
 }
 

@@ -99,6 +99,8 @@ std::string to_yaml(const DeploymentConfig& config) {
   emit_plain(out, "ttl_seconds", std::to_string(store.ttl_seconds));
   emit_plain(out, "dram_reserve_fraction", format_double(store.dram_reserve_fraction));
   emit_plain(out, "read_buffer_layers", std::to_string(store.read_buffer_layers));
+  emit_name(out, "restore_mode", config_name(store.restore_mode));
+  emit_plain(out, "recompute_ratio", format_double(store.recompute_ratio));
   emit_plain(out, "adaptcache", store.adaptcache.enabled ? "true" : "false");
   emit_string(out, "fixed_codec", store.adaptcache.fixed_codec);
   emit_plain(out, "adaptcache_alpha", format_double(store.adaptcache.alpha));

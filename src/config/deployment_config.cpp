@@ -211,6 +211,14 @@ const KeyCheck<KvStoreSection> kKvStoreKeys[] = {
      [](const KvStoreSection& k) {
        return in_range("kv_store.read_buffer_layers", k.read_buffer_layers, -1, 1024);
      }},
+    {"kv_store.restore_mode", nullptr},
+    {"kv_store.recompute_ratio",
+     [](const KvStoreSection& k) {
+       // Written so that NaN fails too.
+       if (k.recompute_ratio >= 0 && k.recompute_ratio <= 1) return Status();
+       return invalid_argument_error("kv_store.recompute_ratio must be in [0, 1], got " +
+                                     format_number(k.recompute_ratio));
+     }},
     {"kv_store.adaptcache",
      [](const KvStoreSection& k) {
        if (!k.adaptcache.enabled || !k.adaptcache.profile.empty()) return Status();
@@ -696,6 +704,7 @@ std::string_view config_name(DeviceKind value) {
 }
 
 std::string_view config_name(EvictionPolicy value) { return store::eviction_policy_name(value); }
+std::string_view config_name(RestoreMode value) { return store::restore_mode_name(value); }
 
 std::string_view config_name(PreemptionMode value) {
   switch (value) {

@@ -203,16 +203,16 @@ Status TorchExecutor::validate_restore(const ForwardBatch& batch,
     }
   }
   if (chunk.logits == LogitsMode::kAll || chunk.observe_attention || decodes_from_pages(chunk) ||
-      (chunk.layout && !chunk.layout->is_default()) || leankv_ || shard_.sharded()) {
+      (chunk.layout && !chunk.layout->is_default()) || leankv_) {
     return invalid_argument_error(seq +
                                   "needs the default KV layout, logits of the new tokens only, "
-                                  "no attention observation, LeanKV or tensor parallelism");
+                                  "no attention observation or LeanKV");
   }
   // Every history block some layer does not compute comes from a load.
   std::vector<bool> loaded(static_cast<size_t>(history / block), false);
   const int64_t first = chunk.start_position / block;
   for (const KvLoad& load : batch.loads) {
-    if (load.seq != chunk.seq || load.encoding) continue;
+    if (load.seq != chunk.seq) continue;
     for (int64_t j = 0; j < std::ssize(load.chunks); ++j) {
       const int64_t b = load.first_block + j - first;
       if (b >= 0 && b < std::ssize(loaded)) loaded[b] = true;

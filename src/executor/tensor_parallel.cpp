@@ -96,6 +96,9 @@ StatusOr<std::string> encode_pass(const ForwardBatch& batch, int64_t chunk_bytes
     w.put(static_cast<uint8_t>(c.compress_kv));
     w.put(static_cast<uint32_t>(c.tokens.size()));
     w.bytes(c.tokens.data(), c.tokens.size() * sizeof(TokenId));
+    w.put(c.restored_tokens);
+    w.put(static_cast<uint32_t>(c.computed_rows.size()));
+    w.bytes(c.computed_rows.data(), c.computed_rows.size() * sizeof(int64_t));
     w.put(static_cast<uint32_t>(c.tables.size()));
     for (const std::vector<kv::BlockId>& table : c.tables) {
       w.put(static_cast<uint32_t>(table.size()));
@@ -169,6 +172,11 @@ StatusOr<RankPass> decode_pass(std::string_view plan, const TorchExecutor& local
     c.tokens.resize(r.get<uint32_t>());
     if (const char* p = r.take(c.tokens.size() * sizeof(TokenId))) {
       std::memcpy(c.tokens.data(), p, c.tokens.size() * sizeof(TokenId));
+    }
+    c.restored_tokens = r.get<int64_t>();
+    c.computed_rows.resize(r.get<uint32_t>());
+    if (const char* p = r.take(c.computed_rows.size() * sizeof(int64_t))) {
+      std::memcpy(c.computed_rows.data(), p, c.computed_rows.size() * sizeof(int64_t));
     }
     pass.tables[i].resize(r.get<uint32_t>());
     for (std::vector<kv::BlockId>& table : pass.tables[i]) {

@@ -10,7 +10,8 @@
 //   u8 message (kPass, kPing, kStop); for kPass:
 //   copies  swap_out, swap_in, device: each u32 n, n x (i32 source, i32 destination)
 //   chunks  u32 n, n x {u64 seq, i64 start_position, u8 logits, u8 samples, u8 compress_kv,
-//                       u32 tokens, tokens x i32, u32 tables, tables x (u32 n, n x i32)}
+//                       u32 tokens, tokens x i32, i64 restored_tokens, u32 rows, rows x i64
+//                       (computed_rows), u32 tables, tables x (u32 n, n x i32)}
 //   loads   u32 n, n x {u64 seq, i64 first_block, u32 chunks, chunks x kv_chunk_bytes() bytes}
 //   saves   u32 n, n x {u64 seq, i64 first_block, u32 chunks}
 #pragma once

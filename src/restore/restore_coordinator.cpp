@@ -1,6 +1,7 @@
 #include "strata/restore/restore_coordinator.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <functional>
 
@@ -265,12 +266,29 @@ std::vector<LoadedPrefix> RestoreCoordinator::restore(scheduler::ScheduledBatch&
     look_up_again(seq, sequence);
   }
   std::vector<LoadedPrefix> loaded;
+  restorations_.clear();  // a step without a pass applied none
   const int64_t block = kv_.geometry().block_size_tokens;
   for (const kv::BlockLoad& load : batch.copies.loads) {
     Sequence& sequence = *sequences_.at(load.seq);
     STRATA_CHECK(sequence.stored.has_value()) << "a load for a sequence without a stored item";
-    executor::KvLoad kv_load{load.seq, load.first_block, {}, std::nullopt};
-    StatusOr<store::TierIndex> tier = pin_load(sequence, load, &kv_load);
+    // A restoration recomputes the history's first blocks at every layer: they are not loaded.
+    kv::BlockLoad pinned = load;
+    std::vector<int64_t> rows;
+    if (load.first_block == 0 && sequence.dropped_tokens == 0) {
+      rows = restoration_plan(load.num_blocks * block);
+    }
+    if (!rows.empty()) {
+      pinned.first_block = rows.back() / block;
+      pinned.num_blocks -= pinned.first_block;
+    }
+    executor::KvLoad kv_load{load.seq, pinned.first_block, {}, std::nullopt};
+    const auto pin_start = std::chrono::steady_clock::now();
+    StatusOr<store::TierIndex> tier = store::kDramTier;
+    if (pinned.num_blocks > 0) {
+      tier = pin_load(sequence, pinned, &kv_load);
+    } else {
+      sequence.stored.reset();  // every block recomputed
+    }
     if (!tier.ok()) {
       // The chunks vanished or failed their checksums (the store dropped the item): compute the
       // prompt.
@@ -281,11 +299,21 @@ std::vector<LoadedPrefix> RestoreCoordinator::restore(scheduler::ScheduledBatch&
       ++stats_.store_load_failures;
       continue;
     }
+    if (pinned.num_blocks > 0) {
+      constexpr double kWeight = 0.2;  // of the newest sample
+      const double sample =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - pin_start).count() /
+          static_cast<double>(pinned.num_blocks);
+      pin_seconds_per_chunk_ = pin_seconds_per_chunk_ > 0
+                                   ? (1 - kWeight) * pin_seconds_per_chunk_ + kWeight * sample
+                                   : sample;
+    }
+    if (!rows.empty()) restorations_[load.seq] = std::move(rows);
     const int64_t tokens = load.num_blocks * block;
     const std::string& name = store_->tier_name(*tier);
     stats_.store_loaded_tokens[name] += tokens;
     loaded.push_back({load.seq, tokens, name});
-    forward.loads.push_back(std::move(kv_load));
+    if (!kv_load.chunks.empty()) forward.loads.push_back(std::move(kv_load));
   }
   publish_queue();
   return loaded;
@@ -303,6 +331,7 @@ void RestoreCoordinator::publish_queue() {
 }
 
 void RestoreCoordinator::plan_copies(executor::ForwardBatch& forward) {
+  plan_restorations(forward);
   plan_saves(forward);
   plan_preload(forward);
 }

@@ -195,6 +195,43 @@ TEST_F(EngineStoreTest, ResumedTurnFromDramMatchesRecompute) {
   EXPECT_EQ(stats.store->tier("dram").hits, 1);
 }
 
+// Krul's restoration (kv_store.restore_mode): the resumed turn recomputes a prefix of its stored
+// history at each layer and loads the rest, in the new turn's pass; the same answer as
+// recomputing. partial at 0.5 (every layer recomputes 6 of the 13 blocks), at 1 (everything, no
+// load), and krul (the pyramid from the measured costs, after a plain load measured them).
+TEST_F(EngineStoreTest, ResumedTurnsRestoredByPartialRecomputeMatchRecompute) {
+  const int64_t layers = recompute_engine_->model_config().num_layers;
+  for (double ratio : {0.5, 1.0}) {
+    SCOPED_TRACE("recompute_ratio " + std::to_string(ratio));
+    EngineOptions options = options_with(store_options(""), false);
+    options.kv_store.restore_mode = store::RestoreMode::kPartial;
+    options.kv_store.recompute_ratio = ratio;
+    std::unique_ptr<Engine> engine = make_engine(options);
+    ASSERT_TRUE(engine);
+    run_first_turn(*engine, "");
+    const Turn second = run_turn(*engine, *second_prompt_, "");
+    EXPECT_EQ(second.usage.cached_prompt_tokens, kStoredTokens);
+    expect_same_as_recompute(*recomputed_second_, second);
+    const EngineStats stats = engine->stats();
+    EXPECT_EQ(stats.partial_restores, 1);
+    EXPECT_EQ(stats.restore_history_token_layers, kStoredTokens * layers);
+    const int64_t recomputed_blocks = ratio == 1.0 ? 13 : 6;  // round(0.5 * 13) on whole blocks
+    EXPECT_NEAR(static_cast<double>(stats.restore_recomputed_token_layers),
+                static_cast<double>(recomputed_blocks * 16 * layers), 16.0 * layers);
+  }
+  EngineOptions options = options_with(store_options(""), false);
+  options.kv_store.restore_mode = store::RestoreMode::kKrul;
+  std::unique_ptr<Engine> engine = make_engine(options);
+  ASSERT_TRUE(engine);
+  run_first_turn(*engine, "a");
+  run_turn(*engine, *second_prompt_, "a");  // loads: the costs are measured now
+  run_first_turn(*engine, "b");
+  // The other session's first turn is stored too (2 saves, then 3).
+  wait_for_saves(*engine, 3);
+  const Turn second = run_turn(*engine, *second_prompt_, "b");
+  expect_same_as_recompute(*recomputed_second_, second);
+}
+
 // CachedAttention's read buffer: a request waiting behind another has the first layers of its
 // stored KV pre-loaded during the other's passes, and computes what recomputing computes.
 TEST_F(EngineStoreTest, APreloadedTurnMatchesRecompute) {

@@ -179,8 +179,8 @@ TEST_F(KrulRestoreTest, InvalidPlansAreRefused) {
     if (first_loaded < kHistoryBlocks) batch.loads.push_back(load_from(SeqId{3}, first_loaded));
     return executor_->forward(batch).status();
   };
-  std::vector<int64_t> growing(layers, 0);
-  growing.back() = block_;
+  std::vector<int64_t> growing(static_cast<size_t>(layers) - 1, 0);
+  growing.push_back(block_);  // the last layer computes more than the one above
   const std::vector<int64_t> none(layers, 0);
   std::vector<int64_t> partial_block(layers, 0);
   partial_block[0] = block_ / 2;

@@ -106,6 +106,7 @@ struct KvCacheSection : executor::KvCacheConfig {
 
 // Which stored conversation leaves a tier first when it is full (store/placement_policy.h).
 using store::EvictionPolicy;
+using store::RestoreMode;
 using store::CodecKind;
 
 // The multi-tier KV store (store::StoreConfig): the KV of finished conversation turns kept in
@@ -237,6 +238,7 @@ std::string_view config_name(ChatTemplateFallback value);
 std::string_view config_name(executor::WeightStorage value);  // "quantized" | "dequantize"
 std::string_view config_name(DeviceKind value);  // "auto" | "cpu" | "cuda"
 std::string_view config_name(EvictionPolicy value);
+std::string_view config_name(RestoreMode value);  // "load" | "krul" | "partial"
 std::string_view config_name(PreemptionMode value);
 std::string_view config_name(LogLevel value);
 std::string_view config_name(LogFormat value);

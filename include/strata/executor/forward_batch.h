@@ -55,7 +55,7 @@ struct SequenceChunk {
   // from the smallest computed_rows on. The tokens after the history (the new turn: at least one,
   // logits kLast or kNone) are computed at every layer. 0: every token at every layer.
   int64_t restored_tokens = 0;
-  std::vector<int64_t> computed_rows;  // one per layer when restored_tokens > 0
+  std::vector<int64_t> computed_rows = {};  // one per layer when restored_tokens > 0
 };
 
 // KV of whole token blocks that a sequence of the batch loads instead of computing (from the KV

@@ -71,6 +71,11 @@ struct RestoreStats {
   int64_t pool_saves = 0;  // forward passes with saves
   int64_t preloads = 0;    // requests whose first layers were pre-loaded
   int64_t preloaded_layers = 0;  // layers those pre-loads held, summed
+  // Resumed turns restored by recomputing part of their history (kv_store.restore_mode krul or
+  // partial), and of their history's token-layers, those recomputed (the rest were loaded).
+  int64_t partial_restores = 0;
+  int64_t restore_history_token_layers = 0;
+  int64_t restore_recomputed_token_layers = 0;
 
   int64_t loaded_tokens(std::string_view tier) const {
     auto it = store_loaded_tokens.find(tier);
@@ -162,6 +167,13 @@ class RestoreCoordinator {
   StatusOr<store::TierIndex> pin_load(Sequence& sequence, const kv::BlockLoad& load,
                                  executor::KvLoad* kv_load);
   void plan_saves(executor::ForwardBatch& forward);
+  // Krul (restore_mode krul or partial, partial_restore.cpp): the rows each layer of a resumed
+  // turn recomputes of its `history` stored tokens (non-increasing with depth, whole blocks);
+  // empty: load them all.
+  std::vector<int64_t> restoration_plan(int64_t history) const;
+  // Rewrites the chunks of the sequences restore() planned a restoration for: their history
+  // joins the pass (SequenceChunk::restored_tokens, computed_rows).
+  void plan_restorations(executor::ForwardBatch& forward);
   void plan_preload(executor::ForwardBatch& forward);
   // Read-buffer layers for a request loading `chunks` chunks and computing `new_tokens`.
   int64_t preload_layers(int64_t chunks, int64_t new_tokens) const;
@@ -184,6 +196,10 @@ class RestoreCoordinator {
   // prefill time per token per layer; moving averages.
   double load_bytes_per_second_ = 0;
   double prefill_seconds_per_token_layer_ = 0;
+  // Restorations: the time to pin one stored chunk (a read from a lower tier included; moving
+  // average), and the rows each layer recomputes of the sequences restore() planned this step.
+  double pin_seconds_per_chunk_ = 0;
+  std::unordered_map<SeqId, std::vector<int64_t>> restorations_;
   RestoreStats stats_;
 };
 

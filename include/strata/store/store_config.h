@@ -45,6 +45,23 @@ struct RemoteTierConfig {
   bool operator==(const RemoteTierConfig&) const = default;
 };
 
+// How a resumed turn gets its stored history's KV into the device pool (docs/krul.md).
+enum class RestoreMode {
+  kLoad,     // load every stored block (CachedAttention)
+  kKrul,     // Krul's pyramid: each layer recomputes a prefix, never longer than the layer
+             // above's, sized so recomputing and loading take equal time (measured costs)
+  kPartial,  // every layer recomputes the same share of the history (recompute_ratio): the
+             // fixed-ratio partial-recompute baseline
+};
+inline const char* restore_mode_name(RestoreMode mode) {
+  switch (mode) {
+    case RestoreMode::kLoad: return "load";
+    case RestoreMode::kKrul: return "krul";
+    case RestoreMode::kPartial: return "partial";
+  }
+  return "unknown";
+}
+
 struct StoreConfig {
   int64_t dram_bytes = 0;  // DRAM tier capacity; 0 disables the whole store
   // The SSD tier: a directory (relative paths are relative to the process's working directory)
@@ -64,6 +81,8 @@ struct StoreConfig {
   // runs (CachedAttention's read buffer): -1 sized per request from the measured load and prefill
   // times (store::read_buffer_layers), 0 off (layer-wise loading within the pass only), n fixed.
   int32_t read_buffer_layers = -1;
+  RestoreMode restore_mode = RestoreMode::kLoad;
+  double recompute_ratio = 0.25;  // kPartial: the share of the history every layer recomputes
   AdaptCacheConfig adaptcache;
   RemoteTierConfig remote;
 

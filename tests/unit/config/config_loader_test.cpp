@@ -134,6 +134,7 @@ TEST(ConfigLoaderTest, OnlyAModelPathGivesEveryDefault) {
   EXPECT_EQ(c.kv_store.ttl_seconds, 3600);
   EXPECT_EQ(c.kv_store.dram_reserve_fraction, 0.1);
   EXPECT_EQ(c.kv_store.read_buffer_layers, -1);
+  EXPECT_EQ(c.kv_store.restore_mode, store::RestoreMode::kLoad);
   EXPECT_EQ(c.scheduler.max_num_seqs, 64);
   EXPECT_EQ(c.scheduler.max_num_batched_tokens, 512);
   EXPECT_EQ(c.scheduler.preemption_mode, PreemptionMode::kRecompute);
@@ -227,6 +228,10 @@ TEST(ConfigLoaderTest, ValidationErrorsNameTheKeyAndItsPosition) {
       {"cache_bytes 0", "kv_cache: {cache_bytes: 0}\n", kInvalid,
        "kv_cache.cache_bytes must be >= 1, got 0"},
       {"host swap 0 disables", "kv_cache: {host_cache_bytes: 0}\n", kOk, ""},
+      {"restore mode", "kv_store: {restore_mode: pyramid}\n", kInvalid,
+       "kv_store.restore_mode"},
+      {"recompute ratio 1.5", "kv_store: {recompute_ratio: 1.5}\n", kInvalid,
+       "kv_store.recompute_ratio must be in [0, 1], got 1.5"},
       {"tp 0", "devices: {tensor_parallel_size: 0}\n", kInvalid,
        "devices.tensor_parallel_size must be >= 1, got 0"},
       {"tp 8 on cuda", "devices: {device: cuda, tensor_parallel_size: 8}\n", kOk, ""},
@@ -657,6 +662,8 @@ DeploymentConfig everything_changed() {
   c.kv_store.ssd_file_bytes = int64_t{3} << 20;
   c.kv_store.direct_io = false;
   c.kv_store.eviction_policy = EvictionPolicy::kFifo;
+  c.kv_store.restore_mode = store::RestoreMode::kKrul;
+  c.kv_store.recompute_ratio = 0.4;
   c.kv_store.io_threads = 64;
   c.kv_store.ttl_seconds = 0;
   c.kv_store.dram_reserve_fraction = 0.9;

@@ -1,0 +1,67 @@
+// Krul's restoration of a resumed turn (restore_coordinator.h: restoration_plan,
+// plan_restorations; docs/krul.md): each layer recomputes a prefix of the stored history, never
+// longer than the layer above's, and loads the rest, in the same pass as the new turn.
+
+#include <numeric>
+
+#include "strata/executor/executor.h"
+#include "strata/kv/kv_cache_manager.h"
+#include "strata/kv/krul_policy.h"
+#include "strata/restore/restore_coordinator.h"
+
+namespace strata::restore {
+
+std::vector<int64_t> RestoreCoordinator::restoration_plan(int64_t history) const {
+  const int64_t block = kv_.geometry().block_size_tokens;
+  const auto layers = static_cast<int32_t>(executor_.config().num_layers);
+  kv::krul::RestorePlan plan;
+  switch (options_.store.restore_mode) {
+    case store::RestoreMode::kLoad:
+      return {};
+    case store::RestoreMode::kPartial:
+      plan = kv::krul::fixed_ratio_plan(history, layers, options_.store.recompute_ratio, block);
+      break;
+    case store::RestoreMode::kKrul: {
+      // Costs per token and layer on this machine: the prefill's, and a stored chunk's pin (a
+      // read from a lower tier included) and copy into the pool. Unmeasured: load everything.
+      if (prefill_seconds_per_token_layer_ <= 0 || load_bytes_per_second_ <= 0) return {};
+      const double chunk_layer_bytes =
+          static_cast<double>(executor_.kv_chunk_bytes()) / static_cast<double>(layers);
+      kv::krul::RestoreCosts costs;
+      costs.compute_per_token = prefill_seconds_per_token_layer_;
+      costs.load_per_token = (pin_seconds_per_chunk_ / layers + chunk_layer_bytes / load_bytes_per_second_) /
+                             static_cast<double>(block);
+      costs.merged_load_per_token = costs.load_per_token;
+      plan = kv::krul::plan_restore(history, layers, {}, costs, block);
+      break;
+    }
+  }
+  // A plan that recomputes nothing is a plain load.
+  if (plan.boundary.empty() || plan.boundary.front() == 0) return {};
+  return plan.boundary;
+}
+
+void RestoreCoordinator::plan_restorations(executor::ForwardBatch& forward) {
+  if (restorations_.empty()) return;
+  const int64_t layers = executor_.config().num_layers;
+  for (executor::SequenceChunk& chunk : forward.chunks) {
+    auto it = restorations_.find(chunk.seq);
+    if (it == restorations_.end()) continue;
+    // The chunk started after the stored history; it now starts at 0 with the history first.
+    const std::vector<TokenId>& tokens = kv_.tokens(chunk.seq);
+    const int64_t history = chunk.start_position;
+    std::vector<TokenId> all(tokens.begin(), tokens.begin() + history);
+    all.insert(all.end(), chunk.tokens.begin(), chunk.tokens.end());
+    chunk.tokens = std::move(all);
+    chunk.start_position = 0;
+    chunk.restored_tokens = history;
+    chunk.computed_rows = std::move(it->second);
+    ++stats_.partial_restores;
+    stats_.restore_history_token_layers += history * layers;
+    stats_.restore_recomputed_token_layers +=
+        std::accumulate(chunk.computed_rows.begin(), chunk.computed_rows.end(), int64_t{0});
+  }
+  restorations_.clear();
+}
+
+}  // namespace strata::restore
