@@ -145,7 +145,10 @@ class EngineClient final : public BenchClient {
                     {"corrupt_chunks", d(s.corrupt_chunks)},
                     {"transcodes", d(s.transcodes)},
                     {"load_failures", d(stats.store_load_failures)},
-                    {"preemptions", d(stats.num_preemptions)}};
+                    {"preemptions", d(stats.num_preemptions)},
+                    {"partial_restores", d(stats.partial_restores)},
+                    {"restore_history_token_layers", d(stats.restore_history_token_layers)},
+                    {"restore_recomputed_token_layers", d(stats.restore_recomputed_token_layers)}};
   }
 
  private:
