@@ -5,6 +5,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -155,19 +156,23 @@ Status serve(const std::vector<std::string>& args) {
                  deployment.devices.tensor_parallel_size,
                  executor::device_name(deployment.devices.device));
     if (ranks->rank() != 0) {
-      // A rank that only computes: its own started ranks' failure ends it as well.
-      std::thread watch([&] {
+      // A rank that only computes: a signal, or its own started ranks' failure, ends it.
+      std::atomic<bool> served{false};
+      std::thread watch([&served, &ranks, signals] {
         int signal_number = 0;
         sigwait(&signals, &signal_number);
+        if (served) return;
         if (signal_number == SIGUSR1) exit_after_group_failure(*ranks);
         ranks->kill_ranks();
         std::_Exit(0);
       });
-      watch.detach();
-      Status served = serve_rank(deployment, ranks->communicator());
+      Status status = serve_rank(deployment, ranks->communicator());
+      served = true;
+      kill(getpid(), SIGTERM);  // wakes the watcher (blocked in every thread: nothing else sees it)
+      watch.join();
       ranks->stopping();
-      if (!served.ok()) ranks->kill_ranks();
-      return served;
+      if (!status.ok()) ranks->kill_ranks();
+      return status;
     }
   }
 

@@ -176,44 +176,29 @@ def check_killed_rank(binary, model):
         server.stop()
 
 
-def check_hung_rank_during_request(binary, model):
+def check_hung_rank(binary, model, during_request):
+    """SIGSTOPs the other rank, idle or before a request: the server must fail the request (no
+    output presented as complete) and exit non-zero within the collective timeout and a margin."""
     server = Server(binary, model, 2, f"devices.collective_timeout_seconds={HANG_TIMEOUT_S}")
     rank = None
     try:
         (rank,) = server.ranks()
         os.kill(rank, signal.SIGSTOP)
         started = time.monotonic()
-        completed = None
-        try:
-            reply = server.post("/v1/completions", {"prompt": "hello", "max_tokens": 64,
-                                                    "temperature": 0, "ignore_eos": True},
-                                timeout=EXIT_BOUND_S + HANG_TIMEOUT_S)
-            completed = reply["choices"][0].get("finish_reason")
-        except (urllib.error.URLError, ConnectionError, OSError):
-            pass  # the server failed the request or went away: neither is presented as complete
-        assert completed in (None, "error"), ("a request completed on a hung group", completed)
-        code = server.exit_code_within(EXIT_BOUND_S + HANG_TIMEOUT_S)
-        assert code not in (None, 0), ("server still up or exited 0", code)
-        print(f"  hung rank: server exited {code} after {time.monotonic() - started:.1f} s")
-    finally:
-        if rank is not None:
+        if during_request:
+            completed = None
             try:
-                os.kill(rank, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        server.stop()
-
-
-def check_hung_rank_idle(binary, model):
-    server = Server(binary, model, 2, f"devices.collective_timeout_seconds={HANG_TIMEOUT_S}")
-    rank = None
-    try:
-        (rank,) = server.ranks()
-        os.kill(rank, signal.SIGSTOP)
-        started = time.monotonic()
+                reply = server.post("/v1/completions", {"prompt": "hello", "max_tokens": 64,
+                                                        "temperature": 0, "ignore_eos": True},
+                                    timeout=EXIT_BOUND_S + HANG_TIMEOUT_S)
+                completed = reply["choices"][0].get("finish_reason")
+            except (urllib.error.URLError, ConnectionError, OSError):
+                pass  # the server failed the request or went away: neither presents it complete
+            assert completed in (None, "error"), ("a request completed on a hung group", completed)
         code = server.exit_code_within(EXIT_BOUND_S + HANG_TIMEOUT_S)
         assert code not in (None, 0), ("server still up or exited 0", code)
-        print(f"  hung idle rank: server exited {code} after {time.monotonic() - started:.1f} s")
+        print(f"  hung rank ({'request' if during_request else 'idle'}): server exited {code} "
+              f"after {time.monotonic() - started:.1f} s")
     finally:
         if rank is not None:
             try:
@@ -246,9 +231,9 @@ def main():
         check("a killed rank: the server exits non-zero",
               lambda: check_killed_rank(args.binary, uneven))
         check("a rank hung during a request: the request fails, the server exits non-zero",
-              lambda: check_hung_rank_during_request(args.binary, uneven))
+              lambda: check_hung_rank(args.binary, uneven, during_request=True))
         check("a rank hung while idle: the server exits non-zero",
-              lambda: check_hung_rank_idle(args.binary, uneven))
+              lambda: check_hung_rank(args.binary, uneven, during_request=False))
     return summary()
 
 
