@@ -323,14 +323,16 @@ TEST(ConfigSectionsTest, KvStoreOverrides) {
       {"kv_store.ssd_path", "/x",
        "unknown key 'kv_store.ssd_path'; allowed keys in 'kv_store': dram_bytes, ssd_dir, "
        "ssd_bytes, ssd_file_bytes, direct_io, ssd_codec, eviction_policy, io_threads, ttl_seconds, "
-       "dram_reserve_fraction, read_buffer_layers, adaptcache, fixed_codec, adaptcache_alpha, "
+       "dram_reserve_fraction, read_buffer_layers, restore_mode, recompute_ratio, adaptcache, "
+       "fixed_codec, adaptcache_alpha, "
        "adaptcache_half_life_seconds, adaptcache_profile, remote_address, remote_username, "
        "remote_password_env, remote_database, remote_bytes, remote_max_item_bytes, "
        "remote_timeout_ms, remote_retry_ms, remote_ttl_seconds, remote_codec"},
       {"kv_store", "1",
        "'kv_store' is a section; override one of its keys: dram_bytes, ssd_dir, ssd_bytes, "
        "ssd_file_bytes, direct_io, ssd_codec, eviction_policy, io_threads, ttl_seconds, "
-       "dram_reserve_fraction, read_buffer_layers, adaptcache, fixed_codec, adaptcache_alpha, "
+       "dram_reserve_fraction, read_buffer_layers, restore_mode, recompute_ratio, adaptcache, "
+       "fixed_codec, adaptcache_alpha, "
        "adaptcache_half_life_seconds, adaptcache_profile, remote_address, remote_username, "
        "remote_password_env, remote_database, remote_bytes, remote_max_item_bytes, "
        "remote_timeout_ms, remote_retry_ms, remote_ttl_seconds, remote_codec"},
