@@ -77,6 +77,7 @@ Status Engine::start_on_step_thread() {
   if (options_.kv_store.enabled()) {
     restore::RestoreOptions restore{options_.kv_store};
     restore.lookup_depth = std::min<int64_t>(options_.scheduler.max_num_seqs, restore.lookup_depth);
+    restore.max_batched_tokens = options_.scheduler.max_num_batched_tokens;
     STRATA_ASSIGN_OR_RETURN(restore_, restore::RestoreCoordinator::open(
                                           restore, *executor_, *kv_, *scheduler_,
                                           model_fingerprint_));

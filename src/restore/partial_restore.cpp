@@ -2,6 +2,7 @@
 // plan_restorations; docs/krul.md): each layer recomputes a prefix of the stored history, never
 // longer than the layer above's, and loads the rest, in the same pass as the new turn.
 
+#include <algorithm>
 #include <numeric>
 
 #include "strata/executor/executor.h"
@@ -11,7 +12,7 @@
 
 namespace strata::restore {
 
-std::vector<int64_t> RestoreCoordinator::restoration_plan(int64_t history) const {
+std::vector<int64_t> RestoreCoordinator::restoration_plan(int64_t history, int64_t room) const {
   const int64_t block = kv_.geometry().block_size_tokens;
   const auto layers = static_cast<int32_t>(executor_.config().num_layers);
   kv::krul::RestorePlan plan;
@@ -36,6 +37,9 @@ std::vector<int64_t> RestoreCoordinator::restoration_plan(int64_t history) const
       break;
     }
   }
+  // Within the step's room, in whole blocks (a minimum keeps the pyramid).
+  const int64_t cap = std::max<int64_t>(room, 0) / block * block;
+  for (int64_t& rows : plan.boundary) rows = std::min(rows, cap);
   // A plan that recomputes nothing is a plain load.
   if (plan.boundary.empty() || plan.boundary.front() == 0) return {};
   return plan.boundary;

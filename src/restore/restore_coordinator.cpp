@@ -268,6 +268,9 @@ std::vector<LoadedPrefix> RestoreCoordinator::restore(scheduler::ScheduledBatch&
   std::vector<LoadedPrefix> loaded;
   restorations_.clear();  // a step without a pass applied none
   const int64_t block = kv_.geometry().block_size_tokens;
+  // Rows the step's budget leaves for recomputed history.
+  int64_t room = options_.max_batched_tokens;
+  for (const scheduler::ScheduledChunk& chunk : batch.chunks) room -= chunk.num_tokens;
   for (const kv::BlockLoad& load : batch.copies.loads) {
     Sequence& sequence = *sequences_.at(load.seq);
     STRATA_CHECK(sequence.stored.has_value()) << "a load for a sequence without a stored item";
@@ -275,11 +278,12 @@ std::vector<LoadedPrefix> RestoreCoordinator::restore(scheduler::ScheduledBatch&
     kv::BlockLoad pinned = load;
     std::vector<int64_t> rows;
     if (load.first_block == 0 && sequence.dropped_tokens == 0) {
-      rows = restoration_plan(load.num_blocks * block);
+      rows = restoration_plan(load.num_blocks * block, room);
     }
     if (!rows.empty()) {
       pinned.first_block = rows.back() / block;
       pinned.num_blocks -= pinned.first_block;
+      room -= rows.front();
     }
     executor::KvLoad kv_load{load.seq, pinned.first_block, {}, std::nullopt};
     const auto pin_start = std::chrono::steady_clock::now();

@@ -52,6 +52,9 @@ struct RestoreOptions {
   store::StoreConfig store;
   // Waiting requests whose prompts are looked up again when the store publishes saves.
   int64_t lookup_depth = 16;
+  // The scheduler's tokens per step: a restoration recomputes no more history rows per layer
+  // than the step leaves room for.
+  int64_t max_batched_tokens = 512;
 };
 
 // What the coordinator did, cumulative. The engine reports these (EngineStats).
@@ -168,9 +171,9 @@ class RestoreCoordinator {
                                  executor::KvLoad* kv_load);
   void plan_saves(executor::ForwardBatch& forward);
   // Krul (restore_mode krul or partial, partial_restore.cpp): the rows each layer of a resumed
-  // turn recomputes of its `history` stored tokens (non-increasing with depth, whole blocks);
-  // empty: load them all.
-  std::vector<int64_t> restoration_plan(int64_t history) const;
+  // turn recomputes of its `history` stored tokens (non-increasing with depth, whole blocks, at
+  // most `room`); empty: load them all.
+  std::vector<int64_t> restoration_plan(int64_t history, int64_t room) const;
   // Rewrites the chunks of the sequences restore() planned a restoration for: their history
   // joins the pass (SequenceChunk::restored_tokens, computed_rows).
   void plan_restorations(executor::ForwardBatch& forward);
