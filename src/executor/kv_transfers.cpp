@@ -197,15 +197,25 @@ void TorchExecutor::insert_loaded_layer(StagedLoads& loads, int64_t layer) {
     loads.layer_ready[layer].block(c10::cuda::getCurrentCUDAStream(device_.index()));
     blocks = loads.device_staging[layer].clone();
   } else {
-    blocks =
-        at::empty({n, 2, config_.num_kv_heads, kv_geometry_.block_size_tokens, config_.head_dim},
-                  at::TensorOptions().dtype(dtype_));
-    auto* out = static_cast<std::byte*>(blocks.data_ptr());
-    for (int64_t j = 0; j < n; ++j) {
-      if (loads.group[j] >= 0) continue;
-      std::memcpy(out + j * block_bytes_, load_source(loads, j, layer),
-                  static_cast<size_t>(block_bytes_));
+    if (!loads.loader) {  // `loads` is where it stays for the pass now
+      std::array<std::byte*, 2> buffers{};
+      for (size_t b = 0; b < 2; ++b) {
+        loads.cpu_staging[b] = at::empty(
+            {n, 2, config_.num_kv_heads, kv_geometry_.block_size_tokens, config_.head_dim},
+            at::TensorOptions().dtype(dtype_));
+        buffers[b] = static_cast<std::byte*>(loads.cpu_staging[b].data_ptr());
+      }
+      loads.loader = std::make_unique<LayerLoader>(
+          config_.num_layers, buffers, [this, &loads, n](int64_t l, std::byte* out) {
+            for (int64_t j = 0; j < n; ++j) {
+              if (loads.group[j] >= 0) continue;  // encoded: decoded below
+              std::memcpy(out + j * block_bytes_, load_source(loads, j, l),
+                          static_cast<size_t>(block_bytes_));
+            }
+          });
     }
+    loads.loader->wait(layer);
+    blocks = loads.cpu_staging[layer % 2];
   }
   for (const StagedLoads::Encoded& e : loads.encoded) {
     at::Tensor bytes;
@@ -228,6 +238,7 @@ void TorchExecutor::insert_loaded_layer(StagedLoads& loads, int64_t layer) {
   }
   rotate_keys(blocks, loads.first_positions, /*inverse=*/false);
   pool_.base_view().index_copy_(0, loads.destinations[layer], blocks);
+  if (loads.loader) loads.loader->release(layer);
 }
 
 TorchExecutor::StagedSaves TorchExecutor::stage_saves(const ForwardBatch& batch) {

@@ -16,6 +16,8 @@
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <array>
+#include <memory>
 #include <optional>
 #include <unordered_map>
 #include <utility>
@@ -23,6 +25,7 @@
 
 #include "attention_observer.h"
 #include "kv_pool.h"
+#include "layer_loader.h"
 #include "layers.h"
 #include "leankv_runtime.h"
 #include "linear_weight.h"
@@ -120,6 +123,11 @@ class TorchExecutor final : public Executor {
     at::Tensor device_staging;   // CUDA: [num_layers, num_chunks, 2, Hkv, B, D]
     std::vector<at::cuda::CUDAEvent> layer_ready;                 // CUDA: layer l's copies are done
     std::optional<at::cuda::CUDAEvent> copies_start, copies_end;  // CUDA: timing the copies
+    // CPU: the raw blocks of each layer, staged ahead by a loader thread into two buffers of
+    // [num_chunks, 2, Hkv, B, D] (started by the first layer's insertion). Declared last: the
+    // thread stops before the rest goes.
+    std::array<at::Tensor, 2> cpu_staging;
+    std::unique_ptr<LayerLoader> loader;
   };
   StagedLoads stage_loads(const ForwardBatch& batch);
   // Bytes of layer `layer` of staged block j: from its read buffer, or from its host chunk.
