@@ -177,7 +177,9 @@ class Service {
           }
           send_error(res, make_error(500, "internal error: " + what));
         });
-    server.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+    // Counted before the response is written (the logger runs after): a client that has read a
+    // response finds it in the metrics.
+    server.set_post_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
       metrics_.count_request(endpoint_label(req.path), res.status);
     });
   }

@@ -339,7 +339,8 @@ def main():
             second = follow_up(messages, reply)
             _, usage, tokens = a.http_chat(second, "erin", port)
             assert usage["prompt_tokens_details"]["cached_tokens"] >= 64, usage
-            assert other.metric("strata_kv_store_shared_found_total") == found + 1
+            now_found = other.metric("strata_kv_store_shared_found_total")
+            assert now_found == found + 1, (other.name, found, now_found)
             same_greedy_tokens(tokens, reference.http_chat(second)[2])
         finally:
             proxy.terminate()
