@@ -67,6 +67,11 @@ void log_weight_report(const executor::WeightReport& r) {
       "weights: {} (matmuls {} int4, {} int8, {} dense; embedding {}), {} MiB, loaded in {:.1f} s",
       config::config_name(r.storage), r.int4, r.int8, r.dense, r.embedding, r.bytes >> 20,
       r.load_seconds);
+  if (!r.kernel_fallback.empty()) {
+    spdlog::error("quantized weight kernels failed their start-up check ({}): those weights "
+                  "serve in the next form (int4 -> int8 -> dense)",
+                  r.kernel_fallback);
+  }
 }
 
 // Why a tensor-parallel group failed, for the signal that reports it to serve()'s main thread.

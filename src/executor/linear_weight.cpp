@@ -1,6 +1,7 @@
 #include "linear_weight.h"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 
 #include <algorithm>
 #include <optional>
@@ -119,31 +120,65 @@ const char* weight_form_name(WeightForm form) {
   return "?";
 }
 
+std::optional<LinearWeight> LinearWeight::from_int4(const at::Tensor& codes,
+                                                    const at::Tensor& scale,
+                                                    const at::Tensor& offset,
+                                                    const at::Device& device,
+                                                    at::ScalarType dtype) {
+  LinearWeight w;
+  w.form_ = WeightForm::kInt4;
+  w.dtype_ = dtype;
+  if (device.is_cpu()) {
+    w.weight_ = at::_convert_weight_to_int4pack_for_cpu(codes.to(at::kInt), 1);
+  } else {
+    const int64_t out = codes.size(0), in = codes.size(1);
+    int64_t tiles = 8;
+    while (tiles >= 2 && in % (tiles * 16) != 0) tiles /= 2;
+    if (out % 8 != 0 || tiles < 2) return std::nullopt;
+    // tinygemm's packer takes two codes a byte, element 2j in the high nibble of byte j (the
+    // order of PyTorch's own int4 tests for CUDA), and packs on the device.
+    const at::Tensor pairs = codes.view({out, in / 2, 2});
+    const at::Tensor bytes =
+        at::bitwise_or(at::bitwise_left_shift(pairs.select(2, 0), 4), pairs.select(2, 1));
+    w.weight_ = at::_convert_weight_to_int4pack(bytes.contiguous().to(device), tiles);
+  }
+  const at::Tensor zero = offset + 8.0 * scale;
+  w.scales_ = at::stack({scale.t(), zero.t()}, -1).to(device, at::kBFloat16).contiguous();
+  return w;
+}
+
+LinearWeight LinearWeight::from_int8(const at::Tensor& dense, const IndexRange& cols,
+                                     const at::Device& device, at::ScalarType dtype) {
+  LinearWeight w;
+  w.form_ = WeightForm::kInt8;
+  w.dtype_ = dtype;
+  // Scales of whole rows, then the columns: the same values as the unsplit weight's.
+  auto [q, scale] = quantize_rows_int8(dense);
+  w.weight_ = take_cols(q, cols).to(device);
+  w.scales_ = scale.to(device);
+  return w;
+}
+
 StatusOr<LinearWeight> LinearWeight::load(const model::ModelSource& source,
-                                          const std::vector<std::string>& names, bool quantized,
+                                          const std::vector<std::string>& names,
+                                          const QuantizedKernels& kernels,
                                           const at::Device& device, at::ScalarType dtype,
                                           const WeightSlice& slice) {
-  LinearWeight w;
-  w.dtype_ = dtype;
-  std::optional<Int4Rows> rows;
-  if (quantized && device.is_cpu()) {
-    STRATA_ASSIGN_OR_RETURN(rows, try_read_int4(source, names, slice));
-  }
-  if (rows) {
-    w.form_ = WeightForm::kInt4;
-    w.weight_ = at::_convert_weight_to_int4pack_for_cpu(rows->codes.to(at::kInt), 1);
-    const at::Tensor zero = rows->offset + 8.0 * rows->scale;
-    w.scales_ = at::stack({rows->scale.t(), zero.t()}, -1).to(at::kBFloat16).contiguous();
-    return w;
+  if (kernels.int4) {
+    STRATA_ASSIGN_OR_RETURN(std::optional<Int4Rows> rows, try_read_int4(source, names, slice));
+    if (rows) {
+      if (std::optional<LinearWeight> w =
+              from_int4(rows->codes, rows->scale, rows->offset, device, dtype)) {
+        return *std::move(w);
+      }
+    }
   }
   STRATA_ASSIGN_OR_RETURN(at::Tensor dense, read_stacked_float(source, names, slice));
-  if (quantized && device.is_cpu() && any_quantized(source, names)) {
-    // Scales of whole rows, then the columns: the same values as the unsplit weight's.
-    w.form_ = WeightForm::kInt8;
-    std::tie(w.weight_, w.scales_) = quantize_rows_int8(dense);
-    w.weight_ = take_cols(w.weight_, slice.cols);
-    return w;
+  if (kernels.int8 && any_quantized(source, names)) {
+    return from_int8(dense, slice.cols, device, dtype);
   }
+  LinearWeight w;
+  w.dtype_ = dtype;
   w.weight_ = take_cols(dense, slice.cols).to(device, dtype);
   return w;
 }
@@ -151,11 +186,64 @@ StatusOr<LinearWeight> LinearWeight::load(const model::ModelSource& source,
 at::Tensor LinearWeight::apply(const at::Tensor& x, const at::Tensor& bias) const {
   if (form_ == WeightForm::kDense) return at::linear(x, weight_, bias);
   const at::Tensor xb = x.to(at::kBFloat16);
-  at::Tensor y = form_ == WeightForm::kInt4
-                     ? at::_weight_int4pack_mm_for_cpu(xb, weight_, kGroup, scales_)
-                     : at::_weight_int8pack_mm(xb, weight_, scales_);
+  at::Tensor y;
+  if (form_ == WeightForm::kInt8) {
+    y = at::_weight_int8pack_mm(xb, weight_, scales_);
+  } else if (x.is_cpu()) {
+    y = at::_weight_int4pack_mm_for_cpu(xb, weight_, kGroup, scales_);
+  } else {
+    y = at::_weight_int4pack_mm(xb, weight_, kGroup, scales_);
+  }
   y = y.to(dtype_);
   return bias.defined() ? y.add_(bias) : y;
+}
+
+QuantizedKernels check_quantized_kernels(const at::Device& device) {
+  QuantizedKernels k;
+  // A weight [64, 256] of random codes and maps, inputs of 3 rows; the reference multiplies the
+  // same weight dequantized in float32 with the inputs rounded to bfloat16, as the kernels take
+  // them. A kernel may differ by its bfloat16 output and its summation order (1% of the largest
+  // output); a wrong layout is off by the size of the outputs.
+  const at::Generator gen = at::detail::createCPUGenerator(20261126);
+  const at::Tensor codes = at::randint(0, 16, {64, 256}, gen, at::kByte);
+  const at::Tensor scale = at::rand({64, 256 / kGroup}, gen, at::kFloat) * 0.1 + 0.01;
+  const at::Tensor offset = at::rand({64, 256 / kGroup}, gen, at::kFloat) - 0.5;
+  const at::Tensor x = at::randn({3, 256}, gen, at::kFloat).to(at::kBFloat16).to(at::kFloat);
+  auto agrees = [&](const LinearWeight& w, const at::Tensor& dense, const char* form) {
+    try {
+      const at::Tensor got = w.apply(x.to(device)).to(at::kCPU);
+      const at::Tensor want = at::linear(x, dense);
+      const double err = (got - want).abs().max().item<double>();
+      const double bound = 0.01 * want.abs().max().item<double>();
+      if (err <= bound) return true;
+      k.why_not += std::string(k.why_not.empty() ? "" : "; ") + form + " kernel differs from " +
+                   "at::linear by " + std::to_string(err) + " (bound " + std::to_string(bound) +
+                   ")";
+    } catch (const std::exception& e) {
+      k.why_not += std::string(k.why_not.empty() ? "" : "; ") + form + " kernel failed: " +
+                   e.what();
+    }
+    return false;
+  };
+  const at::Tensor group_scale = scale.repeat_interleave(kGroup, 1);
+  const at::Tensor group_offset = offset.repeat_interleave(kGroup, 1);
+  const at::Tensor zero = (offset + 8.0 * scale).to(at::kBFloat16).to(at::kFloat);
+  const at::Tensor scale_b = scale.to(at::kBFloat16).to(at::kFloat);
+  // What the int4 form holds: (q - 8) * scale + zero with both maps in bfloat16.
+  const at::Tensor int4_dense = (codes.to(at::kFloat) - 8.0) * scale_b.repeat_interleave(kGroup, 1) +
+                                zero.repeat_interleave(kGroup, 1);
+  try {
+    std::optional<LinearWeight> w4 = LinearWeight::from_int4(codes, scale, offset, device, at::kFloat);
+    k.int4 = w4.has_value() && agrees(*w4, int4_dense, "int4");
+  } catch (const std::exception& e) {
+    k.why_not += std::string(k.why_not.empty() ? "" : "; ") + "int4 packing failed: " + e.what();
+  }
+  const at::Tensor dense = codes.to(at::kFloat) * group_scale + group_offset;
+  const LinearWeight w8 = LinearWeight::from_int8(dense, {}, device, at::kFloat);
+  const at::Tensor int8_dense = w8.weight_.to(at::kCPU).to(at::kFloat) *
+                                w8.scales_.to(at::kCPU).to(at::kFloat).unsqueeze(1);
+  k.int8 = agrees(w8, int8_dense, "int8");
+  return k;
 }
 
 int64_t LinearWeight::bytes() const {
@@ -170,7 +258,7 @@ StatusOr<EmbeddingTable> EmbeddingTable::load(const model::ModelSource& source,
   t.dtype_ = dtype;
   const WeightSlice slice{{vocab}, {}};
   std::optional<Int4Rows> rows;
-  if (quantized && device.is_cpu()) {
+  if (quantized) {
     STRATA_ASSIGN_OR_RETURN(rows, try_read_int4(source, {name}, slice));
   }
   if (rows) {
@@ -178,15 +266,18 @@ StatusOr<EmbeddingTable> EmbeddingTable::load(const model::ModelSource& source,
     // Element 2j in the low nibble of byte j, 2j + 1 in the high one.
     const at::Tensor pairs = rows->codes.view({rows->codes.size(0), -1, 2});
     t.table_ = at::bitwise_or(pairs.select(2, 0), at::bitwise_left_shift(pairs.select(2, 1), 4))
-                   .contiguous();
-    t.scale_ = rows->scale.to(at::kBFloat16);
-    t.offset_ = rows->offset.to(at::kBFloat16);
+                   .contiguous()
+                   .to(device);
+    t.scale_ = rows->scale.to(device, at::kBFloat16);
+    t.offset_ = rows->offset.to(device, at::kBFloat16);
     return t;
   }
   STRATA_ASSIGN_OR_RETURN(at::Tensor dense, read_stacked_float(source, {name}, slice));
-  if (quantized && device.is_cpu() && any_quantized(source, {name})) {
+  if (quantized && any_quantized(source, {name})) {
     t.form_ = WeightForm::kInt8;
     std::tie(t.table_, t.scale_) = quantize_rows_int8(dense);
+    t.table_ = t.table_.to(device);
+    t.scale_ = t.scale_.to(device);
     return t;
   }
   t.table_ = dense.to(device, dtype);

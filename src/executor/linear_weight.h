@@ -3,19 +3,24 @@
 //
 // Forms of a linear layer's weight W [out, in] (y = x W^T):
 //   kDense  [out, in] in the compute dtype; at::linear.
-//   kInt4   4-bit GGUF codes (Q4_0, Q4_1, Q4_K) repacked for at::_weight_int4pack_mm_for_cpu:
-//           packed uint8 [out, in / 2] and bfloat16 scale_zeros [in / 32, out, 2] per group of 32
-//           along `in`, W = (q - 8) * scale + zero (zero = offset + 8 * scale of the GGUF map).
-//           Exact but for the bfloat16 rounding of scale and zero.
+//   kInt4   4-bit GGUF codes (Q4_0, Q4_1, Q4_K) repacked for libtorch's int4 kernel, W = (q - 8)
+//           * scale + zero (zero = offset + 8 * scale of the GGUF map), bfloat16 scale_zeros
+//           [in / 32, out, 2] per group of 32 along `in`. Exact but for the bfloat16 rounding of
+//           scale and zero. CPU: at::_weight_int4pack_mm_for_cpu, packed uint8 [out, in / 2].
+//           CUDA: at::_weight_int4pack_mm (tinygemm, sm80+), int32 [out / 8, in / (t * 16), 32,
+//           t / 2] for t inner k-tiles (8, 4 or 2: the largest that divides in / 16); needs
+//           out % 8 == 0, else the weight takes kInt8.
 //   kInt8   any other quantized storage (Q5_x, Q6_K, Q8_0, ...) requantized per output row:
-//           int8 [out, in] and bfloat16 scale [out], W = scale * q; at::_weight_int8pack_mm.
-//           Lossy (one scale per row instead of the file's per-block scales).
+//           int8 [out, in] and bfloat16 scale [out], W = scale * q; at::_weight_int8pack_mm
+//           (CPU and CUDA). Lossy (one scale per row instead of the file's per-block scales).
 // The quantized kernels take bfloat16 activations (their float32 paths are 10-30x slower on the
-// CPU, measured): x is converted at the boundary and y returned in the compute dtype.
+// CPU, measured; tinygemm takes nothing else): x is converted at the boundary and y returned in
+// the compute dtype.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +38,17 @@ StatusOr<at::Tensor> read_weight_float(const model::ModelSource& source, const s
 
 enum class WeightForm { kDense, kInt4, kInt8 };
 
+// The quantized forms a device serves. check_quantized_kernels() multiplies a small random
+// weight in each form through libtorch's kernels on `device` and compares with at::linear over the
+// same weight dequantized; a form whose kernel throws (tinygemm has no code for GPUs before sm80)
+// or disagrees is left out, and the weights that would take it load as the next form (int4 ->
+// int8 -> dense). `why_not` says what failed, for the start-up log.
+struct QuantizedKernels {
+  bool int4 = false, int8 = false;
+  std::string why_not;
+};
+QuantizedKernels check_quantized_kernels(const at::Device& device);
+
 // The part of a weight [out, in] that a tensor-parallel rank holds (tensor_shard.h): rows
 // [begin, end) of each stacked weight (all of them when `rows` is empty), then columns
 // [cols.begin, cols.end) of the stack (all when cols is empty). Every form holds the same values
@@ -48,13 +64,14 @@ class LinearWeight {
  public:
   LinearWeight() = default;
 
-  // The rows of the weights `names` stacked in order (gate then up; q, k, v), all [*, in].
-  // quantized: the kInt4 form when every one is stored as 4-bit codes, else kInt8 when any is
-  // stored quantized, else dense; false: dense. Quantized forms need the CPU (dense on CUDA).
+  // The rows of the weights `names` stacked in order (gate then up; q, k, v), all [*, in]: the
+  // kInt4 form when every one is stored as 4-bit codes and `kernels` has int4 (and the device's
+  // layout takes the shape), else kInt8 when any is stored quantized and `kernels` has int8,
+  // else dense (`kernels` all false: `weights: dequantize`).
   static StatusOr<LinearWeight> load(const model::ModelSource& source,
-                                     const std::vector<std::string>& names, bool quantized,
-                                     const at::Device& device, at::ScalarType dtype,
-                                     const WeightSlice& slice = {});
+                                     const std::vector<std::string>& names,
+                                     const QuantizedKernels& kernels, const at::Device& device,
+                                     at::ScalarType dtype, const WeightSlice& slice = {});
 
   // x: [M, in] in the compute dtype -> [M, out] in the compute dtype; bias [out] or undefined.
   at::Tensor apply(const at::Tensor& x, const at::Tensor& bias = {}) const;
@@ -63,6 +80,14 @@ class LinearWeight {
 
  private:
   friend class EmbeddingTable;  // a tied embedding reads the head's rows
+  friend QuantizedKernels check_quantized_kernels(const at::Device& device);
+  // The int4 form of codes [out, in] (uint8) and their per-32 maps [out, in / 32] (float32) on
+  // `device`; nullopt when the device's layout does not take the shape.
+  static std::optional<LinearWeight> from_int4(const at::Tensor& codes, const at::Tensor& scale,
+                                               const at::Tensor& offset, const at::Device& device,
+                                               at::ScalarType dtype);
+  static LinearWeight from_int8(const at::Tensor& dense, const IndexRange& cols,
+                                const at::Device& device, at::ScalarType dtype);
   WeightForm form_ = WeightForm::kDense;
   at::ScalarType dtype_ = at::kFloat;  // the compute dtype
   at::Tensor weight_;                  // [out, in] dense / packed int4 [out, in / 2] / int8

@@ -54,8 +54,13 @@ Status TorchExecutor::load_weights(const model::ModelSource& source) {
   WeightReport& report = weight_report_;
   report.storage = options_.weights;
   const bool quantized = options_.weights == WeightStorage::kQuantized;
+  QuantizedKernels kernels;
+  if (quantized) {
+    kernels = check_quantized_kernels(device_);
+    report.kernel_fallback = kernels.why_not;
+  }
   auto linear = [&](std::vector<std::string> names, const WeightSlice& slice = {}) {
-    return LinearWeight::load(source, names, quantized, device_, dtype_, slice);
+    return LinearWeight::load(source, names, kernels, device_, dtype_, slice);
   };
   // A sharded rank's parts (tensor_shard.h); empty ranges take the whole weight.
   WeightSlice qkv, wo, gate_up, down;

@@ -1,7 +1,8 @@
 // The executor in every compute dtype on every available device, with weights dequantized or kept
 // quantized, against its own fp32 CPU run on dequantized weights (which executor_reference_test
 // ties to HF transformers). fp32 on CUDA must match closely; bf16, fp16 and quantized weights
-// (bfloat16 activations into the matmuls, an int8-requantized head) must keep the distribution:
+// (bfloat16 activations into the matmuls, an int8-requantized head; libtorch's CPU or CUDA
+// weight-only kernels) must keep the distribution:
 // cosine similarity of the logits and the same argmax on steps where fp32's top-2 gap is clear.
 // CUDA cases skip without a device.
 
@@ -13,6 +14,7 @@
 #include <filesystem>
 #include <tuple>
 
+#include "linear_weight.h"
 #include "paged_runner.h"
 #include "strata/executor/executor.h"
 #include "strata/model/model_source.h"
@@ -105,25 +107,47 @@ INSTANTIATE_TEST_SUITE_P(
                       std::make_tuple(DeviceKind::kCpu, DType::kBFloat16, kQuantized),
                       std::make_tuple(DeviceKind::kCuda, DType::kFloat32, kDequantize),
                       std::make_tuple(DeviceKind::kCuda, DType::kBFloat16, kDequantize),
-                      std::make_tuple(DeviceKind::kCuda, DType::kFloat16, kDequantize)),
+                      std::make_tuple(DeviceKind::kCuda, DType::kFloat16, kDequantize),
+                      std::make_tuple(DeviceKind::kCuda, DType::kBFloat16, kQuantized),
+                      std::make_tuple(DeviceKind::kCuda, DType::kFloat16, kQuantized)),
     [](const auto& info) {
       return std::string(std::get<0>(info.param) == DeviceKind::kCpu ? "cpu_" : "cuda_") +
              dtype_name(std::get<1>(info.param)) +
              (std::get<2>(info.param) == kQuantized ? "_quantized" : "");
     });
 
-// The default model (Q4_1 layers, a tied Q8_0 embedding) kept quantized: every layer matmul on
-// its 4-bit codes, the head requantized to int8 and the embedding reading the head's rows, in
-// less memory than the file takes (the bound is 1.25x).
-TEST(QuantizedWeightsTest, DefaultModelKeepsItsFileSize) {
+// The start-up check of libtorch's int4 and int8 weight-only kernels (linear_weight.h) passes
+// on every device present: a wrong packing (nibble order, tile count, maps) fails it, and the
+// weights would then serve dense.
+TEST(QuantizedWeightsTest, KernelsPassTheirStartUpCheck) {
+  std::vector<at::Device> devices = {at::Device(at::kCPU)};
+  if (c10::cuda::device_count() > 0) devices.emplace_back(at::kCUDA, 0);
+  for (const at::Device& device : devices) {
+    const QuantizedKernels k = check_quantized_kernels(device);
+    EXPECT_TRUE(k.int4) << device << ": " << k.why_not;
+    EXPECT_TRUE(k.int8) << device << ": " << k.why_not;
+  }
+}
+
+// The default model (Q4_1 layers, a tied Q8_0 embedding) kept quantized, on the CPU and on CUDA:
+// every layer matmul on its 4-bit codes, the head requantized to int8 and the embedding reading
+// the head's rows, in less memory than the file takes (the bound is 1.25x).
+class QuantizedModelTest : public ::testing::TestWithParam<DeviceKind> {};
+
+TEST_P(QuantizedModelTest, DefaultModelKeepsItsFileSize) {
+  if (GetParam() == DeviceKind::kCuda && c10::cuda::device_count() == 0) {
+    GTEST_SKIP() << "no CUDA device";
+  }
   StatusOr<std::unique_ptr<model::ModelSource>> source =
       model::open_model_source(STRATA_TEST_MODEL);
   ASSERT_TRUE(source.ok()) << source.status().to_string();
   ExecutorOptions options;
+  options.device = {GetParam(), 0};
   options.weights = WeightStorage::kQuantized;
   StatusOr<std::unique_ptr<Executor>> executor = Executor::create(**source, options);
   ASSERT_TRUE(executor.ok()) << executor.status().to_string();
   const WeightReport& r = (*executor)->weight_report();
+  EXPECT_EQ(r.kernel_fallback, "");
   EXPECT_EQ(r.int4, 30 * 4);  // q/k/v fused, output, gate/up fused, down: all Q4_1
   EXPECT_EQ(r.int8, 1);       // the Q8_0 head
   EXPECT_EQ(r.dense, 0);
@@ -135,8 +159,16 @@ TEST(QuantizedWeightsTest, DefaultModelKeepsItsFileSize) {
   executor = Executor::create(**source, options);
   ASSERT_TRUE(executor.ok()) << executor.status().to_string();
   EXPECT_EQ((*executor)->weight_report().dense, 30 * 4 + 1);
-  EXPECT_GT((*executor)->weight_report().bytes, 4 * file_bytes);  // float32
+  // float32 on the CPU, bfloat16 on CUDA
+  EXPECT_GT((*executor)->weight_report().bytes,
+            (GetParam() == DeviceKind::kCpu ? 4 : 2) * file_bytes);
 }
+
+INSTANTIATE_TEST_SUITE_P(Devices, QuantizedModelTest,
+                         ::testing::Values(DeviceKind::kCpu, DeviceKind::kCuda),
+                         [](const auto& info) {
+                           return std::string(info.param == DeviceKind::kCpu ? "cpu" : "cuda");
+                         });
 
 }  // namespace
 }  // namespace strata::executor

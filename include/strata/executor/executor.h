@@ -89,6 +89,9 @@ struct WeightReport {
   WeightStorage storage = WeightStorage::kDequantize;
   int64_t dense = 0, int4 = 0, int8 = 0;
   std::string embedding;
+  // A quantized form the device's kernels failed their start-up check in (its weights took the
+  // next form: int4 -> int8 -> dense), and why; empty when none did.
+  std::string kernel_fallback;
   int64_t bytes = 0;
   double load_seconds = 0;
 };

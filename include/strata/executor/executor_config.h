@@ -34,7 +34,8 @@ std::string device_name(const Device& device);
 // How the weights a model file stores quantized (GGUF Q4_K, Q8_0, ...) are held: model.weights.
 enum class WeightStorage {
   // Kept quantized and multiplied by libtorch's weight-only kernels (4-bit types as they are,
-  // others as int8 rows: docs/quantized-weights.md). CPU only for now: dense on CUDA.
+  // others as int8 rows: docs/quantized-weights.md), on the CPU and on CUDA; a form whose
+  // kernel fails the start-up check on this device serves in the next form.
   kQuantized,
   kDequantize,  // converted to the compute dtype at load
 };
