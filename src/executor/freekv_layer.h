@@ -1,0 +1,126 @@
+// FreeKV's speculative retrieval for one sequence and one layer (private to the executor;
+// docs/freekv.md, the paper's digest ../shared/papers/freekv.md).
+//
+// Where the KV lives (n_kv KV heads, head_dim d, pages of p tokens):
+//   resident  the first S tokens (sinks) and the last W..W+p-1 tokens (window), token-major
+//             [t, n_kv, d]: every step attends them.
+//   host      every page that left the window, head-major [n_page, n_kv, 2, p, d] (keys and
+//             values of one page and head contiguous), with its min/max key summary
+//             [n_page, n_kv, d]. On CUDA the host pool; on the CPU plain memory.
+//   cache     two buffers of (B - S - W) / p slots, token-major [slots, p, n_kv, d] like the KV
+//             pool the attention kernel reads; slot i of head m holds the page recalled for m.
+// A decode step (decode()):
+//   1. waits for the recall the previous step started into the back buffer; it becomes the front.
+//   2. the query's cosine to the previous step's, averaged over each KV head's query heads; heads
+//      below tau (all of them at the first step) are corrected: selection with this query (all
+//      heads, one call) and their recall into the front buffer, synchronously.
+//   3. attention over resident + front (the others read the pages selected one step earlier).
+//   4. a window grown to W + p tokens offloads its oldest page (head-major copy, summary).
+//   5. selection with this query (reusing step 2's when nothing was offloaded) and the recall of
+//      every head's pages into the back buffer on the recall thread, for the next step: pages the
+//      front already holds are copied from it (delta recall), the rest from the host pages.
+// The recall thread only writes the back buffer, which no attention reads until the next step
+// has waited for it; offloads, the only writes to the host pages, happen between the wait and
+// the next recall. Plain copies on that thread (no libtorch).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <array>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "strata/common/status.h"
+
+namespace strata::executor {
+
+struct FreeKvOptions {
+  int64_t page_tokens = 32;     // p
+  int64_t budget_tokens = 2048; // B per KV head and layer: sink + window + selected pages
+  int64_t sink_tokens = 512;    // S, a multiple of p
+  int64_t window_tokens = 512;  // W, a multiple of p
+  double tau = 0.8;             // correct a KV head whose query similarity is below tau
+};
+
+// INVALID_ARGUMENT unless p >= 1, S and W are multiples of p, and B leaves at least one page
+// for selection after S and W.
+Status validate(const FreeKvOptions& options);
+
+struct FreeKvStats {
+  int64_t steps = 0;            // decode steps
+  int64_t head_steps = 0;       // steps x KV heads
+  int64_t corrected_heads = 0;  // of head_steps: selected and recalled synchronously
+  int64_t recalled_pages = 0;   // (page, head) copies from the host pages
+  int64_t reused_pages = 0;     // (page, head) copies from the front buffer (delta recall)
+};
+
+class FreeKvLayer {
+ public:
+  FreeKvLayer(const FreeKvOptions& options, int64_t num_kv_heads, int64_t head_dim,
+              at::ScalarType dtype);
+  ~FreeKvLayer();  // waits for the recall in flight
+  FreeKvLayer(const FreeKvLayer&) = delete;
+  FreeKvLayer& operator=(const FreeKvLayer&) = delete;
+
+  // Keys (after RoPE) and values [n, n_kv, d] of the prompt, before the first decode step.
+  void prefill(const at::Tensor& k, const at::Tensor& v);
+  // One decode token: appends k, v [n_kv, d] and returns the attention of q [n_q, d] (after
+  // RoPE; n_q a multiple of n_kv) over the token's context, [n_q, d] in q's dtype.
+  at::Tensor decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale);
+
+  int64_t tokens() const { return tokens_; }
+  FreeKvStats stats();  // once the recall in flight (which counts its pages) is done
+  // Tests: fills the back buffer with NaN before each step's attention (a step that read it
+  // would return NaN).
+  void poison_back_buffer_for_testing() { poison_ = true; }
+
+ private:
+  struct Buffer {
+    at::Tensor k, v;                          // [slots, p, n_kv, d]
+    std::vector<std::vector<int64_t>> pages;  // per KV head: the page in each slot
+  };
+
+  void append(const at::Tensor& k, const at::Tensor& v);  // [n, n_kv, d]
+  void offload_page();                                    // the window's oldest page
+  at::Tensor select(const at::Tensor& q, double scale) const;  // int64 [n_kv, s]
+  // Copies the selected pages of `heads` (all when empty) into `into`, from `from` where it holds
+  // them. Plain copies: runs on either thread.
+  void recall(const std::vector<std::vector<int64_t>>& selected, const std::vector<bool>& heads,
+              Buffer& into, const Buffer& from);
+  void start_recall(std::vector<std::vector<int64_t>> selected);
+  void wait_recall();
+  void run_recalls();
+  at::Tensor resident(const at::Tensor& sink, const at::Tensor& window) const;
+
+  const FreeKvOptions options_;
+  const int64_t num_kv_heads_, head_dim_, slots_;
+  const at::ScalarType dtype_;
+  const int64_t element_bytes_;
+  int64_t tokens_ = 0;
+
+  at::Tensor sink_k_, sink_v_;          // [S, n_kv, d], the first sink_len_ rows used
+  int64_t sink_len_ = 0;
+  at::Tensor window_k_, window_v_;      // [W + p, n_kv, d], the first window_len_ rows used
+  int64_t window_len_ = 0;
+  at::Tensor host_;                     // [capacity, n_kv, 2, p, d]
+  at::Tensor kmin_, kmax_;              // [capacity, n_kv, d]
+  int64_t num_pages_ = 0;
+
+  std::array<Buffer, 2> buffers_;
+  int front_ = 0;
+  at::Tensor q_prev_;                   // [n_q, d], undefined before the first step
+  FreeKvStats stats_;
+  bool poison_ = false;
+
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::function<void()> job_;           // the recall in flight, empty when none
+  bool stopping_ = false;
+  std::thread thread_;                  // last: starts once the rest is initialised
+};
+
+}  // namespace strata::executor
