@@ -19,11 +19,14 @@ at::Tensor freekv_select(const at::Tensor& q, const at::Tensor& kmin, const at::
               q.sizes(), ", kmin ", kmin.sizes(), ", kmax ", kmax.sizes());
   const int64_t k = std::min(top_k, pages);
   if (k <= 0) return at::empty({kv_heads, 0}, q.options().dtype(at::kLong));
-  // [kv_heads, group, 1, d] against [kv_heads, 1, pages, d]: the upper bound of q . k per page.
-  const at::Tensor qg = q.to(at::kFloat).view({kv_heads, group, 1, -1});
-  const at::Tensor lo = kmin.to(at::kFloat).permute({1, 0, 2}).unsqueeze(1);
-  const at::Tensor hi = kmax.to(at::kFloat).permute({1, 0, 2}).unsqueeze(1);
-  const at::Tensor bound = at::maximum(qg * lo, qg * hi).sum(-1).mul(scale);  // [kv, group, pages]
+  // The upper bound of q . k over a page: sum_c max(q_c hi_c, q_c lo_c) takes hi_c where q_c > 0
+  // and lo_c where q_c < 0 (hi >= lo), so it is two products: q+ . kmax + q- . kmin.
+  // [kv_heads, group, d] x [kv_heads, d, pages] -> [kv_heads, group, pages].
+  const at::Tensor qg = q.to(at::kFloat).view({kv_heads, group, -1});
+  const at::Tensor lo = kmin.to(at::kFloat).permute({1, 2, 0});
+  const at::Tensor hi = kmax.to(at::kFloat).permute({1, 2, 0});
+  const at::Tensor bound =
+      at::bmm(qg.clamp_min(0), hi).add_(at::bmm(qg.clamp_max(0), lo)).mul_(scale);
   const at::Tensor score = at::softmax(bound, -1).mean(1);                     // [kv, pages]
   // Stable order on ties: the lower page first (topk's order among equal values is unspecified).
   const at::Tensor order = std::get<1>(at::sort(score, /*stable=*/true, -1, /*descending=*/true));
@@ -55,9 +58,11 @@ at::Tensor freekv_attention(const at::Tensor& q, const at::Tensor& resident_k,
   const at::Tensor index = at::arange(t + used * p, q.options().dtype(at::kLong));
   const at::Tensor limit = (slots.to(q.device()) * p + t).unsqueeze(1);   // [kv, 1]
   const at::Tensor masked = index.unsqueeze(0) >= limit;                     // [kv, keys]
-  const at::Tensor k = at::cat({resident_k, ck}).to(at::kFloat).permute({1, 2, 0});
-  const at::Tensor v = at::cat({resident_v, cv}).to(at::kFloat).permute({1, 0, 2})
-                           .masked_fill(masked.unsqueeze(2), 0.0);
+  const at::Tensor k = (used > 0 ? at::cat({resident_k, ck}) : resident_k).to(at::kFloat)
+                           .permute({1, 2, 0});
+  at::Tensor v = (used > 0 ? at::cat({resident_v, cv}) : resident_v).to(at::kFloat)
+                     .permute({1, 0, 2});
+  if (used > 0) v = v.masked_fill(masked.unsqueeze(2), 0.0);
   const at::Tensor qg = q.to(at::kFloat).view({kv_heads, group, d});
   const at::Tensor logits = at::bmm(qg, k).mul(scale).masked_fill(masked.unsqueeze(1), -INFINITY);
   return at::bmm(at::softmax(logits, -1), v).reshape({heads, d}).to(q.scalar_type());
