@@ -28,7 +28,7 @@
 namespace {
 
 using strata::executor::FreeKvLayer;
-using strata::executor::FreeKvOptions;
+using strata::executor::FreeKvConfig;
 namespace ka = strata::kernels::aten;
 
 constexpr int64_t kHeads = 12, kKvHeads = 2, kDim = 128;
@@ -66,7 +66,7 @@ struct Row {
 
 // FreeKV at tau (2 = synchronous retrieval), or StreamingLLM when `streaming`.
 Row run_freekv(const Trace& t, int64_t context, int64_t steps, double tau, const char* name) {
-  const FreeKvOptions o{.page_tokens = 32, .budget_tokens = 2048, .sink_tokens = 512,
+  const FreeKvConfig o{.page_tokens = 32, .budget_tokens = 2048, .sink_tokens = 512,
                         .window_tokens = 512, .tau = tau};
   const double scale = 1.0 / std::sqrt(static_cast<double>(kDim));
   FreeKvLayer layer(o, kKvHeads, kDim, at::kFloat);
@@ -75,7 +75,7 @@ Row run_freekv(const Trace& t, int64_t context, int64_t steps, double tau, const
   for (int64_t i = 0; i < steps; ++i) {
     at::Tensor out = layer.decode(t.q[i], t.k[context + i], t.v[context + i], scale);
   }
-  const strata::executor::FreeKvStats s = layer.stats();  // waits for the last recall
+  const strata::executor::FreeKvCounts s = layer.stats();  // the last recall may be in flight
   Row r{name, context, seconds_since(start) * 1e3 / steps};
   r.corrected_share = static_cast<double>(s.corrected_heads) / s.head_steps;
   r.recalled_pages_per_step = static_cast<double>(s.recalled_pages) / steps;

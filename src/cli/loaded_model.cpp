@@ -58,6 +58,7 @@ engine::EngineOptions engine_options(const config::DeploymentConfig& d) {
   static_cast<executor::KernelsConfig&>(o.executor) = d.executor;
   static_cast<executor::KvCacheConfig&>(o.executor) = d.kv_cache;
   o.executor.leankv = d.leankv;
+  o.executor.freekv = d.freekv;
   o.executor.dtype = d.model.dtype;
   o.executor.weights = d.model.weights;
   o.scheduler = d.scheduler;

@@ -462,6 +462,17 @@ Status read_leankv(Context& ctx, const YAML::Node& node, LeanKvSection& out) {
   return m.get("max_sequences", into(ctx, out.max_sequences));
 }
 
+Status read_freekv(Context& ctx, const YAML::Node& node, FreeKvSection& out) {
+  STRATA_ASSIGN_OR_RETURN(const SectionMap m, SectionMap::open(ctx, node, "freekv"));
+  STRATA_RETURN_IF_ERROR(m.get("enabled", into(ctx, out.enabled)));
+  STRATA_RETURN_IF_ERROR(m.get("page_tokens", into(ctx, out.page_tokens)));
+  STRATA_RETURN_IF_ERROR(m.get("budget_tokens", into(ctx, out.budget_tokens)));
+  STRATA_RETURN_IF_ERROR(m.get("sink_tokens", into(ctx, out.sink_tokens)));
+  STRATA_RETURN_IF_ERROR(m.get("window_tokens", into(ctx, out.window_tokens)));
+  STRATA_RETURN_IF_ERROR(m.get("tau", into(ctx, out.tau)));
+  return m.get("min_context_tokens", into(ctx, out.min_context_tokens));
+}
+
 Status read_scheduler(Context& ctx, const YAML::Node& node, SchedulerSection& out) {
   STRATA_ASSIGN_OR_RETURN(const SectionMap m, SectionMap::open(ctx, node, "scheduler"));
   STRATA_RETURN_IF_ERROR(m.get("max_num_seqs", into(ctx, out.max_num_seqs)));
@@ -531,6 +542,8 @@ bool read_section(Context& ctx, std::string_view section, const YAML::Node& node
     status = read_kv_store(ctx, node, config.kv_store);
   } else if (section == "leankv") {
     status = read_leankv(ctx, node, config.leankv);
+  } else if (section == "freekv") {
+    status = read_freekv(ctx, node, config.freekv);
   } else if (section == "scheduler") {
     status = read_scheduler(ctx, node, config.scheduler);
   } else if (section == "server") {

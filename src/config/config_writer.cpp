@@ -133,6 +133,17 @@ std::string to_yaml(const DeploymentConfig& config) {
   emit_plain(out, "max_sequences", std::to_string(lean.max_sequences));
   out << YAML::EndMap;
 
+  const FreeKvSection& free = config.freekv;
+  out << YAML::Key << "freekv" << YAML::Value << YAML::BeginMap;
+  emit_plain(out, "enabled", free.enabled ? "true" : "false");
+  emit_plain(out, "page_tokens", std::to_string(free.page_tokens));
+  emit_plain(out, "budget_tokens", std::to_string(free.budget_tokens));
+  emit_plain(out, "sink_tokens", std::to_string(free.sink_tokens));
+  emit_plain(out, "window_tokens", std::to_string(free.window_tokens));
+  emit_plain(out, "tau", format_double(free.tau));
+  emit_plain(out, "min_context_tokens", std::to_string(free.min_context_tokens));
+  out << YAML::EndMap;
+
   const SchedulerSection& sched = config.scheduler;
   out << YAML::Key << "scheduler" << YAML::Value << YAML::BeginMap;
   emit_plain(out, "max_num_seqs", std::to_string(sched.max_num_seqs));

@@ -301,6 +301,50 @@ const KeyCheck<KvStoreSection> kKvStoreKeys[] = {
     {"kv_store.remote_codec", nullptr},
 };
 
+const KeyCheck<FreeKvSection> kFreeKvKeys[] = {
+    {"freekv.enabled", nullptr},
+    {"freekv.page_tokens",
+     [](const FreeKvSection& f) { return in_range("freekv.page_tokens", f.page_tokens, 1, 1024); }},
+    {"freekv.budget_tokens",
+     [](const FreeKvSection& f) {
+       if (f.budget_tokens - f.sink_tokens - f.window_tokens >= f.page_tokens) return Status();
+       return invalid_argument_error(
+           "freekv.budget_tokens (" + std::to_string(f.budget_tokens) +
+           ") must leave at least one page (freekv.page_tokens) after freekv.sink_tokens and "
+           "freekv.window_tokens");
+     }},
+    {"freekv.sink_tokens",
+     [](const FreeKvSection& f) {
+       if (f.sink_tokens >= 0 && f.page_tokens > 0 && f.sink_tokens % f.page_tokens == 0) {
+         return Status();
+       }
+       return invalid_argument_error("freekv.sink_tokens must be whole pages of freekv.page_tokens, got " +
+                                     std::to_string(f.sink_tokens));
+     }},
+    {"freekv.window_tokens",
+     [](const FreeKvSection& f) {
+       if (f.window_tokens >= 0 && f.page_tokens > 0 && f.window_tokens % f.page_tokens == 0) {
+         return Status();
+       }
+       return invalid_argument_error(
+           "freekv.window_tokens must be whole pages of freekv.page_tokens, got " +
+           std::to_string(f.window_tokens));
+     }},
+    {"freekv.tau",
+     [](const FreeKvSection& f) {
+       if (f.tau >= -1 && f.tau <= 2) return Status();
+       return invalid_argument_error("freekv.tau must be in [-1, 2], got " + format_number(f.tau));
+     }},
+    {"freekv.min_context_tokens",
+     [](const FreeKvSection& f) {
+       if (f.min_context_tokens >= f.budget_tokens) return Status();
+       return invalid_argument_error("freekv.min_context_tokens (" +
+                                     std::to_string(f.min_context_tokens) +
+                                     ") must be at least freekv.budget_tokens (" +
+                                     std::to_string(f.budget_tokens) + ")");
+     }},
+};
+
 Status valid_bits(std::string_view key, int32_t bits) {
   if (bits == 8 || bits == 4 || bits == 2) return Status();
   return invalid_argument_error(std::string(key) + " must be 8, 4 or 2, got " + std::to_string(bits));
@@ -541,6 +585,8 @@ Status LeanKvSection::validate() const {
   return Status();
 }
 
+Status FreeKvSection::validate() const { return check_keys(kFreeKvKeys, *this); }
+
 Status SchedulerSection::validate() const { return check_keys(kSchedulerKeys, *this); }
 
 Status ServerSection::validate() const {
@@ -593,6 +639,7 @@ Status DeploymentConfig::validate() const {
   STRATA_RETURN_IF_ERROR(kv_cache.validate());
   STRATA_RETURN_IF_ERROR(kv_store.validate());
   STRATA_RETURN_IF_ERROR(leankv.validate());
+  STRATA_RETURN_IF_ERROR(freekv.validate());
   STRATA_RETURN_IF_ERROR(scheduler.validate());
   STRATA_RETURN_IF_ERROR(server.validate());
   STRATA_RETURN_IF_ERROR(sampling.validate());
@@ -628,6 +675,33 @@ Status DeploymentConfig::validate() const {
           "leankv.enabled does not save to the KV store yet; set kv_store.dram_bytes to 0");
     }
   }
+  if (freekv.enabled) {
+    if (devices.device.kind == DeviceKind::kCuda) {
+      return invalid_argument_error(
+          "freekv.enabled needs devices.device cpu (or auto on a machine without a GPU) for now: "
+          "its recall runs on host threads (docs/freekv.md)");
+    }
+    if (leankv.enabled) {
+      return invalid_argument_error("freekv.enabled and leankv.enabled exclude each other");
+    }
+    if (devices.tensor_parallel_size > 1) {
+      return invalid_argument_error(
+          "freekv.enabled serves one rank for now; set devices.tensor_parallel_size to 1");
+    }
+    if (kv_cache.page_format) {
+      return invalid_argument_error("freekv.enabled reads the compute dtype's pages; unset "
+                                    "kv_cache.page_format");
+    }
+    if (kv_cache.enable_prefix_caching) {
+      return invalid_argument_error(
+          "freekv.enabled takes sequences off the KV pool; set kv_cache.enable_prefix_caching to "
+          "false");
+    }
+    if (kv_store.enabled()) {
+      return invalid_argument_error(
+          "freekv.enabled does not save to the KV store yet; set kv_store.dram_bytes to 0");
+    }
+  }
   return Status();
 }
 
@@ -640,6 +714,7 @@ const std::vector<std::string_view>& config_keys() {
     append_keys(kKvCacheKeys, keys);
     append_keys(kKvStoreKeys, keys);
     append_keys(kLeanKvKeys, keys);
+    append_keys(kFreeKvKeys, keys);
     append_keys(kSchedulerKeys, keys);
     append_keys(kServerKeys, keys);
     append_keys(kSamplingKeys, keys);
@@ -657,6 +732,7 @@ Status validate_key(const DeploymentConfig& config, std::string_view dotted_key)
   if (!found) status = check_one_key(kKvCacheKeys, config.kv_cache, dotted_key, found);
   if (!found) status = check_one_key(kKvStoreKeys, config.kv_store, dotted_key, found);
   if (!found) status = check_one_key(kLeanKvKeys, config.leankv, dotted_key, found);
+  if (!found) status = check_one_key(kFreeKvKeys, config.freekv, dotted_key, found);
   if (!found) status = check_one_key(kSchedulerKeys, config.scheduler, dotted_key, found);
   if (!found) status = check_one_key(kServerKeys, config.server, dotted_key, found);
   if (!found) status = check_one_key(kSamplingKeys, config.sampling, dotted_key, found);

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -12,7 +13,7 @@ namespace strata::executor {
 
 namespace ka = kernels::aten;
 
-Status validate(const FreeKvOptions& o) {
+Status validate(const FreeKvConfig& o) {
   const int64_t p = o.page_tokens;
   if (p < 1) return invalid_argument_error("freekv: page_tokens must be positive");
   if (o.sink_tokens < 0 || o.sink_tokens % p != 0 || o.window_tokens < 0 ||
@@ -22,6 +23,7 @@ Status validate(const FreeKvOptions& o) {
                                   ") must be multiples of page_tokens (" + std::to_string(p) +
                                   ")");
   }
+  if (std::isnan(o.tau)) return invalid_argument_error("freekv: tau must be a number");
   if (o.budget_tokens - o.sink_tokens - o.window_tokens < p) {
     return invalid_argument_error("freekv: budget_tokens (" + std::to_string(o.budget_tokens) +
                                   ") leaves no page for selection after sink and window");
@@ -29,7 +31,7 @@ Status validate(const FreeKvOptions& o) {
   return Status();
 }
 
-FreeKvLayer::FreeKvLayer(const FreeKvOptions& options, int64_t num_kv_heads, int64_t head_dim,
+FreeKvLayer::FreeKvLayer(const FreeKvConfig& options, int64_t num_kv_heads, int64_t head_dim,
                          at::ScalarType dtype)
     : options_(options),
       num_kv_heads_(num_kv_heads),
@@ -189,7 +191,7 @@ void FreeKvLayer::recall(const std::vector<std::vector<int64_t>>& selected,
           std::memcpy(dst_v + cache_at(slot, t, m), host + host_at(pages[i], m, 1, t), row);
         }
       }
-      ++(held[i] >= 0 && &from != &into ? stats_.reused_pages : stats_.recalled_pages);
+      ++(held[i] >= 0 && &from != &into ? reused_pages_ : recalled_pages_);
     }
     into.pages[m] = pages;
   }
@@ -199,9 +201,11 @@ at::Tensor FreeKvLayer::resident(const at::Tensor& sink, const at::Tensor& windo
   return at::cat({sink.narrow(0, 0, sink_len_), window.narrow(0, 0, window_len_)});
 }
 
-FreeKvStats FreeKvLayer::stats() {
-  wait_recall();
-  return stats_;
+FreeKvCounts FreeKvLayer::stats() const {
+  FreeKvCounts counts = stats_;
+  counts.recalled_pages = recalled_pages_.load();
+  counts.reused_pages = reused_pages_.load();
+  return counts;
 }
 
 void FreeKvLayer::prefill(const at::Tensor& k, const at::Tensor& v) {

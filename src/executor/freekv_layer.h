@@ -27,6 +27,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <array>
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -35,32 +36,18 @@
 #include <vector>
 
 #include "strata/common/status.h"
+#include "strata/executor/executor.h"
 
 namespace strata::executor {
 
-struct FreeKvOptions {
-  int64_t page_tokens = 32;     // p
-  int64_t budget_tokens = 2048; // B per KV head and layer: sink + window + selected pages
-  int64_t sink_tokens = 512;    // S, a multiple of p
-  int64_t window_tokens = 512;  // W, a multiple of p
-  double tau = 0.8;             // correct a KV head whose query similarity is below tau
-};
-
-// INVALID_ARGUMENT unless p >= 1, S and W are multiples of p, and B leaves at least one page
-// for selection after S and W.
-Status validate(const FreeKvOptions& options);
-
-struct FreeKvStats {
-  int64_t steps = 0;            // decode steps
-  int64_t head_steps = 0;       // steps x KV heads
-  int64_t corrected_heads = 0;  // of head_steps: selected and recalled synchronously
-  int64_t recalled_pages = 0;   // (page, head) copies from the host pages
-  int64_t reused_pages = 0;     // (page, head) copies from the front buffer (delta recall)
-};
+// INVALID_ARGUMENT unless p >= 1, S and W are multiples of p, B leaves at least one page for
+// selection after S and W, and tau is a number. (The layer reads neither `enabled` nor
+// `min_context_tokens`: they are the executor's.)
+Status validate(const FreeKvConfig& config);
 
 class FreeKvLayer {
  public:
-  FreeKvLayer(const FreeKvOptions& options, int64_t num_kv_heads, int64_t head_dim,
+  FreeKvLayer(const FreeKvConfig& options, int64_t num_kv_heads, int64_t head_dim,
               at::ScalarType dtype);
   ~FreeKvLayer();  // waits for the recall in flight
   FreeKvLayer(const FreeKvLayer&) = delete;
@@ -73,7 +60,8 @@ class FreeKvLayer {
   at::Tensor decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale);
 
   int64_t tokens() const { return tokens_; }
-  FreeKvStats stats();  // once the recall in flight (which counts its pages) is done
+  // The steps so far; a recall still in flight counts its pages when it is done.
+  FreeKvCounts stats() const;
   // Tests: fills the back buffer with NaN before each step's attention (a step that read it
   // would return NaN).
   void poison_back_buffer_for_testing() { poison_ = true; }
@@ -96,7 +84,7 @@ class FreeKvLayer {
   void run_recalls();
   at::Tensor resident(const at::Tensor& sink, const at::Tensor& window) const;
 
-  const FreeKvOptions options_;
+  const FreeKvConfig options_;
   const int64_t num_kv_heads_, head_dim_, slots_;
   const at::ScalarType dtype_;
   const int64_t element_bytes_;
@@ -113,7 +101,8 @@ class FreeKvLayer {
   std::array<Buffer, 2> buffers_;
   int front_ = 0;
   at::Tensor q_prev_;                   // [n_q, d], undefined before the first step
-  FreeKvStats stats_;
+  FreeKvCounts stats_;  // steps, head steps and corrections (the step thread's)
+  std::atomic<int64_t> recalled_pages_{0}, reused_pages_{0};  // counted by either thread
   bool poison_ = false;
 
   std::mutex mutex_;

@@ -303,6 +303,7 @@ class TensorParallelExecutor final : public Executor {
     return std::nullopt;
   }
   LeanKvCounts leankv_counts() const override { return {}; }
+  FreeKvCounts freekv_counts() const override { return {}; }
   int64_t leankv_free_pages() const override { return 0; }
   int64_t leankv_step_pages(SeqId) const override { return 0; }
   void register_host_memory(void* data, size_t bytes) const override {

@@ -137,10 +137,10 @@ Status TorchExecutor::load(const model::ModelSource& source) {
     model_config_.max_context_tokens = config_.max_context_tokens;
   }
   if (shard_.sharded()) {
-    if (options_.leankv.enabled || options_.page_format || !options_.kv_formats.empty() ||
-        !options_.kv_head_groups.empty()) {
+    if (options_.leankv.enabled || options_.freekv.enabled || options_.page_format ||
+        !options_.kv_formats.empty() || !options_.kv_head_groups.empty()) {
       return invalid_argument_error(
-          "tensor parallelism serves the compute dtype's KV pages only: drop leankv and "
+          "tensor parallelism serves the compute dtype's KV pages only: drop leankv, freekv and "
           "kv_cache.page_format");
     }
     config_.num_heads = shard_.q_heads.size();
@@ -191,6 +191,19 @@ Status TorchExecutor::load(const model::ModelSource& source) {
     STRATA_ASSIGN_OR_RETURN(LeanKvRuntime runtime,
                             LeanKvRuntime::create(options_.leankv, config_, dtype_));
     leankv_.emplace(std::move(runtime));
+  }
+  if (options_.freekv.enabled) {
+    if (device_.is_cuda()) {
+      return failed_precondition_error(
+          "freekv serves CPU deployments only for now: its recall runs on host threads "
+          "(docs/freekv.md)");
+    }
+    if (options_.leankv.enabled) return invalid_argument_error("freekv and leankv exclude each other");
+    STRATA_ASSIGN_OR_RETURN(
+        FreeKvRuntime runtime,
+        FreeKvRuntime::create(options_.freekv, config_.num_layers, config_.num_kv_heads,
+                              config_.head_dim, config_.max_context_tokens, dtype_));
+    freekv_.emplace(std::move(runtime));
   }
   return Status();
 }
@@ -411,11 +424,14 @@ StatusOr<ForwardResult> TorchExecutor::run(const ForwardBatch& batch) {
   for (int64_t s = 0, row = 0; s < num_seqs; ++s) {
     const SequenceChunk& chunk = batch.chunks[s];
     const int64_t n = static_cast<int64_t>(chunk.tokens.size());
-    if (leankv_ && chunk.start_position == 0) leankv_->end(chunk.seq);  // starts over
+    if (chunk.start_position == 0) {  // starts over
+      if (leankv_) leankv_->end(chunk.seq);
+      if (freekv_) freekv_->end(chunk.seq);
+    }
     if (decodes_from_pages(chunk)) {
       if (n != 1) {
         return invalid_argument_error("sequence " + std::to_string(chunk.seq.value) +
-                                      " decodes from LeanKV pages: one token per chunk, got " +
+                                      " decodes off the KV pool: one token per chunk, got " +
                                       std::to_string(n));
       }
       lean_seqs.push_back(chunk.seq);
@@ -505,11 +521,16 @@ StatusOr<ForwardResult> TorchExecutor::run(const ForwardBatch& batch) {
                                      tables[l].index_select(0, dense_seqs_t), dense_seq_lens_t,
                                      dense_cu_q_lens_t, max_q_len, scale, attention));
       }
-      attn.index_copy_(
-          0, lean_rows_t,
-          leankv_->attend(lean_seqs, lean_positions, l, q.index_select(0, lean_rows_t),
-                          k.index_select(0, lean_rows_t), v.index_select(0, lean_rows_t), scale));
-      STRATA_RETURN_IF_ERROR(leankv_->settle(lean_seqs, lean_positions, l));
+      const at::Tensor lean_q = q.index_select(0, lean_rows_t);
+      const at::Tensor lean_k = k.index_select(0, lean_rows_t);
+      const at::Tensor lean_v = v.index_select(0, lean_rows_t);
+      if (leankv_) {
+        attn.index_copy_(0, lean_rows_t,
+                         leankv_->attend(lean_seqs, lean_positions, l, lean_q, lean_k, lean_v, scale));
+        STRATA_RETURN_IF_ERROR(leankv_->settle(lean_seqs, lean_positions, l));
+      } else {
+        attn.index_copy_(0, lean_rows_t, freekv_->attend(lean_seqs, l, lean_q, lean_k, lean_v, scale));
+      }
     } else if (part) {
       attn = kernels::paged_attention(q, pool_.base_view(), part->tables, part->seq_lens,
                                       part->cu_q_lens, part->max_q_len, scale, attention);
@@ -548,6 +569,21 @@ StatusOr<ForwardResult> TorchExecutor::run(const ForwardBatch& batch) {
         return std::pair{pool_part(chunk, layer, end, 0), pool_part(chunk, layer, end, 1)};
       });
       if (compressed.ok()) result.compressed.push_back(chunk.seq);
+    }
+  }
+
+  // FreeKV: a sequence whose context reached the threshold in this pass leaves the pool.
+  if (freekv_) {
+    for (const SequenceChunk& chunk : batch.chunks) {
+      const int64_t end = chunk.start_position + static_cast<int64_t>(chunk.tokens.size());
+      if (!chunk.samples || !chunk.compress_kv || freekv_->decoding(chunk.seq) ||
+          !freekv_->wants(end) || (chunk.layout && !chunk.layout->is_default())) {
+        continue;
+      }
+      freekv_->start(chunk.seq, end, [&](int64_t layer) {
+        return std::pair{pool_part(chunk, layer, end, 0), pool_part(chunk, layer, end, 1)};
+      });
+      result.compressed.push_back(chunk.seq);
     }
   }
 

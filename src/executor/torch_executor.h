@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "attention_observer.h"
+#include "freekv_runtime.h"
 #include "kv_pool.h"
 #include "layer_loader.h"
 #include "layers.h"
@@ -77,6 +78,7 @@ class TorchExecutor final : public Executor {
   void drop_preload(SeqId seq) override { read_buffers_.erase(seq); }
   void end_sequence(SeqId seq) override {
     if (leankv_) leankv_->end(seq);
+    if (freekv_) freekv_->end(seq);
     attention_observer_.forget(seq);
   }
   std::optional<kv::krul::AttentionStats> take_attention_stats(SeqId seq) override {
@@ -84,6 +86,9 @@ class TorchExecutor final : public Executor {
   }
   LeanKvCounts leankv_counts() const override {
     return leankv_ ? leankv_->counts() : LeanKvCounts{};
+  }
+  FreeKvCounts freekv_counts() const override {
+    return freekv_ ? freekv_->counts() : FreeKvCounts{};
   }
   int64_t leankv_free_pages() const override { return leankv_ ? leankv_->free_pages() : 0; }
   int64_t leankv_step_pages(SeqId seq) const override {
@@ -180,9 +185,11 @@ class TorchExecutor final : public Executor {
   bool on_base_view(const SequenceChunk& chunk, int64_t layer) const {
     return groups_of(chunk) == 1 && format_of(chunk, layer) == kv_format_;
   }
-  // Whether a chunk is a decode step from LeanKV's pages (a chunk at position 0 starts over).
+  // Whether a chunk is a decode step off the pool, from LeanKV's pages or FreeKV's layers (a chunk
+  // at position 0 starts over).
   bool decodes_from_pages(const SequenceChunk& chunk) const {
-    return leankv_ && chunk.start_position > 0 && leankv_->decoding(chunk.seq);
+    return chunk.start_position > 0 && ((leankv_ && leankv_->decoding(chunk.seq)) ||
+                                        (freekv_ && freekv_->decoding(chunk.seq)));
   }
   static bool shares(const SequenceChunk& chunk, int64_t layer) {
     const kv::KvLayout* l = chunk.layout;
@@ -216,8 +223,8 @@ class TorchExecutor final : public Executor {
   std::vector<PartialLayer> partial_layers(const ForwardBatch& batch, const at::Tensor& tables,
                                            const at::Tensor& slots,
                                            const RotaryTables& rope) const;
-  // LeanKV (docs/leankv.md): the keys (part 0) or values (part 1) [end, Hkv, D] of a sequence's
-  // first `end` positions in a layer, read from the pool's base view.
+  // LeanKV and FreeKV: the keys (part 0) or values (part 1) [end, Hkv, D] of a sequence's first
+  // `end` positions in a layer, read from the pool's base view.
   at::Tensor pool_part(const SequenceChunk& chunk, int64_t layer, int64_t end, int64_t part);
   // LeanKV: layer `layer`'s queries q [num_tokens, H, D] of the chunks computing a prompt (from
   // position 0, under LeanKV) add to their keys' received attention.
@@ -259,6 +266,7 @@ class TorchExecutor final : public Executor {
   WeightReport weight_report_;
   kernels::KernelReport kernel_report_;  // each custom op's implementation (start-up self-check)
   std::optional<LeanKvRuntime> leankv_;  // when options_.leankv.enabled
+  std::optional<FreeKvRuntime> freekv_;  // when options_.freekv.enabled
   AttentionObserver attention_observer_;  // Krul's statistics of the chunks that ask for them
 };
 

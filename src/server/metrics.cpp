@@ -359,6 +359,21 @@ std::string Metrics::render(const engine::EngineStats& engine) const {
   counter("strata_leankv_failed_prompts_total",
           "Prompts LeanKV had no pages or slots for (they decode from the KV pool).",
           static_cast<double>(lean.failed_prompts));
+  const executor::FreeKvCounts& free = engine.freekv;
+  gauge("strata_freekv_sequences", "Requests decoding by FreeKV's retrieval, off the KV pool.",
+        static_cast<double>(free.sequences));
+  counter("strata_freekv_head_steps_total",
+          "FreeKV decode steps x retrieving layers x KV heads (docs/freekv.md).",
+          static_cast<double>(free.head_steps));
+  counter("strata_freekv_corrected_heads_total",
+          "Of those, KV heads that selected with their step's own query before attending.",
+          static_cast<double>(free.corrected_heads));
+  counter("strata_freekv_recalled_pages_total",
+          "FreeKV (page, KV head) copies from the host pages into the recall buffers.",
+          static_cast<double>(free.recalled_pages));
+  counter("strata_freekv_reused_pages_total",
+          "FreeKV (page, KV head) copies from the previous step's recall buffer (delta recall).",
+          static_cast<double>(free.reused_pages));
   counter("strata_prefix_cache_lookup_tokens_total", "Prompt tokens looked up in the prefix cache.",
           static_cast<double>(engine.prefix_lookup_tokens));
   counter("strata_prefix_cache_hit_tokens_total", "Prompt tokens found in the prefix cache.",

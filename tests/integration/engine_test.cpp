@@ -491,6 +491,40 @@ TEST(EngineTest, LeanKvServesBatchesLikeSoloRunsAndFreesItsPages) {
   EXPECT_EQ(engine->stats().leankv.ended_sequences, ended_before) << "the request was compressed";
 }
 
+// FreeKV (docs/freekv.md) as a serving mode: a sequence whose context reaches the threshold
+// leaves the pool after its prompt and decodes by retrieval; a request's tokens do not depend on
+// what it is batched with, the pool comes back whole, and a real prompt gets its greedy answer.
+TEST(EngineTest, FreeKvServesBatchesLikeSoloRunsOffThePool) {
+  EngineOptions options;
+  options.executor.enable_prefix_caching = false;
+  options.executor.freekv = {.enabled = true, .page_tokens = 16, .budget_tokens = 32 + 32 + 16 * 4,
+                             .sink_tokens = 32, .window_tokens = 32, .tau = 0.8,
+                             .min_context_tokens = 4};
+  options.scheduler.max_num_batched_tokens = 64;  // prompts of up to 200 tokens are chunked
+  std::unique_ptr<Engine> engine = make_engine(STRATA_TEST_MODEL, options);
+  ASSERT_TRUE(engine);
+  std::vector<GenerateRequest> requests = mixed_requests(4, 20000, 0, 13);
+  for (GenerateRequest& r : requests) {
+    r.prompt_token_ids.resize(std::max<size_t>(r.prompt_token_ids.size(), 200), 500);
+    r.sampling.max_tokens = 24;
+  }
+  const std::vector<Collected> solo = run_solo(*engine, requests);
+  const std::vector<Collected> batched = run_concurrent(*engine, requests);
+  expect_same_as_solo(solo, batched);
+  expect_pool_fully_free(*engine);
+  const EngineStats stats = engine->stats();
+  // Every decode step after a prompt, of 29 retrieving layers and 3 KV heads, in both runs.
+  EXPECT_EQ(stats.freekv.head_steps, 2 * 4 * 23 * 29 * 3);
+  EXPECT_GT(stats.freekv.recalled_pages, 0);
+  EXPECT_EQ(stats.freekv.sequences, 0) << "FreeKV state leaked";
+
+  GenerateRequest question;
+  question.prompt_token_ids = engine->tokenizer().encode("The capital of France is", false);
+  question.sampling.temperature = 0;
+  question.sampling.max_tokens = 3;
+  EXPECT_EQ(run_solo(*engine, {question})[0].text, " Paris.\n");
+}
+
 // LeanKV's capacity: a compressed sequence gives its pool blocks back and decodes without new
 // ones, so a pool that holds two of these conversations serves six at once. With LeanKV's pages
 // short, a sequence is preempted to recompute and comes back on the pool; every request still

@@ -130,6 +130,19 @@ struct LeanKvSection : executor::LeanKvConfig {
   bool operator==(const LeanKvSection&) const = default;
 };
 
+// ---- freekv ---------------------------------------------------------------------------------
+
+// FreeKV (executor::FreeKvConfig, docs/freekv.md): page_tokens in [1, 1024], sink_tokens and
+// window_tokens whole pages, budget_tokens leaving at least one page after them, tau in [-1, 2]
+// (above 1: every step corrects, synchronous retrieval), min_context_tokens >= budget_tokens.
+// Enabled, it needs a cpu (or auto) device, no leankv, no prefix caching and no KV store
+// (DeploymentConfig::validate).
+struct FreeKvSection : executor::FreeKvConfig {
+  // INVALID_ARGUMENT naming freekv.<key>.
+  Status validate() const;
+  bool operator==(const FreeKvSection&) const = default;
+};
+
 // ---- scheduler ------------------------------------------------------------------------------
 
 using scheduler::PreemptionMode;
@@ -211,6 +224,7 @@ struct DeploymentConfig {
   KvCacheSection kv_cache;
   KvStoreSection kv_store;
   LeanKvSection leankv;
+  FreeKvSection freekv;
   SchedulerSection scheduler;
   ServerSection server;
   SamplingSection sampling;

@@ -138,8 +138,8 @@ struct GenerateRequest {
   // strings do not apply). What scores a continuation by decoding it (bench ppl
   // --decode-tokens).
   std::vector<TokenId> forced_completion;
-  // false: this request's KV stays uncompressed (LeanKV's baseline) in a deployment that runs
-  // LeanKV (leankv.enabled); no effect otherwise.
+  // false: this request's KV stays on the pool, uncompressed (LeanKV's and FreeKV's baseline), in
+  // a deployment that runs LeanKV or FreeKV (leankv.enabled, freekv.enabled); no effect otherwise.
   bool compress_kv = true;
 };
 
@@ -180,6 +180,7 @@ struct EngineStats : restore::RestoreStats {
   int64_t pool_prefix_hits = 0;
   int64_t pool_prefix_misses = 0;
   executor::LeanKvCounts leankv;  // zeros unless leankv is enabled
+  executor::FreeKvCounts freekv;  // zeros unless freekv is enabled
 };
 
 class Engine {

@@ -59,6 +59,7 @@ struct ExecutorOptions : DevicesConfig, KernelsConfig, KvCacheConfig {
   // page tables; each divides the model's KV heads).
   std::vector<int32_t> kv_head_groups;
   LeanKvConfig leankv;
+  FreeKvConfig freekv;  // not with leankv
   // Tensor parallelism (docs/tensor-parallelism.md): this process's rank in a group of
   // tensor_parallel_size ranks (borrowed; outlives the executor). Rank 0's executor runs the
   // engine's passes on every rank; the others run serve_tensor_parallel_rank(). Null: one rank.
@@ -80,6 +81,20 @@ struct LeanKvCounts {
   int64_t failed_prompts = 0;
   int64_t ended_sequences = 0, ended_high = 0, ended_low = 0, ended_pruned = 0, ended_window = 0;
   int64_t ended_bytes = 0, ended_bf16_bytes = 0;
+};
+
+// FreeKV (docs/freekv.md): the sequences decoding by retrieval now, and since start, over the
+// layers that retrieve (not the exact first): decode steps x layers, those x KV heads, of which
+// corrected (selected with the step's own query and recalled before attention), and (page, KV
+// head) copies into the recall buffers from the host pages and from the buffer the step before
+// used (delta recall).
+struct FreeKvCounts {
+  int64_t sequences = 0;
+  int64_t steps = 0;
+  int64_t head_steps = 0;
+  int64_t corrected_heads = 0;
+  int64_t recalled_pages = 0;
+  int64_t reused_pages = 0;
 };
 
 // How the weights are held (logged at start-up): the matmuls in each form (fused ones, such as
@@ -150,6 +165,7 @@ class Executor {
   virtual std::optional<kv::krul::AttentionStats> take_attention_stats(SeqId seq) = 0;
   // LeanKV's tokens per tier and pages (zeros when LeanKV is off).
   virtual LeanKvCounts leankv_counts() const = 0;
+  virtual FreeKvCounts freekv_counts() const = 0;
   // LeanKV's free pages (0 when off), and the most its next decode step of `seq` may take (0 for
   // a sequence not decoding from LeanKV's pages; at most a page per layer and KV head).
   virtual int64_t leankv_free_pages() const = 0;

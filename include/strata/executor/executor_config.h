@@ -103,4 +103,20 @@ struct LeanKvConfig {
   bool operator==(const LeanKvConfig&) const = default;
 };
 
+// FreeKV (docs/freekv.md): a sequence whose context reaches min_context_tokens leaves the KV pool
+// and decodes by speculative retrieval: per layer (the first exact) and KV head it attends the
+// first sink_tokens, the last window_tokens and the pages of page_tokens that its previous step's
+// query selected, budget_tokens in all; a KV head whose query moved (cosine below tau) selects
+// with the current one. CPU deployments for now.
+struct FreeKvConfig {
+  bool enabled = false;
+  int64_t page_tokens = 32;
+  int64_t budget_tokens = 2048;
+  int64_t sink_tokens = 512;
+  int64_t window_tokens = 512;
+  double tau = 0.8;
+  int64_t min_context_tokens = 8192;
+  bool operator==(const FreeKvConfig&) const = default;
+};
+
 }  // namespace strata::executor

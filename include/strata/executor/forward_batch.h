@@ -41,8 +41,8 @@ struct SequenceChunk {
   // The chunk ends at the sequence's last token: a token is sampled after it (the last chunk of a
   // prompt, or a decode step). LeanKV compresses a prompt after its sampling chunk.
   bool samples = true;
-  // false: the sequence's KV is not compressed (LeanKV) even where the executor runs LeanKV; read
-  // from a sequence's chunk at position 0.
+  // false: the sequence's KV stays on the pool (LeanKV does not compress it, FreeKV does not
+  // take it off) even where the executor runs one of them.
   bool compress_kv = true;
   // Krul: the chunk's attention rows add to the sequence's attention statistics
   // (Executor::take_attention_stats). Needs every layer on the base view, not LeanKV's pages.

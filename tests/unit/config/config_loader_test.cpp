@@ -46,10 +46,19 @@ TEST(ConfigLoaderTest, DefaultYamlIsTheStructDefaultsOnCpuWithTheSmallModel) {
 TEST(ConfigLoaderTest, DefaultYamlWritesEveryKeyExactlyOnce) {
   const std::string text = read_text(config_path("default.yaml"));
   for (std::string_view dotted : config_keys()) {
-    const std::string_view key = dotted.substr(dotted.find('.') + 1);
-    const std::string line = "\n  " + std::string(key) + ":";
+    // Within the key's section: from its header to the next top-level line.
+    const std::string section(dotted.substr(0, dotted.find('.')));
+    const size_t begin = text.find("\n" + section + ":");
+    ASSERT_NE(begin, std::string::npos) << section;
+    size_t end = begin + 1;
+    while ((end = text.find('\n', end)) != std::string::npos && end + 1 < text.size() &&
+           (text[end + 1] == ' ' || text[end + 1] == '\n' || text[end + 1] == '#')) {
+      ++end;
+    }
+    const std::string body = text.substr(begin, end == std::string::npos ? end : end - begin);
+    const std::string line = "\n  " + std::string(dotted.substr(dotted.find('.') + 1)) + ":";
     size_t count = 0;
-    for (size_t pos = text.find(line); pos != std::string::npos; pos = text.find(line, pos + 1)) {
+    for (size_t pos = body.find(line); pos != std::string::npos; pos = body.find(line, pos + 1)) {
       ++count;
     }
     EXPECT_EQ(count, 1u) << dotted;
@@ -325,7 +334,7 @@ TEST(ConfigLoaderTest, UnknownKeysNameTheFullPathAndListTheAllowedOnes) {
   expect_cases({
       {"top level", "modle: {}\n", kInvalid,
        "t.yaml:3:1: unknown key 'modle'; allowed top-level keys: model, devices, executor, "
-       "kv_cache, kv_store, leankv, scheduler, server, sampling, logging"},
+       "kv_cache, kv_store, leankv, freekv, scheduler, server, sampling, logging"},
       {"model", "model: {path: m, dtyp: float32}\n", kInvalid,
        "unknown key 'model.dtyp'; allowed keys in 'model': path, dtype, weights, chat_template, "
        "chat_template_file, "
@@ -603,7 +612,7 @@ TEST(ConfigLoaderTest, BadOverridesAreRejectedAndLeaveTheConfigUnchanged) {
       {"scheduler.max_num_seqs.x", "1", ""},
       {"schedular.max_num_seqs", "1",
        "unknown key 'schedular.max_num_seqs'; allowed top-level keys: model, devices, executor, "
-       "kv_cache, kv_store, leankv, scheduler, server, sampling, logging"},
+       "kv_cache, kv_store, leankv, freekv, scheduler, server, sampling, logging"},
       {"scheduler", "1",
        "'scheduler' is a section; override one of its keys: max_num_seqs, "
        "max_num_batched_tokens, preemption_mode, max_queued_requests, "

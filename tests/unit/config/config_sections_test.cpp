@@ -445,5 +445,57 @@ TEST(ConfigSectionsTest, LeanKvErrorsNameTheKey) {
   });
 }
 
+TEST(ConfigSectionsTest, FreeKvSectionIsReadWrittenBackAndOverridden) {
+  StatusOr<DeploymentConfig> loaded = parse_config(
+      "model: {path: m}\ndevices: {device: cpu}\nkv_store: {dram_bytes: 0}\n"
+      "kv_cache: {enable_prefix_caching: false}\n"
+      "freekv:\n  enabled: true\n  page_tokens: 16\n  budget_tokens: 1024\n  sink_tokens: 128\n"
+      "  window_tokens: 256\n  tau: 0.9\n  min_context_tokens: 4096\n",
+      "t.yaml");
+  ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
+  const FreeKvSection& f = loaded->freekv;
+  EXPECT_TRUE(f.enabled);
+  EXPECT_EQ(f.page_tokens, 16);
+  EXPECT_EQ(f.budget_tokens, 1024);
+  EXPECT_EQ(f.sink_tokens, 128);
+  EXPECT_EQ(f.window_tokens, 256);
+  EXPECT_EQ(f.tau, 0.9);
+  EXPECT_EQ(f.min_context_tokens, 4096);
+  StatusOr<DeploymentConfig> again = parse_config(to_yaml(*loaded), "again.yaml");
+  ASSERT_TRUE(again.ok()) << again.status().to_string();
+  EXPECT_EQ(*again, *loaded);
+  DeploymentConfig config = *loaded;
+  ASSERT_TRUE(apply_override(config, "freekv.tau", "2").ok());
+  EXPECT_EQ(config.freekv.tau, 2.0);
+  EXPECT_FALSE(apply_override(config, "freekv.sink_tokens", "100").ok());
+}
+
+TEST(ConfigSectionsTest, FreeKvErrorsNameTheKey) {
+  const std::string on = "devices: {device: cpu}\nkv_store: {dram_bytes: 0}\n"
+                         "kv_cache: {enable_prefix_caching: false}\n";
+  expect_cases({
+      {"partial window", on + "freekv: {enabled: true, window_tokens: 500}\n", kInvalid,
+       "freekv.window_tokens must be whole pages of freekv.page_tokens, got 500"},
+      {"no page left", on + "freekv: {budget_tokens: 1024}\n", kInvalid,
+       "freekv.budget_tokens (1024) must leave at least one page"},
+      {"tau", on + "freekv: {tau: 3}\n", kInvalid, "freekv.tau must be in [-1, 2], got 3"},
+      {"threshold", on + "freekv: {min_context_tokens: 1000}\n", kInvalid,
+       "freekv.min_context_tokens (1000) must be at least freekv.budget_tokens (2048)"},
+      {"on cuda", "devices: {device: cuda}\nkv_store: {dram_bytes: 0}\n"
+                  "kv_cache: {enable_prefix_caching: false}\nfreekv: {enabled: true}\n",
+       kInvalid, "freekv.enabled needs devices.device cpu"},
+      {"with leankv", on + "leankv: {enabled: true}\nfreekv: {enabled: true}\n", kInvalid,
+       "freekv.enabled and leankv.enabled exclude each other"},
+      {"prefix caching", "devices: {device: cpu}\nkv_store: {dram_bytes: 0}\n"
+                         "freekv: {enabled: true}\n",
+       kInvalid, "set kv_cache.enable_prefix_caching to false"},
+      {"with the store", "devices: {device: cpu}\nkv_cache: {enable_prefix_caching: false}\n"
+                         "kv_store: {dram_bytes: 1GiB}\nfreekv: {enabled: true}\n",
+       kInvalid, "freekv.enabled does not save to the KV store"},
+      {"off, anything goes", "kv_store: {dram_bytes: 1GiB}\nfreekv: {enabled: false}\n", kOk, ""},
+      {"on", on + "freekv: {enabled: true}\n", kOk, ""},
+  });
+}
+
 }  // namespace
 }  // namespace strata::config

@@ -97,7 +97,7 @@ TEST(FreeKvOpsTest, QuerySimilarityIsTheGroupMeanCosine) {
 }
 
 TEST(FreeKvLayerTest, OptionsAreValidated) {
-  FreeKvOptions o{.page_tokens = 4, .budget_tokens = 20, .sink_tokens = 8, .window_tokens = 8};
+  FreeKvConfig o{.page_tokens = 4, .budget_tokens = 20, .sink_tokens = 8, .window_tokens = 8};
   EXPECT_TRUE(validate(o).ok());
   o.sink_tokens = 6;
   EXPECT_FALSE(validate(o).ok());  // not whole pages
@@ -155,7 +155,7 @@ class FullBudgetTest : public ::testing::TestWithParam<double> {};
 // A budget covering the whole context equals full attention, whatever tau (speculation reads
 // the previous step's pages, which are all of them).
 TEST_P(FullBudgetTest, EqualsFullAttention) {
-  const FreeKvOptions o{.page_tokens = kPage, .budget_tokens = 8 + 8 + 400, .sink_tokens = 8,
+  const FreeKvConfig o{.page_tokens = kPage, .budget_tokens = 8 + 8 + 400, .sink_tokens = 8,
                         .window_tokens = 8, .tau = GetParam()};
   const Trace r = make_trace(37, 40, 0.3, 3);
   FreeKvLayer layer(o, kKvHeads, kDim, at::kFloat);
@@ -175,7 +175,7 @@ INSTANTIATE_TEST_SUITE_P(Tau, FullBudgetTest, ::testing::Values(-2.0, 0.8, 2.0))
 // Synchronous retrieval, computed from scratch each step: the sink, the pages that left the
 // window before this step's attention (a window of W + 1 to W + p tokens), selected with this
 // step's query, and the window.
-std::vector<at::Tensor> synchronous(const Trace& r, const FreeKvOptions& o) {
+std::vector<at::Tensor> synchronous(const Trace& r, const FreeKvConfig& o) {
   const int64_t p = o.page_tokens, s = o.sink_tokens, w = o.window_tokens;
   const int64_t slots = (o.budget_tokens - s - w) / p;
   std::vector<at::Tensor> out;
@@ -208,14 +208,14 @@ std::vector<at::Tensor> synchronous(const Trace& r, const FreeKvOptions& o) {
 }
 
 TEST(FreeKvLayerTest, TauAboveOneIsSynchronousRetrieval) {
-  const FreeKvOptions o{.page_tokens = kPage, .budget_tokens = 4 + 8 + 12, .sink_tokens = 4,
+  const FreeKvConfig o{.page_tokens = kPage, .budget_tokens = 4 + 8 + 12, .sink_tokens = 4,
                         .window_tokens = 8, .tau = 1.5};
   const Trace r = make_trace(61, 50, 0.5, 4);
   FreeKvLayer layer(o, kKvHeads, kDim, at::kFloat);
   layer.poison_back_buffer_for_testing();
   const std::vector<at::Tensor> got = run_layer(layer, r);
   EXPECT_LT(max_diff(got, synchronous(r, o)), 1e-5);
-  const FreeKvStats stats = layer.stats();
+  const FreeKvCounts stats = layer.stats();
   EXPECT_EQ(stats.corrected_heads, stats.head_steps);
   EXPECT_EQ(stats.head_steps, 50 * kKvHeads);
 }
@@ -225,7 +225,7 @@ TEST(FreeKvLayerTest, TauAboveOneIsSynchronousRetrieval) {
 // select are copied from the front buffer, not recalled again. A poisoned back buffer changes
 // nothing.
 TEST(FreeKvLayerTest, SpeculationReadsThePreviousStepsPages) {
-  const FreeKvOptions o{.page_tokens = kPage, .budget_tokens = 4 + 8 + 12, .sink_tokens = 4,
+  const FreeKvConfig o{.page_tokens = kPage, .budget_tokens = 4 + 8 + 12, .sink_tokens = 4,
                         .window_tokens = 8, .tau = -2.0};
   const Trace r = make_trace(61, 50, 1.0, 5);
   FreeKvLayer clean(o, kKvHeads, kDim, at::kFloat);
@@ -235,7 +235,7 @@ TEST(FreeKvLayerTest, SpeculationReadsThePreviousStepsPages) {
   const std::vector<at::Tensor> also = run_layer(poisoned, r);
   EXPECT_EQ(max_diff(got, also), 0.0);
   EXPECT_GT(max_diff(got, synchronous(r, o)), 1e-3);
-  const FreeKvStats stats = clean.stats();
+  const FreeKvCounts stats = clean.stats();
   EXPECT_EQ(stats.corrected_heads, kKvHeads);  // the first step only
   EXPECT_GT(stats.reused_pages, 0);
   EXPECT_GT(stats.recalled_pages, 0);

@@ -1,0 +1,72 @@
+// FreeKV's per-sequence state in the executor (docs/freekv.md; private to the executor): a
+// sequence is computed in the KV pool as usual until a pass ends with its context at
+// min_context_tokens or more; then each layer's keys and values move into a FreeKvLayer
+// (freekv_layer.h), the engine takes the sequence off the pool (ForwardResult::compressed, as
+// LeanKV's), and from then on its decode steps attend through those layers: the first layer over
+// every token (FreeKV never compresses it), the others by speculative retrieval.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "freekv_layer.h"
+#include "strata/common/ids.h"
+#include "strata/common/status.h"
+#include "strata/executor/executor.h"
+
+namespace strata::executor {
+
+class FreeKvRuntime {
+ public:
+  // INVALID_ARGUMENT for options validate() refuses. max_context_tokens bounds a sequence (the
+  // first layer's exact window holds that many tokens).
+  static StatusOr<FreeKvRuntime> create(const FreeKvConfig& config, int64_t num_layers,
+                                        int64_t num_kv_heads, int64_t head_dim,
+                                        int64_t max_context_tokens, at::ScalarType dtype);
+
+  bool decoding(SeqId seq) const { return sequences_.contains(seq); }
+  // Whether a sequence of `context` tokens leaves the pool for FreeKV.
+  bool wants(int64_t context) const { return context >= config_.min_context_tokens; }
+
+  // The sequence's n tokens are computed: kv_of(layer) gives their keys (after RoPE) and values
+  // [n, Hkv, D] each.
+  void start(SeqId seq, int64_t n,
+             const std::function<std::pair<at::Tensor, at::Tensor>(int64_t)>& kv_of);
+
+  // Decode of layer `layer` for sequences that decode from FreeKV (one new token each): appends
+  // k, v [m, Hkv, D] and returns attention [m, H, D] for q [m, H, D].
+  at::Tensor attend(std::span<const SeqId> seqs, int64_t layer, const at::Tensor& q,
+                    const at::Tensor& k, const at::Tensor& v, double scale);
+
+  void end(SeqId seq);  // finished, aborted or restarted
+
+  // Over the sequences decoding now and those ended (the retrieval layers, not the exact first).
+  FreeKvCounts counts() const;
+
+ private:
+  FreeKvRuntime(const FreeKvConfig& config, int64_t num_layers, int64_t num_kv_heads,
+                int64_t head_dim, int64_t max_context_tokens, at::ScalarType dtype)
+      : config_(config),
+        num_layers_(num_layers),
+        num_kv_heads_(num_kv_heads),
+        head_dim_(head_dim),
+        max_context_tokens_(max_context_tokens),
+        dtype_(dtype) {}
+  static void add(FreeKvCounts& to, const FreeKvCounts& from);
+
+  FreeKvConfig config_;
+  int64_t num_layers_, num_kv_heads_, head_dim_, max_context_tokens_;
+  at::ScalarType dtype_;
+  // Per sequence, one layer object per model layer (unique_ptr: a layer owns a thread).
+  std::unordered_map<SeqId, std::vector<std::unique_ptr<FreeKvLayer>>> sequences_;
+  FreeKvCounts ended_;
+};
+
+}  // namespace strata::executor
