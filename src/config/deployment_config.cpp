@@ -307,11 +307,11 @@ const KeyCheck<FreeKvSection> kFreeKvKeys[] = {
      [](const FreeKvSection& f) { return in_range("freekv.page_tokens", f.page_tokens, 1, 1024); }},
     {"freekv.budget_tokens",
      [](const FreeKvSection& f) {
-       if (f.budget_tokens - f.sink_tokens - f.window_tokens >= f.page_tokens) return Status();
+       if (f.budget_tokens >= f.sink_tokens + f.window_tokens) return Status();
        return invalid_argument_error(
            "freekv.budget_tokens (" + std::to_string(f.budget_tokens) +
-           ") must leave at least one page (freekv.page_tokens) after freekv.sink_tokens and "
-           "freekv.window_tokens");
+           ") must be at least freekv.sink_tokens + freekv.window_tokens (equal: StreamingLLM, "
+           "no page selected)");
      }},
     {"freekv.sink_tokens",
      [](const FreeKvSection& f) {

@@ -24,9 +24,9 @@ Status validate(const FreeKvConfig& o) {
                                   ")");
   }
   if (std::isnan(o.tau)) return invalid_argument_error("freekv: tau must be a number");
-  if (o.budget_tokens - o.sink_tokens - o.window_tokens < p) {
+  if (o.budget_tokens < o.sink_tokens + o.window_tokens) {
     return invalid_argument_error("freekv: budget_tokens (" + std::to_string(o.budget_tokens) +
-                                  ") leaves no page for selection after sink and window");
+                                  ") is less than sink_tokens + window_tokens");
   }
   return Status();
 }
@@ -241,10 +241,11 @@ at::Tensor FreeKvLayer::decode(const at::Tensor& q, const at::Tensor& k, const a
     return lists;
   };
   std::vector<std::vector<int64_t>> selected;
-  if (num_corrected > 0 && num_pages_ > 0) {
+  const bool retrieves = slots_ > 0 && num_pages_ > 0;  // else StreamingLLM: sink + window
+  if (num_corrected > 0 && retrieves) {
     selected = as_lists(select(q, scale));
     recall(selected, corrected, front, front);
-  } else if (num_pages_ == 0) {
+  } else if (!retrieves) {
     for (std::vector<int64_t>& pages : front.pages) pages.clear();
   }
 
@@ -265,7 +266,7 @@ at::Tensor FreeKvLayer::decode(const at::Tensor& q, const at::Tensor& k, const a
     offload_page();
     offloaded = true;
   }
-  if (num_pages_ > 0) {
+  if (slots_ > 0 && num_pages_ > 0) {
     if (selected.empty() || offloaded) selected = as_lists(select(q, scale));
     start_recall(std::move(selected));
   } else {

@@ -40,8 +40,8 @@
 
 namespace strata::executor {
 
-// INVALID_ARGUMENT unless p >= 1, S and W are multiples of p, B leaves at least one page for
-// selection after S and W, and tau is a number. (The layer reads neither `enabled` nor
+// INVALID_ARGUMENT unless p >= 1, S and W are multiples of p, B >= S + W, and tau is a number.
+// B = S + W selects no page: StreamingLLM (sink + window), FreeKV's static baseline. (The layer reads neither `enabled` nor
 // `min_context_tokens`: they are the executor's.)
 Status validate(const FreeKvConfig& config);
 

@@ -195,7 +195,7 @@ TEST_F(FreeKvExecutorTest, BadOptionsAreRefused) {
   ExecutorOptions options;
   options.freekv = freekv(30, 32, 1024, 64);  // sink not whole pages
   EXPECT_FALSE(Executor::create(*source_, options).ok());
-  options.freekv = freekv(32, 32, 64, 64);  // no page left to select
+  options.freekv = freekv(32, 32, 60, 64);  // less than sink + window
   EXPECT_FALSE(Executor::create(*source_, options).ok());
   options.freekv = freekv(32, 32, 1024, 64);
   options.leankv.enabled = true;

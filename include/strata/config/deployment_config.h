@@ -133,7 +133,7 @@ struct LeanKvSection : executor::LeanKvConfig {
 // ---- freekv ---------------------------------------------------------------------------------
 
 // FreeKV (executor::FreeKvConfig, docs/freekv.md): page_tokens in [1, 1024], sink_tokens and
-// window_tokens whole pages, budget_tokens leaving at least one page after them, tau in [-1, 2]
+// window_tokens whole pages, budget_tokens at least their sum (equal: StreamingLLM), tau in [-1, 2]
 // (above 1: every step corrects, synchronous retrieval), min_context_tokens >= budget_tokens.
 // Enabled, it needs a cpu (or auto) device, no leankv, no prefix caching and no KV store
 // (DeploymentConfig::validate).

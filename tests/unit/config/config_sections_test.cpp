@@ -476,8 +476,10 @@ TEST(ConfigSectionsTest, FreeKvErrorsNameTheKey) {
   expect_cases({
       {"partial window", on + "freekv: {enabled: true, window_tokens: 500}\n", kInvalid,
        "freekv.window_tokens must be whole pages of freekv.page_tokens, got 500"},
-      {"no page left", on + "freekv: {budget_tokens: 1024}\n", kInvalid,
-       "freekv.budget_tokens (1024) must leave at least one page"},
+      {"budget below sink and window", on + "freekv: {budget_tokens: 1000}\n", kInvalid,
+       "freekv.budget_tokens (1000) must be at least freekv.sink_tokens + freekv.window_tokens"},
+      {"streamingllm", on + "freekv: {enabled: true, budget_tokens: 1024, min_context_tokens: 2048}\n",
+       kOk, ""},
       {"tau", on + "freekv: {tau: 3}\n", kInvalid, "freekv.tau must be in [-1, 2], got 3"},
       {"threshold", on + "freekv: {min_context_tokens: 1000}\n", kInvalid,
        "freekv.min_context_tokens (1000) must be at least freekv.budget_tokens (2048)"},

@@ -102,8 +102,10 @@ TEST(FreeKvLayerTest, OptionsAreValidated) {
   o.sink_tokens = 6;
   EXPECT_FALSE(validate(o).ok());  // not whole pages
   o.sink_tokens = 8;
-  o.budget_tokens = 19;
-  EXPECT_FALSE(validate(o).ok());  // no page left to select
+  o.budget_tokens = 16;
+  EXPECT_TRUE(validate(o).ok());  // no page selected: StreamingLLM
+  o.budget_tokens = 15;
+  EXPECT_FALSE(validate(o).ok());  // less than sink + window
   o.page_tokens = 0;
   EXPECT_FALSE(validate(o).ok());
 }
@@ -239,6 +241,26 @@ TEST(FreeKvLayerTest, SpeculationReadsThePreviousStepsPages) {
   EXPECT_EQ(stats.corrected_heads, kKvHeads);  // the first step only
   EXPECT_GT(stats.reused_pages, 0);
   EXPECT_GT(stats.recalled_pages, 0);
+}
+
+// A budget of sink + window selects no page: StreamingLLM, attention over the first S and the
+// last W..W+p-1 tokens only.
+TEST(FreeKvLayerTest, NoPageLeftIsStreamingLlm) {
+  const FreeKvConfig o{.page_tokens = kPage, .budget_tokens = 4 + 8, .sink_tokens = 4,
+                       .window_tokens = 8, .tau = 0.8};
+  const Trace r = make_trace(61, 20, 0.5, 6);
+  FreeKvLayer layer(o, kKvHeads, kDim, at::kFloat);
+  const std::vector<at::Tensor> got = run_layer(layer, r);
+  std::vector<at::Tensor> want;
+  for (size_t i = 0; i < r.q.size(); ++i) {
+    const int64_t n = r.prompt + static_cast<int64_t>(i) + 1;
+    const int64_t pages = (n - 4 - 8 + kPage - 1) / kPage - 1;
+    std::vector<int64_t> tokens = {0, 1, 2, 3};
+    for (int64_t t = 4 + pages * kPage; t < n; ++t) tokens.push_back(t);
+    want.push_back(attend(r.q[i], r.k, r.v, {tokens, tokens}));
+  }
+  EXPECT_LT(max_diff(got, want), 1e-5);
+  EXPECT_EQ(layer.stats().recalled_pages, 0);
 }
 
 }  // namespace
