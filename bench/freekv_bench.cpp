@@ -28,6 +28,7 @@
 namespace {
 
 using strata::executor::FreeKvLayer;
+using strata::executor::RecallWorker;
 using strata::executor::FreeKvConfig;
 namespace ka = strata::kernels::aten;
 
@@ -69,7 +70,8 @@ Row run_freekv(const Trace& t, int64_t context, int64_t steps, double tau, const
   const FreeKvConfig o{.page_tokens = 32, .budget_tokens = 2048, .sink_tokens = 512,
                         .window_tokens = 512, .tau = tau};
   const double scale = 1.0 / std::sqrt(static_cast<double>(kDim));
-  FreeKvLayer layer(o, kKvHeads, kDim, at::kFloat);
+  RecallWorker worker;
+  FreeKvLayer layer(o, kKvHeads, kDim, at::kFloat, worker);
   layer.prefill(t.k.narrow(0, 0, context), t.v.narrow(0, 0, context));
   const auto start = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < steps; ++i) {

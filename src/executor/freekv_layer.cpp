@@ -31,8 +31,48 @@ Status validate(const FreeKvConfig& o) {
   return Status();
 }
 
+RecallWorker::RecallWorker() : thread_([this] { run(); }) {}
+
+RecallWorker::~RecallWorker() {
+  {
+    std::scoped_lock lock(mutex_);
+    stopping_ = true;
+  }
+  changed_.notify_all();
+  thread_.join();
+}
+
+void RecallWorker::post(std::function<void()> job, bool* pending) {
+  {
+    std::scoped_lock lock(mutex_);
+    *pending = true;
+    jobs_.emplace_back(std::move(job), pending);
+  }
+  changed_.notify_all();
+}
+
+void RecallWorker::wait(const bool* pending) {
+  std::unique_lock lock(mutex_);
+  changed_.wait(lock, [&] { return !*pending; });
+}
+
+void RecallWorker::run() {
+  std::unique_lock lock(mutex_);
+  while (true) {
+    changed_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
+    if (jobs_.empty()) return;  // stopping, with nothing left to run
+    auto [job, pending] = std::move(jobs_.front());
+    jobs_.pop_front();
+    lock.unlock();
+    job();
+    lock.lock();
+    *pending = false;
+    changed_.notify_all();
+  }
+}
+
 FreeKvLayer::FreeKvLayer(const FreeKvConfig& options, int64_t num_kv_heads, int64_t head_dim,
-                         at::ScalarType dtype)
+                         at::ScalarType dtype, RecallWorker& worker)
     : options_(options),
       num_kv_heads_(num_kv_heads),
       head_dim_(head_dim),
@@ -40,7 +80,7 @@ FreeKvLayer::FreeKvLayer(const FreeKvConfig& options, int64_t num_kv_heads, int6
              options.page_tokens),
       dtype_(dtype),
       element_bytes_(static_cast<int64_t>(c10::elementSize(dtype))),
-      thread_([this] { run_recalls(); }) {
+      worker_(worker) {
   const int64_t p = options_.page_tokens;
   const auto opts = at::TensorOptions().dtype(dtype_);
   sink_k_ = at::empty({options_.sink_tokens, num_kv_heads_, head_dim_}, opts);
@@ -57,45 +97,16 @@ FreeKvLayer::FreeKvLayer(const FreeKvConfig& options, int64_t num_kv_heads, int6
   }
 }
 
-FreeKvLayer::~FreeKvLayer() {
-  {
-    std::unique_lock lock(mutex_);
-    changed_.wait(lock, [&] { return !job_; });
-    stopping_ = true;
-  }
-  changed_.notify_all();
-  thread_.join();
-}
-
-void FreeKvLayer::run_recalls() {
-  std::unique_lock lock(mutex_);
-  while (true) {
-    changed_.wait(lock, [&] { return stopping_ || job_; });
-    if (stopping_) return;
-    std::function<void()> job = job_;
-    lock.unlock();
-    job();
-    lock.lock();
-    job_ = nullptr;
-    changed_.notify_all();
-  }
-}
+FreeKvLayer::~FreeKvLayer() { wait_recall(); }
 
 void FreeKvLayer::start_recall(std::vector<std::vector<int64_t>> selected) {
   Buffer& back = buffers_[1 - front_];
   const Buffer& front = buffers_[front_];
-  {
-    std::scoped_lock lock(mutex_);
-    job_ = [this, selected = std::move(selected), &back, &front] {
-      recall(selected, std::vector<bool>(num_kv_heads_, true), back, front);
-    };
-  }
-  changed_.notify_all();
-}
-
-void FreeKvLayer::wait_recall() {
-  std::unique_lock lock(mutex_);
-  changed_.wait(lock, [&] { return !job_; });
+  worker_.post(
+      [this, selected = std::move(selected), &back, &front] {
+        recall(selected, std::vector<bool>(num_kv_heads_, true), back, front);
+      },
+      &recall_pending_);
 }
 
 void FreeKvLayer::append(const at::Tensor& k, const at::Tensor& v) {

@@ -19,9 +19,10 @@
 //   5. selection with this query (reusing step 2's when nothing was offloaded) and the recall of
 //      every head's pages into the back buffer on the recall thread, for the next step: pages the
 //      front already holds are copied from it (delta recall), the rest from the host pages.
-// The recall thread only writes the back buffer, which no attention reads until the next step
-// has waited for it; offloads, the only writes to the host pages, happen between the wait and
-// the next recall. Plain copies on that thread (no libtorch).
+// The recall (on a RecallWorker's thread, shared by every layer of a runtime) only writes the
+// back buffer, which no attention reads until the next step has waited for it; offloads, the
+// only writes to the host pages, happen between the wait and the next recall. Plain copies on
+// that thread (no libtorch).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -30,9 +31,11 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "strata/common/status.h"
@@ -45,10 +48,34 @@ namespace strata::executor {
 // `min_context_tokens`: they are the executor's.)
 Status validate(const FreeKvConfig& config);
 
+// One thread that runs posted jobs in order: FreeKV's recalls of every layer and sequence of a
+// runtime (the paper's single controller; a layer waits only for its own job).
+class RecallWorker {
+ public:
+  RecallWorker();
+  ~RecallWorker();  // runs what is posted, then joins
+  RecallWorker(const RecallWorker&) = delete;
+  RecallWorker& operator=(const RecallWorker&) = delete;
+
+  // Queues `job`; *pending is true until it has run (guarded by the worker).
+  void post(std::function<void()> job, bool* pending);
+  void wait(const bool* pending);  // until that job has run
+
+ private:
+  void run();
+
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::deque<std::pair<std::function<void()>, bool*>> jobs_;
+  bool stopping_ = false;
+  std::thread thread_;  // last: starts once the rest is initialised
+};
+
 class FreeKvLayer {
  public:
+  // `worker` runs this layer's recalls and outlives it.
   FreeKvLayer(const FreeKvConfig& options, int64_t num_kv_heads, int64_t head_dim,
-              at::ScalarType dtype);
+              at::ScalarType dtype, RecallWorker& worker);
   ~FreeKvLayer();  // waits for the recall in flight
   FreeKvLayer(const FreeKvLayer&) = delete;
   FreeKvLayer& operator=(const FreeKvLayer&) = delete;
@@ -80,8 +107,7 @@ class FreeKvLayer {
   void recall(const std::vector<std::vector<int64_t>>& selected, const std::vector<bool>& heads,
               Buffer& into, const Buffer& from);
   void start_recall(std::vector<std::vector<int64_t>> selected);
-  void wait_recall();
-  void run_recalls();
+  void wait_recall() { worker_.wait(&recall_pending_); }
   at::Tensor resident(const at::Tensor& sink, const at::Tensor& window) const;
 
   const FreeKvConfig options_;
@@ -105,11 +131,8 @@ class FreeKvLayer {
   std::atomic<int64_t> recalled_pages_{0}, reused_pages_{0};  // counted by either thread
   bool poison_ = false;
 
-  std::mutex mutex_;
-  std::condition_variable changed_;
-  std::function<void()> job_;           // the recall in flight, empty when none
-  bool stopping_ = false;
-  std::thread thread_;                  // last: starts once the rest is initialised
+  RecallWorker& worker_;
+  bool recall_pending_ = false;  // this layer's recall is posted and has not run (the worker's)
 };
 
 }  // namespace strata::executor

@@ -24,7 +24,7 @@ void FreeKvRuntime::start(SeqId seq,
   std::vector<std::unique_ptr<FreeKvLayer>> layers;
   for (int64_t l = 0; l < num_layers_; ++l) {
     layers.push_back(std::make_unique<FreeKvLayer>(l == 0 ? exact : config_, num_kv_heads_,
-                                                   head_dim_, dtype_));
+                                                   head_dim_, dtype_, *worker_));
     auto [k, v] = kv_of(l);
     layers.back()->prefill(k.narrow(0, 0, n), v.narrow(0, 0, n));
   }

@@ -58,13 +58,15 @@ class FreeKvRuntime {
         num_kv_heads_(num_kv_heads),
         head_dim_(head_dim),
         max_context_tokens_(max_context_tokens),
-        dtype_(dtype) {}
+        dtype_(dtype),
+        worker_(std::make_unique<RecallWorker>()) {}
   static void add(FreeKvCounts& to, const FreeKvCounts& from);
 
   FreeKvConfig config_;
   int64_t num_layers_, num_kv_heads_, head_dim_, max_context_tokens_;
   at::ScalarType dtype_;
-  // Per sequence, one layer object per model layer (unique_ptr: a layer owns a thread).
+  std::unique_ptr<RecallWorker> worker_;  // before the layers, which it outlives
+  // Per sequence, one layer object per model layer (unique_ptr: a layer's address is posted).
   std::unordered_map<SeqId, std::vector<std::unique_ptr<FreeKvLayer>>> sequences_;
   FreeKvCounts ended_;
 };

@@ -15,12 +15,16 @@
 #include <memory>
 #include <string>
 
+#include "logit_checks.h"
 #include "paged_runner.h"
 #include "strata/executor/executor.h"
 #include "strata/model/model_source.h"
 
 namespace strata::executor {
 namespace {
+
+using testing::max_abs_diff;
+using testing::same_argmax;
 
 using kv::Grouping;
 using kv::KvFormat;
@@ -107,16 +111,6 @@ class ExecutorFormatTest : public ::testing::Test {
   }
   static TokenId forced(int step) { return static_cast<TokenId>(300 + 37 * step); }
 
-  static double max_abs_diff(const std::vector<std::vector<float>>& a,
-                             const std::vector<std::vector<float>>& b) {
-    double worst = 0;
-    for (size_t s = 0; s < a.size(); ++s) {
-      for (size_t i = 0; i < a[s].size(); ++i) {
-        worst = std::max(worst, std::abs(double(a[s][i]) - b[s][i]));
-      }
-    }
-    return worst;
-  }
 
   static model::ModelSource* source_;
 };

@@ -15,6 +15,7 @@
 #include <sstream>
 #include <vector>
 
+#include "logit_checks.h"
 #include "paged_runner.h"
 #include "strata/executor/executor.h"
 #include "strata/model/model_source.h"
@@ -22,6 +23,10 @@
 
 namespace strata::executor {
 namespace {
+
+using testing::max_abs_diff;
+using testing::min_cosine;
+using testing::same_argmax;
 
 constexpr int64_t kLayers = 30;  // SmolLM2-135M
 constexpr int kPrompt = 600, kSteps = 12;
@@ -83,17 +88,6 @@ class FreeKvExecutorTest : public ::testing::Test {
     return logits;
   }
 
-  static double max_abs_diff(const std::vector<std::vector<float>>& a,
-                             const std::vector<std::vector<float>>& b) {
-    EXPECT_EQ(a.size(), b.size());
-    double worst = 0;
-    for (size_t s = 0; s < std::min(a.size(), b.size()); ++s) {
-      for (size_t i = 0; i < a[s].size(); ++i) {
-        worst = std::max(worst, std::abs(double(a[s][i]) - b[s][i]));
-      }
-    }
-    return worst;
-  }
   // Mean negative log-likelihood of the text's next token over the steps.
   static double nll(const std::vector<std::vector<float>>& logits) {
     double sum = 0;
@@ -105,30 +99,6 @@ class FreeKvExecutorTest : public ::testing::Test {
       sum += top + std::log(z) - row[(*tokens_)[kPrompt + s]];
     }
     return sum / logits.size();
-  }
-  // The smallest cosine similarity of two runs' logits over the steps.
-  static double min_cosine(const std::vector<std::vector<float>>& a,
-                           const std::vector<std::vector<float>>& b) {
-    double worst = 1;
-    for (size_t s = 0; s < std::min(a.size(), b.size()); ++s) {
-      double dot = 0, na = 0, nb = 0;
-      for (size_t i = 0; i < a[s].size(); ++i) {
-        dot += double(a[s][i]) * b[s][i];
-        na += double(a[s][i]) * a[s][i];
-        nb += double(b[s][i]) * b[s][i];
-      }
-      worst = std::min(worst, dot / std::sqrt(na * nb));
-    }
-    return worst;
-  }
-  static int same_argmax(const std::vector<std::vector<float>>& a,
-                         const std::vector<std::vector<float>>& b) {
-    int same = 0;
-    for (size_t s = 0; s < std::min(a.size(), b.size()); ++s) {
-      same += std::max_element(a[s].begin(), a[s].end()) - a[s].begin() ==
-              std::max_element(b[s].begin(), b[s].end()) - b[s].begin();
-    }
-    return same;
   }
 
   static model::ModelSource* source_;

@@ -15,12 +15,16 @@
 #include <memory>
 #include <vector>
 
+#include "logit_checks.h"
 #include "paged_runner.h"
 #include "strata/executor/executor.h"
 #include "strata/model/model_source.h"
 
 namespace strata::executor {
 namespace {
+
+using testing::max_abs_diff;
+using testing::same_argmax;
 
 constexpr int64_t kLayers = 30, kKvHeads = 3;  // SmolLM2-135M
 
@@ -79,25 +83,6 @@ class LeanKvExecutorTest : public ::testing::Test {
     return logits;
   }
 
-  static double max_abs_diff(const std::vector<std::vector<float>>& a,
-                             const std::vector<std::vector<float>>& b) {
-    EXPECT_EQ(a.size(), b.size());
-    double worst = 0;
-    for (size_t s = 0; s < std::min(a.size(), b.size()); ++s) {
-      for (size_t i = 0; i < a[s].size(); ++i)
-        worst = std::max(worst, std::abs(double(a[s][i]) - b[s][i]));
-    }
-    return worst;
-  }
-  static int same_argmax(const std::vector<std::vector<float>>& a,
-                         const std::vector<std::vector<float>>& b) {
-    int same = 0;
-    for (size_t s = 0; s < std::min(a.size(), b.size()); ++s) {
-      same += std::max_element(a[s].begin(), a[s].end()) - a[s].begin() ==
-              std::max_element(b[s].begin(), b[s].end()) - b[s].begin();
-    }
-    return same;
-  }
 
   static model::ModelSource* source_;
   static Executor* plain_;

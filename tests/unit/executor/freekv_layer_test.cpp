@@ -160,7 +160,8 @@ TEST_P(FullBudgetTest, EqualsFullAttention) {
   const FreeKvConfig o{.page_tokens = kPage, .budget_tokens = 8 + 8 + 400, .sink_tokens = 8,
                         .window_tokens = 8, .tau = GetParam()};
   const Trace r = make_trace(37, 40, 0.3, 3);
-  FreeKvLayer layer(o, kKvHeads, kDim, at::kFloat);
+  RecallWorker worker;  // outlives the layers
+  FreeKvLayer layer(o, kKvHeads, kDim, at::kFloat, worker);
   layer.poison_back_buffer_for_testing();
   const std::vector<at::Tensor> got = run_layer(layer, r);
   std::vector<at::Tensor> want;
@@ -213,7 +214,8 @@ TEST(FreeKvLayerTest, TauAboveOneIsSynchronousRetrieval) {
   const FreeKvConfig o{.page_tokens = kPage, .budget_tokens = 4 + 8 + 12, .sink_tokens = 4,
                         .window_tokens = 8, .tau = 1.5};
   const Trace r = make_trace(61, 50, 0.5, 4);
-  FreeKvLayer layer(o, kKvHeads, kDim, at::kFloat);
+  RecallWorker worker;  // outlives the layers
+  FreeKvLayer layer(o, kKvHeads, kDim, at::kFloat, worker);
   layer.poison_back_buffer_for_testing();
   const std::vector<at::Tensor> got = run_layer(layer, r);
   EXPECT_LT(max_diff(got, synchronous(r, o)), 1e-5);
@@ -230,9 +232,10 @@ TEST(FreeKvLayerTest, SpeculationReadsThePreviousStepsPages) {
   const FreeKvConfig o{.page_tokens = kPage, .budget_tokens = 4 + 8 + 12, .sink_tokens = 4,
                         .window_tokens = 8, .tau = -2.0};
   const Trace r = make_trace(61, 50, 1.0, 5);
-  FreeKvLayer clean(o, kKvHeads, kDim, at::kFloat);
+  RecallWorker worker;  // outlives the layers
+  FreeKvLayer clean(o, kKvHeads, kDim, at::kFloat, worker);
   const std::vector<at::Tensor> got = run_layer(clean, r);
-  FreeKvLayer poisoned(o, kKvHeads, kDim, at::kFloat);
+  FreeKvLayer poisoned(o, kKvHeads, kDim, at::kFloat, worker);
   poisoned.poison_back_buffer_for_testing();
   const std::vector<at::Tensor> also = run_layer(poisoned, r);
   EXPECT_EQ(max_diff(got, also), 0.0);
@@ -249,7 +252,8 @@ TEST(FreeKvLayerTest, NoPageLeftIsStreamingLlm) {
   const FreeKvConfig o{.page_tokens = kPage, .budget_tokens = 4 + 8, .sink_tokens = 4,
                        .window_tokens = 8, .tau = 0.8};
   const Trace r = make_trace(61, 20, 0.5, 6);
-  FreeKvLayer layer(o, kKvHeads, kDim, at::kFloat);
+  RecallWorker worker;  // outlives the layers
+  FreeKvLayer layer(o, kKvHeads, kDim, at::kFloat, worker);
   const std::vector<at::Tensor> got = run_layer(layer, r);
   std::vector<at::Tensor> want;
   for (size_t i = 0; i < r.q.size(); ++i) {
