@@ -286,7 +286,7 @@ at::Tensor FreeKvLayer::decode(const at::Tensor& q, const at::Tensor& k, const a
   q_prev_ = q.clone();
   stats_.steps += 1;
   stats_.head_steps += num_kv_heads_;
-  stats_.corrected_heads += num_corrected;
+  stats_.corrected_heads += retrieves ? num_corrected : 0;
   return out;
 }
 
