@@ -133,6 +133,17 @@ class EngineClient final : public BenchClient {
                     {"bf16_bytes", d(c.ended_bf16_bytes)}};
   }
 
+  std::optional<Counters> freekv_counters() override {
+    if (!engine_.executor().options().freekv.enabled) return std::nullopt;
+    const executor::FreeKvCounts c = engine_.stats().freekv;
+    auto d = [](int64_t v) { return static_cast<double>(v); };
+    return Counters{{"steps", d(c.steps)},
+                    {"head_steps", d(c.head_steps)},
+                    {"corrected_heads", d(c.corrected_heads)},
+                    {"recalled_pages", d(c.recalled_pages)},
+                    {"reused_pages", d(c.reused_pages)}};
+  }
+
   std::optional<Counters> store_counters() override {
     const engine::EngineStats stats = engine_.stats();
     if (!stats.store) return std::nullopt;

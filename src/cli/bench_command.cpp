@@ -480,6 +480,7 @@ StatusOr<Json> run_quality(const Flags& flags, bench::BenchClient& client, const
   const bool progress = !flags.has("disable-tqdm");
   Json result;
   const std::optional<bench::Counters> leankv_before = client.leankv_counters();
+  const std::optional<bench::Counters> freekv_before = client.freekv_counters();
   if (w.kind == "ppl") {
     STRATA_ASSIGN_OR_RETURN(result,
                             bench::run_perplexity(client, w.tokens, w.windows,
@@ -499,6 +500,15 @@ StatusOr<Json> run_quality(const Flags& flags, bench::BenchClient& client, const
     const double bf16 = lean["bf16_bytes"].get<double>();
     lean["memory_fraction"] = bf16 > 0 ? lean["bytes"].get<double>() / bf16 : 0.0;
     result["leankv"] = lean;
+  }
+  // FreeKV's retrieval over the run: the share of (step, layer, KV head) corrected.
+  if (const std::optional<bench::Counters> after = client.freekv_counters(); after && freekv_before) {
+    Json free;
+    for (const auto& [name, value] : *after) free[name] = value - freekv_before->at(name);
+    const double head_steps = free["head_steps"].get<double>();
+    free["corrected_share"] =
+        head_steps > 0 ? free["corrected_heads"].get<double>() / head_steps : 0.0;
+    result["freekv"] = free;
   }
   result.update(w.setup);
   result["date"] = timestamp();

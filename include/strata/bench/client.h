@@ -82,6 +82,10 @@ class BenchClient {
   // fields without the prefix: sequences, high, low, pruned, window, bytes, bf16_bytes), from an
   // in-process engine running LeanKV; nullopt otherwise.
   virtual std::optional<Counters> leankv_counters() { return std::nullopt; }
+  // Cumulative FreeKV counters (executor::FreeKvCounts without `sequences`: steps, head_steps,
+  // corrected_heads, recalled_pages, reused_pages), from an in-process engine running FreeKV;
+  // nullopt otherwise.
+  virtual std::optional<Counters> freekv_counters() { return std::nullopt; }
 };
 
 struct ClientOptions {
