@@ -9,6 +9,7 @@
 //             [n_page, n_kv, d]. On CUDA the host pool; on the CPU plain memory.
 //   cache     two buffers of (B - S - W) / p slots, token-major [slots, p, n_kv, d] like the KV
 //             pool the attention kernel reads; slot i of head m holds the page recalled for m.
+//             No slot when B = S + W: StreamingLLM (sink + window only), the static baseline.
 // A decode step (decode()):
 //   1. waits for the recall the previous step started into the back buffer; it becomes the front.
 //   2. the query's cosine to the previous step's, averaged over each KV head's query heads; heads
