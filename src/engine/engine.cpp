@@ -1,10 +1,10 @@
 #include "strata/engine/engine.h"
 
 #include <algorithm>
-#include <limits>
 #include <chrono>
 #include <cmath>
 #include <future>
+#include <limits>
 
 #include "active_request.h"
 #include "strata/common/check.h"
