@@ -51,21 +51,27 @@ at::Tensor freekv_attention(const at::Tensor& q, const at::Tensor& resident_k,
               "freekv_attention: q ", q.sizes(), ", resident ", resident_k.sizes(), ", cache ",
               cache_k.sizes(), ", slots ", slots.sizes());
   const int64_t used = slots.numel() > 0 ? slots.max().item<int64_t>() : 0;
-  // Keys per KV head: [kv_heads, t + used * p, d], resident first; a head's keys past its own
-  // slots are masked, and their values zeroed (a masked NaN would still poison the product).
-  const at::Tensor ck = cache_k.narrow(0, 0, used).reshape({-1, kv_heads, d});
-  const at::Tensor cv = cache_v.narrow(0, 0, used).reshape({-1, kv_heads, d});
-  const at::Tensor index = at::arange(t + used * p, q.options().dtype(at::kLong));
-  const at::Tensor limit = (slots.to(q.device()) * p + t).unsqueeze(1);   // [kv, 1]
-  const at::Tensor masked = index.unsqueeze(0) >= limit;                     // [kv, keys]
-  const at::Tensor k = (used > 0 ? at::cat({resident_k, ck}) : resident_k).to(at::kFloat)
-                           .permute({1, 2, 0});
-  at::Tensor v = (used > 0 ? at::cat({resident_v, cv}) : resident_v).to(at::kFloat)
-                     .permute({1, 0, 2});
-  if (used > 0) v = v.masked_fill(masked.unsqueeze(2), 0.0);
+  // Logits of the resident keys and of the cache's first `used` slots, one softmax over both;
+  // no copy of the keys or values into one tensor. [kv_heads, group, d] x [kv_heads, d, n].
   const at::Tensor qg = q.to(at::kFloat).view({kv_heads, group, d});
-  const at::Tensor logits = at::bmm(qg, k).mul(scale).masked_fill(masked.unsqueeze(1), -INFINITY);
-  return at::bmm(at::softmax(logits, -1), v).reshape({heads, d}).to(q.scalar_type());
+  at::Tensor logits = at::bmm(qg, resident_k.to(at::kFloat).permute({1, 2, 0}));
+  at::Tensor cv;
+  if (used > 0) {
+    // A head's keys past its own slots are masked, and their values zeroed (a masked NaN would
+    // still poison the product).
+    const at::Tensor ck = cache_k.narrow(0, 0, used).reshape({-1, kv_heads, d});
+    const at::Tensor index = at::arange(used * p, q.options().dtype(at::kLong));
+    const at::Tensor masked = index.unsqueeze(0) >= (slots.to(q.device()) * p).unsqueeze(1);
+    cv = cache_v.narrow(0, 0, used).reshape({-1, kv_heads, d}).to(at::kFloat).permute({1, 0, 2})
+             .masked_fill(masked.unsqueeze(2), 0.0);
+    const at::Tensor cached = at::bmm(qg, ck.to(at::kFloat).permute({1, 2, 0}))
+                                  .masked_fill(masked.unsqueeze(1), -INFINITY);
+    logits = at::cat({logits, cached}, -1);
+  }
+  const at::Tensor probs = at::softmax(logits.mul_(scale), -1);  // [kv, group, t + used * p]
+  at::Tensor out = at::bmm(probs.narrow(2, 0, t), resident_v.to(at::kFloat).permute({1, 0, 2}));
+  if (used > 0) out.add_(at::bmm(probs.narrow(2, t, used * p), cv));
+  return out.reshape({heads, d}).to(q.scalar_type());
 }
 
 }  // namespace strata::kernels::aten

@@ -83,10 +83,9 @@ FreeKvLayer::FreeKvLayer(const FreeKvConfig& options, int64_t num_kv_heads, int6
       worker_(worker) {
   const int64_t p = options_.page_tokens;
   const auto opts = at::TensorOptions().dtype(dtype_);
-  sink_k_ = at::empty({options_.sink_tokens, num_kv_heads_, head_dim_}, opts);
-  sink_v_ = at::empty_like(sink_k_);
-  window_k_ = at::empty({options_.window_tokens + p, num_kv_heads_, head_dim_}, opts);
-  window_v_ = at::empty_like(window_k_);
+  resident_k_ = at::empty(
+      {options_.sink_tokens + options_.window_tokens + p, num_kv_heads_, head_dim_}, opts);
+  resident_v_ = at::empty_like(resident_k_);
   host_ = at::empty({0, num_kv_heads_, 2, p, head_dim_}, opts);
   kmin_ = at::empty({0, num_kv_heads_, head_dim_}, opts);
   kmax_ = at::empty_like(kmin_);
@@ -114,17 +113,18 @@ void FreeKvLayer::append(const at::Tensor& k, const at::Tensor& v) {
   int64_t i = 0;
   if (sink_len_ < options_.sink_tokens) {
     const int64_t take = std::min(n, options_.sink_tokens - sink_len_);
-    sink_k_.narrow(0, sink_len_, take).copy_(k.narrow(0, 0, take));
-    sink_v_.narrow(0, sink_len_, take).copy_(v.narrow(0, 0, take));
+    resident_k_.narrow(0, sink_len_, take).copy_(k.narrow(0, 0, take));
+    resident_v_.narrow(0, sink_len_, take).copy_(v.narrow(0, 0, take));
     sink_len_ += take;
     i = take;
   }
-  const int64_t capacity = window_k_.size(0);
+  const int64_t start = options_.sink_tokens;
+  const int64_t capacity = options_.window_tokens + options_.page_tokens;
   while (i < n) {
     if (window_len_ == capacity) offload_page();
     const int64_t take = std::min(n - i, capacity - window_len_);
-    window_k_.narrow(0, window_len_, take).copy_(k.narrow(0, i, take));
-    window_v_.narrow(0, window_len_, take).copy_(v.narrow(0, i, take));
+    resident_k_.narrow(0, start + window_len_, take).copy_(k.narrow(0, i, take));
+    resident_v_.narrow(0, start + window_len_, take).copy_(v.narrow(0, i, take));
     window_len_ += take;
     i += take;
   }
@@ -147,16 +147,17 @@ void FreeKvLayer::offload_page() {
   }
   // Token-major [p, n_kv, d] -> head-major [n_kv, 2, p, d].
   at::Tensor page = host_.select(0, num_pages_);
-  page.select(1, 0).copy_(window_k_.narrow(0, 0, p).permute({1, 0, 2}));
-  page.select(1, 1).copy_(window_v_.narrow(0, 0, p).permute({1, 0, 2}));
+  const int64_t start = options_.sink_tokens;
+  page.select(1, 0).copy_(resident_k_.narrow(0, start, p).permute({1, 0, 2}));
+  page.select(1, 1).copy_(resident_v_.narrow(0, start, p).permute({1, 0, 2}));
   auto [lo, hi] = ka::freekv_summaries(page.select(1, 0).unsqueeze(0));
   kmin_.select(0, num_pages_).copy_(lo.squeeze(0));
   kmax_.select(0, num_pages_).copy_(hi.squeeze(0));
   ++num_pages_;
   const int64_t rest = window_len_ - p;
   if (rest > 0) {
-    window_k_.narrow(0, 0, rest).copy_(window_k_.narrow(0, p, rest).clone());
-    window_v_.narrow(0, 0, rest).copy_(window_v_.narrow(0, p, rest).clone());
+    resident_k_.narrow(0, start, rest).copy_(resident_k_.narrow(0, start + p, rest).clone());
+    resident_v_.narrow(0, start, rest).copy_(resident_v_.narrow(0, start + p, rest).clone());
   }
   window_len_ = rest;
 }
@@ -206,10 +207,6 @@ void FreeKvLayer::recall(const std::vector<std::vector<int64_t>>& selected,
     }
     into.pages[m] = pages;
   }
-}
-
-at::Tensor FreeKvLayer::resident(const at::Tensor& sink, const at::Tensor& window) const {
-  return at::cat({sink.narrow(0, 0, sink_len_), window.narrow(0, 0, window_len_)});
 }
 
 FreeKvCounts FreeKvLayer::stats() const {
@@ -268,9 +265,8 @@ at::Tensor FreeKvLayer::decode(const at::Tensor& q, const at::Tensor& k, const a
   std::vector<int64_t> counts;
   for (const std::vector<int64_t>& pages : front.pages) counts.push_back(std::ssize(pages));
   const at::Tensor slots = at::tensor(counts, at::kLong);
-  at::Tensor out = ka::freekv_attention(q, resident(sink_k_, window_k_),
-                                        resident(sink_v_, window_v_), front.k, front.v, slots,
-                                        scale);
+  at::Tensor out = ka::freekv_attention(q, resident(resident_k_), resident(resident_v_), front.k,
+                                        front.v, slots, scale);
 
   bool offloaded = false;
   if (window_len_ >= options_.window_tokens + options_.page_tokens) {

@@ -109,7 +109,9 @@ class FreeKvLayer {
               Buffer& into, const Buffer& from);
   void start_recall(std::vector<std::vector<int64_t>> selected);
   void wait_recall() { worker_.wait(&recall_pending_); }
-  at::Tensor resident(const at::Tensor& sink, const at::Tensor& window) const;
+  at::Tensor resident(const at::Tensor& rows) const {
+    return rows.narrow(0, 0, sink_len_ + window_len_);
+  }
 
   const FreeKvConfig options_;
   const int64_t num_kv_heads_, head_dim_, slots_;
@@ -117,10 +119,11 @@ class FreeKvLayer {
   const int64_t element_bytes_;
   int64_t tokens_ = 0;
 
-  at::Tensor sink_k_, sink_v_;          // [S, n_kv, d], the first sink_len_ rows used
-  int64_t sink_len_ = 0;
-  at::Tensor window_k_, window_v_;      // [W + p, n_kv, d], the first window_len_ rows used
-  int64_t window_len_ = 0;
+  // The resident tokens, [S + W + p, n_kv, d]: the sink in rows [0, sink_len_), the window in
+  // rows [S, S + window_len_) (filled only once the sink is), so rows [0, sink_len_ +
+  // window_len_) are every resident token, in order.
+  at::Tensor resident_k_, resident_v_;
+  int64_t sink_len_ = 0, window_len_ = 0;
   at::Tensor host_;                     // [capacity, n_kv, 2, p, d]
   at::Tensor kmin_, kmax_;              // [capacity, n_kv, d]
   int64_t num_pages_ = 0;
