@@ -6,6 +6,7 @@
 // cosine similarity of the logits and the same argmax on steps where fp32's top-2 gap is clear.
 // CUDA cases skip without a device.
 
+#include <ATen/ATen.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <gtest/gtest.h>
 
@@ -127,6 +128,30 @@ TEST(QuantizedWeightsTest, KernelsPassTheirStartUpCheck) {
     EXPECT_TRUE(k.int4) << device << ": " << k.why_not;
     EXPECT_TRUE(k.int8) << device << ": " << k.why_not;
   }
+}
+
+// A form the start-up check left out: a 4-bit weight takes the int8 form, and with neither form
+// the dense one, with the same products up to each form's rounding.
+TEST(QuantizedWeightsTest, AFormTheCheckLeftOutLoadsAsTheNext) {
+  StatusOr<std::unique_ptr<model::ModelSource>> source =
+      model::open_model_source(STRATA_TEST_MODEL);
+  ASSERT_TRUE(source.ok()) << source.status().to_string();
+  const std::vector<std::string> names = {"blk.0.ffn_down.weight"};  // Q4_1
+  const at::Device cpu(at::kCPU);
+  QuantizedKernels both{.int4 = true, .int8 = true}, int8_only{.int4 = false, .int8 = true}, none;
+  const at::Tensor x = at::randn({3, 1536});
+  std::vector<at::Tensor> outputs;
+  for (const auto& [kernels, form] : {std::pair{both, WeightForm::kInt4},
+                                      std::pair{int8_only, WeightForm::kInt8},
+                                      std::pair{none, WeightForm::kDense}}) {
+    StatusOr<LinearWeight> w = LinearWeight::load(**source, names, kernels, cpu, at::kFloat);
+    ASSERT_TRUE(w.ok()) << w.status().to_string();
+    EXPECT_EQ(w->form(), form) << weight_form_name(form);
+    outputs.push_back(w->apply(x));
+  }
+  const double scale = outputs[2].abs().max().item<double>();
+  EXPECT_LT((outputs[0] - outputs[2]).abs().max().item<double>(), 0.02 * scale);
+  EXPECT_LT((outputs[1] - outputs[2]).abs().max().item<double>(), 0.05 * scale);
 }
 
 // The default model (Q4_1 layers, a tied Q8_0 embedding) kept quantized, on the CPU and on CUDA:

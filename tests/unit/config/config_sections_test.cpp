@@ -488,6 +488,13 @@ TEST(ConfigSectionsTest, FreeKvErrorsNameTheKey) {
        kInvalid, "freekv.enabled needs devices.device cpu"},
       {"with leankv", on + "leankv: {enabled: true}\nfreekv: {enabled: true}\n", kInvalid,
        "freekv.enabled and leankv.enabled exclude each other"},
+      {"two ranks", "devices: {device: cpu, tensor_parallel_size: 2}\nkv_store: {dram_bytes: 0}\n"
+                    "kv_cache: {enable_prefix_caching: false}\nfreekv: {enabled: true}\n",
+       kInvalid, "freekv.enabled serves one rank for now"},
+      {"page format", "devices: {device: cpu}\nkv_store: {dram_bytes: 0}\n"
+                      "kv_cache: {enable_prefix_caching: false, page_format: int8/token64}\n"
+                      "freekv: {enabled: true}\n",
+       kInvalid, "freekv.enabled reads the compute dtype's pages"},
       {"prefix caching", "devices: {device: cpu}\nkv_store: {dram_bytes: 0}\n"
                          "freekv: {enabled: true}\n",
        kInvalid, "set kv_cache.enable_prefix_caching to false"},
