@@ -186,8 +186,9 @@ void FreeKvLayer::recall(const std::vector<std::vector<int64_t>>& selected,
   for (int64_t m = 0; m < num_kv_heads_; ++m) {
     if (!heads[m]) continue;
     const std::vector<int64_t>& pages = selected[m];
-    std::vector<int64_t> held(pages.size(), -1);  // the slot of `from` that holds each page
-    for (size_t i = 0; i < pages.size(); ++i) {
+    // The slot of `from` that holds each page (-1: none, or recalling in place).
+    std::vector<int64_t> held(pages.size(), -1);
+    for (size_t i = 0; i < pages.size() && &from != &into; ++i) {
       for (size_t s = 0; s < from.pages[m].size(); ++s) {
         if (from.pages[m][s] == pages[i]) held[i] = static_cast<int64_t>(s);
       }
@@ -195,7 +196,7 @@ void FreeKvLayer::recall(const std::vector<std::vector<int64_t>>& selected,
     for (size_t i = 0; i < pages.size(); ++i) {
       const int64_t slot = static_cast<int64_t>(i);
       for (int64_t t = 0; t < p; ++t) {
-        if (held[i] >= 0 && &from != &into) {
+        if (held[i] >= 0) {
           std::memcpy(dst_k + cache_at(slot, t, m), from_k + cache_at(held[i], t, m), row);
           std::memcpy(dst_v + cache_at(slot, t, m), from_v + cache_at(held[i], t, m), row);
         } else {
@@ -203,7 +204,7 @@ void FreeKvLayer::recall(const std::vector<std::vector<int64_t>>& selected,
           std::memcpy(dst_v + cache_at(slot, t, m), host + host_at(pages[i], m, 1, t), row);
         }
       }
-      ++(held[i] >= 0 && &from != &into ? reused_pages_ : recalled_pages_);
+      ++(held[i] >= 0 ? reused_pages_ : recalled_pages_);
     }
     into.pages[m] = pages;
   }
