@@ -20,6 +20,7 @@
 #include <cstdint>
 
 #include "../common/dispatch.cuh"
+#include "../common/group_softmax.cuh"
 
 namespace strata::kernels {
 namespace {
@@ -261,53 +262,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   }
 
   // 2. Softmax statistics; logits become probabilities.
-#pragma unroll
-  for (int g = 0; g < kMaxGroup; ++g) {
-    float m = running_max[g];
-    for (int offset = 16; offset > 0; offset /= 2)
-      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
-    if (lane == 0) sh.reduce[warp][g] = m;
-  }
-  __syncthreads();
-  if (tid < kMaxGroup) {
-    float m = -INFINITY;
-    for (int w = 0; w < kWarps; ++w) m = fmaxf(m, sh.reduce[w][tid]);
-    sh.stat[0][tid] = m;
-  }
-  __syncthreads();
-  float sum[kMaxGroup];
-#pragma unroll
-  for (int g = 0; g < kMaxGroup; ++g) sum[g] = 0.0f;
-  for (int i = tid; i < total; i += kThreads) {
-#pragma unroll
-    for (int g = 0; g < kMaxGroup; ++g) {
-      if (g < group) {
-        const float e = __expf(logits[g * p.max_tokens + i] - sh.stat[0][g]);
-        logits[g * p.max_tokens + i] = e;
-        sum[g] += e;
-      }
-    }
-  }
-#pragma unroll
-  for (int g = 0; g < kMaxGroup; ++g) {
-    float v = sum[g];
-    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-    if (lane == 0) sh.reduce[warp][g] = v;
-  }
-  __syncthreads();
-  if (tid < kMaxGroup) {
-    float v = 0.0f;
-    for (int w = 0; w < kWarps; ++w) v += sh.reduce[w][tid];
-    sh.stat[1][tid] = 1.0f / v;
-  }
-  __syncthreads();
-  for (int i = tid; i < total; i += kThreads) {
-#pragma unroll
-    for (int g = 0; g < kMaxGroup; ++g) {
-      if (g < group) logits[g * p.max_tokens + i] *= sh.stat[1][g];
-    }
-  }
-  __syncthreads();
+  group_softmax<kMaxGroup, kWarps>(logits, p.max_tokens, total, group, running_max, sh.reduce,
+                                   sh.stat);
 
   // 3. Values and accumulators.
   float out[kMaxGroup][D / 32];

@@ -25,34 +25,6 @@ using kv::leankv::PageManagerState;
 
 constexpr int kMaxThreads = 1024;
 
-// Exclusive prefix sum of v over the block's threads (blockDim.x a multiple of 32), and the total.
-__device__ __forceinline__ long long block_exclusive_scan(long long v, long long* total) {
-  __shared__ long long warp_sums[32];
-  const int lane = threadIdx.x % 32;
-  const int warp = threadIdx.x / 32;
-  const int num_warps = blockDim.x / 32;
-  long long inclusive = v;
-  for (int d = 1; d < 32; d *= 2) {
-    const long long up = __shfl_up_sync(0xffffffffu, inclusive, d);
-    if (lane >= d) inclusive += up;
-  }
-  if (lane == 31) warp_sums[warp] = inclusive;
-  __syncthreads();
-  if (warp == 0) {
-    long long s = lane < num_warps ? warp_sums[lane] : 0;
-    for (int d = 1; d < 32; d *= 2) {
-      const long long up = __shfl_up_sync(0xffffffffu, s, d);
-      if (lane >= d) s += up;
-    }
-    if (lane < num_warps) warp_sums[lane] = s;
-  }
-  __syncthreads();
-  const long long before = warp == 0 ? 0 : warp_sums[warp - 1];
-  *total = warp_sums[num_warps - 1];
-  __syncthreads();  // warp_sums is free for the next scan
-  return before + inclusive - v;
-}
-
 // This thread's run of batch entries: [*begin, *end).
 __device__ __forceinline__ void my_run(int64_t n, int64_t* begin, int64_t* end) {
   const int64_t per = (n + blockDim.x - 1) / blockDim.x;

@@ -11,14 +11,12 @@ std::pair<at::Tensor, at::Tensor> freekv_summaries(const at::Tensor& keys) {
   return {std::get<0>(keys.min(2)), std::get<0>(keys.max(2))};
 }
 
-at::Tensor freekv_select(const at::Tensor& q, const at::Tensor& kmin, const at::Tensor& kmax,
-                         int64_t top_k, double scale) {
-  const int64_t heads = q.size(0), pages = kmin.size(0), kv_heads = kmin.size(1);
+at::Tensor freekv_page_scores(const at::Tensor& q, const at::Tensor& kmin, const at::Tensor& kmax,
+                              double scale) {
+  const int64_t heads = q.size(0), kv_heads = kmin.size(1);
   const int64_t group = heads / kv_heads;
-  TORCH_CHECK(group * kv_heads == heads && kmax.sizes() == kmin.sizes(), "freekv_select: q ",
+  TORCH_CHECK(group * kv_heads == heads && kmax.sizes() == kmin.sizes(), "freekv_page_scores: q ",
               q.sizes(), ", kmin ", kmin.sizes(), ", kmax ", kmax.sizes());
-  const int64_t k = std::min(top_k, pages);
-  if (k <= 0) return at::empty({kv_heads, 0}, q.options().dtype(at::kLong));
   // The upper bound of q . k over a page: sum_c max(q_c hi_c, q_c lo_c) takes hi_c where q_c > 0
   // and lo_c where q_c < 0 (hi >= lo), so it is two products: q+ . kmax + q- . kmin.
   // [kv_heads, group, d] x [kv_heads, d, pages] -> [kv_heads, group, pages].
@@ -27,10 +25,63 @@ at::Tensor freekv_select(const at::Tensor& q, const at::Tensor& kmin, const at::
   const at::Tensor hi = kmax.to(at::kFloat).permute({1, 2, 0});
   const at::Tensor bound =
       at::bmm(qg.clamp_min(0), hi).add_(at::bmm(qg.clamp_max(0), lo)).mul_(scale);
-  const at::Tensor score = at::softmax(bound, -1).mean(1);                     // [kv, pages]
+  return at::softmax(bound, -1).mean(1);
+}
+
+at::Tensor freekv_select(const at::Tensor& q, const at::Tensor& kmin, const at::Tensor& kmax,
+                         int64_t top_k, double scale) {
+  const int64_t k = std::min(top_k, kmin.size(0));
+  if (k <= 0) return at::empty({kmin.size(1), 0}, q.options().dtype(at::kLong));
+  const at::Tensor score = freekv_page_scores(q, kmin, kmax, scale);  // [kv, pages]
   // Stable order on ties: the lower page first (topk's order among equal values is unspecified).
   const at::Tensor order = std::get<1>(at::sort(score, /*stable=*/true, -1, /*descending=*/true));
   return std::get<0>(at::sort(order.narrow(1, 0, k), -1));
+}
+
+void freekv_offload(const at::Tensor& rows_k, const at::Tensor& rows_v, at::Tensor& page,
+                    at::Tensor& kmin, at::Tensor& kmax) {
+  TORCH_CHECK(rows_k.dim() == 3 && rows_v.sizes() == rows_k.sizes() &&
+                  page.sizes() == at::IntArrayRef({rows_k.size(1), 2, rows_k.size(0),
+                                                   rows_k.size(2)}) &&
+                  kmin.sizes() == at::IntArrayRef({rows_k.size(1), rows_k.size(2)}) &&
+                  kmax.sizes() == kmin.sizes(),
+              "freekv_offload: rows ", rows_k.sizes(), ", page ", page.sizes(), ", kmin ",
+              kmin.sizes(), ", kmax ", kmax.sizes());
+  page.select(1, 0).copy_(rows_k.permute({1, 0, 2}));
+  page.select(1, 1).copy_(rows_v.permute({1, 0, 2}));
+  auto [lo, hi] = freekv_summaries(page.select(1, 0).unsqueeze(0));
+  kmin.copy_(lo.squeeze(0));
+  kmax.copy_(hi.squeeze(0));
+}
+
+void freekv_recall(const at::Tensor& chunks, const at::Tensor& items, at::Tensor& cache_k,
+                   at::Tensor& cache_v, const at::Tensor& from_k, const at::Tensor& from_v) {
+  TORCH_CHECK(items.dim() == 2 && items.size(1) == 3 && chunks.dim() == 4 &&
+                  chunks.size(1) == 2 && cache_k.dim() == 4 &&
+                  chunks.size(2) == cache_k.size(1) && chunks.size(3) == cache_k.size(3) &&
+                  cache_v.sizes() == cache_k.sizes() && from_k.sizes() == cache_k.sizes() &&
+                  from_v.sizes() == cache_k.sizes(),
+              "freekv_recall: chunks ", chunks.sizes(), ", items ", items.sizes(), ", cache ",
+              cache_k.sizes(), ", from ", from_k.sizes());
+  const at::Tensor rows = items.to(at::kCPU, at::kLong);
+  const int64_t n = rows.size(0);
+  if (n == 0) return;
+  const at::Tensor head = rows.select(1, 0), slot = rows.select(1, 1), source = rows.select(1, 2);
+  // Every item's [p, d] keys and values from its source, then written with one index_put_ per
+  // tensor: cache[slot, :, head, :] (advanced indices split by a slice: [n, p, d]).
+  const at::Tensor from_chunks = source.ge(0);
+  const at::Tensor chunk_rows = chunks.index_select(0, source.clamp_min(0).to(chunks.device()));
+  auto gather = [&](const at::Tensor& from, int64_t kv) {
+    const at::Tensor other = from.index({(-source - 1).clamp_min(0).to(from.device()),
+                                         at::indexing::Slice(), head.to(from.device())});
+    return at::where(from_chunks.to(from.device()).view({n, 1, 1}), chunk_rows.select(1, kv),
+                     other);
+  };
+  const at::Tensor keys = gather(from_k, 0), values = gather(from_v, 1);
+  const c10::List<std::optional<at::Tensor>> index = {slot.to(cache_k.device()), std::nullopt,
+                                                      head.to(cache_k.device())};
+  cache_k.index_put_(index, keys);
+  cache_v.index_put_(index, values);
 }
 
 at::Tensor freekv_query_similarity(const at::Tensor& q, const at::Tensor& q_prev,

@@ -170,4 +170,79 @@ KvBlocksParams kv_blocks_params(at::Tensor& blocks, at::Tensor& bytes, const kv:
   return params;
 }
 
+FreeKvSelectParams freekv_select_params(at::Tensor& scores, at::Tensor& selected,
+                                        const at::Tensor& q, const at::Tensor& kmin,
+                                        const at::Tensor& kmax, double scale) {
+  FreeKvSelectParams params;
+  params.q = q.data_ptr();
+  params.kmin = kmin.data_ptr();
+  params.kmax = kmax.data_ptr();
+  params.scores = scores.data_ptr<float>();
+  params.selected = selected.data_ptr<int64_t>();
+  params.num_heads = q.size(0);
+  params.num_kv_heads = kmin.size(1);
+  params.head_dim = q.size(1);
+  params.num_pages = kmin.size(0);
+  params.top_k = selected.size(1);
+  params.scale = static_cast<float>(scale);
+  params.kind = dtype_of(q);
+  return params;
+}
+
+FreeKvOffloadParams freekv_offload_params(const at::Tensor& rows_k, const at::Tensor& rows_v,
+                                          at::Tensor& page, at::Tensor& kmin, at::Tensor& kmax) {
+  FreeKvOffloadParams params;
+  params.rows_k = rows_k.data_ptr();
+  params.rows_v = rows_v.data_ptr();
+  params.page = page.data_ptr();
+  params.kmin = kmin.data_ptr();
+  params.kmax = kmax.data_ptr();
+  params.page_tokens = rows_k.size(0);
+  params.num_kv_heads = rows_k.size(1);
+  params.head_dim = rows_k.size(2);
+  params.kind = dtype_of(rows_k);
+  return params;
+}
+
+FreeKvRecallParams freekv_recall_params(const at::Tensor& chunks, const at::Tensor& items,
+                                        at::Tensor& cache_k, at::Tensor& cache_v,
+                                        const at::Tensor& from_k, const at::Tensor& from_v) {
+  FreeKvRecallParams params;
+  params.items = items.data_ptr<int32_t>();
+  params.chunks = chunks.data_ptr();
+  params.cache_k = cache_k.data_ptr();
+  params.cache_v = cache_v.data_ptr();
+  params.from_k = from_k.data_ptr();
+  params.from_v = from_v.data_ptr();
+  params.num_items = items.size(0);
+  params.page_tokens = cache_k.size(1);
+  params.num_kv_heads = cache_k.size(2);
+  params.row_bytes = cache_k.size(3) * static_cast<int64_t>(cache_k.element_size());
+  return params;
+}
+
+FreeKvAttentionParams freekv_attention_params(at::Tensor& out, const at::Tensor& q,
+                                              const at::Tensor& resident_k,
+                                              const at::Tensor& resident_v,
+                                              const at::Tensor& cache_k, const at::Tensor& cache_v,
+                                              const at::Tensor& slots, double scale) {
+  FreeKvAttentionParams params;
+  params.out = out.data_ptr();
+  params.q = q.data_ptr();
+  params.resident_k = resident_k.data_ptr();
+  params.resident_v = resident_v.data_ptr();
+  params.cache_k = cache_k.data_ptr();
+  params.cache_v = cache_v.data_ptr();
+  params.slots = slots.data_ptr<int64_t>();
+  params.num_heads = q.size(0);
+  params.num_kv_heads = resident_k.size(1);
+  params.head_dim = q.size(1);
+  params.resident_tokens = resident_k.size(0);
+  params.capacity = cache_k.size(0);
+  params.page_tokens = cache_k.size(1);
+  params.scale = static_cast<float>(scale);
+  params.kind = dtype_of(q);
+  return params;
+}
+
 }  // namespace strata::kernels

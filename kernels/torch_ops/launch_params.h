@@ -49,4 +49,22 @@ LeanKvWriteParams leankv_write_params(at::Tensor& pool, const kv::leankv::PageFo
 // contiguous; `format` an integer K and V format (kv::validate'd).
 KvBlocksParams kv_blocks_params(at::Tensor& blocks, at::Tensor& bytes, const kv::KvFormat& format);
 
+// FreeKV (freekv_ops.h's shapes, contiguous). scores [n_kv, n_page] float32, selected [n_kv, k]
+// int64; the workspaces are left empty.
+FreeKvSelectParams freekv_select_params(at::Tensor& scores, at::Tensor& selected,
+                                        const at::Tensor& q, const at::Tensor& kmin,
+                                        const at::Tensor& kmax, double scale);
+FreeKvOffloadParams freekv_offload_params(const at::Tensor& rows_k, const at::Tensor& rows_v,
+                                          at::Tensor& page, at::Tensor& kmin, at::Tensor& kmax);
+// items int32 [n, 3].
+FreeKvRecallParams freekv_recall_params(const at::Tensor& chunks, const at::Tensor& items,
+                                        at::Tensor& cache_k, at::Tensor& cache_v,
+                                        const at::Tensor& from_k, const at::Tensor& from_v);
+// out [n_q, d] contiguous, q's dtype; slots int64 [n_kv] on the tensors' device.
+FreeKvAttentionParams freekv_attention_params(at::Tensor& out, const at::Tensor& q,
+                                              const at::Tensor& resident_k,
+                                              const at::Tensor& resident_v,
+                                              const at::Tensor& cache_k, const at::Tensor& cache_v,
+                                              const at::Tensor& slots, double scale);
+
 }  // namespace strata::kernels

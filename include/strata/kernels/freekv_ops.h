@@ -1,7 +1,7 @@
 // FreeKV's operations in libtorch (docs/freekv.md): page summaries, group-consistent page
 // selection, the query-similarity test of its correction, and decode attention over a
 // sequence's resident tokens plus the pages recalled for each KV head. The CPU path and the
-// reference of the CUDA kernels to come. Any device.
+// reference of the CUDA kernels (kernels/freekv/, launchers in ops.h). Any device.
 //
 // Shapes: one decode token of one sequence and one layer; n_q query heads read KV head
 // h / (n_q / n_kv); q is after RoPE. A page holds p tokens.
@@ -20,13 +20,28 @@ namespace strata::kernels::aten {
 // [n_page, n_kv, d] in the keys' dtype (the minimum and maximum of each channel over the page).
 std::pair<at::Tensor, at::Tensor> freekv_summaries(const at::Tensor& keys);
 
-// Group-consistent selection of `top_k` pages per KV head (all of them when there are fewer):
-// per query head h and page j the Quest bound s[h, j] = scale * sum_c max(q[h, c] kmax[j, c],
-// q[h, c] kmin[j, c]) over its KV head's summaries, a softmax over pages, the mean over the
-// query heads of each KV head, the top k. q [n_q, d]; kmin, kmax [n_page, n_kv, d]. Returns
-// int64 [n_kv, min(top_k, n_page)], each row ascending (ties go to the lower page).
+// Group-consistent page scores: per query head h and page j the Quest bound s[h, j] = scale *
+// sum_c max(q[h, c] kmax[j, c], q[h, c] kmin[j, c]) over its KV head's summaries, a softmax over
+// pages, the mean over the query heads of each KV head. q [n_q, d]; kmin, kmax [n_page, n_kv, d].
+// Returns float32 [n_kv, n_page].
+at::Tensor freekv_page_scores(const at::Tensor& q, const at::Tensor& kmin, const at::Tensor& kmax,
+                              double scale);
+
+// Selection of `top_k` pages per KV head (all of them when there are fewer) by
+// freekv_page_scores. Returns int64 [n_kv, min(top_k, n_page)], each row ascending (ties go to
+// the lower page).
 at::Tensor freekv_select(const at::Tensor& q, const at::Tensor& kmin, const at::Tensor& kmax,
                          int64_t top_k, double scale);
+
+// The page layout conversions (ops.h, FreeKvOffloadParams / FreeKvRecallParams):
+// offload: rows_k, rows_v [p, n_kv, d] -> page [n_kv, 2, p, d], kmin, kmax [n_kv, d] (written in
+// place); recall: for each row {m, slot, source} of items int32 [n, 3], cache_k/v[slot, :, m, :]
+// ([capacity, p, n_kv, d]) <- chunks[source] ([n_chunks, 2, p, d]) when source >= 0, else
+// <- from_k/v[-source - 1, :, m, :].
+void freekv_offload(const at::Tensor& rows_k, const at::Tensor& rows_v, at::Tensor& page,
+                    at::Tensor& kmin, at::Tensor& kmax);
+void freekv_recall(const at::Tensor& chunks, const at::Tensor& items, at::Tensor& cache_k,
+                   at::Tensor& cache_v, const at::Tensor& from_k, const at::Tensor& from_v);
 
 // FreeKV's correction test: the cosine of each query head to the previous step's, averaged over
 // the query heads of each KV head. q, q_prev [n_q, d] -> float32 [n_kv].

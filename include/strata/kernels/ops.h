@@ -260,4 +260,103 @@ struct KrulRowsParams {
 
 void launch_krul_accumulate_rows(const KrulRowsParams& params, cudaStream_t stream);
 
+// ---------------------------------------------------------------------------------------------
+// FreeKV (docs/freekv.md): page selection, the page layout conversions of offload and recall, and
+// decode attention over resident tokens plus recalled pages, for one sequence and layer per
+// launch (kernels::aten's freekv_* contracts, freekv_ops.h). n_q query heads read KV head
+// h / (n_q / n_kv); G = n_q / n_kv <= 8; head_dim 64 or 128; pages of p tokens.
+
+// Group-consistent selection: scores [n_kv, num_pages] float32 = aten::freekv_page_scores (the
+// Quest bound of every query head over the page summaries, softmaxed over pages, averaged over
+// the group) and selected [n_kv, top_k] int64 = the top_k pages of each row in ascending page
+// order, ties to the lower page (aten::freekv_select), 1 <= top_k <= num_pages.
+//   q           [n_q, head_dim] contiguous, `kind`
+//   kmin, kmax  [num_pages, n_kv, head_dim] contiguous, `kind`
+//   workspace   freekv_select_workspace_bytes bytes (float bounds, this launch only)
+struct FreeKvSelectParams {
+  const void* q = nullptr;
+  const void* kmin = nullptr;
+  const void* kmax = nullptr;
+  float* scores = nullptr;
+  int64_t* selected = nullptr;
+  float* workspace = nullptr;
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t num_pages = 0;
+  int64_t top_k = 0;
+  float scale = 1.0f;
+  DType kind = DType::kBFloat16;  // kFloat16 or kBFloat16
+};
+
+size_t freekv_select_workspace_bytes(const FreeKvSelectParams& params);
+void launch_freekv_select(const FreeKvSelectParams& params, cudaStream_t stream);
+
+// Offload of one page leaving the window (token-major -> head-major) with its summary, and recall
+// of selected pages (head-major -> token-major), both pure copies (bit-exact round trip):
+//   offload: rows_k, rows_v [p, n_kv, head_dim] contiguous (the page's resident rows) ->
+//            page [n_kv, 2 (K, V), p, head_dim] (the host pool's layout, to be copied down as one
+//            block) and kmin, kmax [n_kv, head_dim] (per-channel minimum and maximum key).
+//   recall:  item i = items[i] int32 {head m, slot, source}: cache_k/v[slot, :, m, :]
+//            ([capacity, p, n_kv, head_dim]) <- chunks[source] ([num_chunks, 2, p, head_dim]:
+//            one (page, head) of the host pool, as copied up) when source >= 0, else
+//            <- from_k/v[-source - 1, :, m, :] (the other recall buffer: a delta recall). No two
+//            items write one (slot, head); `from` is not `cache`.
+struct FreeKvOffloadParams {
+  const void* rows_k = nullptr;
+  const void* rows_v = nullptr;
+  void* page = nullptr;
+  void* kmin = nullptr;
+  void* kmax = nullptr;
+  int64_t num_kv_heads = 0;
+  int64_t page_tokens = 0;
+  int64_t head_dim = 0;
+  DType kind = DType::kBFloat16;  // float32, float16 or bfloat16
+};
+
+struct FreeKvRecallParams {
+  const int32_t* items = nullptr;  // [num_items, 3]
+  const void* chunks = nullptr;
+  void* cache_k = nullptr;
+  void* cache_v = nullptr;
+  const void* from_k = nullptr;
+  const void* from_v = nullptr;
+  int64_t num_items = 0;
+  int64_t num_kv_heads = 0;
+  int64_t page_tokens = 0;
+  int64_t row_bytes = 0;  // head_dim * element size, a multiple of 16; buffers 16-byte aligned
+};
+
+void launch_freekv_offload(const FreeKvOffloadParams& params, cudaStream_t stream);
+void launch_freekv_recall(const FreeKvRecallParams& params, cudaStream_t stream);
+
+// Decode attention of q over, per KV head m, the resident tokens and the first slots[m] pages of
+// the recall buffer (aten::freekv_attention): softmax(q k^T * scale) v in float32.
+//   q            [n_q, head_dim] contiguous, `kind`; out the same
+//   resident_k/v [resident_tokens, n_kv, head_dim] contiguous (sink and window, every head)
+//   cache_k/v    [capacity, p, n_kv, head_dim] contiguous; slots [n_kv] int64 in [0, capacity]
+//   workspace    freekv_attention_workspace_bytes bytes (float logits, this launch only)
+// Nothing past a head's slots is read. resident_tokens + slots[m] * p >= 1 for every head.
+struct FreeKvAttentionParams {
+  void* out = nullptr;
+  const void* q = nullptr;
+  const void* resident_k = nullptr;
+  const void* resident_v = nullptr;
+  const void* cache_k = nullptr;
+  const void* cache_v = nullptr;
+  const int64_t* slots = nullptr;
+  float* workspace = nullptr;
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t resident_tokens = 0;
+  int64_t capacity = 0;
+  int64_t page_tokens = 0;
+  float scale = 1.0f;
+  DType kind = DType::kBFloat16;  // kFloat16 or kBFloat16
+};
+
+size_t freekv_attention_workspace_bytes(const FreeKvAttentionParams& params);
+void launch_freekv_attention(const FreeKvAttentionParams& params, cudaStream_t stream);
+
 }  // namespace strata::kernels
