@@ -23,7 +23,8 @@ constexpr int kOffloadThreads = 128;
 constexpr int kRecallThreads = 128;
 
 template <typename T>
-__global__ void __launch_bounds__(kOffloadThreads) freekv_offload_kernel(const FreeKvOffloadParams p) {
+__global__ void __launch_bounds__(kOffloadThreads)
+    freekv_offload_kernel(const FreeKvOffloadParams p) {
   const int64_t m = blockIdx.x, heads = p.num_kv_heads, d = p.head_dim, tokens = p.page_tokens;
   const T* rows_k = static_cast<const T*>(p.rows_k);
   const T* rows_v = static_cast<const T*>(p.rows_v);
@@ -76,8 +77,7 @@ void launch_freekv_offload(const FreeKvOffloadParams& params, cudaStream_t strea
   if (params.num_kv_heads == 0 || params.page_tokens == 0) return;
   STRATA_DISPATCH_SCALAR(params.kind, [&] {
     launch_kernel(freekv_offload_kernel<scalar_t>,
-                  {static_cast<unsigned>(params.num_kv_heads), kOffloadThreads, 0, stream},
-                  params);
+                  {static_cast<unsigned>(params.num_kv_heads), kOffloadThreads, 0, stream}, params);
   });
   STRATA_CUDA_CHECK(cudaGetLastError());
 }

@@ -40,13 +40,13 @@ at::Tensor freekv_select(const at::Tensor& q, const at::Tensor& kmin, const at::
 
 void freekv_offload(const at::Tensor& rows_k, const at::Tensor& rows_v, at::Tensor& page,
                     at::Tensor& kmin, at::Tensor& kmax) {
-  TORCH_CHECK(rows_k.dim() == 3 && rows_v.sizes() == rows_k.sizes() &&
-                  page.sizes() == at::IntArrayRef({rows_k.size(1), 2, rows_k.size(0),
-                                                   rows_k.size(2)}) &&
-                  kmin.sizes() == at::IntArrayRef({rows_k.size(1), rows_k.size(2)}) &&
-                  kmax.sizes() == kmin.sizes(),
-              "freekv_offload: rows ", rows_k.sizes(), ", page ", page.sizes(), ", kmin ",
-              kmin.sizes(), ", kmax ", kmax.sizes());
+  TORCH_CHECK(
+      rows_k.dim() == 3 && rows_v.sizes() == rows_k.sizes() &&
+          page.sizes() == at::IntArrayRef({rows_k.size(1), 2, rows_k.size(0), rows_k.size(2)}) &&
+          kmin.sizes() == at::IntArrayRef({rows_k.size(1), rows_k.size(2)}) &&
+          kmax.sizes() == kmin.sizes(),
+      "freekv_offload: rows ", rows_k.sizes(), ", page ", page.sizes(), ", kmin ", kmin.sizes(),
+      ", kmax ", kmax.sizes());
   page.select(1, 0).copy_(rows_k.permute({1, 0, 2}));
   page.select(1, 1).copy_(rows_v.permute({1, 0, 2}));
   auto [lo, hi] = freekv_summaries(page.select(1, 0).unsqueeze(0));
@@ -56,11 +56,10 @@ void freekv_offload(const at::Tensor& rows_k, const at::Tensor& rows_v, at::Tens
 
 void freekv_recall(const at::Tensor& chunks, const at::Tensor& items, at::Tensor& cache_k,
                    at::Tensor& cache_v, const at::Tensor& from_k, const at::Tensor& from_v) {
-  TORCH_CHECK(items.dim() == 2 && items.size(1) == 3 && chunks.dim() == 4 &&
-                  chunks.size(1) == 2 && cache_k.dim() == 4 &&
-                  chunks.size(2) == cache_k.size(1) && chunks.size(3) == cache_k.size(3) &&
-                  cache_v.sizes() == cache_k.sizes() && from_k.sizes() == cache_k.sizes() &&
-                  from_v.sizes() == cache_k.sizes(),
+  TORCH_CHECK(items.dim() == 2 && items.size(1) == 3 && chunks.dim() == 4 && chunks.size(1) == 2 &&
+                  cache_k.dim() == 4 && chunks.size(2) == cache_k.size(1) &&
+                  chunks.size(3) == cache_k.size(3) && cache_v.sizes() == cache_k.sizes() &&
+                  from_k.sizes() == cache_k.sizes() && from_v.sizes() == cache_k.sizes(),
               "freekv_recall: chunks ", chunks.sizes(), ", items ", items.sizes(), ", cache ",
               cache_k.sizes(), ", from ", from_k.sizes());
   const at::Tensor rows = items.to(at::kCPU, at::kLong);
@@ -97,8 +96,7 @@ at::Tensor freekv_attention(const at::Tensor& q, const at::Tensor& resident_k,
                             const at::Tensor& cache_v, const at::Tensor& slots, double scale) {
   const int64_t heads = q.size(0), kv_heads = resident_k.size(1), d = q.size(1);
   const int64_t group = heads / kv_heads, p = cache_k.size(1), t = resident_k.size(0);
-  TORCH_CHECK(group * kv_heads == heads && cache_k.size(2) == kv_heads &&
-                  slots.numel() == kv_heads,
+  TORCH_CHECK(group * kv_heads == heads && cache_k.size(2) == kv_heads && slots.numel() == kv_heads,
               "freekv_attention: q ", q.sizes(), ", resident ", resident_k.sizes(), ", cache ",
               cache_k.sizes(), ", slots ", slots.sizes());
   const int64_t used = slots.numel() > 0 ? slots.max().item<int64_t>() : 0;
@@ -113,7 +111,10 @@ at::Tensor freekv_attention(const at::Tensor& q, const at::Tensor& resident_k,
     const at::Tensor ck = cache_k.narrow(0, 0, used).reshape({-1, kv_heads, d});
     const at::Tensor index = at::arange(used * p, q.options().dtype(at::kLong));
     const at::Tensor masked = index.unsqueeze(0) >= (slots.to(q.device()) * p).unsqueeze(1);
-    cv = cache_v.narrow(0, 0, used).reshape({-1, kv_heads, d}).to(at::kFloat).permute({1, 0, 2})
+    cv = cache_v.narrow(0, 0, used)
+             .reshape({-1, kv_heads, d})
+             .to(at::kFloat)
+             .permute({1, 0, 2})
              .masked_fill(masked.unsqueeze(2), 0.0);
     const at::Tensor cached = at::bmm(qg, ck.to(at::kFloat).permute({1, 2, 0}))
                                   .masked_fill(masked.unsqueeze(1), -INFINITY);

@@ -2,13 +2,14 @@
 
 #include <ATen/ATen.h>
 
-#include "strata/kernels/kv_format_ops.h"
-
 #include <chrono>
 #include <cmath>
 #include <exception>
 #include <string>
 #include <vector>
+
+#include "strata/kernels/freekv_ops.h"
+#include "strata/kernels/kv_format_ops.h"
 
 namespace strata::kernels {
 namespace {
@@ -182,13 +183,51 @@ KernelReport run_kernel_self_check(const KernelOpTable& strata, const KernelOpTa
 
   // Five KV blocks in KIVI-2 (the store's most compressed codec) decoded into the pool's dtype.
   const kv::KvFormat kivi = kv::kivi_format(2);
-  const at::Tensor packed = aten::pack_kv_blocks(
-      randn({5, 2, shape.num_kv_heads, shape.block_size, shape.head_dim}, shape, gen).cpu(), kivi)
-                                .to(shape.device);
+  const at::Tensor packed =
+      aten::pack_kv_blocks(
+          randn({5, 2, shape.num_kv_heads, shape.block_size, shape.head_dim}, shape, gen).cpu(),
+          kivi)
+          .to(shape.device);
   report.ops.push_back(
       check_op(KernelOp::kUnpackKvBlocks, strata, reference, tol, [&](const KernelOpTable& t) {
         return t.unpack_kv_blocks(packed, kivi, shape.num_kv_heads, shape.block_size,
                                   shape.head_dim, shape.dtype);
+      }));
+
+  // FreeKV: 40 pages of 16 tokens, the top 8 per KV head.
+  const int64_t pages = 40, p = 16, kv = shape.num_kv_heads, d = shape.head_dim;
+  const at::Tensor fq = randn({shape.num_heads, d}, shape, gen);
+  const auto [kmin, kmax] = aten::freekv_summaries(randn({pages, kv, p, d}, shape, gen) * 2);
+  report.ops.push_back(
+      check_op(KernelOp::kFreeKvSelect, strata, reference, 0.0,
+               [&](const KernelOpTable& t) { return t.freekv_select(fq, kmin, kmax, 8, scale); }));
+  // A page offloaded from its rows, then recalled with two other chunks and a delta.
+  const at::Tensor rows_k = randn({p, kv, d}, shape, gen), rows_v = randn({p, kv, d}, shape, gen);
+  const at::Tensor staged = randn({2, 2, p, d}, shape, gen);
+  const at::Tensor from_k = randn({4, p, kv, d}, shape, gen),
+                   from_v = randn({4, p, kv, d}, shape, gen);
+  std::vector<int32_t> flat = {0, 3, 0, 0, 1, -4};  // {head, slot, source}
+  for (int32_t m = 0; m < kv; ++m) flat.insert(flat.end(), {m, 0, 2 + m});
+  if (kv > 1) flat.insert(flat.end(), {1, 2, 1});
+  const at::Tensor items = at::tensor(flat, at::kInt).view({-1, 3}).to(shape.device);
+  report.ops.push_back(
+      check_op(KernelOp::kFreeKvPages, strata, reference, 0.0, [&](const KernelOpTable& t) {
+        at::Tensor page = at::zeros({kv, 2, p, d}, rows_k.options());
+        at::Tensor lo = at::zeros({kv, d}, rows_k.options()), hi = at::zeros_like(lo);
+        t.freekv_offload(rows_k, rows_v, page, lo, hi);
+        at::Tensor cache_k = at::zeros_like(from_k), cache_v = at::zeros_like(from_v);
+        t.freekv_recall(at::cat({staged, page}), items, cache_k, cache_v, from_k, from_v);
+        return at::cat(
+            {page.flatten(), lo.flatten(), hi.flatten(), cache_k.flatten(), cache_v.flatten()});
+      }));
+  // A decode step: 20 resident tokens, 0, 1, 2, ... of 3 recalled pages per KV head.
+  const at::Tensor resident_k = randn({20, kv, d}, shape, gen);
+  const at::Tensor resident_v = randn({20, kv, d}, shape, gen);
+  const at::Tensor recalled = (at::arange(kv, at::kLong) % 4).to(shape.device);
+  report.ops.push_back(
+      check_op(KernelOp::kFreeKvAttention, strata, reference, tol, [&](const KernelOpTable& t) {
+        return t.freekv_attention(fq, resident_k, resident_v, from_k.narrow(0, 0, 3),
+                                  from_v.narrow(0, 0, 3), recalled, scale);
       }));
 
   report.self_check_seconds =

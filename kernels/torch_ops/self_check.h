@@ -31,6 +31,20 @@ struct KernelOpTable {
   std::function<at::Tensor(const at::Tensor& bytes, const kv::KvFormat& format, int64_t heads,
                            int64_t block_size, int64_t head_dim, at::ScalarType dtype)>
       unpack_kv_blocks;
+  // FreeKV (freekv_ops.h's contracts).
+  std::function<at::Tensor(const at::Tensor& q, const at::Tensor& kmin, const at::Tensor& kmax,
+                           int64_t top_k, double scale)>
+      freekv_select;
+  std::function<void(const at::Tensor& rows_k, const at::Tensor& rows_v, at::Tensor& page,
+                     at::Tensor& kmin, at::Tensor& kmax)>
+      freekv_offload;
+  std::function<void(const at::Tensor& chunks, const at::Tensor& items, at::Tensor& cache_k,
+                     at::Tensor& cache_v, const at::Tensor& from_k, const at::Tensor& from_v)>
+      freekv_recall;
+  std::function<at::Tensor(const at::Tensor& q, const at::Tensor& resident_k,
+                           const at::Tensor& resident_v, const at::Tensor& cache_k,
+                           const at::Tensor& cache_v, const at::Tensor& slots, double scale)>
+      freekv_attention;
 };
 
 // torch_ops.h's functions with every op on `backend` (defined with the adapters, in
@@ -49,8 +63,10 @@ struct SelfCheckShape {
 };
 
 // Runs every op of `strata` and of `reference` on the same seeded inputs (a few hundred tokens:
-// decode, a prefill chunk over a cached prefix and a prefill in one attention batch) and compares
-// them within the dtype's tolerance (exactly for the KV-cache write). Each op's report names the
+// decode, a prefill chunk over a cached prefix and a prefill in one attention batch; FreeKV's
+// selection over 40 pages, an offload and recall round trip, a decode step over resident tokens
+// and ragged recalled pages) and compares them within the dtype's tolerance (exactly for the
+// KV-cache write, FreeKV's selected pages and its copies). Each op's report names the
 // backend that serves it: Strata when it matched, libtorch when it did not or threw.
 KernelReport run_kernel_self_check(const KernelOpTable& strata, const KernelOpTable& reference,
                                    const SelfCheckShape& shape);

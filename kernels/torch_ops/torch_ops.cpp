@@ -12,6 +12,7 @@
 #include "self_check.h"
 #include "strata/kernels/aten_ops.h"
 #include "strata/kernels/cpu_ops.h"
+#include "strata/kernels/freekv_ops.h"
 #include "strata/kernels/kv_format_ops.h"
 #include "strata/kernels/ops.h"
 
@@ -44,6 +45,15 @@ bool use_cpu_kernel(KernelBackend backend, std::initializer_list<const at::Tenso
     if (!t->is_cpu() || t->stride(t->dim() - 1) != 1) return false;
   }
   return true;
+}
+
+// FreeKV's selection and attention kernels: CUDA float16/bfloat16, head_dim 64 or 128, groups of
+// at most 8 query heads over `kv_heads`.
+bool freekv_kernel_serves(const at::Tensor& q, int64_t kv_heads, KernelBackend backend) {
+  const int64_t heads = q.size(0), d = q.size(1);
+  return use_strata(q, backend) &&
+         (q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16) &&
+         (d == 64 || d == 128) && kv_heads > 0 && heads % kv_heads == 0 && heads / kv_heads <= 8;
 }
 
 }  // namespace
@@ -82,9 +92,8 @@ at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Te
   check_contiguous(sin, "sin");
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor out = at::empty_like(x);
-  launch_rotary(out.data_ptr(), x.data_ptr(), cos.data_ptr(), sin.data_ptr(), x.size(0),
-                x.size(1), x.size(2), dtype_of(x),
-                c10::cuda::getCurrentCUDAStream(x.get_device()).stream());
+  launch_rotary(out.data_ptr(), x.data_ptr(), cos.data_ptr(), sin.data_ptr(), x.size(0), x.size(1),
+                x.size(2), dtype_of(x), c10::cuda::getCurrentCUDAStream(x.get_device()).stream());
   return out;
 }
 
@@ -121,10 +130,12 @@ void check_paged_attention_args(const at::Tensor& q, const at::Tensor& kv_cache,
               kv_cache.sizes());
   TORCH_CHECK(kv_cache.size(4) == q.size(2), "kv_cache head_dim ", kv_cache.size(4),
               " does not match q head_dim ", q.size(2));
-  TORCH_CHECK(kv_cache.size(2) > 0 && q.size(1) % kv_cache.size(2) == 0, "num_heads ",
-              q.size(1), " must be a multiple of num_kv_heads ", kv_cache.size(2));
-  TORCH_CHECK(is_power_of_two(kv_cache.size(3)), "block_size (kv_cache dim 3) must be a power "
-              "of two, got ", kv_cache.size(3));
+  TORCH_CHECK(kv_cache.size(2) > 0 && q.size(1) % kv_cache.size(2) == 0, "num_heads ", q.size(1),
+              " must be a multiple of num_kv_heads ", kv_cache.size(2));
+  TORCH_CHECK(is_power_of_two(kv_cache.size(3)),
+              "block_size (kv_cache dim 3) must be a power "
+              "of two, got ",
+              kv_cache.size(3));
   TORCH_CHECK(kv_cache.scalar_type() == q.scalar_type(), "kv_cache has dtype ",
               kv_cache.scalar_type(), ", expected q's dtype ", q.scalar_type());
   TORCH_CHECK(kv_cache.device() == q.device(), "kv_cache is on ", kv_cache.device(),
@@ -139,7 +150,8 @@ void check_paged_attention_args(const at::Tensor& q, const at::Tensor& kv_cache,
               block_tables.sizes());
   TORCH_CHECK(cu_q_lens.dim() == 1 && cu_q_lens.size(0) == num_seqs + 1,
               "cu_q_lens must be [num_seqs + 1 = ", num_seqs + 1, "], got ", cu_q_lens.sizes());
-  TORCH_CHECK(num_seqs > 0 || q.size(0) == 0, "q has ", q.size(0), " tokens but there are no "
+  TORCH_CHECK(num_seqs > 0 || q.size(0) == 0, "q has ", q.size(0),
+              " tokens but there are no "
               "sequences");
   TORCH_CHECK(max_q_len >= 1 || q.size(0) == 0, "max_q_len must be >= 1, got ", max_q_len);
 }
@@ -186,13 +198,12 @@ void paged_attention_cuda(at::Tensor& out, const at::Tensor& q, const at::Tensor
   check_vector_aligned(kv_cache, "kv_cache", 4);
   TORCH_CHECK(kv_cache.size(2) <= 65535, "num_kv_heads must be <= 65535");
   const c10::cuda::CUDAGuard guard(q.device());
-  PagedAttentionParams params = paged_attention_params(out, q, kv_cache, block_tables, seq_lens,
-                                                       cu_q_lens, max_q_len, scale);
+  PagedAttentionParams params =
+      paged_attention_params(out, q, kv_cache, block_tables, seq_lens, cu_q_lens, max_q_len, scale);
   at::Tensor workspace;
   const size_t workspace_bytes = paged_attention_workspace_bytes(params);
   if (workspace_bytes > 0) {
-    workspace = at::empty({static_cast<int64_t>(workspace_bytes)},
-                          q.options().dtype(at::kByte));
+    workspace = at::empty({static_cast<int64_t>(workspace_bytes)}, q.options().dtype(at::kByte));
     params.workspace = workspace.data_ptr();
     params.workspace_bytes = workspace_bytes;
   }
@@ -309,6 +320,119 @@ at::Tensor unpack_kv_blocks(const at::Tensor& bytes, const kv::KvFormat& format,
   return blocks;
 }
 
+at::Tensor freekv_select(const at::Tensor& q, const at::Tensor& kmin, const at::Tensor& kmax,
+                         int64_t top_k, double scale, KernelBackend backend) {
+  check_like(kmin, "kmin", q);
+  check_like(kmax, "kmax", q);
+  TORCH_CHECK(
+      q.dim() == 2 && kmin.dim() == 3 && kmin.size(2) == q.size(1) && kmax.sizes() == kmin.sizes(),
+      "freekv_select: q must be [n_q, d] and kmin, kmax [n_page, n_kv, d], got ", q.sizes(), ", ",
+      kmin.sizes(), ", ", kmax.sizes());
+  const int64_t k = std::min(top_k, kmin.size(0));
+  if (k <= 0 || !freekv_kernel_serves(q, kmin.size(1), backend)) {
+    return aten::freekv_select(q, kmin, kmax, top_k, scale);
+  }
+  check_contiguous(q, "q");
+  check_contiguous(kmin, "kmin");
+  check_contiguous(kmax, "kmax");
+  const c10::cuda::CUDAGuard guard(q.device());
+  at::Tensor scores = at::empty({kmin.size(1), kmin.size(0)}, q.options().dtype(at::kFloat));
+  at::Tensor selected = at::empty({kmin.size(1), k}, q.options().dtype(at::kLong));
+  FreeKvSelectParams params = freekv_select_params(scores, selected, q, kmin, kmax, scale);
+  at::Tensor workspace =
+      at::empty({static_cast<int64_t>(freekv_select_workspace_bytes(params) / sizeof(float))},
+                scores.options());
+  params.workspace = workspace.data_ptr<float>();
+  launch_freekv_select(params, c10::cuda::getCurrentCUDAStream(q.get_device()).stream());
+  return selected;
+}
+
+void freekv_offload(const at::Tensor& rows_k, const at::Tensor& rows_v, at::Tensor& page,
+                    at::Tensor& kmin, at::Tensor& kmax, KernelBackend backend) {
+  check_like(rows_v, "rows_v", rows_k);
+  check_like(page, "page", rows_k);
+  check_like(kmin, "kmin", rows_k);
+  check_like(kmax, "kmax", rows_k);
+  const bool contiguous = rows_k.is_contiguous() && rows_v.is_contiguous() &&
+                          page.is_contiguous() && kmin.is_contiguous() && kmax.is_contiguous();
+  if (!use_strata(rows_k, backend) || !contiguous) {
+    aten::freekv_offload(rows_k, rows_v, page, kmin, kmax);
+    return;
+  }
+  TORCH_CHECK(
+      rows_k.dim() == 3 && rows_v.sizes() == rows_k.sizes() &&
+          page.sizes() == at::IntArrayRef({rows_k.size(1), 2, rows_k.size(0), rows_k.size(2)}) &&
+          kmin.sizes() == at::IntArrayRef({rows_k.size(1), rows_k.size(2)}) &&
+          kmax.sizes() == kmin.sizes(),
+      "freekv_offload: rows ", rows_k.sizes(), ", page ", page.sizes(), ", kmin ", kmin.sizes(),
+      ", kmax ", kmax.sizes());
+  const c10::cuda::CUDAGuard guard(rows_k.device());
+  launch_freekv_offload(freekv_offload_params(rows_k, rows_v, page, kmin, kmax),
+                        c10::cuda::getCurrentCUDAStream(rows_k.get_device()).stream());
+}
+
+void freekv_recall(const at::Tensor& chunks, const at::Tensor& items, at::Tensor& cache_k,
+                   at::Tensor& cache_v, const at::Tensor& from_k, const at::Tensor& from_v,
+                   KernelBackend backend) {
+  check_like(cache_k, "cache_k", chunks);
+  check_like(cache_v, "cache_v", chunks);
+  check_like(from_k, "from_k", chunks);
+  check_like(from_v, "from_v", chunks);
+  TORCH_CHECK(items.scalar_type() == at::kInt && items.device() == chunks.device(),
+              "freekv_recall: items must be int32 on ", chunks.device(), ", got ",
+              items.scalar_type(), " on ", items.device());
+  const bool fits = chunks.is_contiguous() && items.is_contiguous() && cache_k.is_contiguous() &&
+                    cache_v.is_contiguous() && from_k.is_contiguous() && from_v.is_contiguous() &&
+                    cache_k.dim() == 4 && cache_k.size(3) * cache_k.element_size() % 16 == 0;
+  if (!use_strata(chunks, backend) || !fits) {
+    aten::freekv_recall(chunks, items, cache_k, cache_v, from_k, from_v);
+    return;
+  }
+  TORCH_CHECK(items.dim() == 2 && items.size(1) == 3 && chunks.dim() == 4 && chunks.size(1) == 2 &&
+                  chunks.size(2) == cache_k.size(1) && chunks.size(3) == cache_k.size(3) &&
+                  cache_v.sizes() == cache_k.sizes() && from_k.sizes() == cache_k.sizes() &&
+                  from_v.sizes() == cache_k.sizes(),
+              "freekv_recall: chunks ", chunks.sizes(), ", items ", items.sizes(), ", cache ",
+              cache_k.sizes(), ", from ", from_k.sizes());
+  const c10::cuda::CUDAGuard guard(chunks.device());
+  launch_freekv_recall(freekv_recall_params(chunks, items, cache_k, cache_v, from_k, from_v),
+                       c10::cuda::getCurrentCUDAStream(chunks.get_device()).stream());
+}
+
+at::Tensor freekv_attention(const at::Tensor& q, const at::Tensor& resident_k,
+                            const at::Tensor& resident_v, const at::Tensor& cache_k,
+                            const at::Tensor& cache_v, const at::Tensor& slots, double scale,
+                            KernelBackend backend) {
+  check_like(resident_k, "resident_k", q);
+  check_like(resident_v, "resident_v", q);
+  check_like(cache_k, "cache_k", q);
+  check_like(cache_v, "cache_v", q);
+  TORCH_CHECK(q.dim() == 2 && resident_k.dim() == 3 && cache_k.dim() == 4 &&
+                  resident_v.sizes() == resident_k.sizes() && cache_v.sizes() == cache_k.sizes() &&
+                  slots.dim() == 1 && slots.size(0) == resident_k.size(1),
+              "freekv_attention: q ", q.sizes(), ", resident ", resident_k.sizes(), ", cache ",
+              cache_k.sizes(), ", slots ", slots.sizes());
+  const bool contiguous = q.is_contiguous() && resident_k.is_contiguous() &&
+                          resident_v.is_contiguous() && cache_k.is_contiguous() &&
+                          cache_v.is_contiguous();
+  if (!freekv_kernel_serves(q, resident_k.size(1), backend) || !contiguous) {
+    return aten::freekv_attention(q, resident_k, resident_v, cache_k, cache_v, slots, scale);
+  }
+  TORCH_CHECK(slots.scalar_type() == at::kLong && slots.device() == q.device(),
+              "freekv_attention: slots must be int64 on ", q.device());
+  const c10::cuda::CUDAGuard guard(q.device());
+  at::Tensor out = at::empty_like(q);
+  const at::Tensor counts = slots.contiguous();
+  FreeKvAttentionParams params =
+      freekv_attention_params(out, q, resident_k, resident_v, cache_k, cache_v, counts, scale);
+  at::Tensor workspace =
+      at::empty({static_cast<int64_t>(freekv_attention_workspace_bytes(params) / sizeof(float))},
+                q.options().dtype(at::kFloat));
+  params.workspace = workspace.data_ptr<float>();
+  launch_freekv_attention(params, c10::cuda::getCurrentCUDAStream(q.get_device()).stream());
+  return out;
+}
+
 KernelOpTable torch_ops_table(KernelBackend backend) {
   KernelOpTable t;
   t.rms_norm = [backend](const at::Tensor& x, const at::Tensor& w, double eps) {
@@ -329,6 +453,24 @@ KernelOpTable torch_ops_table(KernelBackend backend) {
   t.unpack_kv_blocks = [backend](const at::Tensor& bytes, const kv::KvFormat& format, int64_t h,
                                  int64_t b, int64_t d, at::ScalarType dtype) {
     return unpack_kv_blocks(bytes, format, h, b, d, dtype, backend);
+  };
+  t.freekv_select = [backend](const at::Tensor& q, const at::Tensor& kmin, const at::Tensor& kmax,
+                              int64_t top_k, double scale) {
+    return freekv_select(q, kmin, kmax, top_k, scale, backend);
+  };
+  t.freekv_offload = [backend](const at::Tensor& rows_k, const at::Tensor& rows_v, at::Tensor& page,
+                               at::Tensor& kmin, at::Tensor& kmax) {
+    freekv_offload(rows_k, rows_v, page, kmin, kmax, backend);
+  };
+  t.freekv_recall = [backend](const at::Tensor& chunks, const at::Tensor& items,
+                              at::Tensor& cache_k, at::Tensor& cache_v, const at::Tensor& from_k,
+                              const at::Tensor& from_v) {
+    freekv_recall(chunks, items, cache_k, cache_v, from_k, from_v, backend);
+  };
+  t.freekv_attention = [backend](const at::Tensor& q, const at::Tensor& rk, const at::Tensor& rv,
+                                 const at::Tensor& ck, const at::Tensor& cv,
+                                 const at::Tensor& slots, double scale) {
+    return freekv_attention(q, rk, rv, ck, cv, slots, scale, backend);
   };
   return t;
 }

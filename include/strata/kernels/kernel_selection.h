@@ -14,11 +14,23 @@ namespace strata::kernels {
 enum class KernelBackend { kStrata, kTorch };
 
 // kUnpackKvBlocks: the KV store's encoded chunks decoded into the pool (kernels::unpack_kv_blocks).
-enum class KernelOp { kRmsNorm, kRotary, kPagedAttention, kReshapeAndCache, kUnpackKvBlocks };
-inline constexpr int kNumKernelOps = 5;
+// kFreeKv*: FreeKV's page selection, page layout conversions (offload and recall) and decode
+// attention (docs/freekv.md).
+enum class KernelOp {
+  kRmsNorm,
+  kRotary,
+  kPagedAttention,
+  kReshapeAndCache,
+  kUnpackKvBlocks,
+  kFreeKvSelect,
+  kFreeKvPages,
+  kFreeKvAttention
+};
+inline constexpr int kNumKernelOps = 8;
 inline constexpr std::array<KernelOp, kNumKernelOps> kAllKernelOps = {
-    KernelOp::kRmsNorm, KernelOp::kRotary, KernelOp::kPagedAttention, KernelOp::kReshapeAndCache,
-    KernelOp::kUnpackKvBlocks};
+    KernelOp::kRmsNorm,         KernelOp::kRotary,         KernelOp::kPagedAttention,
+    KernelOp::kReshapeAndCache, KernelOp::kUnpackKvBlocks, KernelOp::kFreeKvSelect,
+    KernelOp::kFreeKvPages,     KernelOp::kFreeKvAttention};
 
 inline const char* kernel_op_name(KernelOp op) {
   switch (op) {
@@ -32,6 +44,12 @@ inline const char* kernel_op_name(KernelOp op) {
       return "reshape_and_cache";
     case KernelOp::kUnpackKvBlocks:
       return "unpack_kv_blocks";
+    case KernelOp::kFreeKvSelect:
+      return "freekv_select";
+    case KernelOp::kFreeKvPages:
+      return "freekv_pages";
+    case KernelOp::kFreeKvAttention:
+      return "freekv_attention";
   }
   return "?";
 }

@@ -72,4 +72,24 @@ at::Tensor unpack_kv_blocks(const at::Tensor& bytes, const kv::KvFormat& format,
                             int64_t num_kv_heads, int64_t block_size, int64_t head_dim,
                             c10::ScalarType dtype, KernelBackend backend = KernelBackend::kStrata);
 
+// FreeKV's operations (kernels::aten's freekv_* contracts, freekv_ops.h; launchers in ops.h).
+// Every tensor on q's (or the rows', the chunks') device and dtype; items int32 and slots int64
+// on that device. On CUDA Strata's kernels run on the current stream for float16/bfloat16,
+// head_dim 64 or 128 and groups of at most 8 query heads (the copies for any float type with
+// 16-byte rows), contiguous tensors; the rest, CPU tensors and kTorch run libtorch. Throws
+// c10::Error on a bad shape, dtype or device.
+at::Tensor freekv_select(const at::Tensor& q, const at::Tensor& kmin, const at::Tensor& kmax,
+                         int64_t top_k, double scale,
+                         KernelBackend backend = KernelBackend::kStrata);
+void freekv_offload(const at::Tensor& rows_k, const at::Tensor& rows_v, at::Tensor& page,
+                    at::Tensor& kmin, at::Tensor& kmax,
+                    KernelBackend backend = KernelBackend::kStrata);
+void freekv_recall(const at::Tensor& chunks, const at::Tensor& items, at::Tensor& cache_k,
+                   at::Tensor& cache_v, const at::Tensor& from_k, const at::Tensor& from_v,
+                   KernelBackend backend = KernelBackend::kStrata);
+at::Tensor freekv_attention(const at::Tensor& q, const at::Tensor& resident_k,
+                            const at::Tensor& resident_v, const at::Tensor& cache_k,
+                            const at::Tensor& cache_v, const at::Tensor& slots, double scale,
+                            KernelBackend backend = KernelBackend::kStrata);
+
 }  // namespace strata::kernels

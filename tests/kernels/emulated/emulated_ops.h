@@ -60,9 +60,49 @@ inline at::Tensor emulated_unpack_kv_blocks(const at::Tensor& bytes, const kv::K
   return blocks;
 }
 
+// FreeKV: the workspaces are poisoned (NaN), as the kernels' own tests have them.
+inline at::Tensor emulated_freekv_select(const at::Tensor& q, const at::Tensor& kmin,
+                                         const at::Tensor& kmax, int64_t top_k, double scale) {
+  at::Tensor scores = at::empty({kmin.size(1), kmin.size(0)}, at::kFloat);
+  at::Tensor selected = at::empty({kmin.size(1), std::min(top_k, kmin.size(0))}, at::kLong);
+  FreeKvSelectParams params = freekv_select_params(scores, selected, q, kmin, kmax, scale);
+  at::Tensor workspace =
+      at::full({static_cast<int64_t>(freekv_select_workspace_bytes(params) / sizeof(float))}, NAN);
+  params.workspace = workspace.data_ptr<float>();
+  launch_freekv_select(params, nullptr);
+  return selected;
+}
+
+inline void emulated_freekv_offload(const at::Tensor& rows_k, const at::Tensor& rows_v,
+                                    at::Tensor& page, at::Tensor& kmin, at::Tensor& kmax) {
+  launch_freekv_offload(freekv_offload_params(rows_k, rows_v, page, kmin, kmax), nullptr);
+}
+
+inline void emulated_freekv_recall(const at::Tensor& chunks, const at::Tensor& items,
+                                   at::Tensor& cache_k, at::Tensor& cache_v,
+                                   const at::Tensor& from_k, const at::Tensor& from_v) {
+  launch_freekv_recall(freekv_recall_params(chunks, items, cache_k, cache_v, from_k, from_v),
+                       nullptr);
+}
+
+inline at::Tensor emulated_freekv_attention(const at::Tensor& q, const at::Tensor& resident_k,
+                                            const at::Tensor& resident_v, const at::Tensor& cache_k,
+                                            const at::Tensor& cache_v, const at::Tensor& slots,
+                                            double scale) {
+  at::Tensor out = at::empty_like(q);
+  FreeKvAttentionParams params =
+      freekv_attention_params(out, q, resident_k, resident_v, cache_k, cache_v, slots, scale);
+  at::Tensor workspace = at::full(
+      {static_cast<int64_t>(freekv_attention_workspace_bytes(params) / sizeof(float))}, NAN);
+  params.workspace = workspace.data_ptr<float>();
+  launch_freekv_attention(params, nullptr);
+  return out;
+}
+
 inline KernelOpTable emulated_kernel_table() {
-  return {emulated_rms_norm, emulated_rotary, emulated_paged_attention, emulated_reshape_and_cache,
-          emulated_unpack_kv_blocks};
+  return {emulated_rms_norm,          emulated_rotary,           emulated_paged_attention,
+          emulated_reshape_and_cache, emulated_unpack_kv_blocks, emulated_freekv_select,
+          emulated_freekv_offload,    emulated_freekv_recall,    emulated_freekv_attention};
 }
 
 }  // namespace strata::kernels::testing

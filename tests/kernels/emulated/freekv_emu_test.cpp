@@ -41,8 +41,8 @@ at::Tensor run_select(const at::Tensor& q, const at::Tensor& kmin, const at::Ten
   at::Tensor scores = at::full({kv, pages}, NAN);
   at::Tensor selected = at::full({kv, top_k}, -1, at::kLong);
   FreeKvSelectParams p = freekv_select_params(scores, selected, q, kmin, kmax, scale);
-  at::Tensor workspace = at::full(
-      {static_cast<int64_t>(freekv_select_workspace_bytes(p) / sizeof(float))}, NAN);
+  at::Tensor workspace =
+      at::full({static_cast<int64_t>(freekv_select_workspace_bytes(p) / sizeof(float))}, NAN);
   p.workspace = workspace.data_ptr<float>();
   launch_freekv_select(p, nullptr);
   return at::cat({selected.to(at::kFloat), scores}, 1);
@@ -136,8 +136,8 @@ TEST_P(FreeKvPagesEmuTest, OffloadAndRecallCopyLikeTheReference) {
   // head 0 a delta from the other buffer's slot 2 into slot 1 when that is free.
   std::vector<int32_t> flat;
   for (int64_t m = 0; m < kv; ++m) {
-    flat.insert(flat.end(), {static_cast<int32_t>(m), static_cast<int32_t>(m),
-                             static_cast<int32_t>(3 + m)});
+    flat.insert(flat.end(),
+                {static_cast<int32_t>(m), static_cast<int32_t>(m), static_cast<int32_t>(3 + m)});
     if (3 - m != m) {
       flat.insert(flat.end(), {static_cast<int32_t>(m), static_cast<int32_t>(3 - m),
                                static_cast<int32_t>(m % 3)});
@@ -171,8 +171,8 @@ TEST_P(FreeKvPagesEmuTest, OffloadAndRecallCopyLikeTheReference) {
         launch_freekv_recall(freekv_recall_params(chunks, items, cache_k, cache_v, from_k, from_v),
                              nullptr);
         // Unwritten slots stay NaN in both: compare them as zeros.
-        return at::cat({page.flatten(), lo.flatten(), hi.flatten(),
-                        cache_k.nan_to_num(0).flatten(), cache_v.nan_to_num(0).flatten()});
+        return at::cat({page.flatten(), lo.flatten(), hi.flatten(), cache_k.nan_to_num(0).flatten(),
+                        cache_v.nan_to_num(0).flatten()});
       },
       at::cat({want_page.flatten(), want_lo.flatten(), want_hi.flatten(),
                want_k.nan_to_num(0).flatten(), want_v.nan_to_num(0).flatten()}),
@@ -180,8 +180,7 @@ TEST_P(FreeKvPagesEmuTest, OffloadAndRecallCopyLikeTheReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Grid, FreeKvPagesEmuTest,
-                         ::testing::Combine(::testing::Values(at::kFloat, at::kHalf,
-                                                              at::kBFloat16),
+                         ::testing::Combine(::testing::Values(at::kFloat, at::kHalf, at::kBFloat16),
                                             ::testing::Values<int64_t>(64, 128),
                                             ::testing::Values<int64_t>(16, 32),
                                             ::testing::Values<int64_t>(1, 3)));
@@ -215,8 +214,8 @@ TEST_P(FreeKvAttentionEmuTest, AttendsLikeTheReference) {
   testing::expect_schedule_invariant_match(
       [&] {
         at::Tensor out = at::full({heads, d}, NAN).to(dtype);
-        FreeKvAttentionParams a = freekv_attention_params(out, q, resident_k, resident_v,
-                                                          cache_k, cache_v, slots, scale);
+        FreeKvAttentionParams a =
+            freekv_attention_params(out, q, resident_k, resident_v, cache_k, cache_v, slots, scale);
         at::Tensor workspace = at::full(
             {static_cast<int64_t>(freekv_attention_workspace_bytes(a) / sizeof(float))}, NAN);
         a.workspace = workspace.data_ptr<float>();

@@ -10,6 +10,7 @@
 #include "emulated_ops.h"
 #include "self_check.h"
 #include "strata/kernels/aten_ops.h"
+#include "strata/kernels/freekv_ops.h"
 #include "strata/kernels/kv_format_ops.h"
 
 namespace strata::kernels {
@@ -27,10 +28,14 @@ KernelOpTable libtorch_table() {
     return out;
   };
   t.reshape_and_cache = aten::reshape_and_cache;
-  t.unpack_kv_blocks = [](const at::Tensor& bytes, const kv::KvFormat& format, int64_t h,
-                          int64_t b, int64_t d, at::ScalarType dtype) {
+  t.unpack_kv_blocks = [](const at::Tensor& bytes, const kv::KvFormat& format, int64_t h, int64_t b,
+                          int64_t d, at::ScalarType dtype) {
     return aten::unpack_kv_blocks(bytes, format, h, b, d).to(dtype);
   };
+  t.freekv_select = aten::freekv_select;
+  t.freekv_offload = aten::freekv_offload;
+  t.freekv_recall = aten::freekv_recall;
+  t.freekv_attention = aten::freekv_attention;
   return t;
 }
 
@@ -76,6 +81,11 @@ TEST(KernelSelfCheck, AWrongKernelFallsBackToLibtorch) {
     out.view(-1)[0] = NAN;
     return out;
   };
+  broken.freekv_select = [](const at::Tensor& q, const at::Tensor& kmin, const at::Tensor& kmax,
+                            int64_t top_k, double scale) {
+    return testing::emulated_freekv_select(q, kmin, kmax, top_k + 1, scale)  // one page more
+        .narrow(1, 1, top_k);
+  };
   const KernelReport r = run_kernel_self_check(broken, libtorch_table(), smollm2_shape());
   const OpCheck& norm = check_of(r, KernelOp::kRmsNorm);
   EXPECT_EQ(norm.result, SelfCheckResult::kMismatch);
@@ -92,6 +102,8 @@ TEST(KernelSelfCheck, AWrongKernelFallsBackToLibtorch) {
   EXPECT_EQ(cache.result, SelfCheckResult::kPassed);
   EXPECT_EQ(r.backend(KernelOp::kRmsNorm), KernelBackend::kTorch);
   EXPECT_EQ(r.backend(KernelOp::kReshapeAndCache), KernelBackend::kStrata);
+  EXPECT_EQ(r.backend(KernelOp::kFreeKvSelect), KernelBackend::kTorch);
+  EXPECT_EQ(r.backend(KernelOp::kFreeKvAttention), KernelBackend::kStrata);
 }
 
 }  // namespace
