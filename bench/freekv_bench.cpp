@@ -63,6 +63,7 @@ struct Row {
   int64_t context = 0;
   double ms_per_step = 0;
   double corrected_share = 0, recalled_pages_per_step = 0, reused_pages_per_step = 0;
+  double recall_hidden_share = 0, recalled_mib_per_step = 0;
 };
 
 // FreeKV at tau (2 = synchronous retrieval), or StreamingLLM when `streaming`.
@@ -82,6 +83,9 @@ Row run_freekv(const Trace& t, int64_t context, int64_t steps, double tau, const
   r.corrected_share = static_cast<double>(s.corrected_heads) / s.head_steps;
   r.recalled_pages_per_step = static_cast<double>(s.recalled_pages) / steps;
   r.reused_pages_per_step = static_cast<double>(s.reused_pages) / steps;
+  r.recall_hidden_share = 1.0 - s.recall_exposed_seconds / s.recall_seconds;
+  // A (page, head) copy from the host moves 2 x p x d float32 elements.
+  r.recalled_mib_per_step = r.recalled_pages_per_step * 2 * 32 * kDim * 4 / (1 << 20);
   return r;
 }
 
@@ -130,22 +134,25 @@ int main(int argc, char** argv) {
     rows.push_back(run_freekv(t, context, steps, 0.8, "freekv"));
     rows.push_back(run_dense(t, context, steps, /*streaming=*/true));
   }
-  std::printf("%-13s %8s %12s %10s %10s %12s %12s\n", "method", "context", "ms/step", "vs full",
-              "corrected", "recalled/st", "reused/st");
+  std::printf("%-13s %8s %12s %10s %10s %12s %12s %12s %8s\n", "method", "context", "ms/step",
+              "vs full", "corrected", "recalled/st", "reused/st", "MiB/step", "hidden");
   nlohmann::json out = nlohmann::json::array();
   double full_ms = 0;
   for (const Row& r : rows) {
     if (r.method == "full") full_ms = r.ms_per_step;
-    std::printf("%-13s %8lld %12.3f %9.2fx %10.3f %12.1f %12.1f\n", r.method.c_str(),
-                static_cast<long long>(r.context), r.ms_per_step, full_ms / r.ms_per_step,
-                r.corrected_share, r.recalled_pages_per_step, r.reused_pages_per_step);
+    std::printf("%-13s %8lld %12.3f %9.2fx %10.3f %12.1f %12.1f %12.2f %8.3f\n",
+                r.method.c_str(), static_cast<long long>(r.context), r.ms_per_step,
+                full_ms / r.ms_per_step, r.corrected_share, r.recalled_pages_per_step,
+                r.reused_pages_per_step, r.recalled_mib_per_step, r.recall_hidden_share);
     out.push_back({{"method", r.method},
                    {"context", r.context},
                    {"ms_per_step", r.ms_per_step},
                    {"speedup_vs_full", full_ms / r.ms_per_step},
                    {"corrected_share", r.corrected_share},
                    {"recalled_pages_per_step", r.recalled_pages_per_step},
-                   {"reused_pages_per_step", r.reused_pages_per_step}});
+                   {"reused_pages_per_step", r.reused_pages_per_step},
+                   {"recalled_mib_per_step", r.recalled_mib_per_step},
+                   {"recall_hidden_share", r.recall_hidden_share}});
   }
   if (!json_path.empty()) std::ofstream(json_path) << out.dump(2) << "\n";
   return 0;

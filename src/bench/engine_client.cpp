@@ -141,7 +141,9 @@ class EngineClient final : public BenchClient {
                     {"head_steps", d(c.head_steps)},
                     {"corrected_heads", d(c.corrected_heads)},
                     {"recalled_pages", d(c.recalled_pages)},
-                    {"reused_pages", d(c.reused_pages)}};
+                    {"reused_pages", d(c.reused_pages)},
+                    {"recall_seconds", c.recall_seconds},
+                    {"recall_exposed_seconds", c.recall_exposed_seconds}};
   }
 
   std::optional<Counters> store_counters() override {

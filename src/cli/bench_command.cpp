@@ -501,13 +501,17 @@ StatusOr<Json> run_quality(const Flags& flags, bench::BenchClient& client, const
     lean["memory_fraction"] = bf16 > 0 ? lean["bytes"].get<double>() / bf16 : 0.0;
     result["leankv"] = lean;
   }
-  // FreeKV's retrieval over the run: the share of (step, layer, KV head) corrected.
+  // FreeKV's retrieval over the run: the share of (step, layer, KV head) corrected, and of the
+  // recall time hidden behind compute.
   if (const std::optional<bench::Counters> after = client.freekv_counters(); after && freekv_before) {
     Json free;
     for (const auto& [name, value] : *after) free[name] = value - freekv_before->at(name);
     const double head_steps = free["head_steps"].get<double>();
     free["corrected_share"] =
         head_steps > 0 ? free["corrected_heads"].get<double>() / head_steps : 0.0;
+    const double recall = free["recall_seconds"].get<double>();
+    free["recall_hidden_share"] =
+        recall > 0 ? 1.0 - free["recall_exposed_seconds"].get<double>() / recall : 0.0;
     result["freekv"] = free;
   }
   result.update(w.setup);

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -12,6 +13,16 @@
 namespace strata::executor {
 
 namespace ka = kernels::aten;
+
+namespace {
+
+int64_t nanoseconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
+                                                              start)
+      .count();
+}
+
+}  // namespace
 
 Status validate(const FreeKvConfig& o) {
   const int64_t p = o.page_tokens;
@@ -101,9 +112,12 @@ FreeKvLayer::~FreeKvLayer() { wait_recall(); }
 void FreeKvLayer::start_recall(std::vector<std::vector<int64_t>> selected) {
   Buffer& back = buffers_[1 - front_];
   const Buffer& front = buffers_[front_];
+  recall_posted_ = true;
   worker_.post(
       [this, selected = std::move(selected), &back, &front] {
+        const auto start = std::chrono::steady_clock::now();
         recall(selected, std::vector<bool>(num_kv_heads_, true), back, front);
+        recall_ns_ += nanoseconds_since(start);
       },
       &recall_pending_);
 }
@@ -145,14 +159,12 @@ void FreeKvLayer::offload_page() {
     kmin_ = std::move(kmin);
     kmax_ = std::move(kmax);
   }
-  // Token-major [p, n_kv, d] -> head-major [n_kv, 2, p, d].
+  // Token-major [p, n_kv, d] -> head-major [n_kv, 2, p, d], with the page's summary.
   at::Tensor page = host_.select(0, num_pages_);
+  at::Tensor lo = kmin_.select(0, num_pages_), hi = kmax_.select(0, num_pages_);
   const int64_t start = options_.sink_tokens;
-  page.select(1, 0).copy_(resident_k_.narrow(0, start, p).permute({1, 0, 2}));
-  page.select(1, 1).copy_(resident_v_.narrow(0, start, p).permute({1, 0, 2}));
-  auto [lo, hi] = ka::freekv_summaries(page.select(1, 0).unsqueeze(0));
-  kmin_.select(0, num_pages_).copy_(lo.squeeze(0));
-  kmax_.select(0, num_pages_).copy_(hi.squeeze(0));
+  ka::freekv_offload(resident_k_.narrow(0, start, p), resident_v_.narrow(0, start, p), page, lo,
+                     hi);
   ++num_pages_;
   const int64_t rest = window_len_ - p;
   if (rest > 0) {
@@ -210,10 +222,20 @@ void FreeKvLayer::recall(const std::vector<std::vector<int64_t>>& selected,
   }
 }
 
+void FreeKvLayer::wait_recall_timed() {
+  if (!recall_posted_) return;
+  const auto start = std::chrono::steady_clock::now();
+  wait_recall();
+  exposed_ns_ += nanoseconds_since(start);
+  recall_posted_ = false;
+}
+
 FreeKvCounts FreeKvLayer::stats() const {
   FreeKvCounts counts = stats_;
   counts.recalled_pages = recalled_pages_.load();
   counts.reused_pages = reused_pages_.load();
+  counts.recall_seconds = static_cast<double>(recall_ns_.load()) * 1e-9;
+  counts.recall_exposed_seconds = static_cast<double>(exposed_ns_) * 1e-9;
   return counts;
 }
 
@@ -224,7 +246,7 @@ void FreeKvLayer::prefill(const at::Tensor& k, const at::Tensor& v) {
 
 at::Tensor FreeKvLayer::decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                double scale) {
-  wait_recall();
+  wait_recall_timed();
   front_ = 1 - front_;  // what the previous step recalled
   Buffer& front = buffers_[front_];
   append(k.to(dtype_).unsqueeze(0), v.to(dtype_).unsqueeze(0));
@@ -252,8 +274,12 @@ at::Tensor FreeKvLayer::decode(const at::Tensor& q, const at::Tensor& k, const a
   std::vector<std::vector<int64_t>> selected;
   const bool retrieves = slots_ > 0 && num_pages_ > 0;  // else StreamingLLM: sink + window
   if (num_corrected > 0 && retrieves) {
+    const auto start = std::chrono::steady_clock::now();
     selected = as_lists(select(q, scale));
     recall(selected, corrected, front, front);
+    const int64_t took = nanoseconds_since(start);  // selection and recall: on the critical path
+    recall_ns_ += took;
+    exposed_ns_ += took;
   } else if (!retrieves) {
     for (std::vector<int64_t>& pages : front.pages) pages.clear();
   }
@@ -274,10 +300,12 @@ at::Tensor FreeKvLayer::decode(const at::Tensor& q, const at::Tensor& k, const a
     offload_page();
     offloaded = true;
   }
-  if (slots_ > 0 && num_pages_ > 0) {
+  // Above 1, tau corrects every head at the next step (a cosine is at most 1): synchronous
+  // retrieval, which recalls nothing ahead.
+  if (slots_ > 0 && num_pages_ > 0 && options_.tau <= 1.0) {
     if (selected.empty() || offloaded) selected = as_lists(select(q, scale));
     start_recall(std::move(selected));
-  } else {
+  } else if (slots_ == 0 || num_pages_ == 0) {
     for (std::vector<int64_t>& pages : buffers_[1 - front_].pages) pages.clear();
   }
   q_prev_ = q.clone();

@@ -20,6 +20,7 @@
 //   5. selection with this query (reusing step 2's when nothing was offloaded) and the recall of
 //      every head's pages into the back buffer on the recall thread, for the next step: pages the
 //      front already holds are copied from it (delta recall), the rest from the host pages.
+//      Not when tau > 1: every head corrects at every step (synchronous retrieval).
 // The recall (on a RecallWorker's thread, shared by every layer of a runtime) only writes the
 // back buffer, which no attention reads until the next step has waited for it; offloads, the
 // only writes to the host pages, happen between the wait and the next recall. Plain copies on
@@ -109,6 +110,8 @@ class FreeKvLayer {
               Buffer& into, const Buffer& from);
   void start_recall(std::vector<std::vector<int64_t>> selected);
   void wait_recall() { worker_.wait(&recall_pending_); }
+  // wait_recall() for a recall posted by this thread, its time counted as exposed.
+  void wait_recall_timed();
   at::Tensor resident(const at::Tensor& rows) const {
     return rows.narrow(0, 0, sink_len_ + window_len_);
   }
@@ -133,10 +136,13 @@ class FreeKvLayer {
   at::Tensor q_prev_;                   // [n_q, d], undefined before the first step
   FreeKvCounts stats_;  // steps, head steps and corrections (the step thread's)
   std::atomic<int64_t> recalled_pages_{0}, reused_pages_{0};  // counted by either thread
+  std::atomic<int64_t> recall_ns_{0};  // either thread
+  int64_t exposed_ns_ = 0;             // the step thread's recalls and waits
   bool poison_ = false;
 
   RecallWorker& worker_;
   bool recall_pending_ = false;  // this layer's recall is posted and has not run (the worker's)
+  bool recall_posted_ = false;   // the step thread's: a recall was posted and not waited for
 };
 
 }  // namespace strata::executor

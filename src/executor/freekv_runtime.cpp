@@ -48,6 +48,8 @@ void FreeKvRuntime::add(FreeKvCounts& to, const FreeKvCounts& from) {
   to.corrected_heads += from.corrected_heads;
   to.recalled_pages += from.recalled_pages;
   to.reused_pages += from.reused_pages;
+  to.recall_seconds += from.recall_seconds;
+  to.recall_exposed_seconds += from.recall_exposed_seconds;
 }
 
 void FreeKvRuntime::end(SeqId seq) {

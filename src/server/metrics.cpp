@@ -374,6 +374,13 @@ std::string Metrics::render(const engine::EngineStats& engine) const {
   counter("strata_freekv_reused_pages_total",
           "FreeKV (page, KV head) copies from the previous step's recall buffer (delta recall).",
           static_cast<double>(free.reused_pages));
+  counter("strata_freekv_recall_seconds_total",
+          "Seconds FreeKV spent selecting and recalling pages for the next step (recall thread) "
+          "and for corrected KV heads (step thread).",
+          free.recall_seconds);
+  counter("strata_freekv_recall_exposed_seconds_total",
+          "Of those, seconds the step thread recalled or waited for a recall (not hidden).",
+          free.recall_exposed_seconds);
   counter("strata_prefix_cache_lookup_tokens_total", "Prompt tokens looked up in the prefix cache.",
           static_cast<double>(engine.prefix_lookup_tokens));
   counter("strata_prefix_cache_hit_tokens_total", "Prompt tokens found in the prefix cache.",

@@ -87,7 +87,9 @@ struct LeanKvCounts {
 // layers that retrieve (not the exact first): decode steps x layers, those x KV heads, of which
 // corrected (selected with the step's own query and recalled before attention), and (page, KV
 // head) copies into the recall buffers from the host pages and from the buffer the step before
-// used (delta recall).
+// used (delta recall); the seconds spent recalling (on the recall thread, and a corrected head's
+// recall on the step thread), and of those the exposed ones: the step thread recalling or waiting
+// for a recall. 1 - exposed / recall is the share of recall hidden behind compute.
 struct FreeKvCounts {
   int64_t sequences = 0;
   int64_t steps = 0;
@@ -95,6 +97,8 @@ struct FreeKvCounts {
   int64_t corrected_heads = 0;
   int64_t recalled_pages = 0;
   int64_t reused_pages = 0;
+  double recall_seconds = 0;
+  double recall_exposed_seconds = 0;
 };
 
 // How the weights are held (logged at start-up): the matmuls in each form (fused ones, such as

@@ -222,6 +222,10 @@ TEST(FreeKvLayerTest, TauAboveOneIsSynchronousRetrieval) {
   const FreeKvCounts stats = layer.stats();
   EXPECT_EQ(stats.corrected_heads, stats.head_steps);
   EXPECT_EQ(stats.head_steps, 50 * kKvHeads);
+  // Nothing is recalled ahead: every recall is on the step thread, from the host pages.
+  EXPECT_EQ(stats.reused_pages, 0);
+  EXPECT_GT(stats.recall_seconds, 0.0);
+  EXPECT_EQ(stats.recall_exposed_seconds, stats.recall_seconds);
 }
 
 // Below tau nothing is corrected after the first step: attention reads the pages selected one
@@ -244,6 +248,7 @@ TEST(FreeKvLayerTest, SpeculationReadsThePreviousStepsPages) {
   EXPECT_EQ(stats.corrected_heads, kKvHeads);  // the first step only
   EXPECT_GT(stats.reused_pages, 0);
   EXPECT_GT(stats.recalled_pages, 0);
+  EXPECT_GT(stats.recall_seconds, 0.0);
 }
 
 // A budget of sink + window selects no page: StreamingLLM, attention over the first S and the
