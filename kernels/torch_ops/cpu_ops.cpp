@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <type_traits>
 #include <vector>
@@ -84,8 +85,8 @@ void rotary_rows(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& s
 #define STRATA_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
 // scores[r] = scale * <q, k[r]>
-STRATA_VECTOR_CLONES void block_scores(
-    const float* q, const float* k, int64_t rows, int64_t dim, float scale, float* scores) {
+STRATA_VECTOR_CLONES void block_scores(const float* q, const float* k, int64_t rows, int64_t dim,
+                                       float scale, float* scores) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* k_row = k + r * dim;
     float acc = 0.0f;
@@ -96,8 +97,8 @@ STRATA_VECTOR_CLONES void block_scores(
 }
 
 // out += sum_r p[r] * v[r]
-STRATA_VECTOR_CLONES void block_values(
-    const float* p, const float* v, int64_t rows, int64_t dim, float* out) {
+STRATA_VECTOR_CLONES void block_values(const float* p, const float* v, int64_t rows, int64_t dim,
+                                       float* out) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* v_row = v + r * dim;
     const float w = p[r];
@@ -229,6 +230,33 @@ void paged_decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tens
       at::kHalf, at::kBFloat16, q.scalar_type(), "cpu_decode_attention", [&] {
         decode_attention<scalar_t>(out, q, kv_cache, block_tables, seq_lens, cu_q_lens, scale);
       });
+}
+
+void freekv_recall(const at::Tensor& chunks, const at::Tensor& items, at::Tensor& cache_k,
+                   at::Tensor& cache_v, const at::Tensor& from_k, const at::Tensor& from_v) {
+  const int64_t p = cache_k.size(1), heads = cache_k.size(2);
+  const int64_t row = cache_k.size(3) * cache_k.element_size();  // bytes of one token of a head
+  auto* dst_k = static_cast<std::byte*>(cache_k.data_ptr());
+  auto* dst_v = static_cast<std::byte*>(cache_v.data_ptr());
+  const auto* chunk = static_cast<const std::byte*>(chunks.data_ptr());
+  const auto* src_k = static_cast<const std::byte*>(from_k.data_ptr());
+  const auto* src_v = static_cast<const std::byte*>(from_v.data_ptr());
+  const int32_t* item = items.data_ptr<int32_t>();
+  // Byte offsets: NHD [slot, t, m, :]; a chunk [c, kv, t, :].
+  auto nhd = [&](int64_t slot, int64_t t, int64_t m) { return ((slot * p + t) * heads + m) * row; };
+  auto hnd = [&](int64_t c, int64_t kv, int64_t t) { return ((c * 2 + kv) * p + t) * row; };
+  for (int64_t i = 0; i < items.size(0); ++i) {
+    const int64_t m = item[3 * i], slot = item[3 * i + 1], source = item[3 * i + 2];
+    for (int64_t t = 0; t < p; ++t) {
+      if (source >= 0) {
+        std::memcpy(dst_k + nhd(slot, t, m), chunk + hnd(source, 0, t), row);
+        std::memcpy(dst_v + nhd(slot, t, m), chunk + hnd(source, 1, t), row);
+      } else {
+        std::memcpy(dst_k + nhd(slot, t, m), src_k + nhd(-source - 1, t, m), row);
+        std::memcpy(dst_v + nhd(slot, t, m), src_v + nhd(-source - 1, t, m), row);
+      }
+    }
+  }
 }
 
 }  // namespace strata::kernels::cpu

@@ -381,19 +381,24 @@ void freekv_recall(const at::Tensor& chunks, const at::Tensor& items, at::Tensor
   TORCH_CHECK(items.scalar_type() == at::kInt && items.device() == chunks.device(),
               "freekv_recall: items must be int32 on ", chunks.device(), ", got ",
               items.scalar_type(), " on ", items.device());
-  const bool fits = chunks.is_contiguous() && items.is_contiguous() && cache_k.is_contiguous() &&
-                    cache_v.is_contiguous() && from_k.is_contiguous() && from_v.is_contiguous() &&
-                    cache_k.dim() == 4 && cache_k.size(3) * cache_k.element_size() % 16 == 0;
-  if (!use_strata(chunks, backend) || !fits) {
+  TORCH_CHECK(items.dim() == 2 && items.size(1) == 3 && chunks.dim() == 4 && chunks.size(1) == 2 &&
+                  cache_k.dim() == 4 && chunks.size(2) == cache_k.size(1) &&
+                  chunks.size(3) == cache_k.size(3) && cache_v.sizes() == cache_k.sizes() &&
+                  from_k.sizes() == cache_k.sizes() && from_v.sizes() == cache_k.sizes(),
+              "freekv_recall: chunks ", chunks.sizes(), ", items ", items.sizes(), ", cache ",
+              cache_k.sizes(), ", from ", from_k.sizes());
+  const bool contiguous = chunks.is_contiguous() && items.is_contiguous() &&
+                          cache_k.is_contiguous() && cache_v.is_contiguous() &&
+                          from_k.is_contiguous() && from_v.is_contiguous();
+  if (contiguous && use_cpu_kernel(backend, {&chunks, &items, &cache_k, &cache_v})) {
+    cpu::freekv_recall(chunks, items, cache_k, cache_v, from_k, from_v);
+    return;
+  }
+  if (!use_strata(chunks, backend) || !contiguous ||
+      cache_k.size(3) * cache_k.element_size() % 16 != 0) {
     aten::freekv_recall(chunks, items, cache_k, cache_v, from_k, from_v);
     return;
   }
-  TORCH_CHECK(items.dim() == 2 && items.size(1) == 3 && chunks.dim() == 4 && chunks.size(1) == 2 &&
-                  chunks.size(2) == cache_k.size(1) && chunks.size(3) == cache_k.size(3) &&
-                  cache_v.sizes() == cache_k.sizes() && from_k.sizes() == cache_k.sizes() &&
-                  from_v.sizes() == cache_k.sizes(),
-              "freekv_recall: chunks ", chunks.sizes(), ", items ", items.sizes(), ", cache ",
-              cache_k.sizes(), ", from ", from_k.sizes());
   const c10::cuda::CUDAGuard guard(chunks.device());
   launch_freekv_recall(freekv_recall_params(chunks, items, cache_k, cache_v, from_k, from_v),
                        c10::cuda::getCurrentCUDAStream(chunks.get_device()).stream());

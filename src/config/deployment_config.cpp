@@ -676,11 +676,6 @@ Status DeploymentConfig::validate() const {
     }
   }
   if (freekv.enabled) {
-    if (devices.device.kind == DeviceKind::kCuda) {
-      return invalid_argument_error(
-          "freekv.enabled needs devices.device cpu (or auto on a machine without a GPU) for now: "
-          "its recall runs on host threads (docs/freekv.md)");
-    }
     if (leankv.enabled) {
       return invalid_argument_error("freekv.enabled and leankv.enabled exclude each other");
     }

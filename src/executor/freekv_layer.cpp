@@ -1,6 +1,9 @@
 #include "freekv_layer.h"
 
 #include <ATen/ATen.h>
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 
 #include <chrono>
 #include <cmath>
@@ -9,6 +12,7 @@
 #include <string>
 
 #include "strata/kernels/freekv_ops.h"
+#include "strata/kernels/torch_ops.h"
 
 namespace strata::executor {
 
@@ -31,8 +35,7 @@ Status validate(const FreeKvConfig& o) {
       o.window_tokens % p != 0) {
     return invalid_argument_error("freekv: sink_tokens (" + std::to_string(o.sink_tokens) +
                                   ") and window_tokens (" + std::to_string(o.window_tokens) +
-                                  ") must be multiples of page_tokens (" + std::to_string(p) +
-                                  ")");
+                                  ") must be multiples of page_tokens (" + std::to_string(p) + ")");
   }
   if (std::isnan(o.tau)) return invalid_argument_error("freekv: tau must be a number");
   if (o.budget_tokens < o.sink_tokens + o.window_tokens) {
@@ -82,22 +85,38 @@ void RecallWorker::run() {
   }
 }
 
+// A CUDA layer's recall machinery: the copy stream recalls run on, an event the step's compute
+// records before a recall is posted (the recall waits for it: the back buffer's last reader and
+// the offloads' device-to-host copies come before it) and one the recall records when its copies
+// and conversion are enqueued (the next step's compute waits for it), and the device staging
+// buffers of the transfers.
+struct FreeKvLayer::Cuda {
+  c10::cuda::CUDAStream copy;
+  at::cuda::CUDAEvent compute_ready, recall_done;
+  at::Tensor staging;       // [n_kv * slots, 2, p, d]: (page, head) blocks copied up
+  at::Tensor page_staging;  // [n_kv, 2, p, d]: an offloaded page on its way down
+
+  c10::cuda::CUDAStream compute() const {
+    return c10::cuda::getCurrentCUDAStream(copy.device_index());
+  }
+};
+
 FreeKvLayer::FreeKvLayer(const FreeKvConfig& options, int64_t num_kv_heads, int64_t head_dim,
-                         at::ScalarType dtype, RecallWorker& worker)
+                         at::ScalarType dtype, RecallWorker& worker, const FreeKvDevice& device)
     : options_(options),
       num_kv_heads_(num_kv_heads),
       head_dim_(head_dim),
       slots_((options.budget_tokens - options.sink_tokens - options.window_tokens) /
              options.page_tokens),
       dtype_(dtype),
-      element_bytes_(static_cast<int64_t>(c10::elementSize(dtype))),
+      device_(device),
       worker_(worker) {
   const int64_t p = options_.page_tokens;
-  const auto opts = at::TensorOptions().dtype(dtype_);
+  const auto opts = at::TensorOptions().dtype(dtype_).device(device_.device);
   resident_k_ = at::empty(
       {options_.sink_tokens + options_.window_tokens + p, num_kv_heads_, head_dim_}, opts);
   resident_v_ = at::empty_like(resident_k_);
-  host_ = at::empty({0, num_kv_heads_, 2, p, head_dim_}, opts);
+  host_ = at::empty({0, num_kv_heads_, 2, p, head_dim_}, host_options());
   kmin_ = at::empty({0, num_kv_heads_, head_dim_}, opts);
   kmax_ = at::empty_like(kmin_);
   for (Buffer& b : buffers_) {
@@ -105,21 +124,49 @@ FreeKvLayer::FreeKvLayer(const FreeKvConfig& options, int64_t num_kv_heads, int6
     b.v = at::zeros_like(b.k);
     b.pages.assign(num_kv_heads_, {});
   }
+  if (device_.device.is_cuda()) {
+    const c10::cuda::CUDAGuard guard(device_.device);
+    cuda_ = std::unique_ptr<Cuda>(
+        new Cuda{c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device_.device.index()),
+                 at::cuda::CUDAEvent(), at::cuda::CUDAEvent(),
+                 at::empty({num_kv_heads_ * slots_, 2, p, head_dim_}, opts),
+                 at::empty({num_kv_heads_, 2, p, head_dim_}, opts)});
+  }
 }
 
-FreeKvLayer::~FreeKvLayer() { wait_recall(); }
+FreeKvLayer::~FreeKvLayer() {
+  wait_recall();
+  if (cuda_) cuda_->recall_done.synchronize();  // the copies still write this layer's buffers
+}
+
+at::TensorOptions FreeKvLayer::host_options() const {
+  return at::TensorOptions().dtype(dtype_).pinned_memory(device_.device.is_cuda());
+}
 
 void FreeKvLayer::start_recall(std::vector<std::vector<int64_t>> selected) {
   Buffer& back = buffers_[1 - front_];
   const Buffer& front = buffers_[front_];
+  if (cuda_) cuda_->compute_ready.record(cuda_->compute());
   recall_posted_ = true;
   worker_.post(
       [this, selected = std::move(selected), &back, &front] {
         const auto start = std::chrono::steady_clock::now();
-        recall(selected, std::vector<bool>(num_kv_heads_, true), back, front);
+        if (cuda_) {
+          const c10::cuda::CUDAStreamGuard guard(cuda_->copy);
+          cuda_->compute_ready.block(cuda_->copy);
+          recall(selected, std::vector<bool>(num_kv_heads_, true), back, front);
+          cuda_->recall_done.record(cuda_->copy);
+        } else {
+          recall(selected, std::vector<bool>(num_kv_heads_, true), back, front);
+        }
         recall_ns_ += nanoseconds_since(start);
       },
       &recall_pending_);
+}
+
+void FreeKvLayer::wait_recall() {
+  worker_.wait(&recall_pending_);
+  if (cuda_) cuda_->recall_done.block(cuda_->compute());
 }
 
 void FreeKvLayer::append(const at::Tensor& k, const at::Tensor& v) {
@@ -148,8 +195,10 @@ void FreeKvLayer::append(const at::Tensor& k, const at::Tensor& v) {
 void FreeKvLayer::offload_page() {
   const int64_t p = options_.page_tokens;
   if (num_pages_ == host_.size(0)) {  // grow the host pages and summaries geometrically
+    // The device-to-host copies of earlier offloads land in the old pages first.
+    if (cuda_) cuda_->compute().synchronize();
     const int64_t capacity = std::max<int64_t>(16, 2 * num_pages_);
-    at::Tensor host = at::empty({capacity, num_kv_heads_, 2, p, head_dim_}, host_.options());
+    at::Tensor host = at::empty({capacity, num_kv_heads_, 2, p, head_dim_}, host_options());
     host.narrow(0, 0, num_pages_).copy_(host_.narrow(0, 0, num_pages_));
     at::Tensor kmin = at::empty({capacity, num_kv_heads_, head_dim_}, kmin_.options());
     at::Tensor kmax = at::empty_like(kmin);
@@ -159,12 +208,19 @@ void FreeKvLayer::offload_page() {
     kmin_ = std::move(kmin);
     kmax_ = std::move(kmax);
   }
-  // Token-major [p, n_kv, d] -> head-major [n_kv, 2, p, d], with the page's summary.
-  at::Tensor page = host_.select(0, num_pages_);
+  // Token-major [p, n_kv, d] -> head-major [n_kv, 2, p, d], with the page's summary (on the
+  // device); on CUDA converted in a staging page, then copied down in one transfer.
   at::Tensor lo = kmin_.select(0, num_pages_), hi = kmax_.select(0, num_pages_);
   const int64_t start = options_.sink_tokens;
-  ka::freekv_offload(resident_k_.narrow(0, start, p), resident_v_.narrow(0, start, p), page, lo,
-                     hi);
+  const at::Tensor rows_k = resident_k_.narrow(0, start, p),
+                   rows_v = resident_v_.narrow(0, start, p);
+  if (cuda_) {
+    kernels::freekv_offload(rows_k, rows_v, cuda_->page_staging, lo, hi, device_.pages);
+    host_.select(0, num_pages_).copy_(cuda_->page_staging, /*non_blocking=*/true);
+  } else {
+    at::Tensor page = host_.select(0, num_pages_);
+    kernels::freekv_offload(rows_k, rows_v, page, lo, hi, device_.pages);
+  }
   ++num_pages_;
   const int64_t rest = window_len_ - p;
   if (rest > 0) {
@@ -175,51 +231,52 @@ void FreeKvLayer::offload_page() {
 }
 
 at::Tensor FreeKvLayer::select(const at::Tensor& q, double scale) const {
-  return ka::freekv_select(q, kmin_.narrow(0, 0, num_pages_), kmax_.narrow(0, 0, num_pages_),
-                           slots_, scale);
+  return kernels::freekv_select(q.contiguous(), kmin_.narrow(0, 0, num_pages_),
+                                kmax_.narrow(0, 0, num_pages_), slots_, scale, device_.select)
+      .cpu();
 }
 
 void FreeKvLayer::recall(const std::vector<std::vector<int64_t>>& selected,
                          const std::vector<bool>& heads, Buffer& into, const Buffer& from) {
-  const int64_t p = options_.page_tokens, d = head_dim_, es = element_bytes_;
-  const int64_t row = d * es;  // one token of one head
-  auto* dst_k = static_cast<std::byte*>(into.k.data_ptr());
-  auto* dst_v = static_cast<std::byte*>(into.v.data_ptr());
-  const auto* host = static_cast<const std::byte*>(host_.data_ptr());
-  const auto* from_k = static_cast<const std::byte*>(from.k.data_ptr());
-  const auto* from_v = static_cast<const std::byte*>(from.v.data_ptr());
-  // Offsets in elements: cache [slot, t, m, :]; host [page, m, kv, t, :].
-  auto cache_at = [&](int64_t slot, int64_t t, int64_t m) {
-    return ((slot * p + t) * num_kv_heads_ + m) * row;
-  };
-  auto host_at = [&](int64_t page, int64_t m, int64_t kv, int64_t t) {
-    return (((page * num_kv_heads_ + m) * 2 + kv) * p + t) * row;
-  };
+  // Items {head, slot, source}: the source a (page, head) block of the host pages (page * n_kv +
+  // head; on CUDA the staging row it is copied up to) or -(the slot of `from` holding it) - 1.
+  std::vector<int32_t> items;
+  std::vector<int64_t> staged;  // CUDA: the host block of each staging row
   for (int64_t m = 0; m < num_kv_heads_; ++m) {
     if (!heads[m]) continue;
     const std::vector<int64_t>& pages = selected[m];
-    // The slot of `from` that holds each page (-1: none, or recalling in place).
-    std::vector<int64_t> held(pages.size(), -1);
-    for (size_t i = 0; i < pages.size() && &from != &into; ++i) {
-      for (size_t s = 0; s < from.pages[m].size(); ++s) {
-        if (from.pages[m][s] == pages[i]) held[i] = static_cast<int64_t>(s);
-      }
-    }
     for (size_t i = 0; i < pages.size(); ++i) {
-      const int64_t slot = static_cast<int64_t>(i);
-      for (int64_t t = 0; t < p; ++t) {
-        if (held[i] >= 0) {
-          std::memcpy(dst_k + cache_at(slot, t, m), from_k + cache_at(held[i], t, m), row);
-          std::memcpy(dst_v + cache_at(slot, t, m), from_v + cache_at(held[i], t, m), row);
-        } else {
-          std::memcpy(dst_k + cache_at(slot, t, m), host + host_at(pages[i], m, 0, t), row);
-          std::memcpy(dst_v + cache_at(slot, t, m), host + host_at(pages[i], m, 1, t), row);
-        }
+      int64_t held = -1;  // the slot of `from` that holds the page (none when recalling in place)
+      for (size_t s = 0; s < from.pages[m].size() && &from != &into; ++s) {
+        if (from.pages[m][s] == pages[i]) held = static_cast<int64_t>(s);
       }
-      ++(held[i] >= 0 ? reused_pages_ : recalled_pages_);
+      int64_t source = -held - 1;
+      if (held < 0) {
+        const int64_t block = pages[i] * num_kv_heads_ + m;
+        source = cuda_ ? std::ssize(staged) : block;
+        if (cuda_) staged.push_back(block);
+      }
+      items.insert(items.end(), {static_cast<int32_t>(m), static_cast<int32_t>(i),
+                                 static_cast<int32_t>(source)});
+      ++(held >= 0 ? reused_pages_ : recalled_pages_);
     }
     into.pages[m] = pages;
   }
+  if (items.empty()) return;
+  const int64_t p = options_.page_tokens;
+  const at::Tensor blocks = host_.view({-1, 2, p, head_dim_});  // [n_page * n_kv, 2, p, d]
+  const at::Tensor table = at::from_blob(items.data(), {std::ssize(items) / 3, 3}, at::kInt);
+  if (!cuda_) {
+    kernels::freekv_recall(blocks, table, into.k, into.v, from.k, from.v, device_.pages);
+    return;
+  }
+  // Each (page, head) block up in one transfer (pinned memory), then converted on the device.
+  const at::Tensor chunks = cuda_->staging.narrow(0, 0, std::ssize(staged));
+  for (size_t j = 0; j < staged.size(); ++j) {
+    chunks[static_cast<int64_t>(j)].copy_(blocks[staged[j]], /*non_blocking=*/true);
+  }
+  kernels::freekv_recall(chunks, table.to(device_.device), into.k, into.v, from.k, from.v,
+                         device_.pages);
 }
 
 void FreeKvLayer::wait_recall_timed() {
@@ -240,8 +297,8 @@ FreeKvCounts FreeKvLayer::stats() const {
 }
 
 void FreeKvLayer::prefill(const at::Tensor& k, const at::Tensor& v) {
-  wait_recall();
-  append(k.to(dtype_), v.to(dtype_));
+  wait_recall_timed();
+  append(k.to(device_.device, dtype_), v.to(device_.device, dtype_));
 }
 
 at::Tensor FreeKvLayer::decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -249,13 +306,14 @@ at::Tensor FreeKvLayer::decode(const at::Tensor& q, const at::Tensor& k, const a
   wait_recall_timed();
   front_ = 1 - front_;  // what the previous step recalled
   Buffer& front = buffers_[front_];
-  append(k.to(dtype_).unsqueeze(0), v.to(dtype_).unsqueeze(0));
+  append(k.to(dtype_).unsqueeze(0), v.to(dtype_).unsqueeze(0));  // on the layer's device
 
   // Which KV heads read pages selected with this query: all at the first step (no previous
   // query), else those whose query moved (similarity below tau).
   std::vector<bool> corrected(num_kv_heads_, true);
   if (q_prev_.defined()) {
-    const at::Tensor similarity = ka::freekv_query_similarity(q, q_prev_, num_kv_heads_);
+    const at::Tensor similarity =
+        ka::freekv_query_similarity(q, q_prev_, num_kv_heads_).to(at::kCPU, at::kDouble);
     for (int64_t m = 0; m < num_kv_heads_; ++m) {
       corrected[m] = similarity[m].item<double>() < options_.tau;
     }
@@ -291,9 +349,10 @@ at::Tensor FreeKvLayer::decode(const at::Tensor& q, const at::Tensor& k, const a
   }
   std::vector<int64_t> counts;
   for (const std::vector<int64_t>& pages : front.pages) counts.push_back(std::ssize(pages));
-  const at::Tensor slots = at::tensor(counts, at::kLong);
-  at::Tensor out = ka::freekv_attention(q, resident(resident_k_), resident(resident_v_), front.k,
-                                        front.v, slots, scale);
+  const at::Tensor slots = at::tensor(counts, at::kLong).to(device_.device);
+  at::Tensor out =
+      kernels::freekv_attention(q.contiguous(), resident(resident_k_), resident(resident_v_),
+                                front.k, front.v, slots, scale, device_.attention);
 
   bool offloaded = false;
   if (window_len_ >= options_.window_tokens + options_.page_tokens) {

@@ -6,13 +6,14 @@ namespace strata::executor {
 
 StatusOr<FreeKvRuntime> FreeKvRuntime::create(const FreeKvConfig& config, int64_t num_layers,
                                               int64_t num_kv_heads, int64_t head_dim,
-                                              int64_t max_context_tokens, at::ScalarType dtype) {
+                                              int64_t max_context_tokens, at::ScalarType dtype,
+                                              const FreeKvDevice& device) {
   STRATA_RETURN_IF_ERROR(validate(config));
-  return FreeKvRuntime(config, num_layers, num_kv_heads, head_dim, max_context_tokens, dtype);
+  return FreeKvRuntime(config, num_layers, num_kv_heads, head_dim, max_context_tokens, dtype,
+                       device);
 }
 
-void FreeKvRuntime::start(SeqId seq,
-                          int64_t n,
+void FreeKvRuntime::start(SeqId seq, int64_t n,
                           const std::function<std::pair<at::Tensor, at::Tensor>(int64_t)>& kv_of) {
   end(seq);
   // The first layer attends every token: a window as long as the context never offloads.
@@ -24,7 +25,7 @@ void FreeKvRuntime::start(SeqId seq,
   std::vector<std::unique_ptr<FreeKvLayer>> layers;
   for (int64_t l = 0; l < num_layers_; ++l) {
     layers.push_back(std::make_unique<FreeKvLayer>(l == 0 ? exact : config_, num_kv_heads_,
-                                                   head_dim_, dtype_, *worker_));
+                                                   head_dim_, dtype_, *worker_, device_));
     auto [k, v] = kv_of(l);
     layers.back()->prefill(k.narrow(0, 0, n), v.narrow(0, 0, n));
   }

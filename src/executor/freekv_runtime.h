@@ -26,10 +26,11 @@ namespace strata::executor {
 class FreeKvRuntime {
  public:
   // INVALID_ARGUMENT for options validate() refuses. max_context_tokens bounds a sequence (the
-  // first layer's exact window holds that many tokens).
+  // first layer's exact window holds that many tokens); the layers run on `device`.
   static StatusOr<FreeKvRuntime> create(const FreeKvConfig& config, int64_t num_layers,
                                         int64_t num_kv_heads, int64_t head_dim,
-                                        int64_t max_context_tokens, at::ScalarType dtype);
+                                        int64_t max_context_tokens, at::ScalarType dtype,
+                                        const FreeKvDevice& device);
 
   bool decoding(SeqId seq) const { return sequences_.contains(seq); }
   // Whether a sequence of `context` tokens leaves the pool for FreeKV.
@@ -52,19 +53,22 @@ class FreeKvRuntime {
 
  private:
   FreeKvRuntime(const FreeKvConfig& config, int64_t num_layers, int64_t num_kv_heads,
-                int64_t head_dim, int64_t max_context_tokens, at::ScalarType dtype)
+                int64_t head_dim, int64_t max_context_tokens, at::ScalarType dtype,
+                const FreeKvDevice& device)
       : config_(config),
         num_layers_(num_layers),
         num_kv_heads_(num_kv_heads),
         head_dim_(head_dim),
         max_context_tokens_(max_context_tokens),
         dtype_(dtype),
+        device_(device),
         worker_(std::make_unique<RecallWorker>()) {}
   static void add(FreeKvCounts& to, const FreeKvCounts& from);
 
   FreeKvConfig config_;
   int64_t num_layers_, num_kv_heads_, head_dim_, max_context_tokens_;
   at::ScalarType dtype_;
+  FreeKvDevice device_;
   std::unique_ptr<RecallWorker> worker_;  // before the layers, which it outlives
   // Per sequence, one layer object per model layer (unique_ptr: a layer's address is posted).
   std::unordered_map<SeqId, std::vector<std::unique_ptr<FreeKvLayer>>> sequences_;

@@ -193,16 +193,14 @@ Status TorchExecutor::load(const model::ModelSource& source) {
     leankv_.emplace(std::move(runtime));
   }
   if (options_.freekv.enabled) {
-    if (device_.is_cuda()) {
-      return failed_precondition_error(
-          "freekv serves CPU deployments only for now: its recall runs on host threads "
-          "(docs/freekv.md)");
-    }
     if (options_.leankv.enabled) return invalid_argument_error("freekv and leankv exclude each other");
+    const FreeKvDevice device{device_, kernel_report_.backend(KernelOp::kFreeKvSelect),
+                              kernel_report_.backend(KernelOp::kFreeKvPages),
+                              kernel_report_.backend(KernelOp::kFreeKvAttention)};
     STRATA_ASSIGN_OR_RETURN(
         FreeKvRuntime runtime,
         FreeKvRuntime::create(options_.freekv, config_.num_layers, config_.num_kv_heads,
-                              config_.head_dim, config_.max_context_tokens, dtype_));
+                              config_.head_dim, config_.max_context_tokens, dtype_, device));
     freekv_.emplace(std::move(runtime));
   }
   return Status();

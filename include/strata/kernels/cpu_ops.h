@@ -28,5 +28,9 @@ void paged_decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tens
 // Throws c10::Error when a slot lies outside the pool.
 void reshape_and_cache(at::Tensor& kv_cache, const at::Tensor& key, const at::Tensor& value,
                        const at::Tensor& slot_mapping);
+// FreeKV's recall (ops.h, FreeKvRecallParams): a memcpy per token row, no libtorch operator (it
+// runs on FreeKV's recall thread). Contiguous tensors, items int32; indices not checked.
+void freekv_recall(const at::Tensor& chunks, const at::Tensor& items, at::Tensor& cache_k,
+                   at::Tensor& cache_v, const at::Tensor& from_k, const at::Tensor& from_v);
 
 }  // namespace strata::kernels::cpu

@@ -1,7 +1,10 @@
 // FreeKV's operations and its per-layer speculative retrieval (src/executor/freekv_layer.h)
 // against plain computations: selection against loops over the paper's formula, a budget that
 // covers the context against full attention, tau above 1 against synchronous retrieval, and a
-// poisoned back buffer (the recall in flight) that no attention may read.
+// poisoned back buffer (the recall in flight) that no attention may read; on a CUDA device
+// (scripts/gpu-check.sh; skipped without one) the layer against the CPU layer.
+
+#include "freekv_layer.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -11,7 +14,6 @@
 #include <numeric>
 #include <vector>
 
-#include "freekv_layer.h"
 #include "strata/kernels/freekv_ops.h"
 
 namespace strata::executor {
@@ -89,7 +91,8 @@ TEST(FreeKvOpsTest, QuerySimilarityIsTheGroupMeanCosine) {
   for (int64_t m = 0; m < kKvHeads; ++m) {
     double mean = 0;
     for (int64_t g = 0; g < kGroup; ++g) {
-      const at::Tensor a = q[m * kGroup + g].to(at::kDouble), b = prev[m * kGroup + g].to(at::kDouble);
+      const at::Tensor a = q[m * kGroup + g].to(at::kDouble),
+                       b = prev[m * kGroup + g].to(at::kDouble);
       mean += (a.dot(b) / (a.norm() * b.norm())).item<double>() / kGroup;
     }
     EXPECT_NEAR(got[m].item<double>(), mean, 1e-6);
@@ -113,8 +116,8 @@ TEST(FreeKvLayerTest, OptionsAreValidated) {
 // A prompt and decode steps of random keys, values and queries; each decode query is the last
 // one plus a perturbation of `drift`, so that adjacent queries are similar as the paper finds.
 struct Trace {
-  at::Tensor k, v;                // [prompt + steps, n_kv, d]
-  std::vector<at::Tensor> q;      // per step [n_q, d]
+  at::Tensor k, v;            // [prompt + steps, n_kv, d]
+  std::vector<at::Tensor> q;  // per step [n_q, d]
   int64_t prompt = 0;
 };
 
@@ -132,12 +135,15 @@ Trace make_trace(int64_t prompt, int64_t steps, double drift, uint64_t seed) {
   return r;
 }
 
-std::vector<at::Tensor> run_layer(FreeKvLayer& layer, const Trace& r) {
-  layer.prefill(r.k.narrow(0, 0, r.prompt), r.v.narrow(0, 0, r.prompt));
+// The layer's outputs over the trace, its inputs moved to `device` and the outputs back.
+std::vector<at::Tensor> run_layer(FreeKvLayer& layer, const Trace& r,
+                                  at::Device device = at::kCPU) {
+  const at::Tensor k = r.k.to(device), v = r.v.to(device);
+  layer.prefill(k.narrow(0, 0, r.prompt), v.narrow(0, 0, r.prompt));
   std::vector<at::Tensor> out;
   for (size_t i = 0; i < r.q.size(); ++i) {
     const int64_t t = r.prompt + static_cast<int64_t>(i);
-    out.push_back(layer.decode(r.q[i], r.k[t], r.v[t], kScale));
+    out.push_back(layer.decode(r.q[i].to(device), k[t], v[t], kScale).cpu());
   }
   return out;
 }
@@ -157,8 +163,11 @@ class FullBudgetTest : public ::testing::TestWithParam<double> {};
 // A budget covering the whole context equals full attention, whatever tau (speculation reads
 // the previous step's pages, which are all of them).
 TEST_P(FullBudgetTest, EqualsFullAttention) {
-  const FreeKvConfig o{.page_tokens = kPage, .budget_tokens = 8 + 8 + 400, .sink_tokens = 8,
-                        .window_tokens = 8, .tau = GetParam()};
+  const FreeKvConfig o{.page_tokens = kPage,
+                       .budget_tokens = 8 + 8 + 400,
+                       .sink_tokens = 8,
+                       .window_tokens = 8,
+                       .tau = GetParam()};
   const Trace r = make_trace(37, 40, 0.3, 3);
   RecallWorker worker;  // outlives the layers
   FreeKvLayer layer(o, kKvHeads, kDim, at::kFloat, worker);
@@ -191,8 +200,8 @@ std::vector<at::Tensor> synchronous(const Trace& r, const FreeKvConfig& o) {
       for (auto& list : tokens) list.push_back(t);
     }
     if (pages > 0) {
-      const at::Tensor keys = r.k.narrow(0, s, pages * p).view({pages, p, kKvHeads, kDim})
-                                  .permute({0, 2, 1, 3});
+      const at::Tensor keys =
+          r.k.narrow(0, s, pages * p).view({pages, p, kKvHeads, kDim}).permute({0, 2, 1, 3});
       auto [kmin, kmax] = ka::freekv_summaries(keys);
       const at::Tensor selected = ka::freekv_select(r.q[i], kmin, kmax, slots, kScale);
       for (int64_t m = 0; m < kKvHeads; ++m) {
@@ -211,8 +220,11 @@ std::vector<at::Tensor> synchronous(const Trace& r, const FreeKvConfig& o) {
 }
 
 TEST(FreeKvLayerTest, TauAboveOneIsSynchronousRetrieval) {
-  const FreeKvConfig o{.page_tokens = kPage, .budget_tokens = 4 + 8 + 12, .sink_tokens = 4,
-                        .window_tokens = 8, .tau = 1.5};
+  const FreeKvConfig o{.page_tokens = kPage,
+                       .budget_tokens = 4 + 8 + 12,
+                       .sink_tokens = 4,
+                       .window_tokens = 8,
+                       .tau = 1.5};
   const Trace r = make_trace(61, 50, 0.5, 4);
   RecallWorker worker;  // outlives the layers
   FreeKvLayer layer(o, kKvHeads, kDim, at::kFloat, worker);
@@ -233,8 +245,11 @@ TEST(FreeKvLayerTest, TauAboveOneIsSynchronousRetrieval) {
 // select are copied from the front buffer, not recalled again. A poisoned back buffer changes
 // nothing.
 TEST(FreeKvLayerTest, SpeculationReadsThePreviousStepsPages) {
-  const FreeKvConfig o{.page_tokens = kPage, .budget_tokens = 4 + 8 + 12, .sink_tokens = 4,
-                        .window_tokens = 8, .tau = -2.0};
+  const FreeKvConfig o{.page_tokens = kPage,
+                       .budget_tokens = 4 + 8 + 12,
+                       .sink_tokens = 4,
+                       .window_tokens = 8,
+                       .tau = -2.0};
   const Trace r = make_trace(61, 50, 1.0, 5);
   RecallWorker worker;  // outlives the layers
   FreeKvLayer clean(o, kKvHeads, kDim, at::kFloat, worker);
@@ -254,8 +269,11 @@ TEST(FreeKvLayerTest, SpeculationReadsThePreviousStepsPages) {
 // A budget of sink + window selects no page: StreamingLLM, attention over the first S and the
 // last W..W+p-1 tokens only.
 TEST(FreeKvLayerTest, NoPageLeftIsStreamingLlm) {
-  const FreeKvConfig o{.page_tokens = kPage, .budget_tokens = 4 + 8, .sink_tokens = 4,
-                       .window_tokens = 8, .tau = 0.8};
+  const FreeKvConfig o{.page_tokens = kPage,
+                       .budget_tokens = 4 + 8,
+                       .sink_tokens = 4,
+                       .window_tokens = 8,
+                       .tau = 0.8};
   const Trace r = make_trace(61, 20, 0.5, 6);
   RecallWorker worker;  // outlives the layers
   FreeKvLayer layer(o, kKvHeads, kDim, at::kFloat, worker);
@@ -270,6 +288,44 @@ TEST(FreeKvLayerTest, NoPageLeftIsStreamingLlm) {
   }
   EXPECT_LT(max_diff(got, want), 1e-5);
   EXPECT_EQ(layer.stats().recalled_pages, 0);
+}
+
+// On a CUDA device the layer gives the CPU layer's outputs: host pages in pinned memory, each
+// recall's blocks copied up and converted on a copy stream behind events, the back buffer
+// poisoned before every attention. float32 (selection and attention served by libtorch on CUDA,
+// the offload and recall by Strata's kernels) and bfloat16 at head_dim 64 (every FreeKV kernel).
+TEST(FreeKvLayerTest, OnCudaAttendsLikeOnTheCpu) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  const FreeKvConfig o{.page_tokens = kPage,
+                       .budget_tokens = 4 + 8 + 12,
+                       .sink_tokens = 4,
+                       .window_tokens = 8,
+                       .tau = 0.8};
+  const Trace r = make_trace(61, 50, 0.5, 7);
+  RecallWorker worker;  // outlives the layers
+  FreeKvLayer cpu(o, kKvHeads, kDim, at::kFloat, worker);
+  FreeKvLayer cuda(o, kKvHeads, kDim, at::kFloat, worker, FreeKvDevice{at::Device(at::kCUDA, 0)});
+  cuda.poison_back_buffer_for_testing();
+  EXPECT_LT(max_diff(run_layer(cpu, r), run_layer(cuda, r, at::Device(at::kCUDA, 0))), 1e-5);
+  EXPECT_EQ(cuda.stats().recalled_pages, cpu.stats().recalled_pages);
+  EXPECT_EQ(cuda.stats().reused_pages, cpu.stats().reused_pages);
+
+  // bfloat16, head_dim 64: the CUDA kernels throughout.
+  at::manual_seed(8);
+  Trace wide;
+  wide.prompt = 61;
+  wide.k = at::randn({111, kKvHeads, 64}).to(at::kBFloat16);
+  wide.v = at::randn({111, kKvHeads, 64}).to(at::kBFloat16);
+  at::Tensor q = at::randn({kKvHeads * kGroup, 64});
+  for (int i = 0; i < 50; ++i)
+    wide.q.push_back((q = q + 0.5 * at::randn_like(q)).to(at::kBFloat16));
+  FreeKvLayer cpu_bf16(o, kKvHeads, 64, at::kBFloat16, worker);
+  FreeKvLayer cuda_bf16(o, kKvHeads, 64, at::kBFloat16, worker,
+                        FreeKvDevice{at::Device(at::kCUDA, 0)});
+  cuda_bf16.poison_back_buffer_for_testing();
+  EXPECT_LT(
+      max_diff(run_layer(cpu_bf16, wide), run_layer(cuda_bf16, wide, at::Device(at::kCUDA, 0))),
+      3e-2);
 }
 
 }  // namespace
