@@ -275,8 +275,10 @@ void FreeKvLayer::recall(const std::vector<std::vector<int64_t>>& selected,
   for (size_t j = 0; j < staged.size(); ++j) {
     chunks[static_cast<int64_t>(j)].copy_(blocks[staged[j]], /*non_blocking=*/true);
   }
-  kernels::freekv_recall(chunks, table.to(device_.device), into.k, into.v, from.k, from.v,
-                         device_.pages);
+  // The items through pinned memory too: a pageable copy would wait for the copy stream.
+  const at::Tensor items_up =
+      table.pin_memory().to(device_.device, at::kInt, /*non_blocking=*/true);
+  kernels::freekv_recall(chunks, items_up, into.k, into.v, from.k, from.v, device_.pages);
 }
 
 void FreeKvLayer::wait_recall_timed() {
