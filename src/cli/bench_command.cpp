@@ -333,6 +333,22 @@ void print_first_error(const Json& result) {
   }
 }
 
+// FreeKV's counters' increase since `before` (null when FreeKV is off), with the share of
+// (step, layer, KV head) corrected and of the recall time hidden behind compute.
+Json freekv_delta(const std::optional<bench::Counters>& before, bench::BenchClient& client) {
+  const std::optional<bench::Counters> after = client.freekv_counters();
+  if (!after || !before) return Json();
+  Json free;
+  for (const auto& [name, value] : *after) free[name] = value - before->at(name);
+  const double head_steps = free["head_steps"].get<double>();
+  free["corrected_share"] =
+      head_steps > 0 ? free["corrected_heads"].get<double>() / head_steps : 0.0;
+  const double recall = free["recall_seconds"].get<double>();
+  free["recall_hidden_share"] =
+      recall > 0 ? 1.0 - free["recall_exposed_seconds"].get<double>() / recall : 0.0;
+  return free;
+}
+
 StatusOr<Json> run_workload(const Flags& flags, bench::BenchClient& client,
                             const Workload& workload, const bench::LoadOptions& load,
                             const bench::ReportOptions& report, const std::string& backend,
@@ -340,6 +356,7 @@ StatusOr<Json> run_workload(const Flags& flags, bench::BenchClient& client,
   std::fprintf(stderr, "benchmarking %s, model %s\n", client.describe().c_str(),
                client.model_id().c_str());
   Json result;
+  const std::optional<bench::Counters> freekv_before = client.freekv_counters();
   if (workload.conversations.empty()) {
     const bench::LoadRun run = bench::run_requests(client, workload.requests, load);
     result = bench::serve_metrics(run.results, run.duration_s, run.tier_hit_tokens, report);
@@ -352,6 +369,7 @@ StatusOr<Json> run_workload(const Flags& flags, bench::BenchClient& client,
     result = bench::multiturn_metrics(bench::run_multiturn(client, workload.conversations, options),
                                       report);
   }
+  if (Json free = freekv_delta(freekv_before, client); !free.is_null()) result["freekv"] = free;
   result["date"] = timestamp();
   result["backend"] = backend;
   result["model_id"] = client.model_id();
@@ -501,19 +519,7 @@ StatusOr<Json> run_quality(const Flags& flags, bench::BenchClient& client, const
     lean["memory_fraction"] = bf16 > 0 ? lean["bytes"].get<double>() / bf16 : 0.0;
     result["leankv"] = lean;
   }
-  // FreeKV's retrieval over the run: the share of (step, layer, KV head) corrected, and of the
-  // recall time hidden behind compute.
-  if (const std::optional<bench::Counters> after = client.freekv_counters(); after && freekv_before) {
-    Json free;
-    for (const auto& [name, value] : *after) free[name] = value - freekv_before->at(name);
-    const double head_steps = free["head_steps"].get<double>();
-    free["corrected_share"] =
-        head_steps > 0 ? free["corrected_heads"].get<double>() / head_steps : 0.0;
-    const double recall = free["recall_seconds"].get<double>();
-    free["recall_hidden_share"] =
-        recall > 0 ? 1.0 - free["recall_exposed_seconds"].get<double>() / recall : 0.0;
-    result["freekv"] = free;
-  }
+  if (Json free = freekv_delta(freekv_before, client); !free.is_null()) result["freekv"] = free;
   result.update(w.setup);
   result["date"] = timestamp();
   result["backend"] = backend;

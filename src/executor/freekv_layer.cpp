@@ -143,21 +143,25 @@ at::TensorOptions FreeKvLayer::host_options() const {
   return at::TensorOptions().dtype(dtype_).pinned_memory(device_.device.is_cuda());
 }
 
-void FreeKvLayer::start_recall(std::vector<std::vector<int64_t>> selected) {
+void FreeKvLayer::start_recall(std::vector<std::vector<int64_t>> selected, const at::Tensor& q,
+                               double scale) {
   Buffer& back = buffers_[1 - front_];
   const Buffer& front = buffers_[front_];
   if (cuda_) cuda_->compute_ready.record(cuda_->compute());
   recall_posted_ = true;
   worker_.post(
-      [this, selected = std::move(selected), &back, &front] {
+      [this, selected = std::move(selected), q, scale, &back, &front]() mutable {
         const auto start = std::chrono::steady_clock::now();
+        const std::vector<bool> all(num_kv_heads_, true);
         if (cuda_) {
           const c10::cuda::CUDAStreamGuard guard(cuda_->copy);
           cuda_->compute_ready.block(cuda_->copy);
-          recall(selected, std::vector<bool>(num_kv_heads_, true), back, front);
+          if (selected.empty()) selected = select(q, scale);
+          recall(selected, all, back, front);
           cuda_->recall_done.record(cuda_->copy);
         } else {
-          recall(selected, std::vector<bool>(num_kv_heads_, true), back, front);
+          if (selected.empty()) selected = select(q, scale);
+          recall(selected, all, back, front);
         }
         recall_ns_ += nanoseconds_since(start);
       },
@@ -230,10 +234,18 @@ void FreeKvLayer::offload_page() {
   window_len_ = rest;
 }
 
-at::Tensor FreeKvLayer::select(const at::Tensor& q, double scale) const {
-  return kernels::freekv_select(q.contiguous(), kmin_.narrow(0, 0, num_pages_),
-                                kmax_.narrow(0, 0, num_pages_), slots_, scale, device_.select)
-      .cpu();
+std::vector<std::vector<int64_t>> FreeKvLayer::select(const at::Tensor& q, double scale) const {
+  const at::Tensor s =
+      kernels::freekv_select(q.contiguous(), kmin_.narrow(0, 0, num_pages_),
+                             kmax_.narrow(0, 0, num_pages_), slots_, scale, device_.select)
+          .cpu()
+          .contiguous();
+  std::vector<std::vector<int64_t>> lists(num_kv_heads_);
+  for (int64_t m = 0; m < num_kv_heads_; ++m) {
+    const int64_t* row = s[m].data_ptr<int64_t>();
+    lists[m].assign(row, row + s.size(1));
+  }
+  return lists;
 }
 
 void FreeKvLayer::recall(const std::vector<std::vector<int64_t>>& selected,
@@ -322,20 +334,11 @@ at::Tensor FreeKvLayer::decode(const at::Tensor& q, const at::Tensor& k, const a
   }
   int64_t num_corrected = 0;
   for (bool c : corrected) num_corrected += c ? 1 : 0;
-  auto as_lists = [&](const at::Tensor& selected) {
-    std::vector<std::vector<int64_t>> lists(num_kv_heads_);
-    const at::Tensor s = selected.contiguous();
-    for (int64_t m = 0; m < num_kv_heads_; ++m) {
-      const int64_t* row = s[m].data_ptr<int64_t>();
-      lists[m].assign(row, row + s.size(1));
-    }
-    return lists;
-  };
   std::vector<std::vector<int64_t>> selected;
   const bool retrieves = slots_ > 0 && num_pages_ > 0;  // else StreamingLLM: sink + window
   if (num_corrected > 0 && retrieves) {
     const auto start = std::chrono::steady_clock::now();
-    selected = as_lists(select(q, scale));
+    selected = select(q, scale);
     recall(selected, corrected, front, front);
     const int64_t took = nanoseconds_since(start);  // selection and recall: on the critical path
     recall_ns_ += took;
@@ -363,13 +366,17 @@ at::Tensor FreeKvLayer::decode(const at::Tensor& q, const at::Tensor& k, const a
   }
   // Above 1, tau corrects every head at the next step (a cosine is at most 1): synchronous
   // retrieval, which recalls nothing ahead.
+  q_prev_ = q.clone();
   if (slots_ > 0 && num_pages_ > 0 && options_.tau <= 1.0) {
-    if (selected.empty() || offloaded) selected = as_lists(select(q, scale));
-    start_recall(std::move(selected));
+    // A new page: select again. On the CPU here (no idle core to hide it behind: on the recall
+    // thread it only competes with this one), on CUDA on the recall thread (its result is read
+    // on the host: a synchronization of the copy stream instead of the compute stream).
+    if (offloaded) selected.clear();
+    if (selected.empty() && !cuda_) selected = select(q, scale);
+    start_recall(std::move(selected), q_prev_, scale);
   } else if (slots_ == 0 || num_pages_ == 0) {
     for (std::vector<int64_t>& pages : buffers_[1 - front_].pages) pages.clear();
   }
-  q_prev_ = q.clone();
   stats_.steps += 1;
   stats_.head_steps += num_kv_heads_;
   stats_.corrected_heads += retrieves ? num_corrected : 0;

@@ -22,9 +22,10 @@
 //      heads, one call) and their recall into the front buffer, synchronously.
 //   3. attention over resident + front (the others read the pages selected one step earlier).
 //   4. a window grown to W + p tokens offloads its oldest page (head-major copy, summary).
-//   5. selection with this query (reusing step 2's when nothing was offloaded) and the recall of
-//      every head's pages into the back buffer on the recall thread, for the next step: pages the
-//      front already holds are copied from it (delta recall), the rest from the host pages.
+//   5. for the next step: selection with this query (reusing step 2's when nothing was
+//      offloaded; on CUDA on the recall thread) and, on the recall thread, the recall of every
+//      head's pages into the back buffer: pages the front already holds are copied from it
+//      (delta recall), the rest from the host pages.
 //      Not when tau > 1: every head corrects at every step (synchronous retrieval).
 // The recall (on a RecallWorker's thread, shared by every layer of a runtime) only writes the
 // back buffer, which no attention reads until the next step has waited for it; offloads, the
@@ -118,14 +119,16 @@ class FreeKvLayer {
   };
   struct Cuda;  // streams, events and staging buffers of a CUDA layer (freekv_layer.cpp)
 
-  void append(const at::Tensor& k, const at::Tensor& v);       // [n, n_kv, d]
-  void offload_page();                                         // the window's oldest page
-  at::Tensor select(const at::Tensor& q, double scale) const;  // int64 [n_kv, s]
+  void append(const at::Tensor& k, const at::Tensor& v);  // [n, n_kv, d]
+  void offload_page();                                    // the window's oldest page
+  // The pages of each KV head for query q: int64 [n_kv, s] as a list per head.
+  std::vector<std::vector<int64_t>> select(const at::Tensor& q, double scale) const;
   // Copies the selected pages of `heads` into `into`, from `from` where it holds them, on the
   // current stream (CUDA). Runs on either thread.
   void recall(const std::vector<std::vector<int64_t>>& selected, const std::vector<bool>& heads,
               Buffer& into, const Buffer& from);
-  void start_recall(std::vector<std::vector<int64_t>> selected);
+  // Posts the selection (unless `selected` holds it) and the recall for the next step.
+  void start_recall(std::vector<std::vector<int64_t>> selected, const at::Tensor& q, double scale);
   // Until this layer's recall has run (and, on CUDA, the compute stream waits for its copies).
   void wait_recall();
   at::TensorOptions host_options() const;  // the host pages' (pinned on CUDA)
