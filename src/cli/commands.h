@@ -13,6 +13,7 @@ int run_generate(const std::vector<std::string>& args);
 int run_chat(const std::vector<std::string>& args);
 int run_serve(const std::vector<std::string>& args);
 int run_bench(const std::vector<std::string>& args);
+int run_profile(const std::vector<std::string>& args);
 
 // Exit code for a command's final status (0 ok, 2 bad usage, 1 anything else), printing a
 // non-ok status to stderr as "<command>: <status>".

@@ -16,6 +16,7 @@ commands:
   generate   run one prompt and stream the continuation (offline, no server)
   chat       interactive multi-turn chat with a local model in the terminal
   bench      benchmark a server or the in-process engine (serve, multiturn, offline)
+  profile    measure prefill, tier and codec costs for AdaptCache's placement (a profile file)
 
 Run `strata <command> --help` for the options of a command.
 )";
@@ -39,6 +40,7 @@ int main(int argc, char** argv) {
   if (command == "chat") return strata::cli::run_chat(args);
   if (command == "serve") return strata::cli::run_serve(args);
   if (command == "bench") return strata::cli::run_bench(args);
+  if (command == "profile") return strata::cli::run_profile(args);
   std::fprintf(stderr, "strata: unknown command '%s'\n\n%s", command.c_str(), kUsage);
   return 2;
 }
