@@ -66,10 +66,18 @@ void freekv_recall(const at::Tensor& chunks, const at::Tensor& items, at::Tensor
   const int64_t n = rows.size(0);
   if (n == 0) return;
   const at::Tensor head = rows.select(1, 0), slot = rows.select(1, 1), source = rows.select(1, 2);
+  TORCH_CHECK(head.min().item<int64_t>() >= 0 && head.max().item<int64_t>() < cache_k.size(2) &&
+                  slot.min().item<int64_t>() >= 0 && slot.max().item<int64_t>() < cache_k.size(0) &&
+                  source.min().item<int64_t>() >= -from_k.size(0) &&
+                  source.max().item<int64_t>() < chunks.size(0),
+              "freekv_recall: an item lies outside the tensors");
   // Every item's [p, d] keys and values from its source, then written with one index_put_ per
-  // tensor: cache[slot, :, head, :] (advanced indices split by a slice: [n, p, d]).
+  // tensor: cache[slot, :, head, :] (advanced indices split by a slice: [n, p, d]). A recall of
+  // deltas only may come with no chunk at all.
   const at::Tensor from_chunks = source.ge(0);
-  const at::Tensor chunk_rows = chunks.index_select(0, source.clamp_min(0).to(chunks.device()));
+  const at::Tensor chunk_rows =
+      chunks.size(0) > 0 ? chunks.index_select(0, source.clamp_min(0).to(chunks.device()))
+                         : at::zeros({n, 2, chunks.size(2), chunks.size(3)}, chunks.options());
   auto gather = [&](const at::Tensor& from, int64_t kv) {
     const at::Tensor other = from.index({(-source - 1).clamp_min(0).to(from.device()),
                                          at::indexing::Slice(), head.to(from.device())});

@@ -328,6 +328,8 @@ at::Tensor freekv_select(const at::Tensor& q, const at::Tensor& kmin, const at::
       q.dim() == 2 && kmin.dim() == 3 && kmin.size(2) == q.size(1) && kmax.sizes() == kmin.sizes(),
       "freekv_select: q must be [n_q, d] and kmin, kmax [n_page, n_kv, d], got ", q.sizes(), ", ",
       kmin.sizes(), ", ", kmax.sizes());
+  TORCH_CHECK(kmin.size(1) > 0 && q.size(0) % kmin.size(1) == 0, "freekv_select: ", q.size(0),
+              " query heads over ", kmin.size(1), " KV heads");
   const int64_t k = std::min(top_k, kmin.size(0));
   if (k <= 0 || !freekv_kernel_serves(q, kmin.size(1), backend)) {
     return aten::freekv_select(q, kmin, kmax, top_k, scale);
@@ -355,7 +357,9 @@ void freekv_offload(const at::Tensor& rows_k, const at::Tensor& rows_v, at::Tens
   check_like(kmax, "kmax", rows_k);
   const bool contiguous = rows_k.is_contiguous() && rows_v.is_contiguous() &&
                           page.is_contiguous() && kmin.is_contiguous() && kmax.is_contiguous();
-  if (!use_strata(rows_k, backend) || !contiguous) {
+  const at::ScalarType dtype = rows_k.scalar_type();
+  const bool float_type = dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16;
+  if (!use_strata(rows_k, backend) || !contiguous || !float_type) {
     aten::freekv_offload(rows_k, rows_v, page, kmin, kmax);
     return;
   }
@@ -391,6 +395,14 @@ void freekv_recall(const at::Tensor& chunks, const at::Tensor& items, at::Tensor
                           cache_k.is_contiguous() && cache_v.is_contiguous() &&
                           from_k.is_contiguous() && from_v.is_contiguous();
   if (contiguous && use_cpu_kernel(backend, {&chunks, &items, &cache_k, &cache_v})) {
+    const int32_t* item = items.data_ptr<int32_t>();
+    for (int64_t i = 0; i < items.size(0); ++i) {
+      const int64_t m = item[3 * i], slot = item[3 * i + 1], source = item[3 * i + 2];
+      TORCH_CHECK(m >= 0 && m < cache_k.size(2) && slot >= 0 && slot < cache_k.size(0) &&
+                      source >= -from_k.size(0) && source < chunks.size(0),
+                  "freekv_recall: item ", i, " {", m, ", ", slot, ", ", source,
+                  "} is outside the tensors");
+    }
     cpu::freekv_recall(chunks, items, cache_k, cache_v, from_k, from_v);
     return;
   }
@@ -399,6 +411,11 @@ void freekv_recall(const at::Tensor& chunks, const at::Tensor& items, at::Tensor
     aten::freekv_recall(chunks, items, cache_k, cache_v, from_k, from_v);
     return;
   }
+  check_vector_aligned(chunks, "chunks", 0);
+  check_vector_aligned(cache_k, "cache_k", 0);
+  check_vector_aligned(cache_v, "cache_v", 0);
+  check_vector_aligned(from_k, "from_k", 0);
+  check_vector_aligned(from_v, "from_v", 0);
   const c10::cuda::CUDAGuard guard(chunks.device());
   launch_freekv_recall(freekv_recall_params(chunks, items, cache_k, cache_v, from_k, from_v),
                        c10::cuda::getCurrentCUDAStream(chunks.get_device()).stream());
@@ -414,7 +431,9 @@ at::Tensor freekv_attention(const at::Tensor& q, const at::Tensor& resident_k,
   check_like(cache_v, "cache_v", q);
   TORCH_CHECK(q.dim() == 2 && resident_k.dim() == 3 && cache_k.dim() == 4 &&
                   resident_v.sizes() == resident_k.sizes() && cache_v.sizes() == cache_k.sizes() &&
-                  slots.dim() == 1 && slots.size(0) == resident_k.size(1),
+                  resident_k.size(2) == q.size(1) && cache_k.size(2) == resident_k.size(1) &&
+                  cache_k.size(3) == q.size(1) && slots.dim() == 1 &&
+                  slots.size(0) == resident_k.size(1),
               "freekv_attention: q ", q.sizes(), ", resident ", resident_k.sizes(), ", cache ",
               cache_k.sizes(), ", slots ", slots.sizes());
   const bool contiguous = q.is_contiguous() && resident_k.is_contiguous() &&
@@ -425,6 +444,10 @@ at::Tensor freekv_attention(const at::Tensor& q, const at::Tensor& resident_k,
   }
   TORCH_CHECK(slots.scalar_type() == at::kLong && slots.device() == q.device(),
               "freekv_attention: slots must be int64 on ", q.device());
+  check_vector_aligned(resident_k, "resident_k", 0);
+  check_vector_aligned(resident_v, "resident_v", 0);
+  check_vector_aligned(cache_k, "cache_k", 0);
+  check_vector_aligned(cache_v, "cache_v", 0);
   const c10::cuda::CUDAGuard guard(q.device());
   at::Tensor out = at::empty_like(q);
   const at::Tensor counts = slots.contiguous();

@@ -1,9 +1,8 @@
 // `strata profile`: measures on this machine what AdaptCache's placement weighs
 // (docs/adaptcache.md) and writes the profile file kv_store.adaptcache_profile reads: the model's
 // prefill time per token, each storage tier's read bandwidth and latency, and each lossy codec's
-// decode time per raw byte; the codecs' quality comes from a quality profile
-// (bench/adaptcache_report.py
-// --profile-out), which measures it on the model's answers.
+// decode time per raw byte; the codecs' quality comes from a quality profile (written by
+// bench/adaptcache_report.py --profile-out, which measures it on the model's answers).
 
 #include <unistd.h>
 
@@ -15,6 +14,7 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <new>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <set>
@@ -77,7 +77,9 @@ double dram_bandwidth(int64_t bytes) {
 struct AlignedBuffer {
   explicit AlignedBuffer(int64_t bytes)
       : data(static_cast<std::byte*>(std::aligned_alloc(4096, static_cast<size_t>(bytes)))),
-        size(bytes) {}
+        size(bytes) {
+    if (data == nullptr) throw std::bad_alloc();
+  }
   ~AlignedBuffer() { std::free(data); }
   AlignedBuffer(const AlignedBuffer&) = delete;
   AlignedBuffer& operator=(const AlignedBuffer&) = delete;
@@ -98,6 +100,12 @@ StatusOr<TierRate> ssd_rate(const store::SsdOptions& tier, int64_t file_bytes, i
   store::Env* env = tier.env;
   STRATA_RETURN_IF_ERROR(env->create_dir(tier.dir));
   const std::string path = tier.dir + "/profile-" + std::to_string(::getpid()) + ".tmp";
+  // The measurement file goes whatever happens to the measurement.
+  struct Remove {
+    store::Env* env;
+    const std::string& path;
+    ~Remove() { (void)env->remove(path); }
+  } remove{env, path};
   TierRate rate;
   {
     STRATA_ASSIGN_OR_RETURN(std::unique_ptr<store::File> file,
@@ -127,21 +135,21 @@ StatusOr<TierRate> ssd_rate(const store::SsdOptions& tier, int64_t file_bytes, i
     std::nth_element(latencies.begin(), latencies.begin() + 32, latencies.end());
     rate.latency_seconds = latencies[32];
   }
-  STRATA_RETURN_IF_ERROR(env->remove(path));
   return rate;
 }
 
-// Seconds per prompt token of a prefill of `tokens` tokens of English text (the second of two
+// Seconds per prompt token of a prefill of `tokens` tokens of English text (the faster of two
 // runs; the prefix cache is off, so both compute every token).
 StatusOr<double> prefill_seconds_per_token(engine::Engine& engine, int64_t tokens) {
   const tokenizer::Tokenizer& tok = engine.tokenizer();
   const std::vector<TokenId> sentence = tok.encode(
       " The store keeps the history of each conversation so that the next turn can load it.",
       false);
+  if (sentence.empty()) return internal_error("the tokenizer encodes English text to nothing");
   std::vector<TokenId> prompt;
   while (std::ssize(prompt) < tokens) prompt.insert(prompt.end(), sentence.begin(), sentence.end());
   prompt.resize(static_cast<size_t>(tokens));
-  double seconds = 0;
+  double seconds = INFINITY;
   for (int run = 0; run < 2; ++run) {
     engine::GenerateRequest request;
     request.prompt_token_ids = prompt;
@@ -155,7 +163,7 @@ StatusOr<double> prefill_seconds_per_token(engine::Engine& engine, int64_t token
     if (last.finish_reason == engine::FinishReason::kError) {
       return internal_error("the prefill measurement failed: " + last.error);
     }
-    seconds = last.usage.time_to_first_token_ms / 1e3;
+    seconds = std::min(seconds, last.usage.time_to_first_token_ms / 1e3);
   }
   return seconds / static_cast<double>(tokens);
 }
@@ -323,6 +331,7 @@ Status profile(const std::vector<std::string>& args) {
   const std::string path = flags.get("output", "");
   std::ofstream file(path);
   file << out.dump(2) << "\n";
+  file.close();
   if (!file) return internal_error("cannot write " + path);
   std::fprintf(stderr, "wrote %s\n", path.c_str());
   return Status();

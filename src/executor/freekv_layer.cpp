@@ -8,8 +8,11 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <exception>
 #include <limits>
+#include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "strata/kernels/freekv_ops.h"
 #include "strata/kernels/torch_ops.h"
@@ -135,7 +138,7 @@ FreeKvLayer::FreeKvLayer(const FreeKvConfig& options, int64_t num_kv_heads, int6
 }
 
 FreeKvLayer::~FreeKvLayer() {
-  wait_recall();
+  worker_.wait(&recall_pending_);               // its error, if any, has nobody to go to
   if (cuda_) cuda_->recall_done.synchronize();  // the copies still write this layer's buffers
 }
 
@@ -153,15 +156,20 @@ void FreeKvLayer::start_recall(std::vector<std::vector<int64_t>> selected, const
       [this, selected = std::move(selected), q, scale, &back, &front]() mutable {
         const auto start = std::chrono::steady_clock::now();
         const std::vector<bool> all(num_kv_heads_, true);
-        if (cuda_) {
-          const c10::cuda::CUDAStreamGuard guard(cuda_->copy);
-          cuda_->compute_ready.block(cuda_->copy);
-          if (selected.empty()) selected = select(q, scale);
-          recall(selected, all, back, front);
-          cuda_->recall_done.record(cuda_->copy);
-        } else {
-          if (selected.empty()) selected = select(q, scale);
-          recall(selected, all, back, front);
+        try {  // an error is the next step's, on the step thread (wait_recall)
+          if (fail_recalls_) throw std::runtime_error("recall failed (injected)");
+          if (cuda_) {
+            const c10::cuda::CUDAStreamGuard guard(cuda_->copy);
+            cuda_->compute_ready.block(cuda_->copy);
+            if (selected.empty()) selected = select(q, scale);
+            recall(selected, all, back, front);
+            cuda_->recall_done.record(cuda_->copy);
+          } else {
+            if (selected.empty()) selected = select(q, scale);
+            recall(selected, all, back, front);
+          }
+        } catch (...) {
+          recall_error_ = std::current_exception();
         }
         recall_ns_ += nanoseconds_since(start);
       },
@@ -171,6 +179,7 @@ void FreeKvLayer::start_recall(std::vector<std::vector<int64_t>> selected, const
 void FreeKvLayer::wait_recall() {
   worker_.wait(&recall_pending_);
   if (cuda_) cuda_->recall_done.block(cuda_->compute());
+  if (recall_error_) std::rethrow_exception(std::exchange(recall_error_, nullptr));
 }
 
 void FreeKvLayer::append(const at::Tensor& k, const at::Tensor& v) {

@@ -39,6 +39,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -111,6 +112,8 @@ class FreeKvLayer {
   // Tests: fills the back buffer with NaN before each step's attention (a step that read it
   // would return NaN).
   void poison_back_buffer_for_testing() { poison_ = true; }
+  // Tests: every recall on the recall thread throws (as a failed copy or allocation would).
+  void fail_recalls_for_testing() { fail_recalls_ = true; }
 
  private:
   struct Buffer {
@@ -129,7 +132,8 @@ class FreeKvLayer {
               Buffer& into, const Buffer& from);
   // Posts the selection (unless `selected` holds it) and the recall for the next step.
   void start_recall(std::vector<std::vector<int64_t>> selected, const at::Tensor& q, double scale);
-  // Until this layer's recall has run (and, on CUDA, the compute stream waits for its copies).
+  // Until this layer's recall has run (and, on CUDA, the compute stream waits for its copies);
+  // rethrows the recall's exception, if it threw.
   void wait_recall();
   at::TensorOptions host_options() const;  // the host pages' (pinned on CUDA)
   // wait_recall() for a recall posted by this thread, its time counted as exposed.
@@ -162,10 +166,12 @@ class FreeKvLayer {
   std::atomic<int64_t> recall_ns_{0};                         // either thread
   int64_t exposed_ns_ = 0;                                    // the step thread's recalls and waits
   bool poison_ = false;
+  bool fail_recalls_ = false;
 
   RecallWorker& worker_;
-  bool recall_pending_ = false;  // this layer's recall is posted and has not run (the worker's)
-  bool recall_posted_ = false;   // the step thread's: a recall was posted and not waited for
+  bool recall_pending_ = false;      // this layer's recall is posted and has not run (the worker's)
+  bool recall_posted_ = false;       // the step thread's: a recall was posted and not waited for
+  std::exception_ptr recall_error_;  // a failed recall's, rethrown by the next wait (the worker's)
 };
 
 }  // namespace strata::executor

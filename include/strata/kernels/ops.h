@@ -301,7 +301,7 @@ void launch_freekv_select(const FreeKvSelectParams& params, cudaStream_t stream)
 //            ([capacity, p, n_kv, head_dim]) <- chunks[source] ([num_chunks, 2, p, head_dim]:
 //            one (page, head) of the host pool, as copied up) when source >= 0, else
 //            <- from_k/v[-source - 1, :, m, :] (the other recall buffer: a delta recall). No two
-//            items write one (slot, head); `from` is not `cache`.
+//            items write one (slot, head); `from` is not `cache` when an item reads it.
 struct FreeKvOffloadParams {
   const void* rows_k = nullptr;
   const void* rows_v = nullptr;

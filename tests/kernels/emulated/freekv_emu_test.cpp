@@ -185,6 +185,24 @@ INSTANTIATE_TEST_SUITE_P(Grid, FreeKvPagesEmuTest,
                                             ::testing::Values<int64_t>(16, 32),
                                             ::testing::Values<int64_t>(1, 3)));
 
+// A recall of deltas only (every page already in the other buffer) comes with no chunk at all:
+// the reference and the kernel copy the slots, nothing else.
+TEST(FreeKvPagesEmuTest, DeltasOnlyNeedNoChunk) {
+  at::manual_seed(5);
+  const at::Tensor from_k = at::randn({3, 16, 2, 64}).to(at::kHalf);
+  const at::Tensor from_v = at::randn({3, 16, 2, 64}).to(at::kHalf);
+  const at::Tensor chunks = at::empty({0, 2, 16, 64}, at::kHalf);
+  const at::Tensor items = at::tensor({0, 0, -3, 1, 2, -1}, at::kInt).view({-1, 3});
+  at::Tensor want_k = at::zeros_like(from_k), want_v = at::zeros_like(from_v);
+  aten::freekv_recall(chunks, items, want_k, want_v, from_k, from_v);
+  EXPECT_TRUE(at::equal(want_k[0].select(1, 0), from_k[2].select(1, 0)));
+  EXPECT_TRUE(at::equal(want_v[2].select(1, 1), from_v[0].select(1, 1)));
+  at::Tensor got_k = at::zeros_like(from_k), got_v = at::zeros_like(from_v);
+  launch_freekv_recall(freekv_recall_params(chunks, items, got_k, got_v, from_k, from_v), nullptr);
+  EXPECT_TRUE(at::equal(got_k, want_k));
+  EXPECT_TRUE(at::equal(got_v, want_v));
+}
+
 using AttentionParams = std::tuple<at::ScalarType, int64_t, int, int64_t, int64_t>;
 
 class FreeKvAttentionEmuTest : public ::testing::TestWithParam<AttentionParams> {};

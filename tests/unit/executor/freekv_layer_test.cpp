@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <stdexcept>
 #include <vector>
 
 #include "strata/kernels/freekv_ops.h"
@@ -288,6 +289,28 @@ TEST(FreeKvLayerTest, NoPageLeftIsStreamingLlm) {
   }
   EXPECT_LT(max_diff(got, want), 1e-5);
   EXPECT_EQ(layer.stats().recalled_pages, 0);
+}
+
+// A recall that throws on the recall thread fails the next step on the step thread (instead of
+// ending the process), and the layer still goes away cleanly.
+TEST(FreeKvLayerTest, AFailedRecallFailsTheNextStep) {
+  const FreeKvConfig o{.page_tokens = kPage,
+                       .budget_tokens = 4 + 8 + 12,
+                       .sink_tokens = 4,
+                       .window_tokens = 8,
+                       .tau = 0.8};
+  const Trace r = make_trace(61, 3, 0.5, 9);
+  RecallWorker worker;  // outlives the layer
+  FreeKvLayer layer(o, kKvHeads, kDim, at::kFloat, worker);
+  layer.fail_recalls_for_testing();
+  layer.prefill(r.k.narrow(0, 0, r.prompt), r.v.narrow(0, 0, r.prompt));
+  layer.decode(r.q[0], r.k[r.prompt], r.v[r.prompt], kScale);  // posts the failing recall
+  try {
+    layer.decode(r.q[1], r.k[r.prompt + 1], r.v[r.prompt + 1], kScale);
+    FAIL() << "the step after a failed recall returned";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "recall failed (injected)");
+  }
 }
 
 // On a CUDA device the layer gives the CPU layer's outputs: host pages in pinned memory, each
