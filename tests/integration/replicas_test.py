@@ -158,14 +158,32 @@ def main():
             return self.metrics().get(key, 0.0)
 
         def wait_written_through(self, chunks_before):
-            """Waits until the remote tier holds more chunks than before (write-through is
-            asynchronous: a turn ends before its KV reaches Redis)."""
+            """Waits until the remote tier holds more chunks than before and has stopped
+            growing for 1.5 s (write-through is asynchronous and chunk by chunk: a turn ends
+            before its KV reaches Redis, and the metrics refresh about once a second). A replica
+            that reads a partly written item finds fewer chunks than its own prefix cache may
+            hold, and does not count it as found."""
             deadline = time.time() + 30
+            last, since = None, time.time()
             while time.time() < deadline:
-                if self.metric('strata_kv_store_chunks{tier="remote"}') > chunks_before:
+                now = self.metric('strata_kv_store_chunks{tier="remote"}')
+                if now != last:
+                    last, since = now, time.time()
+                elif now > chunks_before and time.time() - since >= 1.5:
                     return
                 time.sleep(0.05)
-            raise AssertionError(f"{self.name}: nothing was written to the remote tier")
+            raise AssertionError(f"{self.name}: the remote tier did not settle above "
+                                 f"{chunks_before} chunks (last {last})")
+
+        def wait_metric(self, key, want, timeout=15):
+            """The metric once it equals `want` (it may lag a response by a stats refresh), or
+            its value at the timeout."""
+            deadline = time.time() + timeout
+            while True:
+                value = self.metric(key)
+                if value == want or time.time() > deadline:
+                    return value
+                time.sleep(0.1)
 
         def stop(self):
             if self.process.poll() is None:
@@ -339,7 +357,7 @@ def main():
             second = follow_up(messages, reply)
             _, usage, tokens = a.http_chat(second, "erin", port)
             assert usage["prompt_tokens_details"]["cached_tokens"] >= 64, usage
-            now_found = other.metric("strata_kv_store_shared_found_total")
+            now_found = other.wait_metric("strata_kv_store_shared_found_total", found + 1)
             assert now_found == found + 1, (other.name, found, now_found)
             same_greedy_tokens(tokens, reference.http_chat(second)[2])
         finally:
