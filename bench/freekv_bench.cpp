@@ -91,15 +91,7 @@ Row run_freekv(const Trace& t, int64_t context, int64_t steps, double tau, const
   }
   const double ms = seconds_since(start) * 1e3 / (steps * kLayers);
   strata::executor::FreeKvCounts s;  // over the layers; the last recalls may be in flight
-  for (const auto& layer : layers) {
-    const strata::executor::FreeKvCounts c = layer->stats();
-    s.head_steps += c.head_steps;
-    s.corrected_heads += c.corrected_heads;
-    s.recalled_pages += c.recalled_pages;
-    s.reused_pages += c.reused_pages;
-    s.recall_seconds += c.recall_seconds;
-    s.recall_exposed_seconds += c.recall_exposed_seconds;
-  }
+  for (const auto& layer : layers) strata::executor::add_counts(s, layer->stats());
   Row r{name, context, ms};
   const double layer_steps = static_cast<double>(steps * kLayers);
   r.corrected_share = static_cast<double>(s.corrected_heads) / s.head_steps;

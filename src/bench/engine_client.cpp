@@ -138,6 +138,7 @@ class EngineClient final : public BenchClient {
     const executor::FreeKvCounts c = engine_.stats().freekv;
     auto d = [](int64_t v) { return static_cast<double>(v); };
     return Counters{{"steps", d(c.steps)},
+                    {"refused_sequences", d(c.refused_sequences)},
                     {"head_steps", d(c.head_steps)},
                     {"corrected_heads", d(c.corrected_heads)},
                     {"recalled_pages", d(c.recalled_pages)},

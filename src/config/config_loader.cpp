@@ -470,7 +470,10 @@ Status read_freekv(Context& ctx, const YAML::Node& node, FreeKvSection& out) {
   STRATA_RETURN_IF_ERROR(m.get("sink_tokens", into(ctx, out.sink_tokens)));
   STRATA_RETURN_IF_ERROR(m.get("window_tokens", into(ctx, out.window_tokens)));
   STRATA_RETURN_IF_ERROR(m.get("tau", into(ctx, out.tau)));
-  return m.get("min_context_tokens", into(ctx, out.min_context_tokens));
+  STRATA_RETURN_IF_ERROR(m.get("min_context_tokens", into(ctx, out.min_context_tokens)));
+  return m.get("host_bytes", [&](const YAML::Node& n, const std::string& k) {
+    return read_bytes(ctx, n, k, out.host_bytes);
+  });
 }
 
 Status read_scheduler(Context& ctx, const YAML::Node& node, SchedulerSection& out) {

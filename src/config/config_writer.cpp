@@ -142,6 +142,7 @@ std::string to_yaml(const DeploymentConfig& config) {
   emit_plain(out, "window_tokens", std::to_string(free.window_tokens));
   emit_plain(out, "tau", format_double(free.tau));
   emit_plain(out, "min_context_tokens", std::to_string(free.min_context_tokens));
+  emit_plain(out, "host_bytes", format_byte_size(free.host_bytes));
   out << YAML::EndMap;
 
   const SchedulerSection& sched = config.scheduler;

@@ -343,6 +343,10 @@ const KeyCheck<FreeKvSection> kFreeKvKeys[] = {
                                      ") must be at least freekv.budget_tokens (" +
                                      std::to_string(f.budget_tokens) + ")");
      }},
+    {"freekv.host_bytes",
+     [](const FreeKvSection& f) {
+       return bytes_at_least("freekv.host_bytes", f.host_bytes, int64_t{1} << 20);
+     }},
 };
 
 Status valid_bits(std::string_view key, int32_t bits) {

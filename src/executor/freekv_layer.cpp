@@ -310,6 +310,16 @@ void FreeKvLayer::wait_recall_timed() {
   recall_posted_ = false;
 }
 
+void add_counts(FreeKvCounts& to, const FreeKvCounts& from) {
+  to.steps += from.steps;
+  to.head_steps += from.head_steps;
+  to.corrected_heads += from.corrected_heads;
+  to.recalled_pages += from.recalled_pages;
+  to.reused_pages += from.reused_pages;
+  to.recall_seconds += from.recall_seconds;
+  to.recall_exposed_seconds += from.recall_exposed_seconds;
+}
+
 FreeKvCounts FreeKvLayer::stats() const {
   FreeKvCounts counts = stats_;
   counts.recalled_pages = recalled_pages_.load();

@@ -90,6 +90,9 @@ struct FreeKvDevice {
   kernels::KernelBackend attention = kernels::KernelBackend::kStrata;
 };
 
+// to += from, field by field (sequences excepted: a count of the runtime's).
+void add_counts(FreeKvCounts& to, const FreeKvCounts& from);
+
 class FreeKvLayer {
  public:
   // `worker` runs this layer's recalls and outlives it.

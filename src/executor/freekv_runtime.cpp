@@ -13,9 +13,24 @@ StatusOr<FreeKvRuntime> FreeKvRuntime::create(const FreeKvConfig& config, int64_
                        device);
 }
 
-void FreeKvRuntime::start(SeqId seq, int64_t n,
+int64_t FreeKvRuntime::sequence_bytes() const {
+  const int64_t p = config_.page_tokens;
+  const int64_t context = (max_context_tokens_ + p - 1) / p * p;
+  const int64_t resident = config_.sink_tokens + config_.window_tokens + p;
+  const int64_t recall = 2 * (config_.budget_tokens - config_.sink_tokens - config_.window_tokens);
+  const int64_t token_bytes =
+      2 * num_kv_heads_ * head_dim_ * static_cast<int64_t>(c10::elementSize(dtype_));
+  return num_layers_ * (context + resident + recall) * token_bytes;
+}
+
+bool FreeKvRuntime::start(SeqId seq, int64_t n,
                           const std::function<std::pair<at::Tensor, at::Tensor>(int64_t)>& kv_of) {
-  end(seq);
+  drop(seq);  // starting over
+  if ((std::ssize(sequences_) + 1) * sequence_bytes() > config_.host_bytes) {
+    if (refused_seqs_.insert(seq).second) ++refused_;
+    return false;
+  }
+  refused_seqs_.erase(seq);
   // The first layer attends every token: a window as long as the context never offloads.
   const int64_t p = config_.page_tokens;
   FreeKvConfig exact = config_;
@@ -30,6 +45,7 @@ void FreeKvRuntime::start(SeqId seq, int64_t n,
     layers.back()->prefill(k.narrow(0, 0, n), v.narrow(0, 0, n));
   }
   sequences_.emplace(seq, std::move(layers));
+  return true;
 }
 
 at::Tensor FreeKvRuntime::attend(std::span<const SeqId> seqs, int64_t layer, const at::Tensor& q,
@@ -43,28 +59,24 @@ at::Tensor FreeKvRuntime::attend(std::span<const SeqId> seqs, int64_t layer, con
   return at::stack(out);
 }
 
-void FreeKvRuntime::add(FreeKvCounts& to, const FreeKvCounts& from) {
-  to.steps += from.steps;
-  to.head_steps += from.head_steps;
-  to.corrected_heads += from.corrected_heads;
-  to.recalled_pages += from.recalled_pages;
-  to.reused_pages += from.reused_pages;
-  to.recall_seconds += from.recall_seconds;
-  to.recall_exposed_seconds += from.recall_exposed_seconds;
+void FreeKvRuntime::end(SeqId seq) {
+  refused_seqs_.erase(seq);
+  drop(seq);
 }
 
-void FreeKvRuntime::end(SeqId seq) {
+void FreeKvRuntime::drop(SeqId seq) {
   auto it = sequences_.find(seq);
   if (it == sequences_.end()) return;
-  for (size_t l = 1; l < it->second.size(); ++l) add(ended_, it->second[l]->stats());
+  for (size_t l = 1; l < it->second.size(); ++l) add_counts(ended_, it->second[l]->stats());
   sequences_.erase(it);
 }
 
 FreeKvCounts FreeKvRuntime::counts() const {
   FreeKvCounts total = ended_;
   total.sequences = std::ssize(sequences_);
+  total.refused_sequences = refused_;
   for (const auto& [seq, layers] : sequences_) {
-    for (size_t l = 1; l < layers.size(); ++l) add(total, layers[l]->stats());
+    for (size_t l = 1; l < layers.size(); ++l) add_counts(total, layers[l]->stats());
   }
   return total;
 }

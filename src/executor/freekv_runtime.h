@@ -13,6 +13,7 @@
 #include <memory>
 #include <span>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -37,9 +38,13 @@ class FreeKvRuntime {
   bool wants(int64_t context) const { return context >= config_.min_context_tokens; }
 
   // The sequence's n tokens are computed: kv_of(layer) gives their keys (after RoPE) and values
-  // [n, Hkv, D] each.
-  void start(SeqId seq, int64_t n,
+  // [n, Hkv, D] each. It reserves sequence_bytes() of host_bytes first: false (nothing done,
+  // counted refused) when they are taken, and the sequence stays on the pool.
+  bool start(SeqId seq, int64_t n,
              const std::function<std::pair<at::Tensor, at::Tensor>(int64_t)>& kv_of);
+  // What a sequence's layers take at most: a whole context in each (host pages, or the first
+  // layer's window), plus each layer's resident tokens and two recall buffers, as keys and values.
+  int64_t sequence_bytes() const;
 
   // Decode of layer `layer` for sequences that decode from FreeKV (one new token each): appends
   // k, v [m, Hkv, D] and returns attention [m, H, D] for q [m, H, D].
@@ -63,7 +68,7 @@ class FreeKvRuntime {
         dtype_(dtype),
         device_(device),
         worker_(std::make_unique<RecallWorker>()) {}
-  static void add(FreeKvCounts& to, const FreeKvCounts& from);
+  void drop(SeqId seq);  // its layers, their counts kept
 
   FreeKvConfig config_;
   int64_t num_layers_, num_kv_heads_, head_dim_, max_context_tokens_;
@@ -73,6 +78,9 @@ class FreeKvRuntime {
   // Per sequence, one layer object per model layer (unique_ptr: a layer's address is posted).
   std::unordered_map<SeqId, std::vector<std::unique_ptr<FreeKvLayer>>> sequences_;
   FreeKvCounts ended_;
+  // Sequences start() refused since they last ended (each counted once), and how many in all.
+  std::unordered_set<SeqId> refused_seqs_;
+  int64_t refused_ = 0;
 };
 
 }  // namespace strata::executor

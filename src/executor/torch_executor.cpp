@@ -578,10 +578,10 @@ StatusOr<ForwardResult> TorchExecutor::run(const ForwardBatch& batch) {
           !freekv_->wants(end) || (chunk.layout && !chunk.layout->is_default())) {
         continue;
       }
-      freekv_->start(chunk.seq, end, [&](int64_t layer) {
+      const bool started = freekv_->start(chunk.seq, end, [&](int64_t layer) {
         return std::pair{pool_part(chunk, layer, end, 0), pool_part(chunk, layer, end, 1)};
       });
-      result.compressed.push_back(chunk.seq);
+      if (started) result.compressed.push_back(chunk.seq);
     }
   }
 

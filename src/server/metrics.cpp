@@ -362,6 +362,10 @@ std::string Metrics::render(const engine::EngineStats& engine) const {
   const executor::FreeKvCounts& free = engine.freekv;
   gauge("strata_freekv_sequences", "Requests decoding by FreeKV's retrieval, off the KV pool.",
         static_cast<double>(free.sequences));
+  counter("strata_freekv_refused_sequences_total",
+          "Contexts that reached freekv.min_context_tokens but stayed on the KV pool: "
+          "freekv.host_bytes was taken.",
+          static_cast<double>(free.refused_sequences));
   counter("strata_freekv_head_steps_total",
           "FreeKV decode steps x retrieving layers x KV heads (docs/freekv.md).",
           static_cast<double>(free.head_steps));

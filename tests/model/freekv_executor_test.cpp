@@ -38,11 +38,13 @@ class FreeKvExecutorTest : public ::testing::Test {
         model::open_model_source(STRATA_TEST_MODEL);
     ASSERT_TRUE(source.ok()) << source.status().to_string();
     source_ = std::move(source).value().release();
-    std::unique_ptr<tokenizer::Tokenizer> tok = tokenizer::Tokenizer::from_gguf(*source_->gguf()).value();
+    std::unique_ptr<tokenizer::Tokenizer> tok =
+        tokenizer::Tokenizer::from_gguf(*source_->gguf()).value();
     std::ifstream in(STRATA_SOURCE_DIR "/../shared/data/ppl/wikitext-2-raw-v1_test.raw");
     std::stringstream text;
     text << in.rdbuf();
-    tokens_ = new std::vector<TokenId>(tok->encode(text.str().substr(30000, 8 * (kPrompt + kSteps)), false));
+    tokens_ = new std::vector<TokenId>(
+        tok->encode(text.str().substr(30000, 8 * (kPrompt + kSteps)), false));
     ASSERT_GE(tokens_->size(), size_t{kPrompt + kSteps}) << "WikiText-2 not found or too short";
     tokens_->resize(kPrompt + kSteps + 1);
     std::unique_ptr<Executor> plain = make(FreeKvConfig{});
@@ -65,8 +67,12 @@ class FreeKvExecutorTest : public ::testing::Test {
   }
 
   static FreeKvConfig freekv(int64_t sink, int64_t window, int64_t budget, int64_t min_context) {
-    return FreeKvConfig{.enabled = true, .page_tokens = 16, .budget_tokens = budget,
-                        .sink_tokens = sink, .window_tokens = window, .tau = 0.8,
+    return FreeKvConfig{.enabled = true,
+                        .page_tokens = 16,
+                        .budget_tokens = budget,
+                        .sink_tokens = sink,
+                        .window_tokens = window,
+                        .tau = 0.8,
                         .min_context_tokens = min_context};
   }
 
@@ -133,16 +139,17 @@ TEST_F(FreeKvExecutorTest, ASmallBudgetStaysClose) {
   EXPECT_GT(diff, 1e-3);  // it does retrieve: not every page is read
   const int same = same_argmax(got, *expected_);
   const double cosine = min_cosine(got, *expected_);
-  std::printf("small budget: max logit diff %.4f, min cosine %.5f, same argmax %d of %d, "
-              "nll %.4f against the pool's %.4f\n",
-              diff, cosine, same, kSteps + 1, nll(got), nll(*expected_));
+  std::printf(
+      "small budget: max logit diff %.4f, min cosine %.5f, same argmax %d of %d, "
+      "nll %.4f against the pool's %.4f\n",
+      diff, cosine, same, kSteps + 1, nll(got), nll(*expected_));
   // Measured: 13 of 13 and +0.25 nats. Selecting the lowest-scored pages instead (a tested
   // mutation) gives 4 of 13 and +4.4 nats.
   EXPECT_GE(same, kSteps - 1);
   EXPECT_LT(nll(got), nll(*expected_) + 0.5);
   const FreeKvCounts counts = executor->freekv_counts();
   EXPECT_EQ(counts.steps, kSteps * (kLayers - 1));
-  EXPECT_EQ(counts.head_steps, counts.steps * 3);  // 3 KV heads
+  EXPECT_EQ(counts.head_steps, counts.steps * 3);        // 3 KV heads
   EXPECT_GE(counts.corrected_heads, (kLayers - 1) * 3);  // the first step corrects every head
   EXPECT_GT(counts.recalled_pages, 0);
   RecordProperty("max_logit_diff", std::to_string(diff));
@@ -159,6 +166,22 @@ TEST_F(FreeKvExecutorTest, AContextBelowTheThresholdStaysOnThePool) {
   EXPECT_EQ(moved, 0);
   EXPECT_EQ(max_abs_diff(got, *expected_), 0.0);
   EXPECT_EQ(executor->freekv_counts().steps, 0);
+}
+
+// freekv.host_bytes below one sequence's reservation: the context that reached the threshold
+// stays on the pool (the pool's logits exactly) and is counted refused.
+TEST_F(FreeKvExecutorTest, ASequenceTheHostBudgetCannotHoldStaysOnThePool) {
+  FreeKvConfig config = freekv(32, 32, 32 + 32 + 16 * 4, 64);
+  config.host_bytes = 1 << 20;  // SmolLM2's 30 layers x 2,048 tokens take about 92 MiB
+  std::unique_ptr<Executor> executor = make(config);
+  ASSERT_NE(executor, nullptr);
+  int moved = 0;
+  const auto got = run(*executor, &moved);
+  EXPECT_EQ(moved, 0);
+  EXPECT_EQ(max_abs_diff(got, *expected_), 0.0);
+  const FreeKvCounts counts = executor->freekv_counts();
+  EXPECT_EQ(counts.steps, 0);
+  EXPECT_EQ(counts.refused_sequences, 1);  // asked again at every pass past it, counted once
 }
 
 TEST_F(FreeKvExecutorTest, BadOptionsAreRefused) {

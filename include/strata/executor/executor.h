@@ -90,8 +90,11 @@ struct LeanKvCounts {
 // used (delta recall); the seconds spent recalling (on the recall thread, and a corrected head's
 // recall on the step thread), and of those the exposed ones: the step thread recalling or waiting
 // for a recall. 1 - exposed / recall is the share of recall hidden behind compute.
+// refused_sequences: contexts that reached the threshold but stayed on the pool, the host memory
+// (freekv.host_bytes) being taken.
 struct FreeKvCounts {
   int64_t sequences = 0;
+  int64_t refused_sequences = 0;
   int64_t steps = 0;
   int64_t head_steps = 0;
   int64_t corrected_heads = 0;

@@ -107,7 +107,9 @@ struct LeanKvConfig {
 // and decodes by speculative retrieval: per layer (the first exact) and KV head it attends the
 // first sink_tokens, the last window_tokens and the pages of page_tokens that its previous step's
 // query selected, budget_tokens in all; a KV head whose query moved (cosine below tau) selects
-// with the current one. CPU deployments for now.
+// with the current one. host_bytes bounds the memory of the sequences decoding by FreeKV at once:
+// each reserves, when it leaves the pool, what a whole context of the model takes in its layers
+// (freekv_runtime.h); a sequence that does not fit stays on the pool.
 struct FreeKvConfig {
   bool enabled = false;
   int64_t page_tokens = 32;
@@ -116,6 +118,7 @@ struct FreeKvConfig {
   int64_t window_tokens = 512;
   double tau = 0.8;
   int64_t min_context_tokens = 8192;
+  int64_t host_bytes = int64_t{4} << 30;
   bool operator==(const FreeKvConfig&) const = default;
 };
 

@@ -450,7 +450,7 @@ TEST(ConfigSectionsTest, FreeKvSectionIsReadWrittenBackAndOverridden) {
       "model: {path: m}\ndevices: {device: cpu}\nkv_store: {dram_bytes: 0}\n"
       "kv_cache: {enable_prefix_caching: false}\n"
       "freekv:\n  enabled: true\n  page_tokens: 16\n  budget_tokens: 1024\n  sink_tokens: 128\n"
-      "  window_tokens: 256\n  tau: 0.9\n  min_context_tokens: 4096\n",
+      "  window_tokens: 256\n  tau: 0.9\n  min_context_tokens: 4096\n  host_bytes: 2GiB\n",
       "t.yaml");
   ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
   const FreeKvSection& f = loaded->freekv;
@@ -461,6 +461,7 @@ TEST(ConfigSectionsTest, FreeKvSectionIsReadWrittenBackAndOverridden) {
   EXPECT_EQ(f.window_tokens, 256);
   EXPECT_EQ(f.tau, 0.9);
   EXPECT_EQ(f.min_context_tokens, 4096);
+  EXPECT_EQ(f.host_bytes, int64_t{2} << 30);
   StatusOr<DeploymentConfig> again = parse_config(to_yaml(*loaded), "again.yaml");
   ASSERT_TRUE(again.ok()) << again.status().to_string();
   EXPECT_EQ(*again, *loaded);
@@ -468,6 +469,8 @@ TEST(ConfigSectionsTest, FreeKvSectionIsReadWrittenBackAndOverridden) {
   ASSERT_TRUE(apply_override(config, "freekv.tau", "2").ok());
   EXPECT_EQ(config.freekv.tau, 2.0);
   EXPECT_FALSE(apply_override(config, "freekv.sink_tokens", "100").ok());
+  ASSERT_TRUE(apply_override(config, "freekv.host_bytes", "512MiB").ok());
+  EXPECT_EQ(config.freekv.host_bytes, int64_t{512} << 20);
 }
 
 TEST(ConfigSectionsTest, FreeKvErrorsNameTheKey) {
@@ -481,6 +484,8 @@ TEST(ConfigSectionsTest, FreeKvErrorsNameTheKey) {
       {"streamingllm", on + "freekv: {enabled: true, budget_tokens: 1024, min_context_tokens: 2048}\n",
        kOk, ""},
       {"tau", on + "freekv: {tau: 3}\n", kInvalid, "freekv.tau must be in [-1, 2], got 3"},
+      {"small host budget", on + "freekv: {host_bytes: 1KiB}\n", kInvalid,
+       "freekv.host_bytes must be >= 1MiB"},
       {"threshold", on + "freekv: {min_context_tokens: 1000}\n", kInvalid,
        "freekv.min_context_tokens (1000) must be at least freekv.budget_tokens (2048)"},
       {"on cuda", "devices: {device: cuda}\nkv_store: {dram_bytes: 0}\n"
