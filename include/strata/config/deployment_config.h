@@ -134,9 +134,9 @@ struct LeanKvSection : executor::LeanKvConfig {
 
 // FreeKV (executor::FreeKvConfig, docs/freekv.md): page_tokens in [1, 1024], sink_tokens and
 // window_tokens whole pages, budget_tokens at least their sum (equal: StreamingLLM), tau in [-1, 2]
-// (above 1: every step corrects, synchronous retrieval), min_context_tokens >= budget_tokens.
-// Enabled, it needs a cpu (or auto) device, no leankv, no prefix caching and no KV store
-// (DeploymentConfig::validate).
+// (above 1: every step corrects, synchronous retrieval), min_context_tokens >= budget_tokens,
+// host_bytes >= 1MiB. Enabled, it needs one rank, no leankv, no kv_cache.page_format, no prefix
+// caching and no KV store (DeploymentConfig::validate).
 struct FreeKvSection : executor::FreeKvConfig {
   // INVALID_ARGUMENT naming freekv.<key>.
   Status validate() const;
