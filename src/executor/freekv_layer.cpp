@@ -373,7 +373,8 @@ at::Tensor FreeKvLayer::decode(const at::Tensor& q, const at::Tensor& k, const a
   }
   std::vector<int64_t> counts;
   for (const std::vector<int64_t>& pages : front.pages) counts.push_back(std::ssize(pages));
-  const at::Tensor slots = at::tensor(counts, at::kLong).to(device_.device);
+  at::Tensor slots = at::tensor(counts, at::kLong);
+  if (cuda_) slots = slots.pin_memory().to(device_.device, at::kLong, /*non_blocking=*/true);
   at::Tensor out =
       kernels::freekv_attention(q.contiguous(), resident(resident_k_), resident(resident_v_),
                                 front.k, front.v, slots, scale, device_.attention);
