@@ -95,6 +95,18 @@ __device__ __forceinline__ float block_sum(float v) {
   return partial[0];
 }
 
+// Aborts (a broken invariant: the adapters validate first) unless num_heads query heads fall in
+// groups of at most max_group over num_kv_heads KV heads; `kernel` names the launcher.
+inline void check_query_groups(const char* kernel, int64_t num_heads, int64_t num_kv_heads,
+                               int max_group) {
+  if (num_kv_heads > 0 && num_heads % num_kv_heads == 0 && num_heads / num_kv_heads <= max_group) {
+    return;
+  }
+  std::fprintf(stderr, "%s: %lld query heads over %lld KV heads (groups of at most %d)\n", kernel,
+               static_cast<long long>(num_heads), static_cast<long long>(num_kv_heads), max_group);
+  std::abort();
+}
+
 // Exclusive prefix sum of v over the block's threads (blockDim.x a multiple of 32), and the total.
 __device__ __forceinline__ long long block_exclusive_scan(long long v, long long* total) {
   __shared__ long long warp_sums[32];

@@ -162,15 +162,7 @@ size_t freekv_attention_workspace_bytes(const FreeKvAttentionParams& params) {
 
 void launch_freekv_attention(const FreeKvAttentionParams& params, cudaStream_t stream) {
   if (params.num_kv_heads == 0) return;
-  if (params.num_heads % params.num_kv_heads != 0 ||
-      params.num_heads / params.num_kv_heads > kMaxGroup) {
-    std::fprintf(stderr,
-                 "%s:%d: FreeKV attention: %lld query heads over %lld KV heads (groups of at "
-                 "most %d)\n",
-                 __FILE__, __LINE__, static_cast<long long>(params.num_heads),
-                 static_cast<long long>(params.num_kv_heads), kMaxGroup);
-    std::abort();
-  }
+  check_query_groups("FreeKV attention", params.num_heads, params.num_kv_heads, kMaxGroup);
   STRATA_DISPATCH_HALF_SCALAR(params.kind, [&] {
     STRATA_DISPATCH_HEAD_DIM(params.head_dim, [&] {
       launch_kernel(freekv_attention_kernel<scalar_t, HEAD_DIM>,

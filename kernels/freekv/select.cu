@@ -130,14 +130,9 @@ size_t freekv_select_workspace_bytes(const FreeKvSelectParams& params) {
 
 void launch_freekv_select(const FreeKvSelectParams& params, cudaStream_t stream) {
   if (params.num_kv_heads == 0 || params.num_pages == 0) return;
-  if (params.num_heads % params.num_kv_heads != 0 ||
-      params.num_heads / params.num_kv_heads > kMaxGroup || params.top_k < 1 ||
-      params.top_k > params.num_pages) {
-    std::fprintf(stderr,
-                 "%s:%d: FreeKV select: %lld query heads over %lld KV heads (groups of at most "
-                 "%d), top %lld of %lld pages\n",
-                 __FILE__, __LINE__, static_cast<long long>(params.num_heads),
-                 static_cast<long long>(params.num_kv_heads), kMaxGroup,
+  check_query_groups("FreeKV select", params.num_heads, params.num_kv_heads, kMaxGroup);
+  if (params.top_k < 1 || params.top_k > params.num_pages) {
+    std::fprintf(stderr, "%s:%d: FreeKV select: top %lld of %lld pages\n", __FILE__, __LINE__,
                  static_cast<long long>(params.top_k), static_cast<long long>(params.num_pages));
     std::abort();
   }

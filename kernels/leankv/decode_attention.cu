@@ -320,15 +320,7 @@ size_t leankv_decode_workspace_bytes(const LeanKvDecodeParams& params) {
 
 void launch_leankv_decode_attention(const LeanKvDecodeParams& params, cudaStream_t stream) {
   if (params.num_seqs == 0) return;
-  if (params.num_heads % params.num_kv_heads != 0 ||
-      params.num_heads / params.num_kv_heads > kMaxGroup) {
-    std::fprintf(
-        stderr,
-        "%s:%d: LeanKV decode: %lld query heads over %lld KV heads (groups of at most %d)\n",
-        __FILE__, __LINE__, static_cast<long long>(params.num_heads),
-        static_cast<long long>(params.num_kv_heads), kMaxGroup);
-    std::abort();
-  }
+  check_query_groups("LeanKV decode", params.num_heads, params.num_kv_heads, kMaxGroup);
   const dim3 grid(static_cast<unsigned>(params.num_kv_heads),
                   static_cast<unsigned>(params.num_seqs));
   STRATA_DISPATCH_HALF_SCALAR(params.kind, [&] {
