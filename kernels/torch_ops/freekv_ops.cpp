@@ -38,8 +38,8 @@ at::Tensor freekv_select(const at::Tensor& q, const at::Tensor& kmin, const at::
   return std::get<0>(at::sort(order.narrow(1, 0, k), -1));
 }
 
-void freekv_offload(const at::Tensor& rows_k, const at::Tensor& rows_v, at::Tensor& page,
-                    at::Tensor& kmin, at::Tensor& kmax) {
+void check_freekv_offload(const at::Tensor& rows_k, const at::Tensor& rows_v,
+                          const at::Tensor& page, const at::Tensor& kmin, const at::Tensor& kmax) {
   TORCH_CHECK(
       rows_k.dim() == 3 && rows_v.sizes() == rows_k.sizes() &&
           page.sizes() == at::IntArrayRef({rows_k.size(1), 2, rows_k.size(0), rows_k.size(2)}) &&
@@ -47,6 +47,22 @@ void freekv_offload(const at::Tensor& rows_k, const at::Tensor& rows_v, at::Tens
           kmax.sizes() == kmin.sizes(),
       "freekv_offload: rows ", rows_k.sizes(), ", page ", page.sizes(), ", kmin ", kmin.sizes(),
       ", kmax ", kmax.sizes());
+}
+
+void check_freekv_recall(const at::Tensor& chunks, const at::Tensor& items,
+                         const at::Tensor& cache_k, const at::Tensor& cache_v,
+                         const at::Tensor& from_k, const at::Tensor& from_v) {
+  TORCH_CHECK(items.dim() == 2 && items.size(1) == 3 && chunks.dim() == 4 && chunks.size(1) == 2 &&
+                  cache_k.dim() == 4 && chunks.size(2) == cache_k.size(1) &&
+                  chunks.size(3) == cache_k.size(3) && cache_v.sizes() == cache_k.sizes() &&
+                  from_k.sizes() == cache_k.sizes() && from_v.sizes() == cache_k.sizes(),
+              "freekv_recall: chunks ", chunks.sizes(), ", items ", items.sizes(), ", cache ",
+              cache_k.sizes(), ", from ", from_k.sizes());
+}
+
+void freekv_offload(const at::Tensor& rows_k, const at::Tensor& rows_v, at::Tensor& page,
+                    at::Tensor& kmin, at::Tensor& kmax) {
+  check_freekv_offload(rows_k, rows_v, page, kmin, kmax);
   page.select(1, 0).copy_(rows_k.permute({1, 0, 2}));
   page.select(1, 1).copy_(rows_v.permute({1, 0, 2}));
   auto [lo, hi] = freekv_summaries(page.select(1, 0).unsqueeze(0));
@@ -56,12 +72,7 @@ void freekv_offload(const at::Tensor& rows_k, const at::Tensor& rows_v, at::Tens
 
 void freekv_recall(const at::Tensor& chunks, const at::Tensor& items, at::Tensor& cache_k,
                    at::Tensor& cache_v, const at::Tensor& from_k, const at::Tensor& from_v) {
-  TORCH_CHECK(items.dim() == 2 && items.size(1) == 3 && chunks.dim() == 4 && chunks.size(1) == 2 &&
-                  cache_k.dim() == 4 && chunks.size(2) == cache_k.size(1) &&
-                  chunks.size(3) == cache_k.size(3) && cache_v.sizes() == cache_k.sizes() &&
-                  from_k.sizes() == cache_k.sizes() && from_v.sizes() == cache_k.sizes(),
-              "freekv_recall: chunks ", chunks.sizes(), ", items ", items.sizes(), ", cache ",
-              cache_k.sizes(), ", from ", from_k.sizes());
+  check_freekv_recall(chunks, items, cache_k, cache_v, from_k, from_v);
   const at::Tensor rows = items.to(at::kCPU, at::kLong);
   const int64_t n = rows.size(0);
   if (n == 0) return;

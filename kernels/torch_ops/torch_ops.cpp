@@ -363,13 +363,7 @@ void freekv_offload(const at::Tensor& rows_k, const at::Tensor& rows_v, at::Tens
     aten::freekv_offload(rows_k, rows_v, page, kmin, kmax);
     return;
   }
-  TORCH_CHECK(
-      rows_k.dim() == 3 && rows_v.sizes() == rows_k.sizes() &&
-          page.sizes() == at::IntArrayRef({rows_k.size(1), 2, rows_k.size(0), rows_k.size(2)}) &&
-          kmin.sizes() == at::IntArrayRef({rows_k.size(1), rows_k.size(2)}) &&
-          kmax.sizes() == kmin.sizes(),
-      "freekv_offload: rows ", rows_k.sizes(), ", page ", page.sizes(), ", kmin ", kmin.sizes(),
-      ", kmax ", kmax.sizes());
+  aten::check_freekv_offload(rows_k, rows_v, page, kmin, kmax);
   const c10::cuda::CUDAGuard guard(rows_k.device());
   launch_freekv_offload(freekv_offload_params(rows_k, rows_v, page, kmin, kmax),
                         c10::cuda::getCurrentCUDAStream(rows_k.get_device()).stream());
@@ -385,12 +379,7 @@ void freekv_recall(const at::Tensor& chunks, const at::Tensor& items, at::Tensor
   TORCH_CHECK(items.scalar_type() == at::kInt && items.device() == chunks.device(),
               "freekv_recall: items must be int32 on ", chunks.device(), ", got ",
               items.scalar_type(), " on ", items.device());
-  TORCH_CHECK(items.dim() == 2 && items.size(1) == 3 && chunks.dim() == 4 && chunks.size(1) == 2 &&
-                  cache_k.dim() == 4 && chunks.size(2) == cache_k.size(1) &&
-                  chunks.size(3) == cache_k.size(3) && cache_v.sizes() == cache_k.sizes() &&
-                  from_k.sizes() == cache_k.sizes() && from_v.sizes() == cache_k.sizes(),
-              "freekv_recall: chunks ", chunks.sizes(), ", items ", items.sizes(), ", cache ",
-              cache_k.sizes(), ", from ", from_k.sizes());
+  aten::check_freekv_recall(chunks, items, cache_k, cache_v, from_k, from_v);
   const bool contiguous = chunks.is_contiguous() && items.is_contiguous() &&
                           cache_k.is_contiguous() && cache_v.is_contiguous() &&
                           from_k.is_contiguous() && from_v.is_contiguous();

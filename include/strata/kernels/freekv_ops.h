@@ -40,6 +40,13 @@ at::Tensor freekv_select(const at::Tensor& q, const at::Tensor& kmin, const at::
 // <- from_k/v[-source - 1, :, m, :].
 void freekv_offload(const at::Tensor& rows_k, const at::Tensor& rows_v, at::Tensor& page,
                     at::Tensor& kmin, at::Tensor& kmax);
+// The shape checks of freekv_offload and freekv_recall (c10::Error naming the shapes), which the
+// torch_ops adapters also make before a kernel runs.
+void check_freekv_offload(const at::Tensor& rows_k, const at::Tensor& rows_v,
+                          const at::Tensor& page, const at::Tensor& kmin, const at::Tensor& kmax);
+void check_freekv_recall(const at::Tensor& chunks, const at::Tensor& items,
+                         const at::Tensor& cache_k, const at::Tensor& cache_v,
+                         const at::Tensor& from_k, const at::Tensor& from_v);
 void freekv_recall(const at::Tensor& chunks, const at::Tensor& items, at::Tensor& cache_k,
                    at::Tensor& cache_v, const at::Tensor& from_k, const at::Tensor& from_v);
 
