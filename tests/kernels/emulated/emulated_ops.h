@@ -6,6 +6,9 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+#include <utility>
+
 #include "launch_params.h"
 #include "self_check.h"
 #include "strata/kernels/ops.h"
@@ -60,17 +63,26 @@ inline at::Tensor emulated_unpack_kv_blocks(const at::Tensor& bytes, const kv::K
   return blocks;
 }
 
-// FreeKV: the workspaces are poisoned (NaN), as the kernels' own tests have them.
-inline at::Tensor emulated_freekv_select(const at::Tensor& q, const at::Tensor& kmin,
-                                         const at::Tensor& kmax, int64_t top_k, double scale) {
-  at::Tensor scores = at::empty({kmin.size(1), kmin.size(0)}, at::kFloat);
-  at::Tensor selected = at::empty({kmin.size(1), std::min(top_k, kmin.size(0))}, at::kLong);
+// FreeKV: outputs and workspaces start poisoned (NaN, -1), so an element the kernel leaves
+// unwritten shows. The selection and the page scores it was made from.
+inline std::pair<at::Tensor, at::Tensor> emulated_freekv_select_scores(const at::Tensor& q,
+                                                                       const at::Tensor& kmin,
+                                                                       const at::Tensor& kmax,
+                                                                       int64_t top_k,
+                                                                       double scale) {
+  at::Tensor scores = at::full({kmin.size(1), kmin.size(0)}, NAN);
+  at::Tensor selected = at::full({kmin.size(1), std::min(top_k, kmin.size(0))}, -1, at::kLong);
   FreeKvSelectParams params = freekv_select_params(scores, selected, q, kmin, kmax, scale);
   at::Tensor workspace =
       at::full({static_cast<int64_t>(freekv_select_workspace_bytes(params) / sizeof(float))}, NAN);
   params.workspace = workspace.data_ptr<float>();
   launch_freekv_select(params, nullptr);
-  return selected;
+  return {selected, scores};
+}
+
+inline at::Tensor emulated_freekv_select(const at::Tensor& q, const at::Tensor& kmin,
+                                         const at::Tensor& kmax, int64_t top_k, double scale) {
+  return emulated_freekv_select_scores(q, kmin, kmax, top_k, scale).first;
 }
 
 inline void emulated_freekv_offload(const at::Tensor& rows_k, const at::Tensor& rows_v,
@@ -89,7 +101,7 @@ inline at::Tensor emulated_freekv_attention(const at::Tensor& q, const at::Tenso
                                             const at::Tensor& resident_v, const at::Tensor& cache_k,
                                             const at::Tensor& cache_v, const at::Tensor& slots,
                                             double scale) {
-  at::Tensor out = at::empty_like(q);
+  at::Tensor out = at::full_like(q, NAN);
   FreeKvAttentionParams params =
       freekv_attention_params(out, q, resident_k, resident_v, cache_k, cache_v, slots, scale);
   at::Tensor workspace = at::full(

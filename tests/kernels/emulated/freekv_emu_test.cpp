@@ -21,6 +21,7 @@
 #include <tuple>
 #include <vector>
 
+#include "emulated_ops.h"
 #include "emulated_test_util.h"
 #include "kernel_tolerance.h"
 #include "launch_params.h"
@@ -37,14 +38,8 @@ const std::vector<std::pair<int64_t, int64_t>> kHeadShapes = {{2, 2}, {9, 3}, {1
 // [n_kv, top_k + n_page] (selected page numbers first).
 at::Tensor run_select(const at::Tensor& q, const at::Tensor& kmin, const at::Tensor& kmax,
                       int64_t top_k, double scale) {
-  const int64_t kv = kmin.size(1), pages = kmin.size(0);
-  at::Tensor scores = at::full({kv, pages}, NAN);
-  at::Tensor selected = at::full({kv, top_k}, -1, at::kLong);
-  FreeKvSelectParams p = freekv_select_params(scores, selected, q, kmin, kmax, scale);
-  at::Tensor workspace =
-      at::full({static_cast<int64_t>(freekv_select_workspace_bytes(p) / sizeof(float))}, NAN);
-  p.workspace = workspace.data_ptr<float>();
-  launch_freekv_select(p, nullptr);
+  const auto [selected, scores] =
+      testing::emulated_freekv_select_scores(q, kmin, kmax, top_k, scale);
   return at::cat({selected.to(at::kFloat), scores}, 1);
 }
 
@@ -231,14 +226,8 @@ TEST_P(FreeKvAttentionEmuTest, AttendsLikeTheReference) {
   const testing::Tolerance tol = testing::tolerance_for(dtype);
   testing::expect_schedule_invariant_match(
       [&] {
-        at::Tensor out = at::full({heads, d}, NAN).to(dtype);
-        FreeKvAttentionParams a =
-            freekv_attention_params(out, q, resident_k, resident_v, cache_k, cache_v, slots, scale);
-        at::Tensor workspace = at::full(
-            {static_cast<int64_t>(freekv_attention_workspace_bytes(a) / sizeof(float))}, NAN);
-        a.workspace = workspace.data_ptr<float>();
-        launch_freekv_attention(a, nullptr);
-        return out;
+        return testing::emulated_freekv_attention(q, resident_k, resident_v, cache_k, cache_v,
+                                                  slots, scale);
       },
       want, tol.rtol, tol.atol);
 }
