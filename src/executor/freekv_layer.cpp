@@ -7,7 +7,6 @@
 
 #include <chrono>
 #include <cmath>
-#include <cstring>
 #include <exception>
 #include <limits>
 #include <stdexcept>
