@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+#include <cmath>
 #include <optional>
 
 namespace strata::kernels::aten {
@@ -77,6 +79,30 @@ void reshape_and_cache(at::Tensor& kv_cache, const at::Tensor& key, const at::Te
     dst.index_put_(c10::List<std::optional<at::Tensor>>({blocks, offsets}),
                    src.index_select(0, valid));
   }
+}
+
+at::Tensor attention_received(const at::Tensor& q, const at::Tensor& keys, int64_t start,
+                              double scale) {
+  constexpr int64_t kRows = 128;  // query rows per step
+  const int64_t m = q.size(0), num_heads = q.size(1), end = start + m;
+  const int64_t group = num_heads / keys.size(1);
+  const auto options = q.options().dtype(at::kFloat);
+  // [H, end, D]: each query head's KV head.
+  const at::Tensor k =
+      keys.narrow(0, 0, end).to(at::kFloat).permute({1, 0, 2}).repeat_interleave(group, 0);
+  const at::Tensor key_positions = at::arange(end, options.dtype(at::kLong));
+  at::Tensor received = at::zeros({num_heads, end}, options);
+  for (int64_t row = 0; row < m; row += kRows) {
+    const int64_t rows = std::min(kRows, m - row);
+    const at::Tensor query_positions =
+        at::arange(start + row, start + row + rows, options.dtype(at::kLong)).unsqueeze(1);
+    const at::Tensor qh = q.narrow(0, row, rows).to(at::kFloat).permute({1, 0, 2});  // [H, rows, D]
+    const at::Tensor logits = at::bmm(qh, k.transpose(1, 2))
+                                  .mul(scale)
+                                  .masked_fill(key_positions > query_positions, -INFINITY);
+    received += at::softmax(logits, -1).masked_fill(key_positions >= query_positions, 0.0).sum(1);
+  }
+  return received;
 }
 
 }  // namespace strata::kernels::aten

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "strata/kernels/aten_ops.h"
 #include "strata/kernels/kv_format_ops.h"
 
 namespace strata::kernels::aten {
@@ -16,8 +17,6 @@ namespace {
 using kv::leankv::PageFormat;
 using kv::leankv::PageSegments;
 using kv::leankv::Precision;
-
-constexpr int64_t kQueryChunk = 256;  // query rows per step of leankv_prompt_scores
 
 kv::TensorFormat token_format(int32_t bits, int64_t head_dim) {
   const DType dtype = bits == 8 ? DType::kInt8 : bits == 4 ? DType::kInt4 : DType::kInt2;
@@ -87,20 +86,7 @@ at::Tensor leankv_prompt_scores(const at::Tensor& q, const at::Tensor& k, double
   const int64_t group = heads / kv_heads;
   TORCH_CHECK(group * kv_heads == heads, "query heads ", heads, " not a multiple of KV heads ",
               kv_heads);
-  // [kv_heads, group, n, d] and [kv_heads, 1, d, n]
-  const at::Tensor qh = q.to(at::kFloat).permute({1, 0, 2}).reshape({kv_heads, group, n, -1});
-  const at::Tensor kt = k.to(at::kFloat).permute({1, 2, 0}).unsqueeze(1);
-  at::Tensor sums = at::zeros({kv_heads, group, n}, q.options().dtype(at::kFloat));
-  const at::Tensor keys = at::arange(n, q.options().dtype(at::kLong));
-  for (int64_t begin = 0; begin < n; begin += kQueryChunk) {
-    const int64_t end = std::min(n, begin + kQueryChunk);
-    const at::Tensor rows = keys.slice(0, begin, end).unsqueeze(1);
-    // Query j sees keys <= j; a key's received attention counts only from later queries.
-    const at::Tensor logits =
-        at::matmul(qh.slice(2, begin, end), kt).mul(scale).masked_fill(keys > rows, -INFINITY);
-    sums += at::softmax(logits, -1).masked_fill(keys >= rows, 0.0).sum(2);
-  }
-  return std::get<0>(sums.max(1));
+  return std::get<0>(attention_received(q, k, 0, scale).view({kv_heads, group, n}).max(1));
 }
 
 void leankv_write_tokens(at::Tensor& pool, const PageFormat& format, Precision precision,

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "strata/common/check.h"
+#include "strata/kernels/aten_ops.h"
 #include "strata/kernels/leankv_ops.h"
 
 namespace strata::executor {
@@ -15,8 +16,6 @@ namespace {
 
 using kv::leankv::Precision;
 using kv::leankv::Tier;
-
-constexpr int64_t kPromptRows = 128;  // query rows per step of observe_prompt
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -138,22 +137,7 @@ void LeanKvRuntime::observe_prompt(SeqId seq, int64_t layer, const at::Tensor& q
   }
   auto found = prompt_sums_.find(seq);
   if (found == prompt_sums_.end()) return;  // not computed from position 0 under LeanKV
-  const int64_t m = q.size(0), end_position = start + m, group = num_heads_ / num_kv_heads_;
-  // [H, end, D]: each query head's KV head.
-  const at::Tensor k = keys.to(at::kFloat).permute({1, 0, 2}).repeat_interleave(group, 0);
-  const at::Tensor key_positions = at::arange(end_position, at::kLong);
-  at::Tensor received = at::zeros({num_heads_, end_position}, at::kFloat);
-  for (int64_t row = 0; row < m; row += kPromptRows) {
-    const int64_t rows = std::min(kPromptRows, m - row);
-    const at::Tensor query_positions =
-        at::arange(start + row, start + row + rows, at::kLong).unsqueeze(1);
-    const at::Tensor qh = q.narrow(0, row, rows).to(at::kFloat).permute({1, 0, 2});  // [H, rows, D]
-    const at::Tensor logits = at::bmm(qh, k.transpose(1, 2))
-                                  .mul(scale)
-                                  .masked_fill(key_positions > query_positions, -INFINITY);
-    // A key gains the attention of queries after it only.
-    received += at::softmax(logits, -1).masked_fill(key_positions >= query_positions, 0.0).sum(1);
-  }
+  at::Tensor received = kernels::aten::attention_received(q, keys, start, scale);
   at::Tensor& sums = found->second[layer];
   if (sums.defined()) received.narrow(1, 0, sums.size(1)) += sums;
   sums = received;

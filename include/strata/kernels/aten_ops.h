@@ -26,4 +26,13 @@ void paged_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& kv_
 void reshape_and_cache(at::Tensor& kv_cache, const at::Tensor& key, const at::Tensor& value,
                        const at::Tensor& slot_mapping);
 
+// The attention each key receives from a chunk of m queries at positions [start, start + m) of
+// one sequence (LeanKV's prompt significance, H2O's heavy-hitter scores; no custom kernel):
+// q [m, H, D] and keys [start + m, Hkv, D] after RoPE (H a multiple of Hkv), causal softmax of
+// q k^T * scale per query head. Returns float32 [H, start + m]: received[h, p] = sum over the
+// chunk's queries j with start + j > p of A_h[j, p] (a token's own query excluded). Computed a
+// bounded number of query rows at a time, never the whole m x (start + m) at once.
+at::Tensor attention_received(const at::Tensor& q, const at::Tensor& keys, int64_t start,
+                              double scale);
+
 }  // namespace strata::kernels::aten
