@@ -465,6 +465,9 @@ Status read_leankv(Context& ctx, const YAML::Node& node, LeanKvSection& out) {
 Status read_freekv(Context& ctx, const YAML::Node& node, FreeKvSection& out) {
   STRATA_ASSIGN_OR_RETURN(const SectionMap m, SectionMap::open(ctx, node, "freekv"));
   STRATA_RETURN_IF_ERROR(m.get("enabled", into(ctx, out.enabled)));
+  STRATA_RETURN_IF_ERROR(m.get("method", [&](const YAML::Node& n, const std::string& k) {
+    return read_enum(ctx, n, k, {FreeKvMethod::kRetrieval, FreeKvMethod::kH2o}, out.method);
+  }));
   STRATA_RETURN_IF_ERROR(m.get("page_tokens", into(ctx, out.page_tokens)));
   STRATA_RETURN_IF_ERROR(m.get("budget_tokens", into(ctx, out.budget_tokens)));
   STRATA_RETURN_IF_ERROR(m.get("sink_tokens", into(ctx, out.sink_tokens)));

@@ -44,6 +44,16 @@ std::string_view config_name(DeviceKind value) {
 std::string_view config_name(EvictionPolicy value) { return store::eviction_policy_name(value); }
 std::string_view config_name(RestoreMode value) { return store::restore_mode_name(value); }
 
+std::string_view config_name(FreeKvMethod value) {
+  switch (value) {
+    case FreeKvMethod::kRetrieval:
+      return "retrieval";
+    case FreeKvMethod::kH2o:
+      return "h2o";
+  }
+  return "?";
+}
+
 std::string_view config_name(PreemptionMode value) {
   switch (value) {
     case PreemptionMode::kRecompute:

@@ -136,6 +136,7 @@ std::string to_yaml(const DeploymentConfig& config) {
   const FreeKvSection& free = config.freekv;
   out << YAML::Key << "freekv" << YAML::Value << YAML::BeginMap;
   emit_plain(out, "enabled", free.enabled ? "true" : "false");
+  emit_name(out, "method", config_name(free.method));
   emit_plain(out, "page_tokens", std::to_string(free.page_tokens));
   emit_plain(out, "budget_tokens", std::to_string(free.budget_tokens));
   emit_plain(out, "sink_tokens", std::to_string(free.sink_tokens));

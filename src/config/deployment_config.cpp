@@ -303,6 +303,17 @@ const KeyCheck<KvStoreSection> kKvStoreKeys[] = {
 
 const KeyCheck<FreeKvSection> kFreeKvKeys[] = {
     {"freekv.enabled", nullptr},
+    {"freekv.method",
+     [](const FreeKvSection& f) {
+       if (f.method != FreeKvMethod::kH2o ||
+           (f.window_tokens >= 1 && f.budget_tokens > f.window_tokens)) {
+         return Status();
+       }
+       return invalid_argument_error(
+           "freekv.method h2o needs window_tokens >= 1 and budget_tokens (" +
+           std::to_string(f.budget_tokens) + ") above window_tokens (" +
+           std::to_string(f.window_tokens) + ")");
+     }},
     {"freekv.page_tokens",
      [](const FreeKvSection& f) { return in_range("freekv.page_tokens", f.page_tokens, 1, 1024); }},
     {"freekv.budget_tokens",

@@ -44,6 +44,13 @@ Status validate(const FreeKvConfig& o) {
     return invalid_argument_error("freekv: budget_tokens (" + std::to_string(o.budget_tokens) +
                                   ") is less than sink_tokens + window_tokens");
   }
+  if (o.method == FreeKvMethod::kH2o && o.window_tokens < 1) {
+    return invalid_argument_error("freekv: method h2o needs window_tokens >= 1");
+  }
+  if (o.method == FreeKvMethod::kH2o && o.budget_tokens <= o.window_tokens) {
+    return invalid_argument_error("freekv: method h2o needs budget_tokens (" +
+                                  std::to_string(o.budget_tokens) + ") above window_tokens");
+  }
   return Status();
 }
 

@@ -310,11 +310,15 @@ void TorchExecutor::observe_prompts(const ForwardBatch& batch, int64_t layer, co
   int64_t row = 0;
   for (const SequenceChunk& chunk : batch.chunks) {
     const int64_t n = static_cast<int64_t>(chunk.tokens.size());
-    if (chunk.compress_kv && !leankv_->decoding(chunk.seq) &&
+    const int64_t end = chunk.start_position + n;
+    if (leankv_ && chunk.compress_kv && !leankv_->decoding(chunk.seq) &&
         (chunk.start_position == 0 || leankv_->observing(chunk.seq))) {
-      const int64_t end = chunk.start_position + n;
       leankv_->observe_prompt(chunk.seq, layer, q.narrow(0, row, n), pool_part(chunk, layer, end, 0),
                               chunk.start_position, scale);
+    }
+    if (freekv_ && chunk.compress_kv && freekv_->observes(chunk.seq, chunk.start_position)) {
+      freekv_->observe(chunk.seq, layer, q.narrow(0, row, n), pool_part(chunk, layer, end, 0),
+                       chunk.start_position, scale);
     }
     row += n;
   }
@@ -507,7 +511,7 @@ StatusOr<ForwardResult> TorchExecutor::run(const ForwardBatch& batch) {
       result.save_seconds +=
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     }
-    if (leankv_) observe_prompts(batch, l, q, scale);
+    if (leankv_ || freekv_) observe_prompts(batch, l, q, scale);
     if (observes) observe_attention(batch, l, q, scale);
     at::Tensor attn;  // [tokens, H, D]
     if (!lean_seqs.empty()) {

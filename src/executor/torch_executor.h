@@ -226,8 +226,9 @@ class TorchExecutor final : public Executor {
   // LeanKV and FreeKV: the keys (part 0) or values (part 1) [end, Hkv, D] of a sequence's first
   // `end` positions in a layer, read from the pool's base view.
   at::Tensor pool_part(const SequenceChunk& chunk, int64_t layer, int64_t end, int64_t part);
-  // LeanKV: layer `layer`'s queries q [num_tokens, H, D] of the chunks computing a prompt (from
-  // position 0, under LeanKV) add to their keys' received attention.
+  // LeanKV and FreeKV's H2O: layer `layer`'s queries q [num_tokens, H, D] of the chunks the
+  // runtime observes (computing from position 0 in the pool) add to their keys' received
+  // attention.
   void observe_prompts(const ForwardBatch& batch, int64_t layer, const at::Tensor& q, double scale);
   // Krul: layer `layer`'s queries q [num_tokens, H, D] of the chunks that observe attention go to
   // the attention observer with their keys so far.

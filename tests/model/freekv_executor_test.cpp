@@ -3,7 +3,9 @@
 // - a budget that covers the context decodes like the pool (retrieval selects every page);
 // - a small budget keeps the text's likelihood close to the pool's, with every decode step of
 //   every retrieving layer counted;
-// - a context below min_context_tokens never leaves the pool: the pool's logits exactly.
+// - a context below min_context_tokens never leaves the pool: the pool's logits exactly;
+// - H2O (freekv.method h2o): a budget covering the context decodes like the pool; a small one
+//   evicts (its quality beside StreamingLLM and FreeKV's is in the comments).
 
 #include <gtest/gtest.h>
 
@@ -156,6 +158,49 @@ TEST_F(FreeKvExecutorTest, ASmallBudgetStaysClose) {
   RecordProperty("same_argmax", same);
   RecordProperty("corrected_share",
                  std::to_string(double(counts.corrected_heads) / counts.head_steps));
+}
+
+TEST_F(FreeKvExecutorTest, H2oWithABudgetCoveringTheContextDecodesLikeThePool) {
+  FreeKvConfig config = freekv(32, 32, 1024, 64);
+  config.method = FreeKvMethod::kH2o;
+  std::unique_ptr<Executor> executor = make(config);
+  ASSERT_NE(executor, nullptr);
+  int moved = 0;
+  const auto got = run(*executor, &moved);
+  EXPECT_EQ(moved, 1);
+  EXPECT_LT(max_abs_diff(got, *expected_), 1e-3);
+  EXPECT_EQ(same_argmax(got, *expected_), kSteps + 1);
+  const FreeKvCounts counts = executor->freekv_counts();
+  EXPECT_EQ(counts.steps, kSteps * (kLayers - 1));
+  EXPECT_EQ(counts.recalled_pages, 0);
+}
+
+TEST_F(FreeKvExecutorTest, H2oWithASmallBudgetEvictsAndStaysClose) {
+  // 160 tokens of the 600-token prompt per layer and KV head: 64 recent and 96 heavy hitters.
+  FreeKvConfig h2o = freekv(32, 64, 160, 64);
+  h2o.method = FreeKvMethod::kH2o;
+  std::unique_ptr<Executor> executor = make(h2o);
+  ASSERT_NE(executor, nullptr);
+  int moved = 0;
+  const auto got = run(*executor, &moved);
+  EXPECT_EQ(moved, 1);
+  const double diff = max_abs_diff(got, *expected_);
+  EXPECT_GT(diff, 1e-3);  // it does evict
+  std::printf("160-token budget: H2O nll %.4f against the pool's %.4f (same argmax %d of %d)\n",
+              nll(got), nll(*expected_), same_argmax(got, *expected_), kSteps + 1);
+  // Measured over these 12 forced tokens: the pool 0.60 nats, H2O 4.75, and at the same budget
+  // StreamingLLM (96 sink, 64 window) 5.12, FreeKV (32 sink, 64 window, 4 pages) 0.85. The
+  // continuation needs particular earlier tokens, which FreeKV's query-driven retrieval finds and a
+  // static choice does not: keeping the prompt's *lightest* tokens instead of its heaviest (a
+  // mutation tried) gives 4.11. So this test checks the plumbing (every step of every later layer
+  // runs H2O, logits stay finite); the algorithm is checked step by step against a reference in
+  // h2o_layer_test, its quality by the perplexity runs in docs/results/cpu-freekv.md.
+  for (const auto& row : got) {
+    EXPECT_TRUE(std::all_of(row.begin(), row.end(), [](float x) { return std::isfinite(x); }));
+  }
+  const FreeKvCounts counts = executor->freekv_counts();
+  EXPECT_EQ(counts.steps, kSteps * (kLayers - 1));
+  EXPECT_EQ(counts.head_steps, counts.steps * 3);
 }
 
 TEST_F(FreeKvExecutorTest, AContextBelowTheThresholdStaysOnThePool) {

@@ -132,11 +132,13 @@ struct LeanKvSection : executor::LeanKvConfig {
 
 // ---- freekv ---------------------------------------------------------------------------------
 
-// FreeKV (executor::FreeKvConfig, docs/freekv.md): page_tokens in [1, 1024], sink_tokens and
-// window_tokens whole pages, budget_tokens at least their sum (equal: StreamingLLM), tau in [-1, 2]
-// (above 1: every step corrects, synchronous retrieval), min_context_tokens >= budget_tokens,
-// host_bytes >= 1MiB. Enabled, it needs one rank, no leankv, no kv_cache.page_format, no prefix
-// caching and no KV store (DeploymentConfig::validate).
+// FreeKV (executor::FreeKvConfig, docs/freekv.md): method retrieval or h2o, page_tokens in
+// [1, 1024], sink_tokens and window_tokens whole pages, budget_tokens at least their sum (equal:
+// StreamingLLM) and, for h2o, above window_tokens (>= 1), tau in [-1, 2] (above 1: every step
+// corrects, synchronous retrieval), min_context_tokens >= budget_tokens, host_bytes >= 1MiB.
+// Enabled, it needs one rank, no leankv, no kv_cache.page_format, no prefix caching and no KV store
+// (DeploymentConfig::validate).
+using executor::FreeKvMethod;
 struct FreeKvSection : executor::FreeKvConfig {
   // INVALID_ARGUMENT naming freekv.<key>.
   Status validate() const;
@@ -254,6 +256,7 @@ std::string_view config_name(DeviceKind value);  // "auto" | "cpu" | "cuda"
 std::string_view config_name(EvictionPolicy value);
 std::string_view config_name(RestoreMode value);  // "load" | "krul" | "partial"
 std::string_view config_name(PreemptionMode value);
+std::string_view config_name(FreeKvMethod value);  // "retrieval" | "h2o"
 std::string_view config_name(LogLevel value);
 std::string_view config_name(LogFormat value);
 std::string_view config_name(kernels::KernelBackend value);  // "strata" | "torch"

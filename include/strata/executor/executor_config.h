@@ -103,15 +103,24 @@ struct LeanKvConfig {
   bool operator==(const LeanKvConfig&) const = default;
 };
 
+// What the layers after the first attend once a sequence left the pool: FreeKV's retrieval (its
+// synchronous and StreamingLLM baselines are settings of it), or H2O's static eviction.
+enum class FreeKvMethod { kRetrieval, kH2o };
+
 // FreeKV (docs/freekv.md): a sequence whose context reaches min_context_tokens leaves the KV pool
 // and decodes by speculative retrieval: per layer (the first exact) and KV head it attends the
 // first sink_tokens, the last window_tokens and the pages of page_tokens that its previous step's
 // query selected, budget_tokens in all; a KV head whose query moved (cosine below tau) selects
-// with the current one. host_bytes bounds the memory of the sequences decoding by FreeKV at once:
-// each reserves, when it leaves the pool, what a whole context of the model takes in its layers
-// (freekv_runtime.h); a sequence that does not fit stays on the pool.
+// with the current one. method h2o (the static-eviction baseline, h2o_layer.h) keeps instead, per
+// layer and KV head, the last window_tokens and the budget_tokens - window_tokens older tokens
+// with the most attention received, evicting the rest for good (sink_tokens, tau and page_tokens
+// unused); its prompts' attention is observed while they are computed in the pool. host_bytes
+// bounds the memory of the sequences decoding by FreeKV at once: each reserves, when it leaves the
+// pool, what a whole context of the model takes in its layers (freekv_runtime.h); a sequence that
+// does not fit stays on the pool.
 struct FreeKvConfig {
   bool enabled = false;
+  FreeKvMethod method = FreeKvMethod::kRetrieval;
   int64_t page_tokens = 32;
   int64_t budget_tokens = 2048;
   int64_t sink_tokens = 512;

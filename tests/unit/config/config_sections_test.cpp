@@ -449,12 +449,14 @@ TEST(ConfigSectionsTest, FreeKvSectionIsReadWrittenBackAndOverridden) {
   StatusOr<DeploymentConfig> loaded = parse_config(
       "model: {path: m}\ndevices: {device: cpu}\nkv_store: {dram_bytes: 0}\n"
       "kv_cache: {enable_prefix_caching: false}\n"
-      "freekv:\n  enabled: true\n  page_tokens: 16\n  budget_tokens: 1024\n  sink_tokens: 128\n"
+      "freekv:\n  enabled: true\n  method: h2o\n  page_tokens: 16\n  budget_tokens: 1024\n  "
+      "sink_tokens: 128\n"
       "  window_tokens: 256\n  tau: 0.9\n  min_context_tokens: 4096\n  host_bytes: 2GiB\n",
       "t.yaml");
   ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
   const FreeKvSection& f = loaded->freekv;
   EXPECT_TRUE(f.enabled);
+  EXPECT_EQ(f.method, FreeKvMethod::kH2o);
   EXPECT_EQ(f.page_tokens, 16);
   EXPECT_EQ(f.budget_tokens, 1024);
   EXPECT_EQ(f.sink_tokens, 128);
@@ -469,6 +471,8 @@ TEST(ConfigSectionsTest, FreeKvSectionIsReadWrittenBackAndOverridden) {
   ASSERT_TRUE(apply_override(config, "freekv.tau", "2").ok());
   EXPECT_EQ(config.freekv.tau, 2.0);
   EXPECT_FALSE(apply_override(config, "freekv.sink_tokens", "100").ok());
+  ASSERT_TRUE(apply_override(config, "freekv.method", "retrieval").ok());
+  EXPECT_EQ(config.freekv.method, FreeKvMethod::kRetrieval);
   ASSERT_TRUE(apply_override(config, "freekv.host_bytes", "512MiB").ok());
   EXPECT_EQ(config.freekv.host_bytes, int64_t{512} << 20);
 }
@@ -484,6 +488,13 @@ TEST(ConfigSectionsTest, FreeKvErrorsNameTheKey) {
       {"streamingllm", on + "freekv: {enabled: true, budget_tokens: 1024, min_context_tokens: 2048}\n",
        kOk, ""},
       {"tau", on + "freekv: {tau: 3}\n", kInvalid, "freekv.tau must be in [-1, 2], got 3"},
+      {"method", on + "freekv: {method: quest}\n", kInvalid,
+       "freekv.method: expected one of retrieval, h2o, got 'quest'"},
+      {"h2o without a window", on + "freekv: {method: h2o, sink_tokens: 0, window_tokens: 0}\n",
+       kInvalid, "freekv.method h2o needs window_tokens >= 1 and budget_tokens (2048) above"},
+      {"h2o all window",
+       on + "freekv: {method: h2o, sink_tokens: 0, window_tokens: 2048, budget_tokens: 2048}\n",
+       kInvalid, "freekv.method h2o needs window_tokens >= 1"},
       {"small host budget", on + "freekv: {host_bytes: 1KiB}\n", kInvalid,
        "freekv.host_bytes must be >= 1MiB"},
       {"threshold", on + "freekv: {min_context_tokens: 1000}\n", kInvalid,
