@@ -66,6 +66,10 @@ at::Tensor pack_kv(const at::Tensor& x, const kv::TensorFormat& f) {
     out.copy_(as_bytes(x.to(scalar_type(f.dtype))));
     return out;
   }
+  if (f.grouping == kv::Grouping::kPerTensor) {  // fp8 with its scale fixed at 1
+    out.copy_(as_bytes(x.to(at::kFloat).clamp(-kFp8Max, kFp8Max).to(at::kFloat8_e4m3fn)));
+    return out;
+  }
   const at::Tensor groups = to_groups(x.to(at::kFloat), f);
   at::Tensor scale, codes;
   if (f.dtype == DType::kFloat8E4M3) {
@@ -99,6 +103,9 @@ at::Tensor unpack_kv(const at::Tensor& bytes, const kv::TensorFormat& f, int64_t
   const at::Tensor data = bytes.slice(0, 0, layout.data_bytes);
   if (!dtype_is_quantized(f.dtype)) {
     return data.view(scalar_type(f.dtype)).reshape({h, b, d}).to(at::kFloat);
+  }
+  if (f.grouping == kv::Grouping::kPerTensor) {
+    return data.view(at::kFloat8_e4m3fn).to(at::kFloat).reshape({h, b, d});
   }
   const at::Tensor scale = bytes.slice(0, layout.scales_offset, layout.scales_offset + layout.scale_bytes)
                                .view(at::kHalf)

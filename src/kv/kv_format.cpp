@@ -10,15 +10,17 @@ TensorLayout tensor_layout(const TensorFormat& format, int64_t num_kv_heads,
   const int64_t elements = num_kv_heads * block_size_tokens * head_dim;
   l.data_bytes = elements * dtype_bits(format.dtype) / 8;
   // Scales start 16-byte aligned after the data (vector loads; fp16 alignment in any case).
-  l.scales_offset = dtype_is_quantized(format.dtype) ? (l.data_bytes + 15) / 16 * 16 : l.data_bytes;
+  const bool scaled = dtype_is_quantized(format.dtype) && format.grouping != Grouping::kPerTensor;
+  l.scales_offset = scaled ? (l.data_bytes + 15) / 16 * 16 : l.data_bytes;
   switch (format.grouping) {
-    case Grouping::kNone: l.groups_per_head = 0; break;
+    case Grouping::kNone:
+    case Grouping::kPerTensor: l.groups_per_head = 0; break;
     case Grouping::kPerToken:
       l.groups_per_head = block_size_tokens * head_dim / format.group_size;
       break;
     case Grouping::kPerChannel: l.groups_per_head = head_dim; break;
   }
-  l.scale_bytes = dtype_is_quantized(format.dtype) ? num_kv_heads * l.groups_per_head * 2 : 0;
+  l.scale_bytes = scaled ? num_kv_heads * l.groups_per_head * 2 : 0;
   l.zeros_offset = l.scales_offset + l.scale_bytes;
   l.zero_bytes = dtype_has_zero_point(format.dtype) ? l.scale_bytes : 0;
   l.total_bytes = l.zeros_offset + l.zero_bytes;
@@ -40,6 +42,10 @@ Status validate(const TensorFormat& format, int64_t head_dim, int64_t block_size
                                               "groups"
                                             : ": an unquantized dtype takes no groups"));
   }
+  if (format.grouping == Grouping::kPerTensor && format.dtype != DType::kFloat8E4M3) {
+    return invalid_argument_error("KV format " + name +
+                                  ": only fp8 has a fixed per-tensor scale (integers need groups)");
+  }
   if (format.grouping == Grouping::kPerToken &&
       (format.group_size <= 0 || head_dim % format.group_size != 0)) {
     return invalid_argument_error("KV format " + name + ": the group size " +
@@ -58,6 +64,7 @@ std::string format_name(const TensorFormat& format) {
     case Grouping::kNone: break;
     case Grouping::kPerToken: name += "/token" + std::to_string(format.group_size); break;
     case Grouping::kPerChannel: name += "/channel"; break;
+    case Grouping::kPerTensor: name += "/tensor"; break;
   }
   return name;
 }
@@ -83,6 +90,10 @@ std::optional<TensorFormat> parse_tensor_format(std::string_view text) {
   const std::string_view grouping = text.substr(slash + 1);
   if (grouping == "channel") {
     f.grouping = Grouping::kPerChannel;
+    return f;
+  }
+  if (grouping == "tensor") {
+    f.grouping = Grouping::kPerTensor;
     return f;
   }
   constexpr std::string_view kToken = "token";

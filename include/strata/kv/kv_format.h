@@ -13,6 +13,8 @@
 // quantized when it is full, before that it stays in the pool's full-precision window).
 // Integers are min-max quantized: scale = (max - min) / (2^bits - 1), zero = min,
 // q = round((x - zero) / scale); fp8 is symmetric: scale = amax / 448, q = fp8(x / scale).
+// fp8 per tensor ("fp8/tensor") has no scales: q = fp8(clamp(x, -448, 448)), the scale fixed at
+// 1 as in vLLM's fp8 KV cache without calibrated scales (its default).
 #pragma once
 
 #include <cstdint>
@@ -28,6 +30,7 @@ enum class Grouping : uint8_t {
   kNone,        // unquantized
   kPerToken,    // group_size consecutive elements of one token's head_dim
   kPerChannel,  // one channel of one head across the block's tokens
+  kPerTensor,   // fp8 only: one fixed scale of 1 for every element, no scale stored
 };
 
 struct TensorFormat {

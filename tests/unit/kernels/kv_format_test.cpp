@@ -40,6 +40,9 @@ TEST(KvFormatTest, LayoutsMatchTheirDescription) {
   const kv::TensorLayout fp8 = kv::tensor_layout({DType::kFloat8E4M3, Grouping::kPerToken, 64}, 2, 16, 64);
   EXPECT_EQ(fp8.zero_bytes, 0) << "fp8 is symmetric";
   EXPECT_EQ(fp8.total_bytes, 2048 + 2 * 16 * 2);
+  const kv::TensorLayout fp8_tensor =
+      kv::tensor_layout({DType::kFloat8E4M3, Grouping::kPerTensor, 0}, 2, 16, 64);
+  EXPECT_EQ(fp8_tensor.total_bytes, 2048) << "the scale is fixed: none stored";
   EXPECT_EQ(kv::block_bytes(kv::KvFormat::plain(DType::kBFloat16), 2, 16, 64), 2 * 2 * 16 * 64 * 2);
   // K8V4 (LeanKV's significant tokens): one format per tensor.
   const kv::KvFormat k8v4{{DType::kInt8, Grouping::kPerToken, 64}, {DType::kInt4, Grouping::kPerToken, 64}};
@@ -53,6 +56,30 @@ TEST(KvFormatTest, ValidateRefusesFormatsThatDoNotFit) {
   EXPECT_FALSE(kv::validate({DType::kInt8, Grouping::kNone, 0}, 64, 16).ok());
   EXPECT_FALSE(kv::validate({DType::kBFloat16, Grouping::kPerChannel, 0}, 64, 16).ok());
   EXPECT_FALSE(kv::validate({DType::kInt2, Grouping::kPerChannel, 0}, 2, 16).ok());
+  EXPECT_TRUE(kv::validate({DType::kFloat8E4M3, Grouping::kPerTensor, 0}, 64, 16).ok());
+  EXPECT_FALSE(kv::validate({DType::kInt8, Grouping::kPerTensor, 0}, 64, 16).ok());
+}
+
+// vLLM's uncalibrated fp8 KV cache: e4m3 with the scale fixed at 1. Every element within half a
+// step of e4m3 (3 mantissa bits; subnormal steps of 2^-9 below 2^-6), saturating at 448.
+TEST(KvFormatTest, Fp8PerTensorIsE4m3WithAFixedScale) {
+  const TensorFormat f{DType::kFloat8E4M3, Grouping::kPerTensor, 0};
+  StatusOr<kv::KvFormat> parsed = kv::parse_format("fp8/tensor");
+  ASSERT_TRUE(parsed.ok());
+  EXPECT_EQ(parsed->key, f);
+  EXPECT_EQ(kv::format_name(f), "float8_e4m3/tensor");
+  at::manual_seed(7);
+  at::Tensor x = at::randn({2, 16, 64}) * 20;
+  x.index_put_({0, 3, 7}, 1000.0f);   // beyond e4m3: saturates
+  x.index_put_({1, 0, 0}, 0.001f);    // subnormal
+  const at::Tensor packed = pack_kv(x, f);
+  ASSERT_EQ(packed.numel(), 2 * 16 * 64);
+  const at::Tensor y = unpack_kv(packed, f, 2, 16, 64);
+  EXPECT_EQ(y[0][3][7].item<float>(), 448.0f);
+  const at::Tensor inside = x.abs() <= 448;
+  const at::Tensor bound = x.abs() * 0x1p-4 + 0x1p-10;
+  EXPECT_TRUE(((y - x).abs() <= bound).logical_or(inside.logical_not()).all().item<bool>());
+  EXPECT_GT((y - x).abs().sum().item<float>(), 0.0f);
 }
 
 // Packings worked out by hand: codes, their nibbles and crumbs, the fp16 scale and zero.
