@@ -525,6 +525,38 @@ TEST(EngineTest, FreeKvServesBatchesLikeSoloRunsOffThePool) {
   EXPECT_EQ(run_solo(*engine, {question})[0].text, " Paris.\n");
 }
 
+// H2O (freekv.method h2o): prompts observed chunk by chunk beside other sequences' chunks in one
+// pass, then decoded off the pool with evictions; batched equals solo.
+TEST(EngineTest, H2oServesBatchesLikeSoloRunsOffThePool) {
+  EngineOptions options;
+  options.executor.enable_prefix_caching = false;
+  // 32 recent tokens and 32 heavy hitters per layer and KV head: the choice of heavy hitters
+  // decides the answers (observing another sequence's rows of a pass, a tested mutation, fails).
+  options.executor.freekv = {.enabled = true, .method = executor::FreeKvMethod::kH2o,
+                             .page_tokens = 16, .budget_tokens = 64, .sink_tokens = 0,
+                             .window_tokens = 32, .min_context_tokens = 4};
+  options.scheduler.max_num_batched_tokens = 256;  // several prompts' chunks in one pass
+  std::unique_ptr<Engine> engine = make_engine(STRATA_TEST_MODEL, options);
+  ASSERT_TRUE(engine);
+  std::vector<GenerateRequest> requests = mixed_requests(4, 20000, 0, 13);
+  std::mt19937 rng(7);
+  for (GenerateRequest& r : requests) {
+    while (r.prompt_token_ids.size() < 200) {
+      r.prompt_token_ids.push_back(static_cast<TokenId>(rng() % 20000));
+    }
+    r.sampling.max_tokens = 24;
+  }
+  const std::vector<Collected> solo = run_solo(*engine, requests);
+  const std::vector<Collected> batched = run_concurrent(*engine, requests);
+  expect_same_as_solo(solo, batched);
+  expect_pool_fully_free(*engine);
+  const EngineStats stats = engine->stats();
+  // Every decode step after a prompt, of 29 evicting layers and 3 KV heads, in both runs.
+  EXPECT_EQ(stats.freekv.head_steps, 2 * 4 * 23 * 29 * 3);
+  EXPECT_EQ(stats.freekv.recalled_pages, 0);
+  EXPECT_EQ(stats.freekv.sequences, 0) << "H2O state leaked";
+}
+
 // LeanKV's capacity: a compressed sequence gives its pool blocks back and decodes without new
 // ones, so a pool that holds two of these conversations serves six at once. With LeanKV's pages
 // short, a sequence is preempted to recompute and comes back on the pool; every request still
