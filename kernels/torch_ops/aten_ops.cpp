@@ -84,20 +84,26 @@ void reshape_and_cache(at::Tensor& kv_cache, const at::Tensor& key, const at::Te
 at::Tensor attention_received(const at::Tensor& q, const at::Tensor& keys, int64_t start,
                               double scale) {
   constexpr int64_t kRows = 128;  // query rows per step
-  const int64_t m = q.size(0), num_heads = q.size(1), end = start + m;
-  const int64_t group = num_heads / keys.size(1);
+  const int64_t m = q.size(0), num_heads = q.size(1), d = q.size(2), end = start + m;
+  const int64_t kv_heads = keys.size(1), group = num_heads / kv_heads;
+  TORCH_CHECK(group * kv_heads == num_heads, "query heads ", num_heads,
+              " not a multiple of KV heads ", kv_heads);
+  TORCH_CHECK(keys.size(0) >= end, "keys of ", keys.size(0), " tokens for queries up to ", end);
   const auto options = q.options().dtype(at::kFloat);
-  // [H, end, D]: each query head's KV head.
-  const at::Tensor k =
-      keys.narrow(0, 0, end).to(at::kFloat).permute({1, 0, 2}).repeat_interleave(group, 0);
+  const at::Tensor k = keys.narrow(0, 0, end).to(at::kFloat).permute({1, 2, 0});  // [Hkv, D, end]
   const at::Tensor key_positions = at::arange(end, options.dtype(at::kLong));
   at::Tensor received = at::zeros({num_heads, end}, options);
   for (int64_t row = 0; row < m; row += kRows) {
     const int64_t rows = std::min(kRows, m - row);
     const at::Tensor query_positions =
         at::arange(start + row, start + row + rows, options.dtype(at::kLong)).unsqueeze(1);
-    const at::Tensor qh = q.narrow(0, row, rows).to(at::kFloat).permute({1, 0, 2});  // [H, rows, D]
-    const at::Tensor logits = at::bmm(qh, k.transpose(1, 2))
+    // [Hkv, group * rows, D]: query head h = kv * group + g, each against its KV head's keys.
+    const at::Tensor qh = q.narrow(0, row, rows)
+                              .to(at::kFloat)
+                              .permute({1, 0, 2})
+                              .reshape({kv_heads, group * rows, d});
+    const at::Tensor logits = at::bmm(qh, k)
+                                  .view({num_heads, rows, end})
                                   .mul(scale)
                                   .masked_fill(key_positions > query_positions, -INFINITY);
     received += at::softmax(logits, -1).masked_fill(key_positions >= query_positions, 0.0).sum(1);

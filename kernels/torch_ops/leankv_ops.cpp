@@ -83,10 +83,8 @@ void write_acc(at::Tensor& pool, const PageFormat& format, Precision precision,
 
 at::Tensor leankv_prompt_scores(const at::Tensor& q, const at::Tensor& k, double scale) {
   const int64_t n = q.size(0), heads = q.size(1), kv_heads = k.size(1);
-  const int64_t group = heads / kv_heads;
-  TORCH_CHECK(group * kv_heads == heads, "query heads ", heads, " not a multiple of KV heads ",
-              kv_heads);
-  return std::get<0>(attention_received(q, k, 0, scale).view({kv_heads, group, n}).max(1));
+  return std::get<0>(
+      attention_received(q, k, 0, scale).view({kv_heads, heads / kv_heads, n}).max(1));
 }
 
 void leankv_write_tokens(at::Tensor& pool, const PageFormat& format, Precision precision,

@@ -34,7 +34,7 @@ void FreeKvRuntime::observe(SeqId seq, int64_t layer, const at::Tensor& q, const
                             int64_t start, double scale) {
   if (start == 0 && layer == 0) received_[seq].assign(num_layers_, at::Tensor());
   auto found = received_.find(seq);
-  if (found == received_.end()) return;
+  if (found == received_.end() || layer == 0) return;  // the first layer stays exact: no scores
   const int64_t end = start + q.size(0), group = q.size(1) / num_kv_heads_;
   at::Tensor received = kernels::aten::attention_received(q, keys, start, scale)
                             .view({num_kv_heads_, group, end})

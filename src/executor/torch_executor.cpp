@@ -316,7 +316,8 @@ void TorchExecutor::observe_prompts(const ForwardBatch& batch, int64_t layer, co
       leankv_->observe_prompt(chunk.seq, layer, q.narrow(0, row, n), pool_part(chunk, layer, end, 0),
                               chunk.start_position, scale);
     }
-    if (freekv_ && chunk.compress_kv && freekv_->observes(chunk.seq, chunk.start_position)) {
+    if (freekv_ && chunk.compress_kv && (!chunk.layout || chunk.layout->is_default()) &&
+        freekv_->observes(chunk.seq, chunk.start_position)) {
       freekv_->observe(chunk.seq, layer, q.narrow(0, row, n), pool_part(chunk, layer, end, 0),
                        chunk.start_position, scale);
     }

@@ -38,8 +38,8 @@ Status validate(const TensorFormat& format, int64_t head_dim, int64_t block_size
   if (dtype_is_quantized(format.dtype) == (format.grouping == Grouping::kNone)) {
     return invalid_argument_error(
         "KV format " + name +
-        (format.grouping == Grouping::kNone ? ": a quantized dtype needs per-token or per-channel "
-                                              "groups"
+        (format.grouping == Grouping::kNone ? ": a quantized dtype needs per-token, per-channel "
+                                              "or (fp8) per-tensor scales"
                                             : ": an unquantized dtype takes no groups"));
   }
   if (format.grouping == Grouping::kPerTensor && format.dtype != DType::kFloat8E4M3) {

@@ -175,7 +175,7 @@ TEST_F(FreeKvExecutorTest, H2oWithABudgetCoveringTheContextDecodesLikeThePool) {
   EXPECT_EQ(counts.recalled_pages, 0);
 }
 
-TEST_F(FreeKvExecutorTest, H2oWithASmallBudgetEvictsAndStaysClose) {
+TEST_F(FreeKvExecutorTest, H2oWithASmallBudgetEvicts) {
   // 160 tokens of the 600-token prompt per layer and KV head: 64 recent and 96 heavy hitters.
   FreeKvConfig h2o = freekv(32, 64, 160, 64);
   h2o.method = FreeKvMethod::kH2o;

@@ -54,7 +54,7 @@ struct KvFormat {
 // Where the parts of one block's K or V lie, in bytes from the start of that tensor's region.
 struct TensorLayout {
   int64_t data_bytes = 0;
-  int64_t scales_offset = 0;  // data_bytes rounded up to 16 when quantized
+  int64_t scales_offset = 0;  // data_bytes rounded up to 16 when scales follow
   int64_t groups_per_head = 0;
   int64_t scale_bytes = 0;    // H * groups_per_head * 2, or 0
   int64_t zeros_offset = 0;
