@@ -115,10 +115,9 @@ enum class FreeKvMethod { kRetrieval, kH2o };
 // layer and KV head, the last window_tokens and the budget_tokens - window_tokens older tokens
 // with the most attention received, evicting the rest for good (sink_tokens and tau unused,
 // page_tokens only sizes the exact first layer); its sequences' attention is observed while the
-// pool computes them. host_bytes
-// bounds the memory of the sequences decoding by FreeKV at once: each reserves, when it leaves the
-// pool, what a whole context of the model takes in its layers (freekv_runtime.h); a sequence that
-// does not fit stays on the pool.
+// pool computes them. host_bytes bounds the memory of the sequences decoding by FreeKV at once:
+// each reserves, when it leaves the pool, what a whole context of the model takes in its layers
+// (freekv_runtime.h); a sequence that does not fit stays on the pool.
 struct FreeKvConfig {
   bool enabled = false;
   FreeKvMethod method = FreeKvMethod::kRetrieval;
