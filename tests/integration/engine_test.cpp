@@ -491,6 +491,28 @@ TEST(EngineTest, LeanKvServesBatchesLikeSoloRunsAndFreesItsPages) {
   EXPECT_EQ(engine->stats().leankv.ended_sequences, ended_before) << "the request was compressed";
 }
 
+// Four prompts of at least 200 tokens (short ones padded with `pad`, or with random tokens when
+// it is negative), 24 greedy tokens each, served one at a time and then all at once by an engine
+// with `options`: the same tokens either way, and the pool whole again. Returns the engine.
+std::unique_ptr<Engine> expect_batches_like_solo(const EngineOptions& options, int pad) {
+  std::unique_ptr<Engine> engine = make_engine(STRATA_TEST_MODEL, options);
+  EXPECT_TRUE(engine);
+  if (!engine) return nullptr;
+  std::vector<GenerateRequest> requests = mixed_requests(4, 20000, 0, 13);
+  std::mt19937 rng(7);
+  for (GenerateRequest& r : requests) {
+    while (r.prompt_token_ids.size() < 200) {
+      r.prompt_token_ids.push_back(static_cast<TokenId>(pad >= 0 ? pad : rng() % 20000));
+    }
+    r.sampling.max_tokens = 24;
+  }
+  const std::vector<Collected> solo = run_solo(*engine, requests);
+  const std::vector<Collected> batched = run_concurrent(*engine, requests);
+  expect_same_as_solo(solo, batched);
+  expect_pool_fully_free(*engine);
+  return engine;
+}
+
 // FreeKV (docs/freekv.md) as a serving mode: a sequence whose context reaches the threshold
 // leaves the pool after its prompt and decodes by retrieval; a request's tokens do not depend on
 // what it is batched with, the pool comes back whole, and a real prompt gets its greedy answer.
@@ -501,17 +523,8 @@ TEST(EngineTest, FreeKvServesBatchesLikeSoloRunsOffThePool) {
                              .sink_tokens = 32, .window_tokens = 32, .tau = 0.8,
                              .min_context_tokens = 4};
   options.scheduler.max_num_batched_tokens = 64;  // prompts of up to 200 tokens are chunked
-  std::unique_ptr<Engine> engine = make_engine(STRATA_TEST_MODEL, options);
+  std::unique_ptr<Engine> engine = expect_batches_like_solo(options, 500);
   ASSERT_TRUE(engine);
-  std::vector<GenerateRequest> requests = mixed_requests(4, 20000, 0, 13);
-  for (GenerateRequest& r : requests) {
-    r.prompt_token_ids.resize(std::max<size_t>(r.prompt_token_ids.size(), 200), 500);
-    r.sampling.max_tokens = 24;
-  }
-  const std::vector<Collected> solo = run_solo(*engine, requests);
-  const std::vector<Collected> batched = run_concurrent(*engine, requests);
-  expect_same_as_solo(solo, batched);
-  expect_pool_fully_free(*engine);
   const EngineStats stats = engine->stats();
   // Every decode step after a prompt, of 29 retrieving layers and 3 KV heads, in both runs.
   EXPECT_EQ(stats.freekv.head_steps, 2 * 4 * 23 * 29 * 3);
@@ -536,20 +549,8 @@ TEST(EngineTest, H2oServesBatchesLikeSoloRunsOffThePool) {
                              .page_tokens = 16, .budget_tokens = 64, .sink_tokens = 0,
                              .window_tokens = 32, .min_context_tokens = 4};
   options.scheduler.max_num_batched_tokens = 256;  // several prompts' chunks in one pass
-  std::unique_ptr<Engine> engine = make_engine(STRATA_TEST_MODEL, options);
+  std::unique_ptr<Engine> engine = expect_batches_like_solo(options, /*pad=*/-1);
   ASSERT_TRUE(engine);
-  std::vector<GenerateRequest> requests = mixed_requests(4, 20000, 0, 13);
-  std::mt19937 rng(7);
-  for (GenerateRequest& r : requests) {
-    while (r.prompt_token_ids.size() < 200) {
-      r.prompt_token_ids.push_back(static_cast<TokenId>(rng() % 20000));
-    }
-    r.sampling.max_tokens = 24;
-  }
-  const std::vector<Collected> solo = run_solo(*engine, requests);
-  const std::vector<Collected> batched = run_concurrent(*engine, requests);
-  expect_same_as_solo(solo, batched);
-  expect_pool_fully_free(*engine);
   const EngineStats stats = engine->stats();
   // Every decode step after a prompt, of 29 evicting layers and 3 KV heads, in both runs.
   EXPECT_EQ(stats.freekv.head_steps, 2 * 4 * 23 * 29 * 3);

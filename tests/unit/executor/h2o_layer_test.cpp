@@ -108,12 +108,6 @@ class ReferenceH2o {
     return out.to(at::kFloat);
   }
 
-  std::vector<int64_t> kept(int64_t m) const {
-    std::vector<int64_t> sorted = kept_[m];
-    std::sort(sorted.begin(), sorted.end());
-    return sorted;
-  }
-
  private:
   int64_t budget_, window_, tokens_ = 0;
   std::vector<int64_t> kept_[kKvHeads];
