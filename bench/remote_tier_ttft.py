@@ -24,7 +24,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 
@@ -32,7 +31,7 @@ import grpc
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests",
                                 "integration"))
-from harness import free_port  # noqa: E402
+from harness import free_port, scratch_dir  # noqa: E402
 
 
 def main():
@@ -45,7 +44,7 @@ def main():
     parser.add_argument("--reply-tokens", type=int, default=64)
     parser.add_argument("--output", required=True)
     args = parser.parse_args()
-    work = tempfile.mkdtemp(prefix="strata-remote-ttft-")
+    work = scratch_dir("strata-remote-ttft-")
     proto = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "proto")
     subprocess.run(["protoc", f"--proto_path={proto}", f"--python_out={work}",
                     os.path.join(proto, "strata/v1/generation.proto")], check=True)

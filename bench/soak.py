@@ -32,12 +32,15 @@ import random
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
 
 import grpc
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests",
+                                "integration"))
+from harness import scratch_dir  # noqa: E402
 
 MAX_TOKENS = 16
 
@@ -98,7 +101,7 @@ def main():
     parser.add_argument("--documents", default="../shared/data/needle_haystack/PaulGrahamEssays")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    work = tempfile.mkdtemp(prefix="strata-soak-")
+    work = scratch_dir("strata-soak-")
     subprocess.run(["protoc", f"--proto_path={args.proto_dir}", f"--python_out={work}",
                     os.path.join(args.proto_dir, "strata/v1/generation.proto")], check=True)
     sys.path.insert(0, work)

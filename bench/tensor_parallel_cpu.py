@@ -17,7 +17,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -26,7 +25,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests",
                                 "integration"))
-from harness import free_port  # noqa: E402
+from harness import free_port, scratch_dir  # noqa: E402
 
 
 def write_random_llama(path, layers, hidden, heads, kv_heads, ffn, vocab):
@@ -109,7 +108,7 @@ def main():
     args = parser.parse_args()
     out_dir = Path(args.output).parent
     out_dir.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="strata-tp-bench-"))
+    work = Path(scratch_dir("strata-tp-bench-"))
     model = work / "random-llama.gguf"
     params = write_random_llama(model, args.layers, args.hidden, args.heads, args.kv_heads,
                                 args.ffn, args.vocab)

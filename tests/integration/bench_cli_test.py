@@ -21,13 +21,12 @@ import os
 import string
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-from harness import check, free_port, summary
+from harness import check, free_port, scratch_dir, summary
 
 # The keys `vllm bench serve --save-result` writes (percentile keys for the defaults we use).
 VLLM_KEYS = [
@@ -133,7 +132,7 @@ def main():
     parser.add_argument("--binary", required=True)
     parser.add_argument("--model", required=True)
     args = parser.parse_args()
-    work = tempfile.mkdtemp(prefix="strata_bench_test_")
+    work = scratch_dir("strata-bench-test-")
     sharegpt = os.path.join(work, "conversations.json")
     with open(sharegpt, "w") as f:
         json.dump(SHAREGPT, f)

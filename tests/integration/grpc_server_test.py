@@ -26,7 +26,7 @@ import urllib.request
 
 import grpc
 
-from harness import check, free_port, summary
+from harness import check, free_port, scratch_dir, summary
 
 
 def main():
@@ -36,7 +36,7 @@ def main():
     parser.add_argument("--proto-dir", required=True)
     args = parser.parse_args()
 
-    out_dir = tempfile.mkdtemp()
+    out_dir = scratch_dir("strata-grpc-test-")
     subprocess.run(["protoc", f"--proto_path={args.proto_dir}", f"--python_out={out_dir}",
                     os.path.join(args.proto_dir, "strata/v1/generation.proto")], check=True)
     sys.path.insert(0, out_dir)
@@ -420,7 +420,7 @@ def main():
             busy.kill()
 
     def test_kv_store_survives_kill_9():
-        store_dir = tempfile.mkdtemp()
+        store_dir = tempfile.mkdtemp(dir=out_dir)
         # The prefix cache is off so turns load from the store; DRAM is small and half of it is
         # kept free, so stored conversations move to SSD at once.
         # The SSD holds every conversation of the test (about 50 items of up to 20 chunks).

@@ -1,6 +1,10 @@
 """Shared by the integration tests (run by the project's .venv or by Debian's python3): named
-checks that report every failure and go on, the closing tally and exit code, and free TCP ports."""
+checks that report every failure and go on, the closing tally and exit code, free TCP ports, and
+scratch folders removed when the script exits."""
+import atexit
+import shutil
 import socket
+import tempfile
 import traceback
 
 _RESULTS = {"passed": 0, "failed": 0, "skipped": 0}
@@ -34,3 +38,12 @@ def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def scratch_dir(prefix):
+    """A new folder under the system's temporary directory, removed with everything in it when the
+    script exits, however it exits short of a kill: stores written there (gigabytes of SSD files)
+    must not pile up run after run."""
+    path = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
