@@ -14,7 +14,8 @@ Per variant, over the later turns (turn >= 2, the ones that reuse stored KV):
   DRAM hits   tokens loaded from DRAM / tokens loaded from the store (DRAM + SSD)
   cached      tokens served from any KV tier / later-turn prompt tokens
 --profile-out writes the store's profile file (kv_store.adaptcache_profile): each variant named
-kivi-8 / kivi-4 / kivi-2 gives that codec's quality; bandwidths and the prefill time per token
+after a codec (kivi-8, kivi-4, kivi-2, streaming-0.5, streaming-0.25, streaming-0.1) gives that
+codec's quality, and AdaptCache chooses among those codecs; bandwidths and the prefill time per token
 are given on the command line (measured on the same machine, see docs/results/).
 Stdlib only, except matplotlib for --plot.
 """
@@ -22,6 +23,8 @@ import argparse
 import collections
 import json
 import sys
+
+CODECS = ("kivi-8", "kivi-4", "kivi-2", "streaming-0.5", "streaming-0.25", "streaming-0.1")
 
 
 def f1(prediction, reference):
@@ -99,10 +102,9 @@ def main():
     if args.profile_out:
         if None in (args.prefill_seconds_per_token, args.dram_bandwidth, args.ssd_bandwidth):
             sys.exit("--profile-out needs --prefill-seconds-per-token, --dram-bandwidth, --ssd-bandwidth")
-        codecs = [{"name": c, "quality": round(rows[c]["quality"], 4)}
-                  for c in ("kivi-8", "kivi-4", "kivi-2") if c in rows]
-        if len(codecs) != 3:
-            sys.exit("--profile-out needs variants named kivi-8, kivi-4 and kivi-2")
+        codecs = [{"name": c, "quality": round(rows[c]["quality"], 4)} for c in CODECS if c in rows]
+        if not codecs:
+            sys.exit(f"--profile-out needs variants named after codecs ({', '.join(CODECS)})")
         profile = {
             "source": args.compare_json,
             "prefill_seconds_per_token": args.prefill_seconds_per_token,

@@ -43,8 +43,11 @@ profile that kv_store.adaptcache_profile reads:
                               as the tier opens its files) over a --ssd-mib MiB file written in
                               its directory, and the median latency of a 4 KiB read
   codecs: kivi-8/4/2          decode time per raw byte of the model's KV chunks (the best of three)
+  codecs: streaming-*         nothing to measure (kept chunks load raw): listed when --qualities
+                              has them
 The codecs' quality is copied from --qualities (a profile written by bench/adaptcache_report.py
 --profile-out); without it the file has none and a server refuses it until one is added.
+AdaptCache chooses among the codecs the profile lists.
 
   --model PATH            GGUF file or HF model directory
   --output FILE           the profile to write (JSON)
@@ -322,6 +325,14 @@ Status profile(const std::vector<std::string>& args) {
     if (qualities.contains(name)) codec["quality"] = qualities[name];
     std::fprintf(stderr, "%s: decode %.3g ns per raw byte\n", name.c_str(), decode * 1e9);
     out["codecs"].push_back(codec);
+  }
+  // Token dropping decodes nothing (kept chunks load raw): its profile is its quality alone.
+  for (const store::KnownItemCodec& known : store::kItemCodecs) {
+    const std::string name(known.name);
+    if (known.keep_fraction < 1 && qualities.contains(name)) {
+      out["codecs"].push_back(
+          {{"name", name}, {"decode_seconds_per_byte", 0.0}, {"quality", qualities[name]}});
+    }
   }
   if (!flags.has("qualities")) {
     std::fprintf(stderr,

@@ -1,10 +1,13 @@
 #include "strata/config/deployment_config.h"
 
-#include <cctype>
+#include <algorithm>
 #include <array>
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <limits>
+
+#include "strata/store/item_codecs.h"
 
 namespace strata::config {
 namespace {
@@ -227,11 +230,15 @@ const KeyCheck<KvStoreSection> kKvStoreKeys[] = {
     {"kv_store.fixed_codec",
      [](const KvStoreSection& k) {
        const std::string& c = k.adaptcache.fixed_codec;
-       if (c == "none" || c == "kivi-8" || c == "kivi-4" || c == "kivi-2") {
+       if (c == "none" ||
+           std::ranges::any_of(store::kItemCodecs, [&](const store::KnownItemCodec& known) {
+             return known.name == c;
+           })) {
          if (c == "none" || !k.adaptcache.enabled) return Status();
          return invalid_argument_error("kv_store.fixed_codec is a baseline: set it with adaptcache off");
        }
-       return invalid_argument_error("kv_store.fixed_codec must be none, kivi-8, kivi-4 or kivi-2, got '" + c + "'");
+       return invalid_argument_error("kv_store.fixed_codec must be " +
+                                     std::string(store::kItemCodecChoices) + ", got '" + c + "'");
      }},
     {"kv_store.adaptcache_alpha",
      [](const KvStoreSection& k) {

@@ -331,18 +331,21 @@ void Engine::admit(std::vector<Submission> submissions) {
 int64_t Engine::tokens_to_drop(std::span<const TokenId> prompt,
                                const std::optional<store::StoreMatch>& match) const {
   const double fraction = options_.scheduler.overflow_truncation_fraction;
-  if (fraction == 0) return 0;
   const int64_t block = kv_->geometry().block_size_tokens;
   const int64_t window = executor_->config().max_context_tokens;
   const int64_t n = static_cast<int64_t>(prompt.size());
   int64_t drop = 0;
-  if (n >= window) {
+  if (fraction > 0 && n >= window) {
     const int64_t keep = static_cast<int64_t>(static_cast<double>(window) * (1 - fraction));
     drop = (n - keep + block - 1) / block * block;
   }
-  // A session whose stored KV dropped history keeps dropping at least as much, to reuse it;
-  // a match on the first block alone is not worth losing history for.
-  if (match && !match->exact && match->num_chunks > 1) drop = std::max(drop, match->token_offset);
+  // Stored KV that dropped history is reused by dropping at least as much: truncated history
+  // where this deployment truncates, and what a token-dropping codec (StreamingLLM) left out
+  // always. A match on the first block alone is not worth losing history for.
+  if (match && !match->exact && match->num_chunks > 1 &&
+      (fraction > 0 || match->skipped_chunks > 0)) {
+    drop = std::max(drop, match->token_offset);
+  }
   // The first block and at least one token stay.
   return std::min(drop, std::max<int64_t>(0, (n - block - 1) / block * block));
 }

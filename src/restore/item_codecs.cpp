@@ -7,8 +7,6 @@
 namespace strata::restore {
 namespace {
 
-constexpr int kKiviBits[] = {8, 4, 2};
-
 // Reads the profile into the codecs' qualities and decode costs and the tiers' bandwidths.
 Status read_profile(const std::string& path, store::StoreOptions* options) {
   std::ifstream in(path);
@@ -35,15 +33,21 @@ Status read_profile(const std::string& path, store::StoreOptions* options) {
     ac.bandwidth.push_back((*it)["bandwidth"].get<double>());
     ac.latency_seconds.push_back(it->value("latency_seconds", 0.0));
   }
-  for (store::ItemCodec& codec : options->codecs) {
-    const auto it = std::find_if(j["codecs"].begin(), j["codecs"].end(), [&](const nlohmann::json& c) {
-      return c.is_object() && c.value("name", "") == codec.name;
-    });
-    if (it == j["codecs"].end() || !(*it)["quality"].is_number()) {
-      return bad("no quality for codec " + codec.name);
+  // AdaptCache chooses among the codecs the profile lists (each with its quality); the others it
+  // leaves out (quality < 0).
+  for (store::ItemCodec& codec : options->codecs) codec.quality = -1;
+  for (const nlohmann::json& c : j["codecs"]) {
+    const std::string name = c.is_object() ? c.value("name", "") : "";
+    const auto codec = std::find_if(options->codecs.begin(), options->codecs.end(),
+                                    [&](const store::ItemCodec& k) { return k.name == name; });
+    if (codec == options->codecs.end()) {
+      return bad("unknown codec '" + name + "' (" + std::string(store::kItemCodecChoices) + ")");
     }
-    codec.quality = (*it)["quality"].get<double>();
-    codec.decode_seconds_per_byte = it->value("decode_seconds_per_byte", 0.0);
+    if (!c.contains("quality") || !c["quality"].is_number()) {
+      return bad("no quality for codec " + name);
+    }
+    codec->quality = c["quality"].get<double>();
+    codec->decode_seconds_per_byte = c.value("decode_seconds_per_byte", 0.0);
   }
   return Status();
 }
@@ -55,17 +59,23 @@ StatusOr<std::vector<std::optional<kv::KvFormat>>> configure_item_codecs(
     store::StoreOptions* options) {
   std::vector<std::optional<kv::KvFormat>> formats = {std::nullopt};
   if (!config.enabled && config.fixed_codec == "none") return formats;
-  for (int bits : kKiviBits) {
-    const kv::KvFormat format = kv::kivi_format(bits);
+  // Token-dropped chunks are raw: they load like the pool's.
+  for (const store::KnownItemCodec& known : store::kItemCodecs) {
+    std::optional<kv::KvFormat> format;
+    if (known.kivi_bits > 0) format = kv::kivi_format(known.kivi_bits);
     formats.push_back(format);
-    options->codecs.push_back({"kivi-" + std::to_string(bits), executor.kv_chunk_bytes(format)});
+    options->codecs.push_back(
+        {.name = std::string(known.name),
+         .chunk_bytes = format ? executor.kv_chunk_bytes(*format) : executor.kv_chunk_bytes(),
+         .keep_fraction = known.keep_fraction});
   }
   if (!config.enabled) {
     for (size_t i = 0; i < options->codecs.size(); ++i) {
       if (options->codecs[i].name == config.fixed_codec) options->fixed_codec = static_cast<int32_t>(i + 1);
     }
     if (options->fixed_codec == 0) {
-      return invalid_argument_error("adaptcache.fixed_codec must be none, kivi-8, kivi-4 or kivi-2, got '" +
+      return invalid_argument_error("adaptcache.fixed_codec must be " +
+                                    std::string(store::kItemCodecChoices) + ", got '" +
                                     config.fixed_codec + "'");
     }
   } else {

@@ -1,6 +1,8 @@
 // The KV store's lossy item codecs for this executor's chunks (store/item_codecs.h), from the
-// deployment's adaptcache section: KIVI at 8, 4 and 2 bits, the transcoder the executor provides,
-// and for AdaptCache the profile file's numbers. Private to the restore coordinator.
+// deployment's adaptcache section: KIVI at 8, 4 and 2 bits, StreamingLLM token dropping keeping
+// 1/2, 1/4 and 1/10 of the chunks, the transcoder the executor provides, and for AdaptCache the
+// profile file's numbers (the codecs it lists, with their quality, are AdaptCache's choices).
+// Private to the restore coordinator.
 #pragma once
 
 #include <optional>

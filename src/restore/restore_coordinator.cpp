@@ -46,6 +46,15 @@ uint64_t layout_tag(uint64_t model_fingerprint, const kv::KvFormat& format,
 struct RestoreCoordinator::Sequence {
   SequenceInfo info;  // info.session is the store key (store_session_key)
   int64_t dropped_tokens = 0;  // prompt tokens dropped after the first block (context overflow)
+  // A sequence resuming a token-dropped item found by content (its dropped tokens are the item's
+  // skipped chunks) hashes its blocks on from the item's links: block 1 follows link
+  // `skipped_chunks` of the prompt's chain, whose hash is `seed`. Its save is then found by
+  // content like the item it resumed.
+  struct ResumedLinks {
+    int64_t skipped_chunks = 0;
+    kv::ChunkHash seed;
+  };
+  std::optional<ResumedLinks> links;
   // What its first commit loads: the store item, and for each leading token block of the
   // sequence the item's chunk holding it.
   struct StoredPrefix {
@@ -71,9 +80,10 @@ struct RestoreCoordinator::Sequence {
   };
   std::optional<Saving> saving;
 
-  // Scored prompts are not stored; truncated history is found by session only.
+  // Scored prompts are not stored; truncated history is found by session only, unless it keeps
+  // a token-dropped item's links.
   bool saves_kv() const {
-    return !info.scores_prompt && (dropped_tokens == 0 || !info.session.empty());
+    return !info.scores_prompt && (dropped_tokens == 0 || !info.session.empty() || links);
   }
   // Truncated prompts and scored ones do not change what they load.
   bool may_look_up_again() const { return dropped_tokens == 0 && !info.scores_prompt; }
@@ -160,6 +170,14 @@ std::optional<store::StoreMatch> RestoreCoordinator::look_up(SeqId seq,
   if (!sequence->info.scores_prompt) {
     match = store_->find(prompt, root(sequence->info.tenant), sequence->info.session);
   }
+  const int64_t block = kv_.geometry().block_size_tokens;
+  if (match && match->skipped_chunks > 0 && match->token_offset == match->skipped_chunks * block) {
+    kv::ChunkHash seed = root(sequence->info.tenant);
+    for (int64_t b = 0; b <= match->skipped_chunks; ++b) {
+      seed = kv::chain_hash(seed, prompt.subspan(b * block, block));
+    }
+    sequence->links = Sequence::ResumedLinks{match->skipped_chunks, seed};
+  }
   sequences_[seq] = std::move(sequence);
   return match;
 }
@@ -168,6 +186,11 @@ void RestoreCoordinator::admitted(SeqId seq, int64_t dropped_tokens,
                                   const std::optional<store::StoreMatch>& match) {
   Sequence& sequence = *sequences_.at(seq);
   sequence.dropped_tokens = dropped_tokens;
+  // Dropping more than the item did (the context window) breaks the links.
+  if (sequence.links &&
+      dropped_tokens != sequence.links->skipped_chunks * kv_.geometry().block_size_tokens) {
+    sequence.links.reset();
+  }
   if (match) attach(seq, sequence, *match);
 }
 
@@ -177,6 +200,7 @@ void RestoreCoordinator::forked(SeqId parent, SeqId child) {
   sequence->info = {from.info.tenant, /*session=*/{}, from.info.scores_prompt};
   sequence->lookup_at = store_->num_publications();
   sequence->dropped_tokens = from.dropped_tokens;
+  sequence->links = from.links;
   sequences_[child] = std::move(sequence);
 }
 
@@ -348,10 +372,12 @@ void RestoreCoordinator::plan_saves(executor::ForwardBatch& forward) {
     const std::vector<TokenId>& tokens = kv_.tokens(chunk.seq);
     const int64_t end_block = (chunk.start_position + std::ssize(chunk.tokens)) / block;
     auto hash_up_to = [&](std::vector<kv::ChunkHash>& chain, int64_t blocks) {
-      kv::ChunkHash hash = chain.empty() ? root(sequence.info.tenant) : chain.back();
       for (int64_t b = std::ssize(chain); b < blocks; ++b) {
-        hash = kv::chain_hash(hash, std::span<const TokenId>(tokens).subspan(b * block, block));
-        chain.push_back(hash);
+        const kv::ChunkHash previous = b == 0                     ? root(sequence.info.tenant)
+                                       : b == 1 && sequence.links ? sequence.links->seed
+                                                                  : chain.back();
+        chain.push_back(
+            kv::chain_hash(previous, std::span<const TokenId>(tokens).subspan(b * block, block)));
       }
     };
     if (!sequence.saving) {
@@ -360,9 +386,9 @@ void RestoreCoordinator::plan_saves(executor::ForwardBatch& forward) {
       if (end_block == 0) continue;
       Sequence::Saving saving;
       hash_up_to(saving.chain, std::ssize(tokens) / block);
-      StatusOr<store::SaveTicket> ticket =
-          store_->begin_save({sequence.info.session, sequence.dropped_tokens == 0,
-                              sequence.dropped_tokens, saving.chain});
+      StatusOr<store::SaveTicket> ticket = store_->begin_save(
+          {sequence.info.session, sequence.dropped_tokens == 0, sequence.dropped_tokens,
+           saving.chain, sequence.links ? sequence.links->skipped_chunks : 0});
       if (ticket.ok()) {
         saving.ticket = *std::move(ticket);
       } else {

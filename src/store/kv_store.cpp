@@ -138,20 +138,30 @@ std::optional<StoreMatch> KvStore::peek(std::span<const TokenId> prompt, const k
 }
 
 int64_t KvStore::session_chunks_matching(
-    std::span<const TokenId> prompt, const kv::ChunkHash& root, int64_t token_offset,
-    int64_t num_chunks, const std::function<kv::ChunkHash(int64_t)>& hash_of) const {
+    std::span<const TokenId> prompt, const kv::ChunkHash& root, int64_t hash_offset,
+    int64_t skipped_chunks, int64_t num_chunks,
+    const std::function<kv::ChunkHash(int64_t)>& hash_of) const {
   const int64_t block = options_.block_size_tokens;
   const int64_t n = std::ssize(prompt);
-  const int64_t d = token_offset;
-  const int64_t limit = std::min<int64_t>(n > d ? (n - d - 1) / block : 0, num_chunks);
+  const int64_t d = hash_offset;
+  auto link = [&](int64_t i) { return i == 0 ? 0 : i + skipped_chunks; };
+  // Links whose tokens end before the prompt's last token.
+  const int64_t links = n > d ? (n - d - 1) / block : 0;
+  int64_t last = num_chunks - 1;
+  while (last >= 0 && link(last) >= links) --last;
+  if (last < 0) return 0;
+  std::vector<kv::ChunkHash> chain;
   kv::ChunkHash h = root;
-  int64_t matched = 0;
-  for (; matched < limit; ++matched) {
-    const int64_t start = matched * block + (matched > 0 ? d : 0);
-    h = kv::chain_hash(h, prompt.subspan(start, block));
-    if (h != hash_of(matched)) break;
+  for (int64_t j = 0; j <= link(last); ++j) {
+    h = kv::chain_hash(h, prompt.subspan(j * block + (j > 0 ? d : 0), block));
+    chain.push_back(h);
   }
-  return matched;
+  // A link's hash covers every link before it: the last chunk that matches has every earlier
+  // one matching too.
+  for (int64_t i = last; i >= 0; --i) {
+    if (hash_of(i) == chain[link(i)]) return i + 1;
+  }
+  return 0;
 }
 
 std::optional<StoreMatch> KvStore::match(std::span<const TokenId> prompt,
@@ -162,7 +172,7 @@ std::optional<StoreMatch> KvStore::match(std::span<const TokenId> prompt,
   // The leading `chunks` of `item` a load can read (none held only by a failed tier), and the
   // farthest tier it would read them from; nullopt when not even the first is readable.
   auto match_of = [&](const Item& item, int64_t chunks) -> std::optional<StoreMatch> {
-    StoreMatch m{item.id, 0, item.token_offset, item.exact, kDramTier};
+    StoreMatch m{item.id, 0, item.token_offset, item.exact, item.skipped_chunks, kDramTier};
     for (; m.num_chunks < chunks; ++m.num_chunks) {
       const Chunk& c = item.chunks[m.num_chunks];
       if (c.dram != nullptr) continue;
@@ -176,30 +186,33 @@ std::optional<StoreMatch> KvStore::match(std::span<const TokenId> prompt,
   if (!session.empty()) {
     if (auto it = by_session_.find(session); it != by_session_.end()) {
       const Item& item = items_.at(it->second);
-      const int64_t matched =
-          session_chunks_matching(prompt, root, item.token_offset, std::ssize(item.chunks),
-                                  [&](int64_t i) { return item.chunks[i].hash; });
+      const int64_t matched = session_chunks_matching(
+          prompt, root, item.hash_offset(block), item.skipped_chunks, std::ssize(item.chunks),
+          [&](int64_t i) { return item.chunks[i].hash; });
       if (std::optional<StoreMatch> m = match_of(item, matched)) return m;
     }
   }
-  std::optional<StoreMatch> best;
+  // By content: the furthest link of the prompt's chain a stored chunk carries. Its item's
+  // earlier chunks carry earlier links of the same chain (a token-dropped item skips some), so
+  // they match too.
+  std::vector<kv::ChunkHash> chain;
   kv::ChunkHash h = root;
   for (int64_t i = 0; i < (n - 1) / block; ++i) {
     h = kv::chain_hash(h, prompt.subspan(i * block, block));
-    auto it = by_hash_.find(h);
-    if (it == by_hash_.end()) break;
+    chain.push_back(h);
+  }
+  for (int64_t i = std::ssize(chain) - 1; i >= 0; --i) {
+    auto it = by_hash_.find(chain[i]);
+    if (it == by_hash_.end()) continue;
     auto item = items_.find(it->second.first);
     const int32_t index = it->second.second;
-    if (item == items_.end() || index != i || std::ssize(item->second.chunks) <= index ||
-        item->second.chunks[index].hash != h) {
-      break;  // a stale entry: its item was dropped or replaced
+    if (item == items_.end() || std::ssize(item->second.chunks) <= index ||
+        item->second.chunks[index].hash != chain[i] || item->second.link(index) != i) {
+      continue;  // a stale entry: its item was dropped or replaced
     }
-    std::optional<StoreMatch> m = match_of(item->second, i + 1);
-    if (!m) break;
-    best = m;
-    if (m->num_chunks < i + 1) break;  // the rest sits in a failed tier
+    if (std::optional<StoreMatch> m = match_of(item->second, index + 1)) return m;
   }
-  return best;
+  return std::nullopt;
 }
 
 StatusOr<StoreLease> KvStore::acquire(ItemId id, int64_t first, int64_t count) {
@@ -296,6 +309,7 @@ StatusOr<SaveTicket> KvStore::begin_save(const SaveRequest& request) {
   auto extendable = [&](const Item& item) {
     return !item.busy && item.pending.empty() && item.codec == 0 && item.exact == request.exact &&
            item.token_offset == request.token_offset &&
+           item.skipped_chunks == request.skipped_chunks &&
            (item.session.empty() || item.session == request.session) && is_prefix(item);
   };
   Item* target = nullptr;
@@ -310,7 +324,9 @@ StatusOr<SaveTicket> KvStore::begin_save(const SaveRequest& request) {
       }
     }
   }
-  if (target == nullptr && request.exact) {
+  const bool by_content =
+      request.token_offset == request.skipped_chunks * options_.block_size_tokens;
+  if (target == nullptr && by_content) {
     for (size_t j = request.chain.size(); j-- > 0 && target == nullptr;) {
       auto it = by_hash_.find(request.chain[j]);
       if (it == by_hash_.end()) continue;
@@ -346,6 +362,7 @@ StatusOr<SaveTicket> KvStore::begin_save(const SaveRequest& request) {
     item.session = request.session;
     item.exact = request.exact;
     item.token_offset = request.token_offset;
+    item.skipped_chunks = request.skipped_chunks;
     item.stored_at = ++clock_;
     ticket.item = item.id;
     target = &items_.emplace(item.id, std::move(item)).first->second;
@@ -416,7 +433,8 @@ void KvStore::publish(const SaveTicket& ticket, double write_seconds) {
     values.emplace_back(ticket.destinations[i], static_cast<size_t>(options_.chunk_bytes));
     item.chunks.push_back({item.pending[i], 0, ticket.destinations[i]});
     set_held(item, index, kDramTier, true);
-    if (item.exact) by_hash_[item.pending[i]] = {item.id, index};
+    if (item.content_indexed(options_.block_size_tokens))
+      by_hash_[item.pending[i]] = {item.id, index};
   }
   STRATA_CHECK(dram_->put(item.record(options_), ticket.reservation, keys, values).ok());
   item.pending.clear();
@@ -428,7 +446,7 @@ void KvStore::publish(const SaveTicket& ticket, double write_seconds) {
   publications_.fetch_add(1, std::memory_order_relaxed);
   touch(item);
   // Its session ended while the save ran: truncated history is reachable by session only.
-  if (!item.exact && item.session.empty()) drop_item(item.id);
+  if (!item.content_indexed(options_.block_size_tokens) && item.session.empty()) drop_item(item.id);
 }
 
 void KvStore::commit_save(SaveTicket ticket, std::function<void()> wait, double write_seconds) {

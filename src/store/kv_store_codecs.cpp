@@ -52,14 +52,17 @@ adaptcache::Profile KvStore::make_adaptcache_profile() const {
                              ac.latency_seconds[index]});
   }
   for (const ItemCodec& c : options_.codecs) {
-    profile.codecs.push_back(
-        {c.name, c.name == "none" ? adaptcache::Method::kNone : adaptcache::Method::kKivi,
-         static_cast<double>(c.chunk_bytes) / static_cast<double>(options_.chunk_bytes),
-         c.decode_seconds_per_byte});
+    const adaptcache::Method method = c.keep_fraction < 1 ? adaptcache::Method::kStreaming
+                                      : c.name == "none"  ? adaptcache::Method::kNone
+                                                          : adaptcache::Method::kKivi;
+    profile.codecs.push_back({c.name, method,
+                              c.keep_fraction * static_cast<double>(c.chunk_bytes) /
+                                  static_cast<double>(options_.chunk_bytes),
+                              c.decode_seconds_per_byte});
   }
   profile.tasks = {"default"};
   profile.quality.emplace_back();
-  for (const ItemCodec& c : options_.codecs) profile.quality[0].push_back(c.quality);
+  for (const ItemCodec& c : options_.codecs) profile.quality[0].push_back(std::max(0.0, c.quality));
   profile.alpha = ac.alpha;
   return profile;
 }
@@ -101,7 +104,13 @@ KvStore::Decision KvStore::codec_decision() {
     adaptcache::Entry e;
     e.id = id;
     e.raw_bytes = n * options_.chunk_bytes;
-    for (const ItemCodec& c : options_.codecs) e.codec_bytes.push_back(n * dram_->footprint(c.chunk_bytes));
+    for (size_t c = 0; c < options_.codecs.size(); ++c) {
+      const ItemCodec& codec = options_.codecs[c];
+      const int64_t chunks = std::min(n, kept_chunks(codec.keep_fraction, n + item.skipped_chunks));
+      // Codecs the profile leaves out are not options (an item keeps the one it has).
+      const bool offered = codec.quality >= 0 || static_cast<int32_t>(c) == item.codec;
+      e.codec_bytes.push_back(offered ? chunks * dram_->footprint(codec.chunk_bytes) : -1);
+    }
     e.frequency = adaptcache::uses_per_second(item.reuse, now, options_.adaptcache.half_life_seconds);
     e.prefill_seconds = static_cast<double>(n * options_.block_size_tokens) *
                         options_.adaptcache.prefill_seconds_per_token;
@@ -148,17 +157,29 @@ void KvStore::transcode(ItemId id, int32_t codec) {
   std::unique_lock lock(mutex_);
   Item& item = items_.at(id);
   const int32_t from = item.codec;
+  const ItemCodec& to = options_.codecs[codec];
+  // Token dropping keeps chunk 0 (the attention sinks) and the last kept - 1 chunks (the window)
+  // as they are; a quantizing codec re-encodes every chunk.
+  const int64_t n = std::ssize(item.chunks);
+  const int64_t kept = kept_chunks(to.keep_fraction, n + item.skipped_chunks);
+  const int64_t dropped = n - std::min(n, kept);
   std::vector<const std::byte*> in;
-  for (const Chunk& c : item.chunks) in.push_back(c.dram);
+  for (int64_t i = 0; i < n; ++i) {
+    if (i == 0 || i > dropped) in.push_back(item.chunks[i].dram);
+  }
   const bool whole = std::ranges::none_of(in, [](const std::byte* p) { return p == nullptr; });
-  const int64_t bytes = options_.codecs[codec].chunk_bytes;
+  const int64_t bytes = to.chunk_bytes;
   Status status = whole ? Status() : failed_precondition_error("not whole in DRAM");
   std::vector<AlignedBuffer> encoded;
   std::vector<std::byte*> out;
   if (status.ok()) {
     lock.unlock();  // the item is busy: its DRAM copy stays while the bytes are read
     for (size_t i = 0; i < in.size(); ++i) out.push_back(encoded.emplace_back(bytes).data());
-    status = options_.transcode(from, codec, in, out);
+    if (to.keep_fraction < 1) {
+      for (size_t i = 0; i < in.size(); ++i) std::memcpy(out[i], in[i], static_cast<size_t>(bytes));
+    } else {
+      status = options_.transcode(from, codec, in, out);
+    }
     lock.lock();
   }
   Item& now = items_.at(id);
@@ -176,6 +197,26 @@ void KvStore::transcode(ItemId id, int32_t codec) {
     if (now.held[t] == 0) continue;
     (void)tiers_[t]->evict(id);
     for (int64_t i = 0; i < std::ssize(now.chunks); ++i) set_held(now, i, t, false);
+  }
+  if (dropped > 0) {
+    // The middle chunks leave; the kept ones keep their hashes (chunk i >= 1 now carries link
+    // i + skipped_chunks) and their content index entries point at their new places.
+    for (int64_t i = 1; i <= dropped; ++i) {
+      auto h = by_hash_.find(now.chunks[i].hash);
+      if (h != by_hash_.end() && h->second.first == id) by_hash_.erase(h);
+    }
+    now.chunks.erase(now.chunks.begin() + 1, now.chunks.begin() + 1 + dropped);
+    published_chunks_ -= dropped;
+    now.skipped_chunks += dropped;
+    now.token_offset += dropped * options_.block_size_tokens;
+    now.exact = false;
+    if (now.content_indexed(options_.block_size_tokens)) {
+      for (int64_t i = 1; i < std::ssize(now.chunks); ++i) {
+        auto h = by_hash_.find(now.chunks[i].hash);
+        if (h != by_hash_.end() && h->second.first == id)
+          h->second.second = static_cast<int32_t>(i);
+      }
+    }
   }
   std::optional<Reservation> room =
       dram_->reserve(std::vector<int64_t>(now.chunks.size(), bytes));

@@ -1,8 +1,8 @@
 // Items this process did not save: those a persistent tier recovered at open, and those a shared
-// tier (the remote tier other replicas write, store/redis_tier.h) holds. Every published item is
-// written through to the shared tier by the I/O threads, and a prompt is looked up in it before
-// its request is admitted, on the submitting thread, so the step thread never waits on the
-// network for it.
+// tier (the remote tier other replicas write, store/redis_tier.h) holds. Every published item but
+// token-dropped ones is written through to the shared tier by the I/O threads, and a prompt is
+// looked up in it before its request is admitted, on the submitting thread, so the step thread
+// never waits on the network for it.
 #include <algorithm>
 #include <spdlog/spdlog.h>
 
@@ -35,6 +35,7 @@ bool KvStore::adopt_item(TierIndex t, const RecoveredItem& r) {
     item.session = r.attributes.session;
     item.exact = r.attributes.exact;
     item.token_offset = r.attributes.token_offset;
+    item.skipped_chunks = r.attributes.skipped_chunks;
     item.codec = static_cast<int32_t>(codec - options_.codecs.begin());
     ++stats_.codec_items[item.codec];
     item.stored_at = item.last_access = ++clock_;
@@ -48,7 +49,7 @@ bool KvStore::adopt_item(TierIndex t, const RecoveredItem& r) {
       if (item.chunks[key.index].hash != key.hash) break;
     } else if (key.index == std::ssize(item.chunks)) {
       item.chunks.push_back({key.hash, 0, nullptr});
-      if (item.exact) by_hash_[key.hash] = {r.id, key.index};
+      if (item.content_indexed(options_.block_size_tokens)) by_hash_[key.hash] = {r.id, key.index};
       published_chunks_ += 1;
       published_items_ += item.chunks.size() == 1 ? 1 : 0;
     } else {
@@ -63,8 +64,9 @@ std::optional<ItemId> KvStore::write_through_candidate() const {
   if (shared_tier_ == nullptr || !usable(shared_)) return std::nullopt;
   for (const auto& [id, item] : items_) {
     const int64_t n = std::ssize(item.chunks);
+    // A token-dropped item stays on this replica: the shared tier indexes chains without gaps.
     if (item.busy || item.doomed || !item.pending.empty() || n == 0 || item.shared_written >= n ||
-        item.held[shared_] == n) {
+        item.held[shared_] == n || item.skipped_chunks > 0) {
       continue;
     }
     bool in_dram = true;  // what the shared tier lacks is read from DRAM
@@ -109,9 +111,9 @@ void KvStore::look_up_shared(std::span<const TokenId> prompt, const kv::ChunkHas
     if (!record.ok()) return;
     if (*record) {
       RecoveredItem& r = **record;
-      const int64_t matched =
-          session_chunks_matching(prompt, root, r.attributes.token_offset, std::ssize(r.chunks),
-                                  [&](int64_t i) { return r.chunks[i].hash; });
+      const int64_t matched = session_chunks_matching(prompt, root, r.attributes.token_offset,
+                                                      /*skipped_chunks=*/0, std::ssize(r.chunks),
+                                                      [&](int64_t i) { return r.chunks[i].hash; });
       r.chunks.resize(matched);
       if (matched > 0) found = std::move(r);
     }

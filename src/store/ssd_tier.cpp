@@ -11,8 +11,9 @@ namespace strata::store {
 namespace {
 
 constexpr uint64_t kMagic = 0x564b415441525453ULL;  // "STRATAKV"
-// 2: variable-size values in extents, a codec; 3: item codecs, records with a sync word.
-constexpr uint32_t kVersion = 3;
+// 2: variable-size values in extents, a codec; 3: item codecs, records with a sync word;
+// 4: items' skipped chunks (token dropping).
+constexpr uint32_t kVersion = 4;
 constexpr uint32_t kSync = 0x4b565453;  // "STVK": where a record starts
 enum RecordType : uint32_t { kHeader = 1, kPut = 2, kDrop = 3 };
 // [u32 sync][u32 payload bytes][u32 type] payload [u64 XXH3-64 of size, type and payload]
@@ -110,6 +111,7 @@ void encode_put(const PutRecord& r, std::vector<std::byte>& out) {
   w.put<int64_t>(r.item.token_offset);
   w.put_string(r.item.session);
   w.put_string(r.item.codec);
+  w.put<int64_t>(r.item.skipped_chunks);
   w.finish(kPut, out);
 }
 
@@ -127,7 +129,8 @@ bool decode_put(Reader& p, PutRecord* r) {
     r->placement.extents.push_back(e);
   }
   if (!(p.get(&exact) && p.get(&r->item.token_offset) && p.get_string(&r->item.session) &&
-        p.get_string(&r->item.codec))) {
+        p.get_string(&r->item.codec) && p.get(&r->item.skipped_chunks) &&
+        r->item.skipped_chunks >= 0)) {
     return false;
   }
   r->item.exact = exact != 0;

@@ -91,10 +91,13 @@ Status StoreOptions::validate() const {
   if (io_threads < 1) return invalid_argument_error("store.io_threads must be >= 1");
   for (size_t i = 0; i < codecs.size(); ++i) {
     const ItemCodec& c = codecs[i];
-    if (c.chunk_bytes <= 0 || c.chunk_bytes > chunk_bytes || !(c.quality >= 0 && c.quality <= 1) ||
-        c.decode_seconds_per_byte < 0) {
-      return invalid_argument_error("store: codec '" + c.name +
-                                    "' needs 0 < bytes <= a raw chunk's, a quality in [0, 1]");
+    if (c.chunk_bytes <= 0 || c.chunk_bytes > chunk_bytes || !(c.quality <= 1) ||
+        c.decode_seconds_per_byte < 0 || !(c.keep_fraction > 0 && c.keep_fraction <= 1) ||
+        (c.keep_fraction < 1 && c.chunk_bytes != chunk_bytes)) {
+      return invalid_argument_error(
+          "store: codec '" + c.name +
+          "' needs 0 < bytes <= a raw chunk's (raw when it drops tokens), a quality <= 1 (< 0: "
+          "not profiled), a keep fraction in (0, 1]");
     }
     for (size_t j = 0; j < i; ++j) {
       if (codecs[j].name == c.name) return invalid_argument_error("store: codec '" + c.name + "' twice");

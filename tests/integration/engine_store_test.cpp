@@ -645,5 +645,51 @@ TEST_F(EngineTruncationTest, ASessionKeepsLoadingItsTruncatedHistory) {
   expect_same_as_recompute(run_turn(*plain, truncated(third, 320), ""), stateless);
 }
 
+// StreamingLLM token dropping (AdaptCache's second method), with no context overflow: the store
+// keeps the first chunk (the attention sinks) and the most recent half of a conversation's
+// chunks, and a stateless client resending the whole history runs on it with the dropped tokens
+// left out, which with one layer is exactly computing the shortened prompt. The resumed turn's
+// save continues the conversation's chain links, so the next turn finds it by content too.
+TEST_F(EngineTruncationTest, ATokenDroppedConversationRunsOnItsShortenedHistoryTurnAfterTurn) {
+  store::StoreConfig store;
+  store.dram_bytes = 16 << 20;
+  store.adaptcache.fixed_codec = "streaming-0.5";
+  std::unique_ptr<Engine> e = engine(0, store, /*layers=*/1);
+  std::unique_ptr<Engine> plain = engine(0, std::nullopt, /*layers=*/1);
+  ASSERT_TRUE(e && plain);
+  auto wait_for_transcodes = [&](int64_t n) {
+    for (int i = 0; i < 500 && e->stats().store->transcodes < n; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ASSERT_EQ(e->stats().store->transcodes, n);
+  };
+  // Turn 1 keeps 200 + 16 - 1 computed tokens: 13 blocks; the codec keeps block 0 and 7..12.
+  const std::vector<TokenId> first = random_tokens(200, 5);
+  const Turn one = run_turn(*e, first, "");
+  wait_for_saves(*e, 1);
+  wait_for_transcodes(1);
+  // Turn 2: 248 tokens; the 96 tokens of blocks 1..6 are left out, 7 blocks load.
+  const std::vector<TokenId> second =
+      concat(concat(first, std::vector<TokenId>(one.tokens.begin(), one.tokens.begin() + 8)),
+             random_tokens(40, 6));
+  const Turn two = run_turn(*e, second, "");
+  EXPECT_EQ(two.usage.prompt_tokens, 248);
+  EXPECT_EQ(two.usage.truncated_prompt_tokens, 96);
+  EXPECT_EQ(two.usage.loaded_prompt_tokens, 7 * 16);
+  expect_same_as_recompute(run_turn(*plain, truncated(second, 96), ""), two);
+  // Turn 2 computed 152 + 15 tokens: 10 blocks, links 0 and 7..15 of the conversation's 16;
+  // re-encoded, 8 are kept (links 0 and 9..15), 128 tokens left out in all.
+  wait_for_saves(*e, 2);
+  wait_for_transcodes(2);
+  const std::vector<TokenId> third =
+      concat(concat(second, std::vector<TokenId>(two.tokens.begin(), two.tokens.begin() + 8)),
+             random_tokens(40, 7));
+  const Turn three = run_turn(*e, third, "");
+  EXPECT_EQ(three.usage.truncated_prompt_tokens, 128);
+  EXPECT_EQ(three.usage.loaded_prompt_tokens, 8 * 16);
+  expect_same_as_recompute(run_turn(*plain, truncated(third, 128), ""), three);
+  EXPECT_EQ(e->stats().store_load_failures, 0);
+}
+
 }  // namespace
 }  // namespace strata::engine

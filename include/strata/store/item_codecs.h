@@ -1,33 +1,66 @@
 // Lossy codecs of whole stored items (AdaptCache, docs/adaptcache.md). An item's chunks all
-// take one codec: "none" (the raw chunk the device writes) or a KIVI encoding (keys per channel,
-// values per token, at 8, 4 or 2 bits), which the store's I/O threads apply in DRAM and which
-// every tier then holds (a tier's own codec, zstd, applies on top). Loads hand the encoded chunks
-// to the executor, which decodes them on the device, so only the encoded bytes cross to it.
+// take one codec: "none" (the raw chunk the device writes), a KIVI encoding (keys per channel,
+// values per token, at 8, 4 or 2 bits), or StreamingLLM token dropping (chunk 0, the attention
+// sinks, and the most recent chunks, the window, kept raw; the middle dropped), which the store's
+// I/O threads apply in DRAM and which every tier then holds (a tier's own codec, zstd, applies on
+// top). Loads hand the encoded chunks to the executor, which decodes them on the device, so only
+// the encoded bytes cross to it; a token-dropped item is loaded like a truncated one (its keys,
+// stored before RoPE, are rotated to contiguous positions).
 //
 // Which codec and tier an item takes: a fixed codec for every item (the static baselines), or
 // AdaptCache's utility greedy (store/adaptcache_policy.h) over every item, run whenever DRAM
 // falls below its reserve. Plain header.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "strata/common/status.h"
 
 namespace strata::store {
 
+// The lossy codecs a deployment may name, in the store's order after "none".
+struct KnownItemCodec {
+  std::string_view name;
+  int kivi_bits = 0;           // KIVI at this many bits, or 0
+  double keep_fraction = 1.0;  // token dropping: the share of chunks kept, or 1
+};
+inline constexpr KnownItemCodec kItemCodecs[] = {
+    {"kivi-8", 8, 1.0},        {"kivi-4", 4, 1.0},          {"kivi-2", 2, 1.0},
+    {"streaming-0.5", 0, 0.5}, {"streaming-0.25", 0, 0.25}, {"streaming-0.1", 0, 0.1},
+};
+inline constexpr std::string_view kItemCodecChoices =
+    "none, kivi-8, kivi-4, kivi-2, streaming-0.5, streaming-0.25 or streaming-0.1";
+
 struct ItemCodec {
-  std::string name;         // "none", "kivi-4": persisted with the values
+  std::string name;         // "none", "kivi-4", "streaming-0.25": persisted with the values
   int64_t chunk_bytes = 0;  // one chunk, encoded
-  double quality = 1.0;     // AdaptCache's Q of this codec (the profile), in [0, 1]
+  // AdaptCache's Q of this codec (the profile), in [0, 1]; < 0: not profiled, not an option.
+  double quality = 1.0;
   double decode_seconds_per_byte = 0;  // restoring one raw byte (the profile)
+  // Token dropping: the share of an item's chunks kept (kept_chunks); 1 for the other codecs.
+  double keep_fraction = 1.0;
 };
 
-// Re-encodes chunk values from codec `from` to codec `to` (indices into StoreOptions::codecs):
+// The chunks a codec keeping `keep_fraction` of an item keeps, of the `original` chunks the item
+// had before any were dropped: ceil(keep_fraction * original), at least 2 (the sinks' chunk and
+// one of the window), at most original.
+inline int64_t kept_chunks(double keep_fraction, int64_t original) {
+  if (keep_fraction >= 1) return original;
+  const auto kept =
+      static_cast<int64_t>(std::ceil(keep_fraction * static_cast<double>(original) - 1e-9));
+  return std::min(original, std::max<int64_t>(2, kept));
+}
+
+// Re-encodes chunk values from quantizing codec `from` to `to` (indices into StoreOptions::codecs;
+// token dropping needs no re-encoding):
 // in[i] (codecs[from].chunk_bytes each) -> out[i] (codecs[to].chunk_bytes each). Set by the
 // executor, which knows the chunk layout; called on the store's I/O threads.
 using Transcode = std::function<Status(int32_t from, int32_t to, std::span<const std::byte* const> in,

@@ -12,6 +12,10 @@
 // not what recomputing its tokens gives, so it is found by session only: with token_offset d > 0,
 // d conversation tokens after the first block were dropped, so chunk 0 holds tokens [0, B) and
 // chunk i >= 1 tokens [i*B + d, (i+1)*B + d), re-rotated to positions [i*B, (i+1)*B).
+// A token-dropping codec (StreamingLLM) drops s middle chunks of an item: d grows by s*B and the
+// kept chunks keep their hashes, so chunk i >= 1 carries link i + s of the chain its hashes were
+// made on (skipped_chunks). An item whose hashes were made from position 0 (d == s*B) stays
+// findable by content: the prompt's chain matches its kept chunks at their links.
 //
 // Tiers (store/tier.h): host DRAM first (DramTier: loads are read and saves written there by the
 // device), then the tiers StoreOptions::tiers lists, nearest first (SsdTier; a remote tier
@@ -149,6 +153,8 @@ struct StoreMatch {
   int64_t num_chunks = 0;    // leading chunks of the item that match
   int64_t token_offset = 0;  // conversation tokens dropped after its first chunk (truncation)
   bool exact = true;
+  // Of those, the chunks token dropping removed since its hashes were made (the data model).
+  int64_t skipped_chunks = 0;
   TierIndex tier = kDramTier;  // the farthest tier a matched chunk must come from
 };
 
@@ -175,7 +181,11 @@ struct SaveRequest {
   std::string session;               // empty: content-addressed only
   bool exact = true;
   int64_t token_offset = 0;          // tokens the sequence dropped after its first block
-  std::vector<kv::ChunkHash> chain;  // hashes of every full block of the sequence, in order
+  // Hashes of every full block of the sequence, in order: chain[i >= 1] is link i +
+  // skipped_chunks of the chain its hashes continue (a sequence that resumed a token-dropped
+  // item hashes its blocks on from that item's links, so its item is found by content too).
+  std::vector<kv::ChunkHash> chain;
+  int64_t skipped_chunks = 0;
 };
 
 class KvStore {
@@ -267,6 +277,7 @@ class KvStore {
     std::string session;
     bool exact = true;
     int64_t token_offset = 0;
+    int64_t skipped_chunks = 0;           // dropped by token dropping (the data model above)
     int32_t codec = 0;                    // of every chunk, in every tier
     adaptcache::ReuseCount reuse;         // loads and saves, decayed (AdaptCache's Freq)
     std::vector<Chunk> chunks;            // published chunks
@@ -284,8 +295,15 @@ class KvStore {
     std::chrono::steady_clock::time_point touched;
 
     ItemRecord record(const StoreOptions& o) const {
-      return {session, exact, token_offset, codec == 0 ? std::string() : o.codecs[codec].name};
+      return {session, exact, token_offset, codec == 0 ? std::string() : o.codecs[codec].name,
+              skipped_chunks};
     }
+    // The chain link chunk i carries.
+    int64_t link(int64_t i) const { return i == 0 ? 0 : i + skipped_chunks; }
+    // Tokens left out after chunk 0 when its hashes were made.
+    int64_t hash_offset(int32_t block) const { return token_offset - skipped_chunks * block; }
+    // Hashed from position 0 (exact, or token-dropped from an exact item): found by content.
+    bool content_indexed(int32_t block) const { return hash_offset(block) == 0; }
     bool only_in(TierIndex t) const;
   };
   enum class Action { kNone, kPrefetch, kDemote, kTranscode, kEvict, kWriteThrough };
@@ -305,10 +323,11 @@ class KvStore {
   void adopt(TierIndex tier, std::vector<RecoveredItem> recovered);  // a persistent tier's items
   // Indexes one item tier t holds (REQUIRES mutex_); false if its codec is not this deployment's.
   bool adopt_item(TierIndex t, const RecoveredItem& r);
-  // How many leading chunks of a session's item (chunk i's hash hash_of(i), `token_offset` tokens
-  // dropped after its first block) match `prompt`, leaving at least one token to compute.
+  // How many leading chunks of a session's item match `prompt`, leaving at least one token to
+  // compute: the prompt hashed with `hash_offset` tokens left out after its first block, chunk i
+  // (hash hash_of(i)) compared with link i + skipped_chunks of that chain (link 0 for chunk 0).
   int64_t session_chunks_matching(std::span<const TokenId> prompt, const kv::ChunkHash& root,
-                                  int64_t token_offset, int64_t num_chunks,
+                                  int64_t hash_offset, int64_t skipped_chunks, int64_t num_chunks,
                                   const std::function<kv::ChunkHash(int64_t)>& hash_of) const;
   // find() without counting misses (REQUIRES mutex_).
   std::optional<StoreMatch> match(std::span<const TokenId> prompt, const kv::ChunkHash& root,

@@ -56,6 +56,9 @@ struct ItemRecord {
   bool exact = true;         // KV equals recomputing its tokens (indexed by content hash)
   int64_t token_offset = 0;  // conversation tokens dropped after chunk 0 (truncation)
   std::string codec;         // the item's lossy codec (store/item_codecs.h); empty: none
+  // Chunks a token-dropping codec removed after chunk 0 since the chunks' hashes were made:
+  // chunk i >= 1 carries the hash of link i + skipped_chunks of its conversation's chain.
+  int64_t skipped_chunks = 0;
 };
 
 // A stored chunk: chunk `index` of `item`, with its content hash.

@@ -281,6 +281,8 @@ TEST(ConfigSectionsTest, KvStoreOverrides) {
   // AdaptCache: a fixed codec (the static baselines), or the utility with its profile.
   ASSERT_TRUE(apply_override(config, "kv_store.fixed_codec", "kivi-2").ok());
   EXPECT_EQ(config.kv_store.adaptcache.fixed_codec, "kivi-2");
+  ASSERT_TRUE(apply_override(config, "kv_store.fixed_codec", "streaming-0.25").ok());
+  EXPECT_EQ(config.kv_store.adaptcache.fixed_codec, "streaming-0.25");
   ASSERT_TRUE(apply_override(config, "kv_store.fixed_codec", "none").ok());
   ASSERT_TRUE(apply_override(config, "kv_store.adaptcache_profile", "p.json").ok());
   ASSERT_TRUE(apply_override(config, "kv_store.adaptcache", "true").ok());
@@ -307,14 +309,18 @@ TEST(ConfigSectionsTest, KvStoreOverrides) {
        "kv_store.dram_bytes: expected a byte size (an integer, optionally followed by KiB, MiB, "
        "GiB, TiB, KB, MB, GB or TB), got 'null'"},
       {"kv_store.fixed_codec", "kivi-3",
-       "kv_store.fixed_codec must be none, kivi-8, kivi-4 or kivi-2, got 'kivi-3'"},
+       "kv_store.fixed_codec must be none, kivi-8, kivi-4, kivi-2, streaming-0.5, streaming-0.25 "
+       "or "
+       "streaming-0.1, got 'kivi-3'"},
       {"kv_store.adaptcache", "true", "kv_store.adaptcache needs kv_store.adaptcache_profile"},
       {"kv_store.adaptcache_alpha", "-1", "kv_store.adaptcache_alpha must be >= 0, got -1"},
       {"kv_store.adaptcache_half_life_seconds", "0",
        "kv_store.adaptcache_half_life_seconds must be > 0, got 0"},
-      {"kv_store.remote_address", "redis", "kv_store.remote_address must be host:port or "
+      {"kv_store.remote_address", "redis",
+       "kv_store.remote_address must be host:port or "
        "unix:/path, got 'redis'"},
-      {"kv_store.remote_timeout_ms", "0", "kv_store.remote_timeout_ms must be in [1, 60000], got 0"},
+      {"kv_store.remote_timeout_ms", "0",
+       "kv_store.remote_timeout_ms must be in [1, 60000], got 0"},
       {"kv_store.remote_bytes", "1KiB", "kv_store.remote_bytes must be >= 1MiB, got 1KiB"},
       {"kv_store.remote_password_env", "MY-PASS",
        "kv_store.remote_password_env must be an environment variable's name ([A-Za-z0-9_])"},

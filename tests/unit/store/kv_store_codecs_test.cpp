@@ -3,7 +3,10 @@
 // a fixed codec re-encodes every item in DRAM, encoded items demote, load and survive a restart
 // with their codec, a deployment without the codec leaves them out, a new turn replaces an
 // encoded item with a raw one, and AdaptCache's greedy compresses hot items in DRAM before it
-// demotes cold ones (or keeps them whole when quality is worth more than delay).
+// demotes cold ones (or keeps them whole when quality is worth more than delay) and chooses only
+// among profiled codecs. Token dropping (StreamingLLM) keeps an item's first chunk and its most
+// recent ones, found by content or session at their chain links, across a restart, and a save
+// that continues the links rolls forward.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -186,6 +189,121 @@ TEST(KvStoreCodecsTest, AdaptCacheKeepsItemsWholeWhenQualityIsWorthMore) {
   EXPECT_EQ(s.codec_items[0], 6);
   EXPECT_GT(s.tier("ssd").chunks, 0) << "what DRAM cannot hold whole went to the SSD";
   for (const auto& t : items) EXPECT_EQ(load_encoded(*store, t), 0);
+}
+
+TEST(KvStoreCodecsTest, AdaptCacheChoosesOnlyAmongProfiledCodecs) {
+  TempDir dir;
+  StoreOptions o = adaptcache_options(dir, 0.05);
+  o.codecs[0].quality = -1;  // "half" is not in the profile
+  auto store = KvStore::open(o).value();
+  for (int i = 0; i < 6; ++i) {
+    ASSERT_TRUE(save(*store, tokens(30 + i, 13)).ok());
+    store->wait_idle();
+  }
+  const StoreStats s = store->stats();
+  EXPECT_EQ(s.codec_items[1], 0);
+  EXPECT_GT(s.codec_items[2], 0);
+}
+
+// codecs[1] keeps half of an item's chunks by token dropping: chunk 0 and the most recent ones.
+StoreOptions with_streaming(StoreOptions o) {
+  o.codecs = {{.name = "streaming-0.5", .chunk_bytes = kChunkBytes, .keep_fraction = 0.5}};
+  o.transcode = [](int32_t, int32_t, std::span<const std::byte* const>,
+                   std::span<std::byte* const>) {
+    return internal_error("token dropping re-encodes nothing");
+  };
+  o.fixed_codec = 1;
+  return o;
+}
+
+// Loads the match's chunks and checks chunk i holds link i (i = 0) or i + skipped of `links`.
+void expect_links(KvStore& store, const StoreMatch& m, const std::vector<kv::ChunkHash>& links) {
+  StatusOr<StoreLease> lease = store.acquire(m.item, 0, m.num_chunks);
+  ASSERT_TRUE(lease.ok()) << lease.status().to_string();
+  for (int64_t i = 0; i < m.num_chunks; ++i) {
+    EXPECT_TRUE(holds(lease->chunks[i], links[i == 0 ? 0 : i + m.skipped_chunks])) << "chunk " << i;
+  }
+  store.release(*lease, 0);
+}
+
+TEST(KvStoreCodecsTest, TokenDroppingKeepsTheSinksAndTheWindowFoundByContent) {
+  auto store = KvStore::open(with_streaming(options(nullptr, 32))).value();
+  const std::vector<TokenId> conv = tokens(1, 41);  // 10 full blocks of 4
+  ASSERT_TRUE(save(*store, conv).ok());
+  store->wait_idle();
+  EXPECT_EQ(store->stats().transcodes, 1);
+  EXPECT_EQ(store->stats().tier("dram").chunks, 5);  // ceil(10 / 2)
+  std::optional<StoreMatch> m = store->find(conv, root(), {});
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->num_chunks, 5);
+  EXPECT_EQ(m->skipped_chunks, 5);
+  EXPECT_EQ(m->token_offset, 5 * kBlock);
+  EXPECT_FALSE(m->exact);
+  expect_links(*store, *m, chain(conv));
+  // A prompt ending at link 8 reaches links 0, 6 and 7 of the kept chunks.
+  m = store->find(std::span<const TokenId>(conv).first(33), root(), {});
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->num_chunks, 3);
+  // One that differs in a dropped block shares only the first.
+  std::vector<TokenId> other = conv;
+  other[13] = 7;
+  m = store->find(other, root(), {});
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->num_chunks, 1);
+}
+
+TEST(KvStoreCodecsTest, TokenDroppedItemsSurviveARestartAndSessionsKeepTheirOffset) {
+  TempDir dir;
+  const StoreOptions o = with_streaming(options(&dir, 32, 64));
+  const std::vector<TokenId> truncated = tokens(2, 41), exact = tokens(3, 41);
+  {
+    auto store = KvStore::open(o).value();
+    // A session's truncated history (8 tokens left out after the first block): 8 chunks, 4 kept.
+    ASSERT_TRUE(save(*store, truncated, "s", /*exact=*/false, /*offset=*/8).ok());
+    ASSERT_TRUE(save(*store, exact).ok());
+    store->wait_idle();
+    EXPECT_EQ(store->stats().transcodes, 2);
+  }  // a clean shutdown writes both to the SSD
+  auto store = KvStore::open(o).value();
+  std::optional<StoreMatch> m = store->find(truncated, root(), "s");
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->num_chunks, 4);
+  EXPECT_EQ(m->skipped_chunks, 4);
+  EXPECT_EQ(m->token_offset, 8 + 4 * kBlock);
+  expect_links(*store, *m, chain(truncated, 8));
+  EXPECT_FALSE(store->find(truncated, root(), {})) << "truncated history is found by session only";
+  m = store->find(exact, root(), {});
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->num_chunks, 5);
+  expect_links(*store, *m, chain(exact));
+}
+
+TEST(KvStoreCodecsTest, ASaveContinuingTheLinksIsFoundByContentAndDropsFurther) {
+  auto store = KvStore::open(with_streaming(options(nullptr, 64))).value();
+  const std::vector<TokenId> conv = tokens(4, 41);
+  ASSERT_TRUE(save(*store, conv).ok());
+  store->wait_idle();
+  // The next turn resumed it (20 tokens left out) and grew to 57 tokens: its blocks carry links
+  // 0 and 6..13 of the whole conversation's chain.
+  std::vector<TokenId> longer = conv;
+  for (TokenId t : tokens(5, 16)) longer.push_back(t);
+  const std::vector<kv::ChunkHash> links = chain(longer);
+  SaveRequest request{"", false, 5 * kBlock, {links[0]}, 5};
+  request.chain.insert(request.chain.end(), links.begin() + 6, links.end());
+  SaveTicket ticket = store->begin_save(request).value();
+  ASSERT_EQ(ticket.destinations.size(), 9u);
+  for (size_t i = 0; i < 9; ++i) fill(ticket.destinations[i], request.chain[i]);
+  store->commit_save(std::move(ticket), nullptr, 0);
+  store->wait_idle();
+  EXPECT_EQ(store->stats().items, 2);
+  EXPECT_EQ(store->stats().transcodes, 2);
+  longer.push_back(1);  // a token to compute after link 13
+  std::optional<StoreMatch> m = store->find(longer, root(), {});
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->num_chunks, 7);  // ceil(14 / 2)
+  EXPECT_EQ(m->skipped_chunks, 7);
+  EXPECT_EQ(m->token_offset, 7 * kBlock);
+  expect_links(*store, *m, links);
 }
 
 TEST(KvStoreCodecsTest, OptionsAreValidated) {
