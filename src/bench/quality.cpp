@@ -186,6 +186,21 @@ StatusOr<Json> run_perplexity(BenchClient& client, const std::vector<TokenId>& t
               {"windows", std::move(rows)}};
 }
 
+std::vector<QaItem> interleave_documents(std::vector<QaItem> items) {
+  std::vector<std::vector<QaItem>> documents;
+  for (QaItem& item : items) {
+    if (documents.empty() || documents.back().front().context != item.context) documents.emplace_back();
+    documents.back().push_back(std::move(item));
+  }
+  std::vector<QaItem> out;
+  for (size_t turn = 0; out.size() < items.size(); ++turn) {
+    for (std::vector<QaItem>& questions : documents) {
+      if (turn < questions.size()) out.push_back(std::move(questions[turn]));
+    }
+  }
+  return out;
+}
+
 StatusOr<QaDataset> load_longqa(const std::string& path) {
   STRATA_ASSIGN_OR_RETURN(std::string text, read_data_file(path));
   QaDataset out;
@@ -327,7 +342,7 @@ QaScore score_answer(const QaItem& item, std::string_view prediction) {
 Json longqa_metrics(const std::vector<QaItem>& items, const LoadRun& run) {
   Json rows = Json::array();
   Json errors = Json::array();
-  double f1 = 0, rouge = 0, exact = 0, prompt_len = 0, latency = 0;
+  double f1 = 0, rouge = 0, exact = 0, prompt_len = 0, latency = 0, ttft = 0;
   int64_t completed = 0, multiple_choice = 0, completed_choice = 0;
   for (size_t i = 0; i < items.size() && i < run.results.size(); ++i) {
     const QaItem& item = items[i];
@@ -335,7 +350,9 @@ Json longqa_metrics(const std::vector<QaItem>& items, const LoadRun& run) {
     Json row = {{"id", item.id},
                 {"prompt_len", r.prompt_len},
                 {"prediction", r.generated_text},
-                {"answers", item.answers}};
+                {"answers", item.answers},
+                {"ttft_ms", r.ttft_s * 1e3},
+                {"cached_prompt_tokens", r.cached_prompt_tokens ? Json(*r.cached_prompt_tokens) : Json()}};
     errors.push_back(r.error);
     multiple_choice += item.multiple_choice ? 1 : 0;
     if (r.success) {
@@ -348,6 +365,7 @@ Json longqa_metrics(const std::vector<QaItem>& items, const LoadRun& run) {
       exact += score.exact_match;
       prompt_len += static_cast<double>(r.prompt_len);
       latency += r.latency_s;
+      ttft += r.ttft_s;
       ++completed;
       completed_choice += item.multiple_choice ? 1 : 0;
     }
@@ -365,7 +383,10 @@ Json longqa_metrics(const std::vector<QaItem>& items, const LoadRun& run) {
                completed_choice > 0 ? Json(exact / static_cast<double>(completed_choice)) : Json()},
               {"mean_prompt_len", prompt_len / n},
               {"mean_latency_ms", latency / n * 1e3},
+              {"mean_ttft_ms", ttft / n * 1e3},
               {"duration_s", run.duration_s},
+              {"tier_hit_tokens", run.tier_hit_tokens ? Json(*run.tier_hit_tokens) : Json()},
+              {"store_counters", run.store_counters ? Json(*run.store_counters) : Json()},
               {"errors", std::move(errors)},
               {"items", std::move(rows)}};
 }

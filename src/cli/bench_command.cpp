@@ -95,6 +95,9 @@ Workload:
                           (default 3072)
   (ppl: --num-prompts caps the windows, default 40; longqa: the questions, default 50, in the
   file's order)
+  --interleave-documents  longqa: the documents' questions in turns (each one's first question,
+                          then each one's second, ...): a document's KV waits in the store
+                          between its questions (the long-document workload of AdaptCache)
   --ignore-eos            generate exactly the asked output length (always on for random and
                           text)
 
@@ -169,7 +172,7 @@ const std::set<std::string>& endpoint_flag_names() {
 
 const std::set<std::string>& switch_flag_names() {
   static const std::set<std::string> kNames = {"help", "ignore-eos", "save-result",
-                                               "disable-tqdm"};
+                                               "disable-tqdm", "interleave-documents"};
   return kNames;
 }
 
@@ -481,12 +484,16 @@ StatusOr<QualityWorkload> build_quality_workload(const Flags& flags, const std::
     std::fprintf(stderr, "%s: skipped %lld lines that are not JSON\n", path.c_str(),
                  static_cast<long long>(dataset.skipped_lines));
   }
+  if (flags.has("interleave-documents")) {
+    dataset.items = bench::interleave_documents(std::move(dataset.items));
+  }
   if (static_cast<int64_t>(dataset.items.size()) > num) dataset.items.resize(num);
   w.items = std::move(dataset.items);
   for (const bench::QaItem& item : w.items) {
     w.requests.push_back(bench::longqa_request(item, tok, max_input_len, max_output_len));
   }
   w.setup["max_input_len"] = max_input_len;
+  w.setup["interleave_documents"] = flags.has("interleave-documents");
   w.setup["max_output_len"] = max_output_len;
   return w;
 }

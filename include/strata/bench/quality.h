@@ -74,6 +74,12 @@ struct QaDataset {
 // JSON record in neither layout, or when no item was read.
 StatusOr<QaDataset> load_longqa(const std::string& path);
 
+// The items in turns over their documents (consecutive items sharing a context are one
+// document's questions): every document's first question, then every second one, and so on, so
+// that a document's stored KV waits in the store while the others' questions run (the
+// long-document workload of KV stores).
+std::vector<QaItem> interleave_documents(std::vector<QaItem> items);
+
 // The chat request for one item: an instruction, the document, the question. The document's
 // middle is cut (whole tokens, as LongBench does) so the prompt's content is at most
 // max_prompt_tokens tokens; max_tokens is the answer's budget.
@@ -103,8 +109,10 @@ QaScore score_answer(const QaItem& item, std::string_view prediction);
 // The answers of run_requests() over longqa_request()s of `items`, scored: {"task": "longqa",
 // "num_questions", "completed", "failed", "f1", "rouge_l" (means over completed answers),
 // "num_multiple_choice", "exact_match" (mean over those; null without any), "mean_prompt_len",
-// "mean_latency_ms", "duration_s", "errors" (one per question, "" when answered, as vLLM's),
-// "items": [{"id", "prompt_len", "prediction", "answers", "f1", "rouge_l", "exact_match"}]}.
+// "mean_latency_ms", "mean_ttft_ms", "duration_s", "tier_hit_tokens" and "store_counters" (the
+// run's, null when the client has none), "errors" (one per question, "" when answered, as
+// vLLM's), "items": [{"id", "prompt_len", "prediction", "answers", "ttft_ms",
+// "cached_prompt_tokens" (null when unknown), "f1", "rouge_l", "exact_match"}]}.
 nlohmann::json longqa_metrics(const std::vector<QaItem>& items, const LoadRun& run);
 
 }  // namespace strata::bench

@@ -156,6 +156,22 @@ TEST_F(LongQaTest, ReadsLEvalAndBambooAndSkipsLinesThatAreNotJson) {
   EXPECT_FALSE(bamboo->items[1].multiple_choice);
 }
 
+TEST(InterleaveDocumentsTest, QuestionsComeInTurnsOverTheDocuments) {
+  auto item = [](const std::string& context, const std::string& question) {
+    QaItem i;
+    i.context = context;
+    i.question = question;
+    return i;
+  };
+  const std::vector<QaItem> interleaved = interleave_documents(
+      {item("a", "a1"), item("a", "a2"), item("a", "a3"), item("b", "b1"), item("c", "c1"),
+       item("c", "c2")});
+  std::vector<std::string> order;
+  for (const QaItem& i : interleaved) order.push_back(i.question);
+  EXPECT_EQ(order, (std::vector<std::string>{"a1", "b1", "c1", "a2", "c2", "a3"}));
+  EXPECT_TRUE(interleave_documents({}).empty());
+}
+
 TEST_F(LongQaTest, BadFilesAreClearErrors) {
   EXPECT_EQ(load_longqa((dir_.path() / "missing.jsonl").string()).status().code(),
             StatusCode::kNotFound);
