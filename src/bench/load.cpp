@@ -130,10 +130,22 @@ MultiturnRun run_multiturn(BenchClient& client,
   run.duration_s = run_arrivals(
       static_cast<int64_t>(conversations.size()), options.load, "conversations",
       [&](int64_t c, Clock::time_point start) {
+        std::vector<std::string> replies;  // the model's answers so far
         for (size_t t = 0; t < conversations[c].size(); ++t) {
           if (t > 0) std::this_thread::sleep_for(think);
+          BenchRequest request = conversations[c][t];
+          if (options.echo_replies) {
+            size_t k = 0;
+            for (Message& m : request.messages) {
+              if (m.role == "assistant" && k < replies.size()) m.content = replies[k++];
+            }
+          }
           const double start_s = seconds_since(start);
-          RequestResult result = client.send(conversations[c][t], options.load.ignore_eos);
+          RequestResult result = client.send(request, options.load.ignore_eos);
+          if (options.echo_replies && result.server_prompt_tokens) {
+            result.prompt_len = *result.server_prompt_tokens;
+          }
+          replies.push_back(result.generated_text);
           result.start_s = start_s;
           const bool failed = !result.success;
           run.results[c].push_back(std::move(result));

@@ -43,6 +43,10 @@ LoadRun run_requests(BenchClient& client, const std::vector<BenchRequest>& reque
 struct MultiturnOptions {
   LoadOptions load;           // request_rate and max_concurrency count conversations
   double think_time_s = 0;    // after an answer, before the next turn is sent
+  // Later turns carry the model's own earlier answers as the assistant messages, as a chat client
+  // sends them back, instead of the dataset's recorded ones; each result's prompt_len is then
+  // the server's count of the prompt's tokens.
+  bool echo_replies = false;
 };
 
 struct MultiturnRun {

@@ -28,6 +28,7 @@ class FakeClient final : public BenchClient {
     {
       std::lock_guard lock(mutex_);
       sent_.push_back({request.prompt, Clock::now()});
+      requests_.push_back(request);
     }
     std::this_thread::sleep_for(delay_);
     --in_flight_;
@@ -37,6 +38,7 @@ class FakeClient final : public BenchClient {
     result.prompt_len = request.prompt_len;
     result.output_len = request.max_tokens;
     result.generated_text = "answer to " + request.prompt;
+    result.server_prompt_tokens = 100 + request.prompt_len;
     return result;
   }
   StatusOr<std::vector<double>> score(const std::vector<TokenId>&, int64_t) override {
@@ -48,6 +50,10 @@ class FakeClient final : public BenchClient {
     std::lock_guard lock(mutex_);
     return sent_;
   }
+  std::vector<BenchRequest> requests() const {
+    std::lock_guard lock(mutex_);
+    return requests_;
+  }
 
  private:
   const std::chrono::milliseconds delay_;
@@ -55,6 +61,7 @@ class FakeClient final : public BenchClient {
   std::atomic<int> max_in_flight_{0};
   mutable std::mutex mutex_;
   std::vector<std::pair<std::string, Clock::time_point>> sent_;
+  std::vector<BenchRequest> requests_;
 };
 
 std::vector<BenchRequest> numbered(int n) {
@@ -152,6 +159,32 @@ TEST(RunMultiturnTest, TurnsRunInOrderAfterThinkTimeAndStopAtAFailure) {
   for (size_t t = 1; t < a.size(); ++t) {
     // The previous answer (5 ms) plus the think time (30 ms).
     EXPECT_GE(std::chrono::duration<double>(a[t] - a[t - 1]).count(), 0.034);
+  }
+}
+
+TEST(RunMultiturnTest, EchoedRepliesReplaceTheRecordedAnswers) {
+  // Turn t carries the recorded answers r1..r(t-1); echoed, the model's answers to t1..t(t-1).
+  std::vector<std::vector<BenchRequest>> conversations(1);
+  std::vector<Message> history;
+  for (const char* turn : {"t1", "t2", "t3"}) {
+    history.push_back({"user", turn});
+    conversations[0].push_back({turn, history, 1, 1});
+    history.push_back({"assistant", std::string("recorded after ") + turn});
+  }
+  for (bool echo : {false, true}) {
+    FakeClient client(std::chrono::milliseconds(0));
+    MultiturnOptions options;
+    options.load.progress = false;
+    options.echo_replies = echo;
+    const MultiturnRun run = run_multiturn(client, conversations, options);
+    const std::vector<BenchRequest> sent = client.requests();
+    ASSERT_EQ(sent.size(), 3u);
+    ASSERT_EQ(sent[2].messages.size(), 5u);
+    EXPECT_EQ(sent[2].messages[0].content, "t1");
+    EXPECT_EQ(sent[2].messages[1].content, echo ? "answer to t1" : "recorded after t1");
+    EXPECT_EQ(sent[2].messages[3].content, echo ? "answer to t2" : "recorded after t2");
+    EXPECT_EQ(sent[2].messages[4].content, "t3");
+    EXPECT_EQ(run.results[0][2].prompt_len, echo ? 101 : 1) << "the server's count when echoed";
   }
 }
 
