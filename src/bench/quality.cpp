@@ -224,25 +224,38 @@ StatusOr<QaDataset> load_longqa(const std::string& path) {
   return out;
 }
 
+namespace {
+
+std::string longqa_prompt(const QaItem& item, const std::string& document) {
+  if (item.question.empty()) return document + "\nAnswer:";  // the context asks the question
+  const char* instruction =
+      item.multiple_choice
+          ? "Read the document and answer the multiple-choice question after it with the "
+            "letter of the correct option only."
+          : "Read the document and answer the question after it concisely.";
+  return std::string(instruction) + "\n\nDocument:\n" + document + "\n\nQuestion: " +
+         item.question + "\nAnswer:";
+}
+
+}  // namespace
+
+int64_t longqa_document_budget(const QaItem& item, const tokenizer::Tokenizer& tokenizer,
+                               int64_t max_prompt_tokens) {
+  const auto overhead = static_cast<int64_t>(tokenizer.encode(longqa_prompt(item, ""), false).size());
+  return std::max<int64_t>(0, max_prompt_tokens - overhead);
+}
+
 BenchRequest longqa_request(const QaItem& item, const tokenizer::Tokenizer& tokenizer,
-                            int64_t max_prompt_tokens, int64_t max_tokens) {
-  const auto render = [&](const std::string& document) {
-    if (item.question.empty()) return document + "\nAnswer:";  // the context asks the question
-    const char* instruction =
-        item.multiple_choice
-            ? "Read the document and answer the multiple-choice question after it with the "
-              "letter of the correct option only."
-            : "Read the document and answer the question after it concisely.";
-    return std::string(instruction) + "\n\nDocument:\n" + document +
-           "\n\nQuestion: " + item.question + "\nAnswer:";
-  };
+                            int64_t max_prompt_tokens, int64_t max_tokens,
+                            std::optional<int64_t> document_tokens) {
+  const auto render = [&](const std::string& document) { return longqa_prompt(item, document); };
   // Encodes the (possibly very long) document once; only prompts near the budget are encoded
   // whole.
   const std::vector<TokenId> doc = tokenizer.encode(item.context, false);
   const std::span<const TokenId> all(doc);
   const auto num_doc = static_cast<int64_t>(doc.size());
-  const int64_t overhead = static_cast<int64_t>(tokenizer.encode(render(""), false).size());
-  int64_t keep = std::min(num_doc, std::max<int64_t>(0, max_prompt_tokens - overhead));
+  int64_t keep = std::min(num_doc, document_tokens.value_or(
+                                       longqa_document_budget(item, tokenizer, max_prompt_tokens)));
   BenchRequest request;
   std::vector<TokenId> ids;
   while (true) {

@@ -10,6 +10,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
@@ -84,6 +85,9 @@ Workload:
   --max-output-len N      multiturn: cap on each turn's output tokens (default: the reply's
                           length); longqa: answer tokens at most (default 64)
   --think-time S          multiturn: seconds between an answer and the next turn (default 0)
+  --echo-replies          multiturn: later turns carry the model's own answers as the assistant
+                          messages (as chat clients send them back), not the dataset's; prompt
+                          lengths are then the server's counts
   --temperature T         default 0 (greedy)
   --context-len N         ppl: tokens per scoring window (default 1024)
   --stride N              ppl: tokens between window starts (default context-len / 2); each
@@ -96,8 +100,9 @@ Workload:
   (ppl: --num-prompts caps the windows, default 40; longqa: the questions, default 50, in the
   file's order)
   --interleave-documents  longqa: the documents' questions in turns (each one's first question,
-                          then each one's second, ...): a document's KV waits in the store
-                          between its questions (the long-document workload of AdaptCache)
+                          then each one's second, ...), each document cut once for its longest
+                          question: a document's KV waits in the store between its questions
+                          (the long-document workload of AdaptCache)
   --ignore-eos            generate exactly the asked output length (always on for random and
                           text)
 
@@ -172,7 +177,8 @@ const std::set<std::string>& endpoint_flag_names() {
 
 const std::set<std::string>& switch_flag_names() {
   static const std::set<std::string> kNames = {"help", "ignore-eos", "save-result",
-                                               "disable-tqdm", "interleave-documents"};
+                                               "disable-tqdm", "interleave-documents",
+                                               "echo-replies"};
   return kNames;
 }
 
@@ -369,8 +375,10 @@ StatusOr<Json> run_workload(const Flags& flags, bench::BenchClient& client,
     options.load = load;
     STRATA_ASSIGN_OR_RETURN(options.think_time_s, flags.get_double("think-time", 0));
     if (options.think_time_s < 0) return invalid_argument_error("--think-time must be >= 0");
+    options.echo_replies = flags.has("echo-replies");
     result = bench::multiturn_metrics(bench::run_multiturn(client, workload.conversations, options),
                                       report);
+    result["echo_replies"] = options.echo_replies;
   }
   if (Json free = freekv_delta(freekv_before, client); !free.is_null()) result["freekv"] = free;
   result["date"] = timestamp();
@@ -484,13 +492,24 @@ StatusOr<QualityWorkload> build_quality_workload(const Flags& flags, const std::
     std::fprintf(stderr, "%s: skipped %lld lines that are not JSON\n", path.c_str(),
                  static_cast<long long>(dataset.skipped_lines));
   }
-  if (flags.has("interleave-documents")) {
+  // The long-document workload: each document is cut once, for its longest question, so that
+  // its questions share it and its stored KV.
+  const bool interleave = flags.has("interleave-documents");
+  std::map<std::string, int64_t> document_tokens;
+  if (interleave) {
+    for (const bench::QaItem& item : dataset.items) {
+      const int64_t budget = bench::longqa_document_budget(item, tok, max_input_len);
+      auto [it, added] = document_tokens.try_emplace(item.context, budget);
+      if (!added) it->second = std::min(it->second, budget);
+    }
     dataset.items = bench::interleave_documents(std::move(dataset.items));
   }
   if (static_cast<int64_t>(dataset.items.size()) > num) dataset.items.resize(num);
   w.items = std::move(dataset.items);
   for (const bench::QaItem& item : w.items) {
-    w.requests.push_back(bench::longqa_request(item, tok, max_input_len, max_output_len));
+    std::optional<int64_t> cut;
+    if (interleave) cut = document_tokens.at(item.context);
+    w.requests.push_back(bench::longqa_request(item, tok, max_input_len, max_output_len, cut));
   }
   w.setup["max_input_len"] = max_input_len;
   w.setup["interleave_documents"] = flags.has("interleave-documents");

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <nlohmann/json_fwd.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -81,10 +82,15 @@ StatusOr<QaDataset> load_longqa(const std::string& path);
 std::vector<QaItem> interleave_documents(std::vector<QaItem> items);
 
 // The chat request for one item: an instruction, the document, the question. The document's
-// middle is cut (whole tokens, as LongBench does) so the prompt's content is at most
-// max_prompt_tokens tokens; max_tokens is the answer's budget.
+// middle is cut (whole tokens, as LongBench does) to `document_tokens`, by default to what
+// leaves the prompt's content at most max_prompt_tokens tokens (longqa_document_budget);
+// max_tokens is the answer's budget. A document's questions given the least of their budgets
+// share one cut document (a stored document's KV then serves all of them).
+int64_t longqa_document_budget(const QaItem& item, const tokenizer::Tokenizer& tokenizer,
+                               int64_t max_prompt_tokens);
 BenchRequest longqa_request(const QaItem& item, const tokenizer::Tokenizer& tokenizer,
-                            int64_t max_prompt_tokens, int64_t max_tokens);
+                            int64_t max_prompt_tokens, int64_t max_tokens,
+                            std::optional<int64_t> document_tokens = std::nullopt);
 
 // SQuAD's normalisation: lower case, punctuation removed, the articles a / an / the removed,
 // whitespace collapsed; the result as words.

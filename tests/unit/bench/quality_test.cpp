@@ -216,5 +216,26 @@ TEST_F(LongQaTest, LongDocumentsLoseTheirMiddleToFitTheBudget) {
       << whole.prompt;
 }
 
+TEST_F(LongQaTest, QuestionsGivenOneDocumentBudgetShareTheCutDocument) {
+  QaItem short_question, long_question;
+  for (int i = 0; i < 3000; ++i) short_question.context += "word" + std::to_string(i) + " ";
+  long_question.context = short_question.context;
+  short_question.question = "First?";
+  long_question.question = "Which of the words that this long document lists comes first of all?";
+  const int64_t budget = std::min(longqa_document_budget(short_question, *tokenizer_, 300),
+                                  longqa_document_budget(long_question, *tokenizer_, 300));
+  EXPECT_LT(longqa_document_budget(long_question, *tokenizer_, 300),
+            longqa_document_budget(short_question, *tokenizer_, 300));
+  const BenchRequest a = longqa_request(short_question, *tokenizer_, 300, 16, budget);
+  const BenchRequest b = longqa_request(long_question, *tokenizer_, 300, 16, budget);
+  const size_t end = a.prompt.find("\n\nQuestion:");
+  ASSERT_NE(end, std::string::npos);
+  EXPECT_EQ(a.prompt.substr(0, end), b.prompt.substr(0, end)) << "one cut document";
+  EXPECT_LE(b.prompt_len, 300);
+  // Each cut to its own budget, their documents differ.
+  EXPECT_NE(longqa_request(short_question, *tokenizer_, 300, 16).prompt.substr(0, end),
+            b.prompt.substr(0, end));
+}
+
 }  // namespace
 }  // namespace strata::bench
