@@ -60,6 +60,7 @@ struct RestoreCoordinator::Sequence {
   struct StoredPrefix {
     store::ItemId item = 0;
     std::vector<int64_t> chunks;
+    int64_t skipped_chunks = 0;  // the item's when matched: token dropping since renumbers chunks
   };
   std::optional<StoredPrefix> stored;
   // Its stored chunks, pinned while it waits because the executor pre-loaded their first layers.
@@ -171,7 +172,9 @@ std::optional<store::StoreMatch> RestoreCoordinator::look_up(SeqId seq,
     match = store_->find(prompt, root(sequence->info.tenant), sequence->info.session);
   }
   const int64_t block = kv_.geometry().block_size_tokens;
-  if (match && match->skipped_chunks > 0 && match->token_offset == match->skipped_chunks * block) {
+  // (More than chunk 0 matched: the prompt holds the links up to the seed's.)
+  if (match && match->num_chunks > 1 && match->skipped_chunks > 0 &&
+      match->token_offset == match->skipped_chunks * block) {
     kv::ChunkHash seed = root(sequence->info.tenant);
     for (int64_t b = 0; b <= match->skipped_chunks; ++b) {
       seed = kv::chain_hash(seed, prompt.subspan(b * block, block));
@@ -210,7 +213,7 @@ void RestoreCoordinator::attach(SeqId seq, Sequence& sequence, const store::Stor
   // j + shift.
   const int64_t shift = (sequence.dropped_tokens - stored_drop) / kv_.geometry().block_size_tokens;
   if (shift < 0 || match.num_chunks == 0) return;
-  Sequence::StoredPrefix stored{match.item, {0}};
+  Sequence::StoredPrefix stored{match.item, {0}, match.skipped_chunks};
   for (int64_t chunk = 1 + shift; chunk < match.num_chunks; ++chunk) stored.chunks.push_back(chunk);
   kv_.set_external_prefix(seq, std::ssize(stored.chunks),
                           /*exact=*/sequence.dropped_tokens == 0);
@@ -261,7 +264,8 @@ StatusOr<store::TierIndex> RestoreCoordinator::pin_load(Sequence& sequence, cons
   for (int64_t j = load.first_block + std::ssize(kv_load->chunks); j < end;) {
     int64_t run = 1;
     while (j + run < end && stored.chunks[j + run] == stored.chunks[j] + run) ++run;
-    StatusOr<store::StoreLease> lease = store_->acquire(stored.item, stored.chunks[j], run);
+    StatusOr<store::StoreLease> lease =
+        store_->acquire(stored.item, stored.chunks[j], run, stored.skipped_chunks);
     if (!lease.ok()) {
       for (const store::StoreLease& held : pinned) store_->release(held, 0);
       return lease.status();
@@ -428,8 +432,8 @@ void RestoreCoordinator::plan_preload(executor::ForwardBatch& forward) {
     // A truncated prefix (chunks not consecutive) loads as usual.
     const std::vector<int64_t>& chunks = sequence.stored->chunks;
     if (chunks.back() - chunks.front() + 1 != std::ssize(chunks) || chunks.front() != 0) return;
-    std::optional<store::StoreLease> lease =
-        store_->try_acquire_in_dram(sequence.stored->item, 0, std::ssize(chunks));
+    std::optional<store::StoreLease> lease = store_->try_acquire_in_dram(
+        sequence.stored->item, 0, std::ssize(chunks), sequence.stored->skipped_chunks);
     if (!lease) return;  // still on SSD (a prefetch may bring it) or being moved
     const int64_t block = kv_.geometry().block_size_tokens;
     const int64_t new_tokens = std::ssize(kv_.tokens(seq)) - std::ssize(chunks) * block;

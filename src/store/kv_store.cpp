@@ -215,11 +215,13 @@ std::optional<StoreMatch> KvStore::match(std::span<const TokenId> prompt,
   return std::nullopt;
 }
 
-StatusOr<StoreLease> KvStore::acquire(ItemId id, int64_t first, int64_t count) {
+StatusOr<StoreLease> KvStore::acquire(ItemId id, int64_t first, int64_t count,
+                                      int64_t skipped_chunks) {
   std::unique_lock lock(mutex_);
   idle_.wait(lock, [&] { return !items_.contains(id) || !items_.at(id).busy; });
   auto it = items_.find(id);
-  if (it == items_.end() || it->second.doomed || std::ssize(it->second.chunks) < first + count) {
+  if (it == items_.end() || it->second.doomed || std::ssize(it->second.chunks) < first + count ||
+      it->second.skipped_chunks != skipped_chunks) {
     for (TierCounters& c : counters_) ++c.misses;
     return not_found_error("KV store: conversation item " + std::to_string(id) +
                            " is no longer stored");
@@ -255,13 +257,15 @@ StatusOr<StoreLease> KvStore::acquire(ItemId id, int64_t first, int64_t count) {
   return lease;
 }
 
-std::optional<StoreLease> KvStore::try_acquire_in_dram(ItemId id, int64_t first, int64_t count) {
+std::optional<StoreLease> KvStore::try_acquire_in_dram(ItemId id, int64_t first, int64_t count,
+                                                       int64_t skipped_chunks) {
   std::scoped_lock lock(mutex_);
   auto it = items_.find(id);
   if (it == items_.end()) return std::nullopt;
   Item& item = it->second;
   // The read buffer holds raw layers: encoded items are loaded with their pass.
-  if (item.doomed || item.busy || item.codec != 0 || std::ssize(item.chunks) < first + count) {
+  if (item.doomed || item.busy || item.codec != 0 || std::ssize(item.chunks) < first + count ||
+      item.skipped_chunks != skipped_chunks) {
     return std::nullopt;
   }
   StoreLease lease{id, {}, kDramTier, item.codec, nullptr};
@@ -433,8 +437,7 @@ void KvStore::publish(const SaveTicket& ticket, double write_seconds) {
     values.emplace_back(ticket.destinations[i], static_cast<size_t>(options_.chunk_bytes));
     item.chunks.push_back({item.pending[i], 0, ticket.destinations[i]});
     set_held(item, index, kDramTier, true);
-    if (item.content_indexed(options_.block_size_tokens))
-      by_hash_[item.pending[i]] = {item.id, index};
+    if (item.content_indexed(options_.block_size_tokens)) index_chunk(item, index);
   }
   STRATA_CHECK(dram_->put(item.record(options_), ticket.reservation, keys, values).ok());
   item.pending.clear();
@@ -447,6 +450,54 @@ void KvStore::publish(const SaveTicket& ticket, double write_seconds) {
   touch(item);
   // Its session ended while the save ran: truncated history is reachable by session only.
   if (!item.content_indexed(options_.block_size_tokens) && item.session.empty()) drop_item(item.id);
+}
+
+void KvStore::index_chunk(const Item& item, int64_t index) {
+  const kv::ChunkHash& hash = item.chunks[index].hash;
+  auto [entry, added] = by_hash_.try_emplace(hash, item.id, static_cast<int32_t>(index));
+  if (added || entry->second.first == item.id) {
+    entry->second.second = static_cast<int32_t>(index);
+    return;
+  }
+  auto owner = items_.find(entry->second.first);
+  const int32_t at = entry->second.second;
+  const bool keep =
+      owner != items_.end() && !owner->second.doomed &&
+      owner->second.skipped_chunks < item.skipped_chunks && at < std::ssize(owner->second.chunks) &&
+      owner->second.chunks[at].hash == hash && owner->second.link(at) == item.link(index);
+  if (!keep) entry->second = {item.id, static_cast<int32_t>(index)};
+}
+
+void KvStore::reindex(ItemId id, std::span<const std::pair<kv::ChunkHash, int64_t>> links) {
+  std::unordered_map<kv::ChunkHash, int64_t> wanted;  // hash -> link
+  for (const auto& [hash, link] : links) {
+    auto entry = by_hash_.find(hash);
+    if (entry == by_hash_.end() || entry->second.first == id) wanted.emplace(hash, link);
+  }
+  struct Owner {
+    ItemId id = 0;
+    int32_t index = 0;
+    int64_t skipped = 0;
+  };
+  std::unordered_map<kv::ChunkHash, Owner> best;
+  for (const auto& [other_id, other] : items_) {
+    if (other.doomed || !other.content_indexed(options_.block_size_tokens)) continue;
+    for (int64_t j = 0; j < std::ssize(other.chunks); ++j) {
+      auto w = wanted.find(other.chunks[j].hash);
+      if (w == wanted.end() || other.link(j) != w->second) continue;
+      const Owner candidate{other_id, static_cast<int32_t>(j), other.skipped_chunks};
+      auto [b, added] = best.try_emplace(w->first, candidate);
+      if (!added && candidate.skipped < b->second.skipped) b->second = candidate;
+    }
+  }
+  for (const auto& [hash, link] : wanted) {
+    auto b = best.find(hash);
+    if (b == best.end()) {
+      by_hash_.erase(hash);
+    } else {
+      by_hash_[hash] = {b->second.id, b->second.index};
+    }
+  }
 }
 
 void KvStore::commit_save(SaveTicket ticket, std::function<void()> wait, double write_seconds) {

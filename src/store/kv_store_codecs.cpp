@@ -200,23 +200,18 @@ void KvStore::transcode(ItemId id, int32_t codec) {
   }
   if (dropped > 0) {
     // The middle chunks leave; the kept ones keep their hashes (chunk i >= 1 now carries link
-    // i + skipped_chunks) and their content index entries point at their new places.
-    for (int64_t i = 1; i <= dropped; ++i) {
-      auto h = by_hash_.find(now.chunks[i].hash);
-      if (h != by_hash_.end() && h->second.first == id) by_hash_.erase(h);
+    // i + skipped_chunks). Their content index entries move to their new places, or to another
+    // item carrying them with fewer chunks dropped; the dropped ones' to such an item, if any.
+    std::vector<std::pair<kv::ChunkHash, int64_t>> links;
+    for (int64_t i = 0; i < std::ssize(now.chunks); ++i) {
+      links.emplace_back(now.chunks[i].hash, now.link(i));
     }
     now.chunks.erase(now.chunks.begin() + 1, now.chunks.begin() + 1 + dropped);
     published_chunks_ -= dropped;
     now.skipped_chunks += dropped;
     now.token_offset += dropped * options_.block_size_tokens;
     now.exact = false;
-    if (now.content_indexed(options_.block_size_tokens)) {
-      for (int64_t i = 1; i < std::ssize(now.chunks); ++i) {
-        auto h = by_hash_.find(now.chunks[i].hash);
-        if (h != by_hash_.end() && h->second.first == id)
-          h->second.second = static_cast<int32_t>(i);
-      }
-    }
+    if (now.content_indexed(options_.block_size_tokens)) reindex(id, links);
   }
   std::optional<Reservation> room =
       dram_->reserve(std::vector<int64_t>(now.chunks.size(), bytes));

@@ -49,7 +49,7 @@ bool KvStore::adopt_item(TierIndex t, const RecoveredItem& r) {
       if (item.chunks[key.index].hash != key.hash) break;
     } else if (key.index == std::ssize(item.chunks)) {
       item.chunks.push_back({key.hash, 0, nullptr});
-      if (item.content_indexed(options_.block_size_tokens)) by_hash_[key.hash] = {r.id, key.index};
+      if (item.content_indexed(options_.block_size_tokens)) index_chunk(item, key.index);
       published_chunks_ += 1;
       published_items_ += item.chunks.size() == 1 ? 1 : 0;
     } else {

@@ -256,8 +256,10 @@ Status SsdTier::recover(std::vector<RecoveredItem>* recovered) {
                   file_bytes == pages_per_file_ * kIoAlignment && tag == options_.layout_tag &&
                   codec == static_cast<uint8_t>(options_.codec);
       if (!header_ok && type == kHeader) {
-        spdlog::warn("{}: written for another model, layout or codec; the SSD tier starts empty",
-                     path);
+        spdlog::warn(
+            "{}: written for another model, layout, codec or journal version; the SSD tier "
+            "starts empty",
+            path);
         break;
       }
       if (!header_ok) continue;  // records before any good header cannot be trusted

@@ -227,14 +227,17 @@ class KvStore {
                       const std::string& session);
   // Pins chunks [first, first + count) of `item`, reading those DRAM lacks from the nearest lower
   // tier now (checked against their checksums and decoded): into DRAM, or, when DRAM has no room
-  // for them, into buffers the lease owns. NOT_FOUND if the item is gone or shorter; DATA_LOSS if
-  // a chunk is corrupt or unreadable (the item is dropped and counted).
-  StatusOr<StoreLease> acquire(ItemId item, int64_t first, int64_t count);
+  // for them, into buffers the lease owns. NOT_FOUND if the item is gone or shorter, or token
+  // dropping changed its chunks since it was matched with `skipped_chunks` (StoreMatch's);
+  // DATA_LOSS if a chunk is corrupt or unreadable (the item is dropped and counted).
+  StatusOr<StoreLease> acquire(ItemId item, int64_t first, int64_t count,
+                               int64_t skipped_chunks = 0);
   // Like acquire() for raw chunks that are all in DRAM now, counted as a DRAM hit; nullopt
-  // (nothing counted) when the item is gone, being moved, encoded or shorter, or a chunk is only
-  // in a lower tier.
+  // (nothing counted) when the item is gone, changed, being moved, encoded or shorter, or a chunk
+  // is only in a lower tier.
   // Never waits or does I/O: pre-loading uses it.
-  std::optional<StoreLease> try_acquire_in_dram(ItemId item, int64_t first, int64_t count);
+  std::optional<StoreLease> try_acquire_in_dram(ItemId item, int64_t first, int64_t count,
+                                                int64_t skipped_chunks = 0);
   void release(const StoreLease& lease, double load_seconds);
 
   // Reserves DRAM for the chunks of `request.chain` not stored yet, extending the session's or
@@ -378,6 +381,14 @@ class KvStore {
   // Removes an item's copy in tier t; the item leaves the store if that was all of it.
   void drop_copy(ItemId id, TierIndex t);
   void publish(const SaveTicket& ticket, double write_seconds);  // REQUIRES mutex_
+  // Names chunk `index` of a content-indexed item in the content index, unless a live item that
+  // skipped fewer chunks carries the same hash at the same link: an exact item's chunks serve a
+  // prompt better than a token-dropped one's (REQUIRES mutex_).
+  void index_chunk(const Item& item, int64_t index);
+  // The content index entries of `links` (hash, link) that name item `id` or nothing: pointed at
+  // the live content-indexed item carrying the hash at that link with the fewest skipped chunks,
+  // or erased (after token dropping renumbered `id`'s chunks; REQUIRES mutex_).
+  void reindex(ItemId id, std::span<const std::pair<kv::ChunkHash, int64_t>> links);
   // What the policy sees of every item, for decisions about tier t.
   std::vector<ItemView> views(TierIndex t) const;
   bool usable(TierIndex t) const { return tiers_[t]->available(); }

@@ -218,7 +218,7 @@ StoreOptions with_streaming(StoreOptions o) {
 
 // Loads the match's chunks and checks chunk i holds link i (i = 0) or i + skipped of `links`.
 void expect_links(KvStore& store, const StoreMatch& m, const std::vector<kv::ChunkHash>& links) {
-  StatusOr<StoreLease> lease = store.acquire(m.item, 0, m.num_chunks);
+  StatusOr<StoreLease> lease = store.acquire(m.item, 0, m.num_chunks, m.skipped_chunks);
   ASSERT_TRUE(lease.ok()) << lease.status().to_string();
   for (int64_t i = 0; i < m.num_chunks; ++i) {
     EXPECT_TRUE(holds(lease->chunks[i], links[i == 0 ? 0 : i + m.skipped_chunks])) << "chunk " << i;
@@ -250,6 +250,27 @@ TEST(KvStoreCodecsTest, TokenDroppingKeepsTheSinksAndTheWindowFoundByContent) {
   m = store->find(other, root(), {});
   ASSERT_TRUE(m);
   EXPECT_EQ(m->num_chunks, 1);
+}
+
+TEST(KvStoreCodecsTest, AnItemSharingAPrefixStaysFoundWhenAnotherIsTokenDropped) {
+  auto store = KvStore::open(with_streaming(options(nullptr, 32))).value();
+  const std::vector<TokenId> conv = tokens(6, 41);
+  const std::span<const TokenId> head = std::span<const TokenId>(conv).first(9);
+  ASSERT_TRUE(save(*store, head).ok());  // 2 chunks: nothing to drop, it stays exact
+  store->wait_idle();
+  ASSERT_TRUE(save(*store, conv).ok());  // takes links 0 and 1 over, then drops them but 0
+  store->wait_idle();
+  std::optional<StoreMatch> m = store->find(head, root(), {});
+  ASSERT_TRUE(m);
+  EXPECT_TRUE(m->exact) << "the exact item, not the token-dropped one's first chunk";
+  EXPECT_EQ(m->num_chunks, 2);
+  EXPECT_EQ(m->skipped_chunks, 0);
+  m = store->find(conv, root(), {});
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->skipped_chunks, 5);
+  // A match made before the codec dropped chunks no longer loads.
+  EXPECT_EQ(store->acquire(m->item, 0, m->num_chunks, /*skipped_chunks=*/0).status().code(),
+            StatusCode::kNotFound);
 }
 
 TEST(KvStoreCodecsTest, TokenDroppedItemsSurviveARestartAndSessionsKeepTheirOffset) {
