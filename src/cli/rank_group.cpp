@@ -120,6 +120,13 @@ StatusOr<std::unique_ptr<RankGroup>> RankGroup::join(
 
 void RankGroup::kill_ranks() {
   for (pid_t pid : children_) kill(pid, SIGKILL);
+  remove_rendezvous_file();
+}
+
+void RankGroup::remove_rendezvous_file() {
+  if (rendezvous_file_.empty()) return;
+  std::error_code ignored;
+  std::filesystem::remove(rendezvous_file_, ignored);
 }
 
 RankGroup::~RankGroup() {
@@ -135,10 +142,7 @@ RankGroup::~RankGroup() {
     watcher_.join();
   }
   group_.reset();
-  if (!rendezvous_file_.empty()) {
-    std::error_code ignored;
-    std::filesystem::remove(rendezvous_file_, ignored);
-  }
+  remove_rendezvous_file();
 }
 
 }  // namespace strata::cli

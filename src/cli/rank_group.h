@@ -46,11 +46,13 @@ class RankGroup {
   int32_t rank() const { return group_->rank(); }
   // From now on the started ranks' exits are the orderly stop, not a failure.
   void stopping() { stopping_ = true; }
-  // Kills the started ranks at once (after a failure).
+  // Kills the started ranks at once (after a failure) and removes the rendezvous file this
+  // process created: a process that exits at once after it leaves nothing behind.
   void kill_ranks();
 
  private:
   RankGroup() = default;
+  void remove_rendezvous_file();
 
   std::unique_ptr<dist::Communicator> group_;
   std::vector<pid_t> children_;
