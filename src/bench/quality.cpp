@@ -248,7 +248,6 @@ int64_t longqa_document_budget(const QaItem& item, const tokenizer::Tokenizer& t
 BenchRequest longqa_request(const QaItem& item, const tokenizer::Tokenizer& tokenizer,
                             int64_t max_prompt_tokens, int64_t max_tokens,
                             std::optional<int64_t> document_tokens) {
-  const auto render = [&](const std::string& document) { return longqa_prompt(item, document); };
   // Encodes the (possibly very long) document once; only prompts near the budget are encoded
   // whole.
   const std::vector<TokenId> doc = tokenizer.encode(item.context, false);
@@ -260,9 +259,11 @@ BenchRequest longqa_request(const QaItem& item, const tokenizer::Tokenizer& toke
   std::vector<TokenId> ids;
   while (true) {
     // Keep the document's head and tail, whole tokens, as LongBench cuts long inputs.
-    request.prompt = keep == num_doc ? render(item.context)
-                                     : render(tokenizer.decode(all.first(keep / 2), false) +
-                                              tokenizer.decode(all.last(keep - keep / 2), false));
+    request.prompt =
+        keep == num_doc
+            ? longqa_prompt(item, item.context)
+            : longqa_prompt(item, tokenizer.decode(all.first(keep / 2), false) +
+                                      tokenizer.decode(all.last(keep - keep / 2), false));
     ids = tokenizer.encode(request.prompt, false);
     // Text re-encoded at the seams may take a token or two more: cut again until it fits.
     const int64_t excess = static_cast<int64_t>(ids.size()) - max_prompt_tokens;

@@ -570,9 +570,13 @@ class EngineTruncationTest : public ::testing::Test {
     }
     return t;
   }
-  static std::vector<TokenId> concat(std::vector<TokenId> a, const std::vector<TokenId>& b) {
-    a.insert(a.end(), b.begin(), b.end());
-    return a;
+  // The next turn's prompt: `prompt`, the first 8 tokens of its answer, then 40 new tokens.
+  static std::vector<TokenId> next_prompt(std::vector<TokenId> prompt, const Turn& answer,
+                                          uint32_t seed) {
+    prompt.insert(prompt.end(), answer.tokens.begin(), answer.tokens.begin() + 8);
+    const std::vector<TokenId> next = random_tokens(40, seed);
+    prompt.insert(prompt.end(), next.begin(), next.end());
+    return prompt;
   }
   // The prompt the engine runs: the first block, then what follows the dropped tokens.
   static std::vector<TokenId> truncated(const std::vector<TokenId>& prompt, int64_t drop) {
@@ -615,9 +619,7 @@ TEST_F(EngineTruncationTest, ASessionKeepsLoadingItsTruncatedHistory) {
   wait_for_saves(*e, 1);
   // Turn 2: 528 tokens overflow: 272 dropped after block 0. The sequence is block 0 and the
   // stored blocks 18..29 (13 blocks loaded, re-rotated), then 48 computed tokens.
-  const std::vector<TokenId> second =
-      concat(concat(first, std::vector<TokenId>(one.tokens.begin(), one.tokens.begin() + 8)),
-             random_tokens(40, 3));
+  const std::vector<TokenId> second = next_prompt(first, one, 3);
   const Turn two = run_turn(*e, second, "s");
   EXPECT_EQ(two.usage.prompt_tokens, 528);
   EXPECT_EQ(two.usage.truncated_prompt_tokens, 272);
@@ -628,9 +630,7 @@ TEST_F(EngineTruncationTest, ASessionKeepsLoadingItsTruncatedHistory) {
   // the CPU a save is published before the request's last delta).
   // Turn 3: 576 tokens; the session's KV dropped 272, the window now needs 320: block 0 and
   // the stored blocks 4..15 load.
-  const std::vector<TokenId> third =
-      concat(concat(second, std::vector<TokenId>(two.tokens.begin(), two.tokens.begin() + 8)),
-             random_tokens(40, 4));
+  const std::vector<TokenId> third = next_prompt(second, two, 4);
   const Turn three = run_turn(*e, third, "s");
   EXPECT_EQ(three.usage.truncated_prompt_tokens, 320);
   EXPECT_EQ(three.usage.loaded_prompt_tokens, 13 * 16);
@@ -669,9 +669,7 @@ TEST_F(EngineTruncationTest, ATokenDroppedConversationRunsOnItsShortenedHistoryT
   wait_for_saves(*e, 1);
   wait_for_transcodes(1);
   // Turn 2: 248 tokens; the 96 tokens of blocks 1..6 are left out, 7 blocks load.
-  const std::vector<TokenId> second =
-      concat(concat(first, std::vector<TokenId>(one.tokens.begin(), one.tokens.begin() + 8)),
-             random_tokens(40, 6));
+  const std::vector<TokenId> second = next_prompt(first, one, 6);
   const Turn two = run_turn(*e, second, "");
   EXPECT_EQ(two.usage.prompt_tokens, 248);
   EXPECT_EQ(two.usage.truncated_prompt_tokens, 96);
@@ -681,9 +679,7 @@ TEST_F(EngineTruncationTest, ATokenDroppedConversationRunsOnItsShortenedHistoryT
   // re-encoded, 8 are kept (links 0 and 9..15), 128 tokens left out in all.
   wait_for_saves(*e, 2);
   wait_for_transcodes(2);
-  const std::vector<TokenId> third =
-      concat(concat(second, std::vector<TokenId>(two.tokens.begin(), two.tokens.begin() + 8)),
-             random_tokens(40, 7));
+  const std::vector<TokenId> third = next_prompt(second, two, 7);
   const Turn three = run_turn(*e, third, "");
   EXPECT_EQ(three.usage.truncated_prompt_tokens, 128);
   EXPECT_EQ(three.usage.loaded_prompt_tokens, 8 * 16);
