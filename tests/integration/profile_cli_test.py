@@ -3,8 +3,8 @@
 prefill, the DRAM and an SSD tier (a real directory on this disk) and the KIVI codecs' decode
 cost, copies the codecs' quality from a quality profile, and leaves nothing in the tier's
 directory; the file it writes drives a deployment with AdaptCache on (`strata generate` loads
-it); without qualities the same deployment refuses the file, naming the missing codec; bad flags
-fail with exit code 2.
+it); without qualities the same deployment refuses the file, naming the missing codec, and
+one naming an unknown codec; bad flags fail with exit code 2.
 
 usage: profile_cli_test.py --binary build/bin/strata --model MODEL.gguf
 Prints "N passed, N failed" and exits non-zero on any failure.
@@ -79,6 +79,15 @@ def main():
             assert "no --qualities" in r.stderr, r.stderr
             r = generate(bare)
             assert r.returncode != 0 and "no quality for codec kivi-8" in r.stderr, r.stderr
+            # A profile naming a codec the store does not have is refused, naming it.
+            with open(measured) as f:
+                p = json.load(f)
+            p["codecs"].append({"name": "kivi-3", "quality": 0.5})
+            unknown = os.path.join(tmp, "unknown.json")
+            with open(unknown, "w") as f:
+                json.dump(p, f)
+            r = generate(unknown)
+            assert r.returncode != 0 and "unknown codec 'kivi-3'" in r.stderr, r.stderr
 
         def test_bad_flags():
             r = subprocess.run([args.binary, "profile", "--model", args.model],
