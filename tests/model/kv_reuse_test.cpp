@@ -7,14 +7,19 @@
 //     a stored history (after its first block) and loading the rest at compacted positions gives
 //     nearly the perplexity of recomputing the truncated text (TT), on WikiText-2. Loading it
 //     without re-rotation (NKVT) is far worse, which shows the check can fail.
+//   * AdaptCache's quality profile (bench/codec_quality.h): each store codec's restored history
+//     changes the answer in the order of what it keeps.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <sstream>
+#include <string>
 #include <vector>
 
+#include "strata/bench/codec_quality.h"
 #include "strata/bench/truncation.h"
 #include "strata/executor/executor.h"
 #include "strata/kv/kv_cache_manager.h"
@@ -166,6 +171,45 @@ TEST_F(KvReuseTest, TruncatedReRotatedHistoryKeepsPerplexity) {
   // (docs/results/cpu-truncation.md measures a larger model).
   EXPECT_LT(std::abs(ca - tt) / tt, 0.0075);
   EXPECT_GT(nkvt, tt * 1.5) << "keys at the wrong positions should hurt";
+}
+
+TEST_F(KvReuseTest, CodecQualityFollowsWhatEachCodecKeeps) {
+  // A 12-block WikiText-2 history and a 24-token prompt after it; 24 answer tokens.
+  const std::vector<TokenId> history = wikitext(30000, static_cast<size_t>(12 * block()));
+  const std::vector<TokenId> prompt = wikitext(60000, 24);
+  bench::CodecQualityOptions options;
+  options.answer_tokens = 24;
+  StatusOr<bench::CodecQualityResult> r =
+      bench::measure_codec_quality(*executor_, history, prompt, options);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  std::map<std::string, bench::CodecQuality> by_name;
+  for (const bench::CodecQuality& q : r->codecs) {
+    std::printf("%-15s stored %.3f dropped %3lld agreement %.3f kl %.4f\n", q.codec.c_str(),
+                q.stored_share, static_cast<long long>(q.dropped_tokens), q.agreement, q.kl);
+    by_name[q.codec] = q;
+  }
+  ASSERT_EQ(r->codecs.size(), 7u);
+  ASSERT_EQ(r->codecs[0].codec, "none");
+  // "none" is the reference: it agrees with itself, and its answer is the answer tokens scored.
+  EXPECT_EQ(by_name["none"].agreement, 1.0);
+  EXPECT_EQ(by_name["none"].kl, 0.0);
+  EXPECT_EQ(by_name["none"].answer.size(), 24u);
+  // Stored shares as the store keeps them: KIVI's encoded chunk bytes, token dropping's kept
+  // chunks of 12 (ceil(0.5 * 12) = 6, ceil(0.25 * 12) = 3, 2 at least).
+  EXPECT_NEAR(by_name["streaming-0.5"].stored_share, 6.0 / 12, 1e-9);
+  EXPECT_EQ(by_name["streaming-0.5"].dropped_tokens, 6 * block());
+  EXPECT_NEAR(by_name["streaming-0.25"].stored_share, 3.0 / 12, 1e-9);
+  EXPECT_NEAR(by_name["streaming-0.1"].stored_share, 2.0 / 12, 1e-9);
+  EXPECT_LT(by_name["kivi-2"].stored_share, by_name["kivi-4"].stored_share);
+  EXPECT_LT(by_name["kivi-4"].stored_share, by_name["kivi-8"].stored_share);
+  EXPECT_LT(by_name["kivi-8"].stored_share, 0.3);  // float32 pool: 8 bits + scales
+  // Fewer bits, fewer tokens: further from the reference distributions.
+  EXPECT_GT(by_name["kivi-8"].kl, 0.0);
+  EXPECT_LT(by_name["kivi-8"].kl, by_name["kivi-4"].kl);
+  EXPECT_LT(by_name["kivi-4"].kl, by_name["kivi-2"].kl);
+  EXPECT_LT(by_name["streaming-0.5"].kl, by_name["streaming-0.1"].kl);
+  EXPECT_GE(by_name["kivi-8"].agreement, 0.9);
+  EXPECT_LT(by_name["streaming-0.1"].agreement, 1.0);
 }
 
 }  // namespace

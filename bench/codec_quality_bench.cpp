@@ -1,0 +1,282 @@
+// AdaptCache's quality profile per task family (docs/adaptcache.md, decision 11): every store
+// codec on sampled entries of one family (include/strata/bench/codec_quality.h), one entry at a
+// time on the executor, against the uncompressed model's answers. Families:
+//   chat           ShareGPT conversations of >= 4 messages: the history is every message before
+//                  the last user message (rendered with the chat template, whole blocks), the
+//                  prompt the rest up to the assistant's turn (--min-history/--max-history);
+//   long-document  L-Eval / BAMBOO documents of >= 2 questions: the history is the part of the
+//                  first question's request (longqa_request, cut to --max-input-len) that the
+//                  document's second question shares (what a stored document serves), the prompt
+//                  the rest.
+//
+//   build/bench/codec_quality_bench --model MODEL.gguf --family chat|long-document --data FILE
+//       [--entries 20] [--answer-tokens 64] [--min-history 256] [--max-history 1536]
+//       [--max-input-len 2048] [--profile IN.json --profile-out OUT.json [--metric agreement|f1]]
+// Prints one JSON object: per entry and codec the stored share, dropped tokens, agreement, KL and
+// the answer's token F1 against the reference answer; per codec the means. With --profile, writes
+// OUT.json: IN.json with each listed codec's task_quality[family] set to the codec's mean metric.
+#include <spdlog/spdlog.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "strata/bench/codec_quality.h"
+#include "strata/bench/quality.h"
+#include "strata/bench/workload.h"
+#include "strata/executor/executor.h"
+#include "strata/model/model_source.h"
+#include "strata/tokenizer/chat_template.h"
+#include "strata/tokenizer/tokenizer.h"
+
+namespace {
+
+using Json = nlohmann::json;
+namespace bench = strata::bench;
+namespace executor = strata::executor;
+namespace tokenizer = strata::tokenizer;
+using strata::TokenId;
+
+struct Options {
+  std::string model, family, data, profile, profile_out, metric = "agreement";
+  int64_t entries = 20;
+  int64_t min_history = 256;
+  int64_t max_history = 1536;
+  int64_t max_input_len = 2048;
+  bench::CodecQualityOptions quality;
+};
+
+struct Entry {
+  std::string id;
+  std::vector<TokenId> history, prompt;
+};
+
+int fail(const strata::Status& status) {
+  std::cerr << status.to_string() << "\n";
+  return 1;
+}
+
+strata::StatusOr<std::vector<TokenId>> render(const tokenizer::ChatTemplate& chat,
+                                              const tokenizer::Tokenizer& tok,
+                                              const std::vector<bench::Message>& messages,
+                                              bool add_generation_prompt) {
+  std::vector<tokenizer::ChatMessage> m;
+  for (const bench::Message& message : messages) m.push_back({message.role, message.content});
+  STRATA_ASSIGN_OR_RETURN(tokenizer::ChatPrompt prompt, chat.render(m, add_generation_prompt));
+  return tok.encode(prompt);
+}
+
+// The entry of `full` whose first `shared` tokens a stored item serves (whole blocks).
+std::optional<Entry> entry_of(std::string id, const std::vector<TokenId>& full, int64_t shared,
+                              int64_t block) {
+  const int64_t h = std::min<int64_t>(shared, std::ssize(full) - 1) / block * block;
+  if (h < 2 * block) return std::nullopt;
+  return Entry{std::move(id), {full.begin(), full.begin() + h}, {full.begin() + h, full.end()}};
+}
+
+strata::StatusOr<std::vector<Entry>> chat_entries(const Options& o,
+                                                  const tokenizer::ChatTemplate& chat,
+                                                  const tokenizer::Tokenizer& tok, int64_t block) {
+  STRATA_ASSIGN_OR_RETURN(std::vector<bench::Conversation> conversations,
+                          bench::load_sharegpt(o.data));
+  std::vector<Entry> entries;
+  for (const bench::Conversation& c : conversations) {
+    if (std::ssize(entries) >= o.entries) break;
+    const auto& messages = c.messages;
+    if (messages.size() < 4 || messages.back().role != "assistant") continue;
+    auto history = render(chat, tok, {messages.begin(), messages.end() - 2}, false);
+    auto full = render(chat, tok, {messages.begin(), messages.end() - 1}, true);
+    if (!history.ok() || !full.ok()) continue;
+    int64_t shared = 0;
+    while (shared < std::min(std::ssize(*history), std::ssize(*full)) &&
+           (*history)[shared] == (*full)[shared]) {
+      ++shared;
+    }
+    std::optional<Entry> e = entry_of(c.id, *full, shared, block);
+    if (!e || std::ssize(e->history) < o.min_history || std::ssize(e->history) > o.max_history) {
+      continue;
+    }
+    entries.push_back(std::move(*e));
+  }
+  return entries;
+}
+
+strata::StatusOr<std::vector<Entry>> document_entries(const Options& o,
+                                                      const tokenizer::ChatTemplate& chat,
+                                                      const tokenizer::Tokenizer& tok,
+                                                      int64_t block) {
+  STRATA_ASSIGN_OR_RETURN(bench::QaDataset data, bench::load_longqa(o.data));
+  std::vector<Entry> entries;
+  const auto& items = data.items;
+  for (size_t i = 0; i + 1 < items.size() && std::ssize(entries) < o.entries; ++i) {
+    if (items[i].context != items[i + 1].context ||
+        (i > 0 && items[i - 1].context == items[i].context)) {
+      continue;  // a document's first two questions
+    }
+    const int64_t budget =
+        std::min(bench::longqa_document_budget(items[i], tok, o.max_input_len),
+                 bench::longqa_document_budget(items[i + 1], tok, o.max_input_len));
+    std::vector<std::vector<TokenId>> full;
+    for (size_t k = i; k < i + 2; ++k) {
+      const bench::BenchRequest r =
+          bench::longqa_request(items[k], tok, o.max_input_len, o.quality.answer_tokens, budget);
+      STRATA_ASSIGN_OR_RETURN(std::vector<TokenId> ids, render(chat, tok, r.messages, true));
+      full.push_back(std::move(ids));
+    }
+    int64_t shared = 0;
+    while (shared < std::min(std::ssize(full[0]), std::ssize(full[1])) &&
+           full[0][shared] == full[1][shared]) {
+      ++shared;
+    }
+    if (std::optional<Entry> e = entry_of(items[i].id, full[0], shared, block)) {
+      entries.push_back(std::move(*e));
+    }
+  }
+  return entries;
+}
+
+// Writes `in` with each codec's task_quality[family] set from `means`.
+strata::Status write_profile(const Options& o, const std::map<std::string, double>& means) {
+  std::ifstream in(o.profile);
+  if (!in) return strata::not_found_error("cannot read " + o.profile);
+  Json profile = Json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!profile.is_object() || !profile["codecs"].is_array()) {
+    return strata::invalid_argument_error(o.profile + ": not a profile (no codecs)");
+  }
+  for (Json& codec : profile["codecs"]) {
+    const auto it = means.find(codec.value("name", ""));
+    if (it != means.end()) codec["task_quality"][o.family] = std::round(it->second * 1e4) / 1e4;
+  }
+  profile["task_quality_source"][o.family] =
+      "codec_quality_bench --family " + o.family + " --data " + o.data + " --metric " + o.metric;
+  std::ofstream out(o.profile_out);
+  out << profile.dump(2) << "\n";
+  if (!out) return strata::internal_error("cannot write " + o.profile_out);
+  return strata::Status();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  spdlog::set_level(spdlog::level::warn);  // stdout carries the JSON result
+  Options o;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i], value = argv[i + 1];
+    if (flag == "--model")
+      o.model = value;
+    else if (flag == "--family")
+      o.family = value;
+    else if (flag == "--data")
+      o.data = value;
+    else if (flag == "--entries")
+      o.entries = std::stoll(value);
+    else if (flag == "--answer-tokens")
+      o.quality.answer_tokens = std::stoll(value);
+    else if (flag == "--min-history")
+      o.min_history = std::stoll(value);
+    else if (flag == "--max-history")
+      o.max_history = std::stoll(value);
+    else if (flag == "--max-input-len")
+      o.max_input_len = std::stoll(value);
+    else if (flag == "--profile")
+      o.profile = value;
+    else if (flag == "--profile-out")
+      o.profile_out = value;
+    else if (flag == "--metric")
+      o.metric = value;
+    else {
+      std::cerr << "unknown flag " << flag << "\n";
+      return 2;
+    }
+  }
+  if (o.model.empty() || o.data.empty() || (o.family != "chat" && o.family != "long-document") ||
+      (o.metric != "agreement" && o.metric != "f1") || o.profile.empty() != o.profile_out.empty()) {
+    std::cerr << "usage: codec_quality_bench --model MODEL.gguf --family chat|long-document "
+                 "--data FILE [--profile IN --profile-out OUT [--metric agreement|f1]] [flags]\n";
+    return 2;
+  }
+  auto source = strata::model::open_model_source(o.model);
+  if (!source.ok()) return fail(source.status());
+  const strata::model::GgufFile* gguf = (*source)->gguf();
+  if (gguf == nullptr)
+    return fail(strata::invalid_argument_error("codec_quality_bench reads GGUF models"));
+  auto tok = tokenizer::Tokenizer::from_gguf(*gguf);
+  if (!tok.ok()) return fail(tok.status());
+  auto text_of = [&](std::optional<TokenId> id) {
+    return id ? (*tok)->token_bytes(*id) : std::string();
+  };
+  auto chat = tokenizer::ChatTemplate::create((*tok)->chat_template_source(), std::nullopt,
+                                              text_of((*tok)->bos_id()), text_of((*tok)->eos_id()));
+  if (!chat.ok()) return fail(chat.status());
+  o.quality.eos = (*tok)->eos_id();
+  executor::ExecutorOptions options;
+  options.cache_bytes = int64_t{1} << 30;
+  auto exec = executor::Executor::create(**source, options);
+  if (!exec.ok()) return fail(exec.status());
+  const int64_t block = (*exec)->kv_geometry().block_size_tokens;
+  auto entries = o.family == "chat" ? chat_entries(o, *chat, **tok, block)
+                                    : document_entries(o, *chat, **tok, block);
+  if (!entries.ok()) return fail(entries.status());
+  if (entries->empty()) return fail(strata::not_found_error("no entry fits the length filters"));
+
+  auto text = [&](const std::vector<TokenId>& ids) {
+    return (*tok)->decode(ids, /*skip_special=*/true);
+  };
+  Json runs = Json::array();
+  std::map<std::string, std::map<std::string, double>> sums;  // codec -> metric -> sum
+  for (const Entry& e : *entries) {
+    auto r = bench::measure_codec_quality(**exec, e.history, e.prompt, o.quality);
+    if (!r.ok()) return fail(r.status());
+    const std::string reference = text(r->codecs[0].answer);
+    Json codecs = Json::object();
+    for (const bench::CodecQuality& q : r->codecs) {
+      const std::string answer = text(q.answer);
+      const double f1 = answer == reference ? 1.0 : bench::token_f1(answer, reference);
+      codecs[q.codec] = {{"stored_share", q.stored_share},
+                         {"dropped_tokens", q.dropped_tokens},
+                         {"agreement", q.agreement},
+                         {"kl", q.kl},
+                         {"f1", f1},
+                         {"answer", answer}};
+      auto& s = sums[q.codec];
+      s["stored_share"] += q.stored_share;
+      s["agreement"] += q.agreement;
+      s["kl"] += q.kl;
+      s["f1"] += f1;
+    }
+    runs.push_back({{"id", e.id},
+                    {"history_tokens", r->history_tokens},
+                    {"prompt_tokens", r->prompt_tokens},
+                    {"answer_tokens", r->codecs[0].answer.size()},
+                    {"codecs", codecs}});
+    std::fprintf(stderr, "%zu/%zu %s: history %lld, agreement kivi-2 %.3f streaming-0.25 %.3f\n",
+                 runs.size(), entries->size(), e.id.c_str(),
+                 static_cast<long long>(r->history_tokens),
+                 codecs["kivi-2"]["agreement"].get<double>(),
+                 codecs["streaming-0.25"]["agreement"].get<double>());
+  }
+  const double n = static_cast<double>(runs.size());
+  Json means = Json::object();
+  std::map<std::string, double> profile_means;
+  for (const auto& [codec, s] : sums) {
+    for (const auto& [metric, sum] : s) means[codec][metric] = sum / n;
+    profile_means[codec] = s.at(o.metric) / n;
+  }
+  std::cout << Json{{"family", o.family},
+                    {"data", o.data},
+                    {"model", o.model},
+                    {"entries", runs.size()},
+                    {"answer_tokens", o.quality.answer_tokens},
+                    {"means", means},
+                    {"runs", runs}}
+                   .dump(2)
+            << "\n";
+  if (!o.profile.empty()) {
+    if (strata::Status s = write_profile(o, profile_means); !s.ok()) return fail(s);
+  }
+  return 0;
+}
