@@ -181,7 +181,8 @@ KernelReport run_kernel_self_check(const KernelOpTable& strata, const KernelOpTa
         return pool;
       }));
 
-  // Five KV blocks in KIVI-2 (the store's most compressed codec) decoded into the pool's dtype.
+  // Five KV blocks in KIVI-2 (the store's most compressed codec) decoded into the pool's dtype,
+  // and five of the pool's dtype encoded in KIVI-4 (the store's codec on the way out).
   const kv::KvFormat kivi = kv::kivi_format(2);
   const at::Tensor packed =
       aten::pack_kv_blocks(
@@ -193,6 +194,11 @@ KernelReport run_kernel_self_check(const KernelOpTable& strata, const KernelOpTa
         return t.unpack_kv_blocks(packed, kivi, shape.num_kv_heads, shape.block_size,
                                   shape.head_dim, shape.dtype);
       }));
+  const at::Tensor raw =
+      randn({5, 2, shape.num_kv_heads, shape.block_size, shape.head_dim}, shape, gen);
+  report.ops.push_back(
+      check_op(KernelOp::kPackKvBlocks, strata, reference, 0.0,
+               [&](const KernelOpTable& t) { return t.pack_kv_blocks(raw, kv::kivi_format(4)); }));
 
   // FreeKV: 40 pages of 16 tokens, the top 8 per KV head.
   const int64_t pages = 40, p = 16, kv = shape.num_kv_heads, d = shape.head_dim;

@@ -31,6 +31,8 @@ struct KernelOpTable {
   std::function<at::Tensor(const at::Tensor& bytes, const kv::KvFormat& format, int64_t heads,
                            int64_t block_size, int64_t head_dim, at::ScalarType dtype)>
       unpack_kv_blocks;
+  // blocks [n, 2, heads, block_size, head_dim] -> bytes [n, block_bytes] of `format`.
+  std::function<at::Tensor(const at::Tensor& blocks, const kv::KvFormat& format)> pack_kv_blocks;
   // FreeKV (freekv_ops.h's contracts).
   std::function<at::Tensor(const at::Tensor& q, const at::Tensor& kmin, const at::Tensor& kmax,
                            int64_t top_k, double scale)>

@@ -320,6 +320,33 @@ at::Tensor unpack_kv_blocks(const at::Tensor& bytes, const kv::KvFormat& format,
   return blocks;
 }
 
+at::Tensor pack_kv_blocks(const at::Tensor& blocks, const kv::KvFormat& format,
+                          KernelBackend backend) {
+  TORCH_CHECK(blocks.dim() == 5 && blocks.size(1) == 2,
+              "blocks must be [n, 2, num_kv_heads, block_size, head_dim], got ", blocks.sizes());
+  const int64_t heads = blocks.size(2), block_size = blocks.size(3), head_dim = blocks.size(4);
+  for (const kv::TensorFormat& f : {format.key, format.value}) {
+    const Status valid = kv::validate(f, head_dim, block_size);
+    TORCH_CHECK(valid.ok(), valid.message());
+  }
+  auto integer = [](const kv::TensorFormat& f) {
+    return f.dtype == DType::kInt8 || f.dtype == DType::kInt4 || f.dtype == DType::kInt2;
+  };
+  const at::ScalarType dtype = blocks.scalar_type();
+  if (!use_strata(blocks, backend) || !integer(format.key) || !integer(format.value) ||
+      (dtype != at::kFloat && dtype != at::kHalf && dtype != at::kBFloat16)) {
+    return aten::pack_kv_blocks(blocks, format);
+  }
+  at::Tensor in = blocks.contiguous();
+  at::Tensor bytes =
+      at::empty({blocks.size(0), kv::block_bytes(format, heads, block_size, head_dim)},
+                blocks.options().dtype(at::kByte));
+  const c10::cuda::CUDAGuard guard(blocks.device());
+  launch_pack_kv_blocks(kv_blocks_params(in, bytes, format),
+                        c10::cuda::getCurrentCUDAStream(blocks.get_device()).stream());
+  return bytes;
+}
+
 at::Tensor freekv_select(const at::Tensor& q, const at::Tensor& kmin, const at::Tensor& kmax,
                          int64_t top_k, double scale, KernelBackend backend) {
   check_like(kmin, "kmin", q);
@@ -470,6 +497,9 @@ KernelOpTable torch_ops_table(KernelBackend backend) {
   t.unpack_kv_blocks = [backend](const at::Tensor& bytes, const kv::KvFormat& format, int64_t h,
                                  int64_t b, int64_t d, at::ScalarType dtype) {
     return unpack_kv_blocks(bytes, format, h, b, d, dtype, backend);
+  };
+  t.pack_kv_blocks = [backend](const at::Tensor& blocks, const kv::KvFormat& format) {
+    return pack_kv_blocks(blocks, format, backend);
   };
   t.freekv_select = [backend](const at::Tensor& q, const at::Tensor& kmin, const at::Tensor& kmax,
                               int64_t top_k, double scale) {

@@ -324,12 +324,19 @@ Status TorchExecutor::transcode_kv_chunks(const std::optional<kv::KvFormat>& fro
     for (int64_t i = 0; i < n; ++i) {
       std::memcpy(base + i * layers * from_bytes, in[i], static_cast<size_t>(layers * from_bytes));
     }
+    // On CUDA the codec runs on the device (Strata's pack / unpack kernels where the self-check
+    // passed them), so the host thread only copies bytes; on the CPU libtorch runs here. Encoded
+    // chunks decode to float32 on the way to another codec, as the reference does.
+    const at::Tensor work = device_.is_cuda() ? src.to(device_) : src;
     const at::Tensor blocks =
-        from ? kernels::aten::unpack_kv_blocks(src, *from, heads, block, dim)
-             : src.view(dtype_).view({n * layers, 2, heads, block, dim});
-    const at::Tensor dst = (to ? kernels::aten::pack_kv_blocks(blocks, *to)
-                               : blocks.to(dtype_).contiguous().view(at::kByte))
-                               .contiguous();
+        from ? kernels::unpack_kv_blocks(work, *from, heads, block, dim, to ? at::kFloat : dtype_,
+                                         kernel_report_.backend(KernelOp::kUnpackKvBlocks))
+             : work.view(dtype_).view({n * layers, 2, heads, block, dim});
+    const at::Tensor dst =
+        (to ? kernels::pack_kv_blocks(blocks, *to, kernel_report_.backend(KernelOp::kPackKvBlocks))
+            : blocks.to(dtype_).contiguous().view(at::kByte))
+            .cpu()
+            .contiguous();
     const auto* result = static_cast<const std::byte*>(dst.data_ptr());
     for (int64_t i = 0; i < n; ++i) {
       std::memcpy(out[i], result + i * layers * to_bytes, static_cast<size_t>(layers * to_bytes));

@@ -168,7 +168,7 @@ def main():
         # self-check has compared them with libtorch.
         ops = health["kernels"]["ops"]
         assert [o["op"] for o in ops] == ["rms_norm", "rotary", "paged_attention",
-                                          "reshape_and_cache", "unpack_kv_blocks",
+                                          "reshape_and_cache", "unpack_kv_blocks", "pack_kv_blocks",
                                           "freekv_select", "freekv_pages",
                                           "freekv_attention"], body
         assert all(o["backend"] == "strata" and o["self_check"] == "passed" for o in ops), body

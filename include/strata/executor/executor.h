@@ -154,8 +154,10 @@ class Executor {
   virtual int64_t kv_chunk_bytes() const = 0;
   // Bytes of one chunk encoded in `format` (the store's lossy codecs: KvLoad::encoding).
   virtual int64_t kv_chunk_bytes(const kv::KvFormat& format) const = 0;
-  // Re-encodes chunks between formats (nullopt: the raw chunk) in host memory, on the calling
-  // thread (the store's I/O threads): in[i] -> out[i]. INTERNAL if libtorch fails.
+  // Re-encodes chunks between formats (nullopt: the raw chunk) in host memory, called on the
+  // store's I/O threads: in[i] -> out[i]. On CUDA the chunks are encoded and decoded on the
+  // device (kernels::pack_kv_blocks / unpack_kv_blocks), on the CPU by libtorch on the calling
+  // thread. INTERNAL if libtorch fails.
   virtual Status transcode_kv_chunks(const std::optional<kv::KvFormat>& from,
                                      const std::optional<kv::KvFormat>& to,
                                      std::span<const std::byte* const> in,

@@ -13,7 +13,8 @@ namespace strata::kernels {
 
 enum class KernelBackend { kStrata, kTorch };
 
-// kUnpackKvBlocks: the KV store's encoded chunks decoded into the pool (kernels::unpack_kv_blocks).
+// kUnpackKvBlocks: the KV store's encoded chunks decoded into the pool (kernels::unpack_kv_blocks);
+// kPackKvBlocks: raw chunks encoded for the store (kernels::pack_kv_blocks).
 // kFreeKv*: FreeKV's page selection, page layout conversions (offload and recall) and decode
 // attention (docs/freekv.md).
 enum class KernelOp {
@@ -22,15 +23,16 @@ enum class KernelOp {
   kPagedAttention,
   kReshapeAndCache,
   kUnpackKvBlocks,
+  kPackKvBlocks,
   kFreeKvSelect,
   kFreeKvPages,
   kFreeKvAttention
 };
-inline constexpr int kNumKernelOps = 8;
+inline constexpr int kNumKernelOps = 9;
 inline constexpr std::array<KernelOp, kNumKernelOps> kAllKernelOps = {
     KernelOp::kRmsNorm,         KernelOp::kRotary,         KernelOp::kPagedAttention,
-    KernelOp::kReshapeAndCache, KernelOp::kUnpackKvBlocks, KernelOp::kFreeKvSelect,
-    KernelOp::kFreeKvPages,     KernelOp::kFreeKvAttention};
+    KernelOp::kReshapeAndCache, KernelOp::kUnpackKvBlocks, KernelOp::kPackKvBlocks,
+    KernelOp::kFreeKvSelect,    KernelOp::kFreeKvPages,    KernelOp::kFreeKvAttention};
 
 inline const char* kernel_op_name(KernelOp op) {
   switch (op) {
@@ -44,6 +46,8 @@ inline const char* kernel_op_name(KernelOp op) {
       return "reshape_and_cache";
     case KernelOp::kUnpackKvBlocks:
       return "unpack_kv_blocks";
+    case KernelOp::kPackKvBlocks:
+      return "pack_kv_blocks";
     case KernelOp::kFreeKvSelect:
       return "freekv_select";
     case KernelOp::kFreeKvPages:

@@ -72,6 +72,14 @@ at::Tensor unpack_kv_blocks(const at::Tensor& bytes, const kv::KvFormat& format,
                             int64_t num_kv_heads, int64_t block_size, int64_t head_dim,
                             c10::ScalarType dtype, KernelBackend backend = KernelBackend::kStrata);
 
+// The bytes [n, kv::block_bytes(format, ...)] uint8 of KV blocks [n, 2 (K, V), num_kv_heads,
+// block_size, head_dim] (kv_format_ops.h's pack_kv_blocks, bit-identical): the KV store's chunks
+// encoded by its lossy codec. On CUDA, integer formats over float32/float16/bfloat16 blocks run
+// Strata's kernel (launch_pack_kv_blocks) on the current stream; the rest, and kTorch, run
+// libtorch. Throws c10::Error on a bad shape or an invalid format.
+at::Tensor pack_kv_blocks(const at::Tensor& blocks, const kv::KvFormat& format,
+                          KernelBackend backend = KernelBackend::kStrata);
+
 // FreeKV's operations (kernels::aten's freekv_* contracts, freekv_ops.h; launchers in ops.h).
 // Every tensor on q's (or the rows', the chunks') device and dtype; items int32 and slots int64
 // on that device. On CUDA Strata's kernels run on the current stream for float16/bfloat16,

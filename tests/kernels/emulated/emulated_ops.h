@@ -63,6 +63,15 @@ inline at::Tensor emulated_unpack_kv_blocks(const at::Tensor& bytes, const kv::K
   return blocks;
 }
 
+inline at::Tensor emulated_pack_kv_blocks(const at::Tensor& blocks, const kv::KvFormat& format) {
+  at::Tensor in = blocks.contiguous();
+  at::Tensor bytes = at::full(
+      {blocks.size(0), kv::block_bytes(format, blocks.size(2), blocks.size(3), blocks.size(4))},
+      0xA5, at::TensorOptions().dtype(at::kByte));
+  launch_pack_kv_blocks(kv_blocks_params(in, bytes, format), nullptr);
+  return bytes;
+}
+
 // FreeKV: outputs and workspaces start poisoned (NaN, -1), so an element the kernel leaves
 // unwritten shows. The selection and the page scores it was made from.
 inline std::pair<at::Tensor, at::Tensor> emulated_freekv_select_scores(const at::Tensor& q,
@@ -113,8 +122,9 @@ inline at::Tensor emulated_freekv_attention(const at::Tensor& q, const at::Tenso
 
 inline KernelOpTable emulated_kernel_table() {
   return {emulated_rms_norm,          emulated_rotary,           emulated_paged_attention,
-          emulated_reshape_and_cache, emulated_unpack_kv_blocks, emulated_freekv_select,
-          emulated_freekv_offload,    emulated_freekv_recall,    emulated_freekv_attention};
+          emulated_reshape_and_cache, emulated_unpack_kv_blocks, emulated_pack_kv_blocks,
+          emulated_freekv_select,     emulated_freekv_offload,   emulated_freekv_recall,
+          emulated_freekv_attention};
 }
 
 }  // namespace strata::kernels::testing

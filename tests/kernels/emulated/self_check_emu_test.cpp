@@ -32,6 +32,7 @@ KernelOpTable libtorch_table() {
                           int64_t d, at::ScalarType dtype) {
     return aten::unpack_kv_blocks(bytes, format, h, b, d).to(dtype);
   };
+  t.pack_kv_blocks = aten::pack_kv_blocks;
   t.freekv_select = aten::freekv_select;
   t.freekv_offload = aten::freekv_offload;
   t.freekv_recall = aten::freekv_recall;
