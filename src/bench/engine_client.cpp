@@ -45,6 +45,7 @@ class EngineClient final : public BenchClient {
     generate.sampling.temperature = temperature_;
     generate.sampling.max_tokens = request.max_tokens;
     generate.sampling.ignore_eos = ignore_eos;
+    generate.kv_task = request.kv_task;
     StatusOr<std::shared_ptr<engine::RequestStream>> stream = engine_.submit(std::move(generate));
     if (!stream.ok()) {
       timing.finish(result);

@@ -48,6 +48,7 @@ class GrpcClient final : public BenchClient {
       v1::GenerateRequest generate;
       generate.set_prompt(request.prompt);
       *generate.mutable_sampling() = sampling;
+      generate.set_kv_task(request.kv_task);
       reader = stub_->Generate(&context, generate);
     } else {
       v1::ChatRequest chat;
@@ -57,6 +58,7 @@ class GrpcClient final : public BenchClient {
         message->set_content(m.content);
       }
       *chat.mutable_sampling() = sampling;
+      chat.set_kv_task(request.kv_task);
       reader = stub_->Chat(&context, chat);
     }
     v1::GenerateResponse response;

@@ -80,6 +80,7 @@ class OpenAiClient final : public BenchClient {
                  {"stream", true},
                  {"stream_options", {{"include_usage", true}}}};
     if (ignore_eos) body["ignore_eos"] = true;
+    if (!request.kv_task.empty()) body["kv_task"] = request.kv_task;
     if (chat_) {
       Json messages = Json::array();
       if (request.messages.empty()) messages.push_back({{"role", "user"}, {"content", request.prompt}});

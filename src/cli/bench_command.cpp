@@ -105,6 +105,8 @@ Workload:
                           (the long-document workload of AdaptCache)
   --ignore-eos            generate exactly the asked output length (always on for random and
                           text)
+  --kv-task NAME          Strata's kv_task on every request: the task family AdaptCache weighs
+                          its stored KV under (a family of kv_store.adaptcache_profile)
 
 Load:
   --request-rate R        arrivals per second, gamma-distributed gaps (default inf: all at once)
@@ -164,7 +166,8 @@ const std::set<std::string>& workload_flag_names() {
                                                "context-len",
                                                "stride",
                                                "decode-tokens",
-                                               "max-input-len"};
+                                               "max-input-len",
+                                               "kv-task"};
   return kNames;
 }
 
@@ -250,8 +253,11 @@ StatusOr<bench::LoadOptions> load_options(const Flags& flags) {
   return options;
 }
 
-StatusOr<Workload> build_workload(const Flags& flags, bool multiturn,
-                                  const tokenizer::Tokenizer& tok) {
+namespace {
+
+// The requests of build_workload, before their kv_task.
+StatusOr<Workload> sample_workload(const Flags& flags, bool multiturn,
+                                   const tokenizer::Tokenizer& tok) {
   Workload workload;
   STRATA_ASSIGN_OR_RETURN(int64_t num, flags.get_int("num-prompts", multiturn ? 100 : 1000));
   if (num < 1) return invalid_argument_error("--num-prompts must be >= 1");
@@ -318,6 +324,19 @@ StatusOr<Workload> build_workload(const Flags& flags, bool multiturn,
   for (int64_t i = 0; i < num; ++i) {
     workload.conversations.push_back(
         bench::conversation_turns(conversations[order[i]], tok, max_turns, max_output_len));
+  }
+  return workload;
+}
+
+}  // namespace
+
+StatusOr<Workload> build_workload(const Flags& flags, bool multiturn,
+                                  const tokenizer::Tokenizer& tok) {
+  STRATA_ASSIGN_OR_RETURN(Workload workload, sample_workload(flags, multiturn, tok));
+  const std::string task = flags.get("kv-task", "");
+  for (bench::BenchRequest& r : workload.requests) r.kv_task = task;
+  for (std::vector<bench::BenchRequest>& turns : workload.conversations) {
+    for (bench::BenchRequest& r : turns) r.kv_task = task;
   }
   return workload;
 }
@@ -510,6 +529,7 @@ StatusOr<QualityWorkload> build_quality_workload(const Flags& flags, const std::
     std::optional<int64_t> cut;
     if (interleave) cut = document_tokens.at(item.context);
     w.requests.push_back(bench::longqa_request(item, tok, max_input_len, max_output_len, cut));
+    w.requests.back().kv_task = flags.get("kv-task", "");
   }
   w.setup["max_input_len"] = max_input_len;
   w.setup["interleave_documents"] = flags.has("interleave-documents");

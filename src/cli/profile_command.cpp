@@ -51,7 +51,8 @@ AdaptCache chooses among the codecs the profile lists.
 
   --model PATH            GGUF file or HF model directory
   --output FILE           the profile to write (JSON)
-  --qualities FILE        a profile whose codecs carry a "quality"
+  --qualities FILE        a profile whose codecs carry a "quality" (and a "task_quality" per
+                          task family: build/bench/codec_quality_bench writes them)
   --prefill-tokens N      prompt length of the prefill measurement (default 1024)
   --copy-mib N            DRAM copy size (default 256)
   --ssd-mib N             file size of each SSD tier's measurement (default 256)
@@ -236,7 +237,8 @@ StatusOr<double> decode_seconds_per_byte(const executor::Executor& executor,
   return best / static_cast<double>(kChunks * raw);
 }
 
-// The "quality" of each codec of a quality profile, by name.
+// The "quality" (and "task_quality", per task family, where given) of each codec of a quality
+// profile, by name.
 StatusOr<nlohmann::json> read_qualities(const std::string& path) {
   std::ifstream in(path);
   if (!in) return not_found_error("--qualities: cannot read " + path);
@@ -248,7 +250,9 @@ StatusOr<nlohmann::json> read_qualities(const std::string& path) {
   for (const nlohmann::json& c : j["codecs"]) {
     if (c.is_object() && c.contains("name") && c["name"].is_string() && c.contains("quality") &&
         c["quality"].is_number()) {
-      qualities[c["name"].get<std::string>()] = c["quality"];
+      nlohmann::json& q = qualities[c["name"].get<std::string>()];
+      q["quality"] = c["quality"];
+      if (c.contains("task_quality")) q["task_quality"] = c["task_quality"];
     }
   }
   return qualities;
@@ -322,7 +326,7 @@ Status profile(const std::vector<std::string>& args) {
     STRATA_ASSIGN_OR_RETURN(double decode,
                             decode_seconds_per_byte(executor, kv::kivi_format(bits)));
     nlohmann::json codec = {{"name", name}, {"decode_seconds_per_byte", decode}};
-    if (qualities.contains(name)) codec["quality"] = qualities[name];
+    if (qualities.contains(name)) codec.update(qualities[name]);
     std::fprintf(stderr, "%s: decode %.3g ns per raw byte\n", name.c_str(), decode * 1e9);
     out["codecs"].push_back(codec);
   }
@@ -330,8 +334,9 @@ Status profile(const std::vector<std::string>& args) {
   for (const store::KnownItemCodec& known : store::kItemCodecs) {
     const std::string name(known.name);
     if (known.keep_fraction < 1 && qualities.contains(name)) {
-      out["codecs"].push_back(
-          {{"name", name}, {"decode_seconds_per_byte", 0.0}, {"quality", qualities[name]}});
+      nlohmann::json codec = {{"name", name}, {"decode_seconds_per_byte", 0.0}};
+      codec.update(qualities[name]);
+      out["codecs"].push_back(codec);
     }
   }
   if (!flags.has("qualities")) {

@@ -170,6 +170,7 @@ StatusOr<std::vector<std::shared_ptr<RequestStream>>> Engine::submit_parallel(
                                   std::to_string(config.max_context_tokens) +
                                   " to be scored (it would be truncated)");
   }
+  if (restore_) STRATA_RETURN_IF_ERROR(restore_->task_index(request.kv_task).status());
   const Clock::time_point submitted = Clock::now();
   if (restore_) {
     // A request the queue refuses now does no remote I/O (checked again below).
@@ -307,7 +308,9 @@ void Engine::admit(std::vector<Submission> submissions) {
     if (scores_prompt) active->prompt_logprobs.resize(std::max<size_t>(prompt.size(), 1) - 1);
     std::optional<store::StoreMatch> match;
     if (restore_) {
-      match = restore_->look_up(seq, prompt, {request.tenant, request.session, scores_prompt});
+      const StatusOr<int32_t> task = restore_->task_index(request.kv_task);  // checked by submit
+      match = restore_->look_up(
+          seq, prompt, {request.tenant, request.session, scores_prompt, task.ok() ? *task : 0});
     }
     const int64_t drop = tokens_to_drop(prompt, match);
     if (drop > 0) {

@@ -48,6 +48,24 @@ Status read_profile(const std::string& path, store::StoreOptions* options) {
     }
     codec->quality = c["quality"].get<double>();
     codec->decode_seconds_per_byte = c.value("decode_seconds_per_byte", 0.0);
+    // Quality per task family: {"chat": 0.93, "long-document": 0.71}. Every listed codec gives
+    // the same families (the first one names them).
+    const nlohmann::json none = nlohmann::json::object();
+    const nlohmann::json& by_task = c.contains("task_quality") ? c["task_quality"] : none;
+    if (!by_task.is_object()) return bad("codec " + name + ": task_quality must be an object");
+    if (&c == &j["codecs"].front()) {
+      for (const auto& [task, q] : by_task.items()) ac.tasks.push_back(task);
+    }
+    if (by_task.size() != ac.tasks.size()) {
+      return bad("codec " + name + " has quality for " + std::to_string(by_task.size()) +
+                 " task families, the first codec for " + std::to_string(ac.tasks.size()));
+    }
+    for (const std::string& task : ac.tasks) {
+      if (!by_task.contains(task) || !by_task[task].is_number()) {
+        return bad("codec " + name + " has no quality for task family '" + task + "'");
+      }
+      codec->task_quality.push_back(by_task[task].get<double>());
+    }
   }
   return Status();
 }
@@ -67,7 +85,8 @@ StatusOr<std::vector<std::optional<kv::KvFormat>>> configure_item_codecs(
     options->codecs.push_back(
         {.name = std::string(known.name),
          .chunk_bytes = format ? executor.kv_chunk_bytes(*format) : executor.kv_chunk_bytes(),
-         .keep_fraction = known.keep_fraction});
+         .keep_fraction = known.keep_fraction,
+         .task_quality = {}});
   }
   if (!config.enabled) {
     for (size_t i = 0; i < options->codecs.size(); ++i) {

@@ -150,6 +150,18 @@ LoadedPrefix RestoreCoordinator::stored_prefix(std::span<const TokenId> prompt,
   return out;
 }
 
+StatusOr<int32_t> RestoreCoordinator::task_index(std::string_view family) const {
+  const store::AdaptCacheOptions& ac = store_->options().adaptcache;
+  if (!ac.enabled) return 0;
+  const int32_t task = ac.task_index(family);
+  if (task >= 0) return task;
+  std::string listed;
+  for (const std::string& t : ac.tasks) listed += (listed.empty() ? "" : ", ") + t;
+  return invalid_argument_error("kv_task: '" + std::string(family) +
+                                "' is not a task family of the AdaptCache profile (" +
+                                (listed.empty() ? std::string("it lists none") : listed) + ")");
+}
+
 bool RestoreCoordinator::end_session(const std::string& session) {
   return !session.empty() && store_->erase_session(store_session_key(session));
 }
@@ -200,7 +212,7 @@ void RestoreCoordinator::admitted(SeqId seq, int64_t dropped_tokens,
 void RestoreCoordinator::forked(SeqId parent, SeqId child) {
   const Sequence& from = *sequences_.at(parent);
   auto sequence = std::make_unique<Sequence>();
-  sequence->info = {from.info.tenant, /*session=*/{}, from.info.scores_prompt};
+  sequence->info = {from.info.tenant, /*session=*/{}, from.info.scores_prompt, from.info.task};
   sequence->lookup_at = store_->num_publications();
   sequence->dropped_tokens = from.dropped_tokens;
   sequence->links = from.links;
@@ -392,7 +404,7 @@ void RestoreCoordinator::plan_saves(executor::ForwardBatch& forward) {
       hash_up_to(saving.chain, std::ssize(tokens) / block);
       StatusOr<store::SaveTicket> ticket = store_->begin_save(
           {sequence.info.session, sequence.dropped_tokens == 0, sequence.dropped_tokens,
-           saving.chain, sequence.links ? sequence.links->skipped_chunks : 0});
+           saving.chain, sequence.links ? sequence.links->skipped_chunks : 0, sequence.info.task});
       if (ticket.ok()) {
         saving.ticket = *std::move(ticket);
       } else {

@@ -168,6 +168,7 @@ class GenerationService final : public pb::Generation::Service {
     r.sampling = to_sampling(request->sampling(), sampling_defaults_);
     r.priority = request->priority();
     if (request->has_compress_kv()) r.compress_kv = request->compress_kv();
+    r.kv_task = request->kv_task();
     std::string unused;
     return stream(context, std::move(r), tenant, "", writer, &unused);
   }
@@ -229,6 +230,7 @@ class GenerationService final : public pb::Generation::Service {
     r.sampling = to_sampling(request->sampling(), sampling_defaults_);
     r.priority = request->priority();
     if (request->has_compress_kv()) r.compress_kv = request->compress_kv();
+    r.kv_task = request->kv_task();
     if (in_session) r.session = session_key(tenant, request->session_id());
     std::string reply;
     grpc::Status status =

@@ -344,6 +344,7 @@ class Service {
     }
     request.tenant = tenant_salt(bearer_key(req), parsed->user);
     request.compress_kv = parsed->compress_kv;
+    request.kv_task = parsed->kv_task;
     openai::ResponseBuilder::Options response_options;
     response_options.endpoint = endpoint;
     response_options.id = random_request_id(chat ? "chatcmpl-" : "cmpl-");

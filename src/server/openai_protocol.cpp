@@ -51,6 +51,7 @@ const std::set<std::string>& known_fields(Endpoint endpoint) {
                                               "user",
                                               "ignore_eos",
                                               "compress_kv",
+                                              "kv_task",
                                               "logit_bias",
                                               "tools",
                                               "tool_choice",
@@ -80,6 +81,7 @@ const std::set<std::string>& known_fields(Endpoint endpoint) {
                                                      "user",
                                                      "ignore_eos",
                                                      "compress_kv",
+                                                     "kv_task",
                                                      "logit_bias",
                                                      "echo",
                                                      "best_of",
@@ -359,6 +361,8 @@ StatusOr<ParsedRequest> parse_request(Endpoint endpoint, std::string_view body, 
 
   STRATA_ASSIGN_OR_RETURN(std::optional<bool> compress_kv, bool_field(root, "compress_kv"));
   out.compress_kv = compress_kv.value_or(true);
+  STRATA_ASSIGN_OR_RETURN(std::optional<std::string> kv_task, string_field(root, "kv_task"));
+  out.kv_task = kv_task.value_or("");
   STRATA_ASSIGN_OR_RETURN(std::optional<bool> stream, bool_field(root, "stream"));
   out.stream = stream.value_or(false);
   if (const Json* options = find_field(root, "stream_options")) {

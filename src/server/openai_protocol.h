@@ -68,6 +68,7 @@ struct ParsedRequest {
   bool echo = false;
   std::string user;            // the tenant for prefix-cache isolation; may be empty
   bool compress_kv = true;     // Strata's extension: false keeps the request's KV uncompressed
+  std::string kv_task;         // Strata's extension: the task family of its stored KV (AdaptCache)
 };
 
 // Parses and validates a request body, sampling parameters included (against `vocab_size`).

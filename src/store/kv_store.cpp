@@ -36,7 +36,8 @@ KvStore::KvStore(const StoreOptions& options) : options_(options) {
 
 StatusOr<std::unique_ptr<KvStore>> KvStore::open(const StoreOptions& options) {
   StoreOptions with_none = options;
-  with_none.codecs.insert(with_none.codecs.begin(), {"none", options.chunk_bytes, 1.0, 0.0});
+  with_none.codecs.insert(with_none.codecs.begin(),
+                          {.name = "none", .chunk_bytes = options.chunk_bytes, .task_quality = {}});
   STRATA_RETURN_IF_ERROR(with_none.validate());
   std::unique_ptr<KvStore> store(new KvStore(with_none));
   STRATA_RETURN_IF_ERROR(store->start());
@@ -386,6 +387,7 @@ StatusOr<SaveTicket> KvStore::begin_save(const SaveRequest& request) {
     target->session = request.session;
     by_session_[request.session] = target->id;
   }
+  if (request.task != 0) target->task = request.task;  // the latest request's family
   target->pending.assign(request.chain.begin() + first, request.chain.begin() + first + count);
   touch(*target);
   const std::vector<int64_t> sizes(static_cast<size_t>(count), options_.chunk_bytes);

@@ -60,9 +60,17 @@ adaptcache::Profile KvStore::make_adaptcache_profile() const {
                                   static_cast<double>(options_.chunk_bytes),
                               c.decode_seconds_per_byte});
   }
+  // Task 0 is an item of no family (the codecs' quality), task t + 1 adaptcache.tasks[t].
   profile.tasks = {"default"};
-  profile.quality.emplace_back();
-  for (const ItemCodec& c : options_.codecs) profile.quality[0].push_back(std::max(0.0, c.quality));
+  profile.tasks.insert(profile.tasks.end(), ac.tasks.begin(), ac.tasks.end());
+  for (size_t t = 0; t < profile.tasks.size(); ++t) {
+    std::vector<double>& row = profile.quality.emplace_back();
+    for (const ItemCodec& c : options_.codecs) {
+      // Codecs the profile leaves out are never options; their quality is not read.
+      const double q = t == 0 || c.task_quality.empty() ? c.quality : c.task_quality[t - 1];
+      row.push_back(std::clamp(q, 0.0, 1.0));
+    }
+  }
   profile.alpha = ac.alpha;
   return profile;
 }
@@ -112,6 +120,7 @@ KvStore::Decision KvStore::codec_decision() {
       e.codec_bytes.push_back(offered ? chunks * dram_->footprint(codec.chunk_bytes) : -1);
     }
     e.frequency = adaptcache::uses_per_second(item.reuse, now, options_.adaptcache.half_life_seconds);
+    e.task = item.task;
     e.prefill_seconds = static_cast<double>(n * options_.block_size_tokens) *
                         options_.adaptcache.prefill_seconds_per_token;
     e.current.codec = item.codec;

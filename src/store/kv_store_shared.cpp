@@ -36,6 +36,8 @@ bool KvStore::adopt_item(TierIndex t, const RecoveredItem& r) {
     item.exact = r.attributes.exact;
     item.token_offset = r.attributes.token_offset;
     item.skipped_chunks = r.attributes.skipped_chunks;
+    // A family this deployment's profile does not list (or none) weighs the default quality.
+    item.task = std::max(0, options_.adaptcache.task_index(r.attributes.task));
     item.codec = static_cast<int32_t>(codec - options_.codecs.begin());
     ++stats_.codec_items[item.codec];
     item.stored_at = item.last_access = ++clock_;

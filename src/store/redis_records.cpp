@@ -101,7 +101,13 @@ std::optional<RecoveredItem> parse_session_record(std::string_view text, const s
     return std::nullopt;
   }
   RecoveredItem item;
-  item.attributes = {session, exact == 1, offset, codec == "none" ? std::string() : codec};
+  // Shared records carry no task family: another replica's item weighs the default quality.
+  item.attributes = {.session = session,
+                     .exact = exact == 1,
+                     .token_offset = offset,
+                     .codec = codec == "none" ? std::string() : codec,
+                     .skipped_chunks = 0,
+                     .task = {}};
   for (int64_t i = 0; i < n; ++i) {
     kv::ChunkHash h;
     if (!(in >> word) || !parse_hash(word, &h)) return std::nullopt;

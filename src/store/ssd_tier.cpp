@@ -12,8 +12,8 @@ namespace {
 
 constexpr uint64_t kMagic = 0x564b415441525453ULL;  // "STRATAKV"
 // 2: variable-size values in extents, a codec; 3: item codecs, records with a sync word;
-// 4: items' skipped chunks (token dropping).
-constexpr uint32_t kVersion = 4;
+// 4: items' skipped chunks (token dropping); 5: items' task family.
+constexpr uint32_t kVersion = 5;
 constexpr uint32_t kSync = 0x4b565453;  // "STVK": where a record starts
 enum RecordType : uint32_t { kHeader = 1, kPut = 2, kDrop = 3 };
 // [u32 sync][u32 payload bytes][u32 type] payload [u64 XXH3-64 of size, type and payload]
@@ -112,6 +112,7 @@ void encode_put(const PutRecord& r, std::vector<std::byte>& out) {
   w.put_string(r.item.session);
   w.put_string(r.item.codec);
   w.put<int64_t>(r.item.skipped_chunks);
+  w.put_string(r.item.task);
   w.finish(kPut, out);
 }
 
@@ -130,7 +131,7 @@ bool decode_put(Reader& p, PutRecord* r) {
   }
   if (!(p.get(&exact) && p.get(&r->item.token_offset) && p.get_string(&r->item.session) &&
         p.get_string(&r->item.codec) && p.get(&r->item.skipped_chunks) &&
-        r->item.skipped_chunks >= 0)) {
+        r->item.skipped_chunks >= 0 && p.get_string(&r->item.task))) {
     return false;
   }
   r->item.exact = exact != 0;

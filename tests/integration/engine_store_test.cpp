@@ -424,10 +424,13 @@ double mean_logprob_error(const Turn& recompute, const Turn& resumed) {
   return n == 0 ? 1e9 : sum / static_cast<double>(n);
 }
 
-Turn resumed_with_codec(const std::string& codec, const std::string& ssd_dir, bool restart) {
+Turn resumed_with_codec(const std::string& codec, const std::string& ssd_dir, bool restart,
+                        executor::Device device = {}) {
   store::StoreConfig store = store_options(ssd_dir);
   store.adaptcache.fixed_codec = codec;
-  std::unique_ptr<Engine> engine = make_engine(options_with(store, false));
+  EngineOptions options = options_with(store, false);
+  options.executor.device = device;
+  std::unique_ptr<Engine> engine = make_engine(options);
   EXPECT_TRUE(engine);
   if (!engine) return {};
   EngineStoreTest::run_first_turn(*engine, "conversation");
@@ -440,7 +443,7 @@ Turn resumed_with_codec(const std::string& codec, const std::string& ssd_dir, bo
   EXPECT_EQ(stats.codec_items[0], 0) << "the item is encoded";
   if (restart) {
     engine.reset();  // a clean shutdown writes the encoded item to SSD
-    engine = make_engine(options_with(store, false));
+    engine = make_engine(options);
   }
   const Turn second = run_turn(*engine, EngineStoreTest::second_prompt(), "conversation");
   EXPECT_EQ(second.usage.loaded_prompt_tokens, EngineStoreTest::kStoredTokens);
@@ -457,6 +460,75 @@ TEST_F(EngineStoreTest, ResumedTurnsFromKiviChunksLoseQualityInTheOrderOfTheirBi
   const double after_restart =
       mean_logprob_error(*recomputed_second_, resumed_with_codec("kivi-8", dir.file("kv"), true));
   EXPECT_NEAR(after_restart, kivi8, 1e-6) << "the SSD served other bytes than DRAM did";
+}
+
+// On CUDA the chunks are encoded (pack_kv_blocks, started by the store's I/O thread) and decoded
+// (unpack_kv_blocks) on the device: the same bounds and order as on the CPU, against the CPU's
+// recomputed turn (float32 both).
+TEST_F(EngineStoreTest, OnCudaResumedTurnsFromKiviChunksLoseQualityInTheOrderOfTheirBits) {
+  EngineOptions cuda = options_with(std::nullopt, false);
+  cuda.executor.device = executor::Device{executor::DeviceKind::kCuda, 0};
+  StatusOr<std::unique_ptr<Engine>> probe = try_make_engine(cuda);
+  if (probe.status().code() == StatusCode::kFailedPrecondition) {
+    GTEST_SKIP() << "no CUDA device: " << probe.status().message();
+  }
+  ASSERT_TRUE(probe.ok()) << probe.status().to_string();
+  for (const kernels::OpCheck& c : (*probe)->executor().kernel_report().ops) {
+    EXPECT_EQ(c.result, kernels::SelfCheckResult::kPassed) << kernels::kernel_op_name(c.op);
+  }
+  probe->reset();
+  const double kivi8 = mean_logprob_error(
+      *recomputed_second_, resumed_with_codec("kivi-8", "", false, cuda.executor.device));
+  const double kivi2 = mean_logprob_error(
+      *recomputed_second_, resumed_with_codec("kivi-2", "", false, cuda.executor.device));
+  EXPECT_LT(kivi8, 0.05);
+  EXPECT_GT(kivi2, kivi8);
+}
+
+// A request names the task family its stored KV is weighed under (kv_task): one the profile
+// lists is served, any other refused naming the families; a profile whose codecs do not all give
+// the same families is refused at start-up, naming the codec.
+TEST_F(EngineStoreTest, RequestsNameATaskFamilyOfTheAdaptCacheProfile) {
+  test_util::TempDir dir;
+  auto write_profile = [&](const std::string& name, const std::string& kivi2_tasks) {
+    std::ofstream(dir.file(name)) << R"({"prefill_seconds_per_token": 0.002,
+                "tiers": [{"name": "dram", "bandwidth": 1e10}],
+                "codecs": [{"name": "kivi-8", "quality": 0.9,
+                            "task_quality": {"chat": 0.95, "long-document": 0.8}},
+                           {"name": "kivi-2", "quality": 0.5, "task_quality": )"
+                                  << kivi2_tasks << "}]}";
+    return dir.file(name);
+  };
+  store::StoreConfig store = store_options("");
+  store.adaptcache.enabled = true;
+  store.adaptcache.profile = write_profile("good.json", R"({"chat": 0.7, "long-document": 0.2})");
+  std::unique_ptr<Engine> engine = make_engine(options_with(store, false));
+  ASSERT_TRUE(engine);
+  GenerateRequest request;
+  request.prompt_token_ids = *history_;
+  request.sampling.max_tokens = 2;
+  request.kv_task = "long-document";
+  StatusOr<std::shared_ptr<RequestStream>> stream = engine->submit(request);
+  ASSERT_TRUE(stream.ok()) << stream.status().to_string();
+  while ((*stream)->next()) {
+  }
+  request.kv_task = "code";
+  stream = engine->submit(request);
+  ASSERT_FALSE(stream.ok());
+  EXPECT_EQ(stream.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(stream.status().message().find("'code' is not a task family of the AdaptCache "
+                                           "profile (chat, long-document)"),
+            std::string::npos)
+      << stream.status().message();
+  engine.reset();
+
+  store.adaptcache.profile = write_profile("uneven.json", R"({"chat": 0.7})");
+  StatusOr<std::unique_ptr<Engine>> uneven = try_make_engine(options_with(store, false));
+  ASSERT_FALSE(uneven.ok());
+  EXPECT_NE(uneven.status().message().find("codec kivi-2 has quality for 1 task families, the "
+                                           "first codec for 2"),
+            std::string::npos)
+      << uneven.status().message();
 }
 
 // Cached KV is keyed by the model's content: a copy of the model file elsewhere finds the KV the

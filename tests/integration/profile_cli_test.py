@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """End-to-end test of `strata profile` (docs/adaptcache.md): it measures the default model's
 prefill, the DRAM and an SSD tier (a real directory on this disk) and the KIVI codecs' decode
-cost, copies the codecs' quality from a quality profile, and leaves nothing in the tier's
-directory; the file it writes drives a deployment with AdaptCache on (`strata generate` loads
-it); without qualities the same deployment refuses the file, naming the missing codec, and
-one naming an unknown codec; bad flags fail with exit code 2.
+cost, copies the codecs' quality (and quality per task family) from a quality profile, and leaves
+nothing in the tier's directory; the file it writes drives a deployment with AdaptCache on
+(`strata generate` loads it); without qualities the same deployment refuses the file, naming the
+missing codec, and one naming an unknown codec; bad flags fail with exit code 2.
 
 usage: profile_cli_test.py --binary build/bin/strata --model MODEL.gguf
 Prints "N passed, N failed" and exits non-zero on any failure.
@@ -29,9 +29,12 @@ def main():
         ssd = os.path.join(tmp, "ssd")
         qualities = os.path.join(tmp, "qualities.json")
         with open(qualities, "w") as f:
-            json.dump({"codecs": [{"name": "kivi-8", "quality": 0.9},
-                                  {"name": "kivi-4", "quality": 0.7},
-                                  {"name": "kivi-2", "quality": 0.3}]}, f)
+            json.dump({"codecs": [{"name": "kivi-8", "quality": 0.9,
+                                   "task_quality": {"chat": 0.95, "long-document": 0.85}},
+                                  {"name": "kivi-4", "quality": 0.7,
+                                   "task_quality": {"chat": 0.8, "long-document": 0.6}},
+                                  {"name": "kivi-2", "quality": 0.3,
+                                   "task_quality": {"chat": 0.4, "long-document": 0.1}}]}, f)
         measured = os.path.join(tmp, "profile.json")
         bare = os.path.join(tmp, "bare.json")
 
@@ -63,9 +66,10 @@ def main():
                 assert t["bandwidth"] > 1e6, t  # more than a MB/s
             assert 0 < p["tiers"][1]["latency_seconds"] < 1, p["tiers"][1]
             assert [c["name"] for c in p["codecs"]] == ["kivi-8", "kivi-4", "kivi-2"], p
-            for c, q in zip(p["codecs"], (0.9, 0.7, 0.3)):
+            for c, q, d in zip(p["codecs"], (0.9, 0.7, 0.3), (0.85, 0.6, 0.1)):
                 assert 0 < c["decode_seconds_per_byte"] < 1e-6, c
                 assert c["quality"] == q, c
+                assert c["task_quality"]["long-document"] == d, c
             assert p["device"] == "cpu" and p["source"].startswith("strata profile"), p
             assert os.listdir(ssd) == [], os.listdir(ssd)  # its measurement file removed
 

@@ -30,6 +30,8 @@ struct BenchRequest {
   std::vector<Message> messages;
   int64_t prompt_len = 0;  // tokens of the prompt (the chat messages' contents, untemplated)
   int64_t max_tokens = 0;  // output tokens asked for
+  // Strata's kv_task extension (the AdaptCache task family of its stored KV); empty: not sent.
+  std::string kv_task;
 };
 
 // A conversation of the data set: an optional system message, then alternating user and

@@ -141,6 +141,10 @@ struct GenerateRequest {
   // false: this request's KV stays on the pool, uncompressed (LeanKV's and FreeKV's baseline), in
   // a deployment that runs LeanKV or FreeKV (leankv.enabled, freekv.enabled); no effect otherwise.
   bool compress_kv = true;
+  // The task family of this request's stored KV (AdaptCache weighs an entry's codecs by its
+  // family's quality curve, kv_store.adaptcache_profile); empty: the profile's default. Ignored
+  // without AdaptCache.
+  std::string kv_task;
 };
 
 // The deployment file's sections the engine runs from, as they are.

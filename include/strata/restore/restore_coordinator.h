@@ -91,6 +91,7 @@ struct SequenceInfo {
   std::string tenant;   // roots its content hashes: tenants never share stored KV
   std::string session;  // the conversation (tenant-qualified); empty: by content only
   bool scores_prompt = false;  // prompt logprobs: always computed, never stored
+  int32_t task = 0;            // the task family its stored KV is weighed under (task_index)
 };
 
 // Prompt tokens a sequence loaded from the store in this step, and the tier the slowest came from.
@@ -154,6 +155,10 @@ class RestoreCoordinator {
   LoadedPrefix stored_prefix(std::span<const TokenId> prompt, const SequenceInfo& info) const;
   // Drops a session's stored KV; false if the store holds none for it. Thread-safe.
   bool end_session(const std::string& session);
+  // SequenceInfo::task of a request's task family (its kv_task): 0 for "" or where no quality
+  // profile weighs families (no AdaptCache); INVALID_ARGUMENT listing the profile's families for
+  // a name it does not list. Thread-safe.
+  StatusOr<int32_t> task_index(std::string_view family) const;
   RestoreStats stats() const;
 
  private:

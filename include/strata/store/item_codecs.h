@@ -43,10 +43,13 @@ struct ItemCodec {
   std::string name;         // "none", "kivi-4", "streaming-0.25": persisted with the values
   int64_t chunk_bytes = 0;  // one chunk, encoded
   // AdaptCache's Q of this codec (the profile), in [0, 1]; < 0: not profiled, not an option.
+  // It serves items of no task family; task_quality below those of a family.
   double quality = 1.0;
   double decode_seconds_per_byte = 0;  // restoring one raw byte (the profile)
   // Token dropping: the share of an item's chunks kept (kept_chunks); 1 for the other codecs.
   double keep_fraction = 1.0;
+  // task_quality[t]: Q for items of AdaptCacheOptions::tasks[t] (empty: `quality` for all).
+  std::vector<double> task_quality;
 };
 
 // The chunks a codec keeping `keep_fraction` of an item keeps, of the `original` chunks the item
@@ -74,6 +77,19 @@ struct AdaptCacheOptions {
   // Per tier, DRAM first: bytes per second to the device and a fixed latency (the profile).
   std::vector<double> bandwidth;
   std::vector<double> latency_seconds;
+  // The task families the profile has quality curves for (a request names its family: kv_task);
+  // an item's task is 0 for none, t + 1 for tasks[t].
+  std::vector<std::string> tasks;
+
+  // The item task of a request's family: 0 for "", t + 1 for tasks[t], -1 for a name the profile
+  // does not list.
+  int32_t task_index(std::string_view name) const {
+    if (name.empty()) return 0;
+    for (size_t t = 0; t < tasks.size(); ++t) {
+      if (tasks[t] == name) return static_cast<int32_t>(t + 1);
+    }
+    return -1;
+  }
 };
 
 }  // namespace strata::store

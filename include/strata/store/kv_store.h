@@ -186,6 +186,7 @@ struct SaveRequest {
   // item hashes its blocks on from that item's links, so its item is found by content too).
   std::vector<kv::ChunkHash> chain;
   int64_t skipped_chunks = 0;
+  int32_t task = 0;  // the request's task family (AdaptCacheOptions::task_index)
 };
 
 class KvStore {
@@ -282,6 +283,7 @@ class KvStore {
     int64_t token_offset = 0;
     int64_t skipped_chunks = 0;           // dropped by token dropping (the data model above)
     int32_t codec = 0;                    // of every chunk, in every tier
+    int32_t task = 0;                     // its requests' task family (AdaptCacheOptions::tasks)
     adaptcache::ReuseCount reuse;         // loads and saves, decayed (AdaptCache's Freq)
     std::vector<Chunk> chunks;            // published chunks
     std::array<int64_t, kMaxTiers> held{};  // of those, held by each tier
@@ -298,8 +300,9 @@ class KvStore {
     std::chrono::steady_clock::time_point touched;
 
     ItemRecord record(const StoreOptions& o) const {
-      return {session, exact, token_offset, codec == 0 ? std::string() : o.codecs[codec].name,
-              skipped_chunks};
+      return {session,        exact,
+              token_offset,   codec == 0 ? std::string() : o.codecs[codec].name,
+              skipped_chunks, task == 0 ? std::string() : o.adaptcache.tasks[task - 1]};
     }
     // The chain link chunk i carries.
     int64_t link(int64_t i) const { return i == 0 ? 0 : i + skipped_chunks; }

@@ -59,6 +59,9 @@ struct ItemRecord {
   // Chunks a token-dropping codec removed after chunk 0 since the chunks' hashes were made:
   // chunk i >= 1 carries the hash of link i + skipped_chunks of its conversation's chain.
   int64_t skipped_chunks = 0;
+  // The task family of the requests that stored it (AdaptCache's quality profile); empty: the
+  // profile's default quality.
+  std::string task;
 };
 
 // A stored chunk: chunk `index` of `item`, with its content hash.

@@ -4,7 +4,8 @@
 // with their codec, a deployment without the codec leaves them out, a new turn replaces an
 // encoded item with a raw one, and AdaptCache's greedy compresses hot items in DRAM before it
 // demotes cold ones (or keeps them whole when quality is worth more than delay) and chooses only
-// among profiled codecs. Token dropping (StreamingLLM) keeps an item's first chunk and its most
+// among profiled codecs, weighing each item by its task family's quality (which the SSD journal
+// keeps). Token dropping (StreamingLLM) keeps an item's first chunk and its most
 // recent ones, found by content or session at their chain links, across a restart, and a save
 // that continues the links rolls forward.
 #include <gtest/gtest.h>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "store_test_util.h"
+#include "strata/store/ssd_tier.h"
 
 namespace strata::store {
 namespace {
@@ -22,7 +24,8 @@ constexpr int64_t kHalf = kChunkBytes / 2, kQuarter = kChunkBytes / 4;
 
 // codecs[1] "half" keeps the first half of a raw chunk, codecs[2] "quarter" the first quarter.
 StoreOptions with_codecs(StoreOptions o) {
-  o.codecs = {{"half", kHalf, 0.99, 0.0}, {"quarter", kQuarter, 0.9, 0.0}};
+  o.codecs = {{.name = "half", .chunk_bytes = kHalf, .quality = 0.99},
+              {.name = "quarter", .chunk_bytes = kQuarter, .quality = 0.9}};
   o.transcode = [](int32_t from, int32_t to, std::span<const std::byte* const> in,
                    std::span<std::byte* const> out) {
     const int64_t sizes[] = {kChunkBytes, kHalf, kQuarter};
@@ -189,6 +192,60 @@ TEST(KvStoreCodecsTest, AdaptCacheKeepsItemsWholeWhenQualityIsWorthMore) {
   EXPECT_EQ(s.codec_items[0], 6);
   EXPECT_GT(s.tier("ssd").chunks, 0) << "what DRAM cannot hold whole went to the SSD";
   for (const auto& t : items) EXPECT_EQ(load_encoded(*store, t), 0);
+}
+
+TEST(KvStoreCodecsTest, AdaptCacheWeighsEachItemByItsTaskFamilysQuality) {
+  TempDir dir;
+  StoreOptions o = adaptcache_options(dir, 0.05);
+  // Compressing ruins the answers of task 1 and barely changes those of task 2. Task 1's items
+  // lose less by leaving DRAM raw (0.025 s of SSD reading, worth 0.5 of quality at alpha 0.05)
+  // than by losing all their quality; task 2's lose 0.0005 by compressing.
+  o.adaptcache.tasks = {"fragile", "robust"};
+  o.codecs[0].task_quality = {0.0, 0.99};
+  o.codecs[1].task_quality = {0.0, 0.9};
+  EXPECT_EQ(o.adaptcache.task_index(""), 0);
+  EXPECT_EQ(o.adaptcache.task_index("robust"), 2);
+  EXPECT_EQ(o.adaptcache.task_index("code"), -1);
+  auto store = KvStore::open(o).value();
+  std::vector<std::vector<TokenId>> fragile, robust;
+  for (int i = 0; i < 8; ++i) {
+    std::vector<std::vector<TokenId>>& family = i % 2 == 0 ? fragile : robust;
+    family.push_back(tokens(40 + i, 13));
+    ASSERT_TRUE(save(*store, family.back(), {}, true, 0, i % 2 == 0 ? 1 : 2).ok());
+    store->wait_idle();
+  }
+  EXPECT_GT(store->stats().transcodes, 0);
+  for (const auto& t : fragile)
+    EXPECT_EQ(load_encoded(*store, t), 0) << "a fragile item was encoded";
+  int64_t encoded = 0;
+  for (const auto& t : robust) encoded += load_encoded(*store, t) > 0;
+  EXPECT_GE(encoded, 3);
+}
+
+TEST(KvStoreCodecsTest, AnItemsTaskFamilySurvivesARestart) {
+  TempDir dir;
+  SsdOptions o{.dir = dir.file("ssd"),
+               .capacity_bytes = 1 << 20,
+               .file_bytes = 1 << 20,
+               .layout_tag = 7,
+               .direct_io = false};
+  const ItemRecord record{"session", true, 0, "kivi-4", 0, "long-document"};
+  {
+    std::vector<RecoveredItem> recovered;
+    auto tier = SsdTier::open(o, &recovered).value();
+    const int64_t sizes[] = {4096};
+    Reservation r = tier->reserve(sizes).value();
+    AlignedBuffer value(4096);
+    const ChunkKey key{5, 0, kv::ChunkHash{1, 2}};
+    const std::span<const std::byte> values[] = {{value.data(), 4096}};
+    ASSERT_TRUE(tier->put(record, r, std::span(&key, 1), values).ok());
+  }
+  std::vector<RecoveredItem> recovered;
+  auto tier = SsdTier::open(o, &recovered).value();
+  ASSERT_EQ(recovered.size(), 1u);
+  EXPECT_EQ(recovered[0].attributes.task, "long-document");
+  EXPECT_EQ(recovered[0].attributes.codec, "kivi-4");
+  EXPECT_EQ(recovered[0].attributes.session, "session");
 }
 
 TEST(KvStoreCodecsTest, AdaptCacheChoosesOnlyAmongProfiledCodecs) {

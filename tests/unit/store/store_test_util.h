@@ -75,8 +75,8 @@ inline StoreOptions options(const TempDir* ssd_dir, int64_t dram_chunks, int64_t
 
 // Saves the full blocks of `t` (chunks filled with their hash pattern).
 inline Status save(KvStore& store, std::span<const TokenId> t, const std::string& session = {},
-            bool exact = true, int64_t offset = 0) {
-  SaveRequest request{session, exact, offset, chain(t, offset)};
+                   bool exact = true, int64_t offset = 0, int32_t task = 0) {
+  SaveRequest request{session, exact, offset, chain(t, offset), 0, task};
   STRATA_ASSIGN_OR_RETURN(SaveTicket ticket, store.begin_save(request));
   for (size_t i = 0; i < ticket.destinations.size(); ++i) {
     fill(ticket.destinations[i], request.chain[ticket.first_chunk + i]);
