@@ -239,38 +239,59 @@ std::string longqa_prompt(const QaItem& item, const std::string& document) {
 
 }  // namespace
 
-int64_t longqa_document_budget(const QaItem& item, const tokenizer::Tokenizer& tokenizer,
-                               int64_t max_prompt_tokens) {
-  const auto overhead = static_cast<int64_t>(tokenizer.encode(longqa_prompt(item, ""), false).size());
-  return std::max<int64_t>(0, max_prompt_tokens - overhead);
-}
+namespace {
 
-BenchRequest longqa_request(const QaItem& item, const tokenizer::Tokenizer& tokenizer,
-                            int64_t max_prompt_tokens, int64_t max_tokens,
-                            std::optional<int64_t> document_tokens) {
+// The item's prompt with the document cut to at most `keep` of its tokens, and fewer until the
+// prompt has at most max_prompt_tokens tokens (text re-encoded at the seams may take a token or
+// two more); the prompt, its token count and the document tokens kept.
+struct CutPrompt {
+  std::string prompt;
+  int64_t tokens = 0;
+  int64_t keep = 0;
+};
+CutPrompt cut_prompt(const QaItem& item, const tokenizer::Tokenizer& tokenizer,
+                     int64_t max_prompt_tokens, std::optional<int64_t> keep_at_most) {
   // Encodes the (possibly very long) document once; only prompts near the budget are encoded
   // whole.
   const std::vector<TokenId> doc = tokenizer.encode(item.context, false);
   const std::span<const TokenId> all(doc);
   const auto num_doc = static_cast<int64_t>(doc.size());
-  int64_t keep = std::min(num_doc, document_tokens.value_or(
-                                       longqa_document_budget(item, tokenizer, max_prompt_tokens)));
-  BenchRequest request;
-  std::vector<TokenId> ids;
+  CutPrompt cut;
+  if (keep_at_most) {
+    cut.keep = std::min(num_doc, *keep_at_most);
+  } else {
+    const auto overhead =
+        static_cast<int64_t>(tokenizer.encode(longqa_prompt(item, ""), false).size());
+    cut.keep = std::min(num_doc, std::max<int64_t>(0, max_prompt_tokens - overhead));
+  }
   while (true) {
     // Keep the document's head and tail, whole tokens, as LongBench cuts long inputs.
-    request.prompt =
-        keep == num_doc
+    cut.prompt =
+        cut.keep == num_doc
             ? longqa_prompt(item, item.context)
-            : longqa_prompt(item, tokenizer.decode(all.first(keep / 2), false) +
-                                      tokenizer.decode(all.last(keep - keep / 2), false));
-    ids = tokenizer.encode(request.prompt, false);
-    // Text re-encoded at the seams may take a token or two more: cut again until it fits.
-    const int64_t excess = static_cast<int64_t>(ids.size()) - max_prompt_tokens;
-    if (excess <= 0 || keep == 0) break;
-    keep = std::max<int64_t>(0, keep - excess);
+            : longqa_prompt(item, tokenizer.decode(all.first(cut.keep / 2), false) +
+                                      tokenizer.decode(all.last(cut.keep - cut.keep / 2), false));
+    cut.tokens = static_cast<int64_t>(tokenizer.encode(cut.prompt, false).size());
+    const int64_t excess = cut.tokens - max_prompt_tokens;
+    if (excess <= 0 || cut.keep == 0) return cut;
+    cut.keep = std::max<int64_t>(0, cut.keep - excess);
   }
-  request.prompt_len = static_cast<int64_t>(ids.size());
+}
+
+}  // namespace
+
+int64_t longqa_document_budget(const QaItem& item, const tokenizer::Tokenizer& tokenizer,
+                               int64_t max_prompt_tokens) {
+  return cut_prompt(item, tokenizer, max_prompt_tokens, std::nullopt).keep;
+}
+
+BenchRequest longqa_request(const QaItem& item, const tokenizer::Tokenizer& tokenizer,
+                            int64_t max_prompt_tokens, int64_t max_tokens,
+                            std::optional<int64_t> document_tokens) {
+  CutPrompt cut = cut_prompt(item, tokenizer, max_prompt_tokens, document_tokens);
+  BenchRequest request;
+  request.prompt = std::move(cut.prompt);
+  request.prompt_len = cut.tokens;
   request.messages = {{"user", request.prompt}};
   request.max_tokens = max_tokens;
   return request;

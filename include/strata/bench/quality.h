@@ -83,9 +83,10 @@ std::vector<QaItem> interleave_documents(std::vector<QaItem> items);
 
 // The chat request for one item: an instruction, the document, the question. The document's
 // middle is cut (whole tokens, as LongBench does) to `document_tokens`, by default to what
-// leaves the prompt's content at most max_prompt_tokens tokens (longqa_document_budget);
-// max_tokens is the answer's budget. A document's questions given the least of their budgets
-// share one cut document (a stored document's KV then serves all of them).
+// leaves the prompt's content at most max_prompt_tokens tokens (longqa_document_budget: the
+// document tokens kept once the cut prompt, re-encoded at its seams, fits); max_tokens is the
+// answer's budget. A document's questions given the least of their budgets share one cut
+// document (a stored document's KV then serves all of them).
 int64_t longqa_document_budget(const QaItem& item, const tokenizer::Tokenizer& tokenizer,
                                int64_t max_prompt_tokens);
 BenchRequest longqa_request(const QaItem& item, const tokenizer::Tokenizer& tokenizer,

@@ -237,5 +237,36 @@ TEST_F(LongQaTest, QuestionsGivenOneDocumentBudgetShareTheCutDocument) {
             b.prompt.substr(0, end));
 }
 
+// Real text re-encodes at the cut's seam into other tokens: the budget is what fits once it has,
+// so the questions of an L-Eval QuALITY document share its whole cut document, not just the head
+// (a budget that ignored the seam let the longest question cut again, and its tail differed).
+TEST_F(LongQaTest, QuestionsOfARealDocumentShareItsWholeCutDocument) {
+  StatusOr<QaDataset> data = load_longqa(
+      STRATA_SOURCE_DIR "/../shared/data/longctx/leval/Closed-ended-tasks/quality.jsonl.xz");
+  ASSERT_TRUE(data.ok()) << data.status().to_string();
+  int64_t documents = 0;
+  for (size_t i = 0; i + 2 < data->items.size() && documents < 3; ++i) {
+    const std::vector<QaItem> questions(data->items.begin() + i, data->items.begin() + i + 3);
+    if (questions[0].context != questions[2].context ||
+        (i > 0 && data->items[i - 1].context == questions[0].context)) {
+      continue;
+    }
+    ++documents;
+    int64_t budget = INT64_MAX;
+    for (const QaItem& q : questions) {
+      budget = std::min(budget, longqa_document_budget(q, *tokenizer_, 2048));
+    }
+    std::vector<std::string> documents_seen;
+    for (const QaItem& q : questions) {
+      const BenchRequest r = longqa_request(q, *tokenizer_, 2048, 16, budget);
+      EXPECT_LE(r.prompt_len, 2048);
+      documents_seen.push_back(r.prompt.substr(0, r.prompt.find("\n\nQuestion:")));
+    }
+    EXPECT_EQ(documents_seen[0], documents_seen[1]) << questions[0].id;
+    EXPECT_EQ(documents_seen[0], documents_seen[2]) << questions[0].id;
+  }
+  EXPECT_EQ(documents, 3);
+}
+
 }  // namespace
 }  // namespace strata::bench
