@@ -11,14 +11,13 @@
 //
 //   build/bench/codec_quality_bench --model MODEL.gguf --family chat|long-document --data FILE
 //       [--entries 20] [--answer-tokens 64] [--min-history 256] [--max-history 1536]
-//       [--max-input-len 2048] [--profile IN.json --profile-out OUT.json [--metric agreement|f1]]
+//       [--max-input-len 2048]
 // Prints one JSON object: per entry and codec the stored share, dropped tokens, agreement, KL and
-// the answer's token F1 against the reference answer; per codec the means. With --profile, writes
-// OUT.json: IN.json with each listed codec's task_quality[family] set to the codec's mean metric.
+// the answer's token F1 against the reference answer; per codec the means.
+// bench/task_quality_profile.py writes the means into a profile's task_quality.
 #include <spdlog/spdlog.h>
 
 #include <cstdio>
-#include <fstream>
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -42,7 +41,7 @@ namespace tokenizer = strata::tokenizer;
 using strata::TokenId;
 
 struct Options {
-  std::string model, family, data, profile, profile_out, metric = "agreement";
+  std::string model, family, data;
   int64_t entries = 20;
   int64_t min_history = 256;
   int64_t max_history = 1536;
@@ -139,26 +138,6 @@ strata::StatusOr<std::vector<Entry>> document_entries(const Options& o,
   return entries;
 }
 
-// Writes `in` with each codec's task_quality[family] set from `means`.
-strata::Status write_profile(const Options& o, const std::map<std::string, double>& means) {
-  std::ifstream in(o.profile);
-  if (!in) return strata::not_found_error("cannot read " + o.profile);
-  Json profile = Json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (!profile.is_object() || !profile["codecs"].is_array()) {
-    return strata::invalid_argument_error(o.profile + ": not a profile (no codecs)");
-  }
-  for (Json& codec : profile["codecs"]) {
-    const auto it = means.find(codec.value("name", ""));
-    if (it != means.end()) codec["task_quality"][o.family] = std::round(it->second * 1e4) / 1e4;
-  }
-  profile["task_quality_source"][o.family] =
-      "codec_quality_bench --family " + o.family + " --data " + o.data + " --metric " + o.metric;
-  std::ofstream out(o.profile_out);
-  out << profile.dump(2) << "\n";
-  if (!out) return strata::internal_error("cannot write " + o.profile_out);
-  return strata::Status();
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -182,21 +161,14 @@ int main(int argc, char** argv) {
       o.max_history = std::stoll(value);
     else if (flag == "--max-input-len")
       o.max_input_len = std::stoll(value);
-    else if (flag == "--profile")
-      o.profile = value;
-    else if (flag == "--profile-out")
-      o.profile_out = value;
-    else if (flag == "--metric")
-      o.metric = value;
     else {
       std::cerr << "unknown flag " << flag << "\n";
       return 2;
     }
   }
-  if (o.model.empty() || o.data.empty() || (o.family != "chat" && o.family != "long-document") ||
-      (o.metric != "agreement" && o.metric != "f1") || o.profile.empty() != o.profile_out.empty()) {
+  if (o.model.empty() || o.data.empty() || (o.family != "chat" && o.family != "long-document")) {
     std::cerr << "usage: codec_quality_bench --model MODEL.gguf --family chat|long-document "
-                 "--data FILE [--profile IN --profile-out OUT [--metric agreement|f1]] [flags]\n";
+                 "--data FILE [flags]\n";
     return 2;
   }
   auto source = strata::model::open_model_source(o.model);
@@ -261,10 +233,8 @@ int main(int argc, char** argv) {
   }
   const double n = static_cast<double>(runs.size());
   Json means = Json::object();
-  std::map<std::string, double> profile_means;
   for (const auto& [codec, s] : sums) {
     for (const auto& [metric, sum] : s) means[codec][metric] = sum / n;
-    profile_means[codec] = s.at(o.metric) / n;
   }
   std::cout << Json{{"family", o.family},
                     {"data", o.data},
@@ -275,8 +245,5 @@ int main(int argc, char** argv) {
                     {"runs", runs}}
                    .dump(2)
             << "\n";
-  if (!o.profile.empty()) {
-    if (strata::Status s = write_profile(o, profile_means); !s.ok()) return fail(s);
-  }
   return 0;
 }
