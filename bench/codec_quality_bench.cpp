@@ -24,13 +24,10 @@
 #include <string>
 #include <vector>
 
+#include "chat_model.h"
 #include "strata/bench/codec_quality.h"
 #include "strata/bench/quality.h"
-#include "strata/bench/workload.h"
 #include "strata/executor/executor.h"
-#include "strata/model/model_source.h"
-#include "strata/tokenizer/chat_template.h"
-#include "strata/tokenizer/tokenizer.h"
 
 namespace {
 
@@ -59,16 +56,6 @@ int fail(const strata::Status& status) {
   return 1;
 }
 
-strata::StatusOr<std::vector<TokenId>> render(const tokenizer::ChatTemplate& chat,
-                                              const tokenizer::Tokenizer& tok,
-                                              const std::vector<bench::Message>& messages,
-                                              bool add_generation_prompt) {
-  std::vector<tokenizer::ChatMessage> m;
-  for (const bench::Message& message : messages) m.push_back({message.role, message.content});
-  STRATA_ASSIGN_OR_RETURN(tokenizer::ChatPrompt prompt, chat.render(m, add_generation_prompt));
-  return tok.encode(prompt);
-}
-
 // The entry of `full` whose first `shared` tokens a stored item serves (whole blocks).
 std::optional<Entry> entry_of(std::string id, const std::vector<TokenId>& full, int64_t shared,
                               int64_t block) {
@@ -77,9 +64,8 @@ std::optional<Entry> entry_of(std::string id, const std::vector<TokenId>& full, 
   return Entry{std::move(id), {full.begin(), full.begin() + h}, {full.begin() + h, full.end()}};
 }
 
-strata::StatusOr<std::vector<Entry>> chat_entries(const Options& o,
-                                                  const tokenizer::ChatTemplate& chat,
-                                                  const tokenizer::Tokenizer& tok, int64_t block) {
+strata::StatusOr<std::vector<Entry>> chat_entries(const Options& o, const bench::ChatModel& model,
+                                                  int64_t block) {
   STRATA_ASSIGN_OR_RETURN(std::vector<bench::Conversation> conversations,
                           bench::load_sharegpt(o.data));
   std::vector<Entry> entries;
@@ -87,8 +73,8 @@ strata::StatusOr<std::vector<Entry>> chat_entries(const Options& o,
     if (std::ssize(entries) >= o.entries) break;
     const auto& messages = c.messages;
     if (messages.size() < 4 || messages.back().role != "assistant") continue;
-    auto history = render(chat, tok, {messages.begin(), messages.end() - 2}, false);
-    auto full = render(chat, tok, {messages.begin(), messages.end() - 1}, true);
+    auto history = model.render({messages.begin(), messages.end() - 2}, false);
+    auto full = model.render({messages.begin(), messages.end() - 1}, true);
     if (!history.ok() || !full.ok()) continue;
     int64_t shared = 0;
     while (shared < std::min(std::ssize(*history), std::ssize(*full)) &&
@@ -105,9 +91,9 @@ strata::StatusOr<std::vector<Entry>> chat_entries(const Options& o,
 }
 
 strata::StatusOr<std::vector<Entry>> document_entries(const Options& o,
-                                                      const tokenizer::ChatTemplate& chat,
-                                                      const tokenizer::Tokenizer& tok,
+                                                      const bench::ChatModel& model,
                                                       int64_t block) {
+  const tokenizer::Tokenizer& tok = *model.tokenizer;
   STRATA_ASSIGN_OR_RETURN(bench::QaDataset data, bench::load_longqa(o.data));
   std::vector<Entry> entries;
   const auto& items = data.items;
@@ -123,7 +109,7 @@ strata::StatusOr<std::vector<Entry>> document_entries(const Options& o,
     for (size_t k = i; k < i + 2; ++k) {
       const bench::BenchRequest r =
           bench::longqa_request(items[k], tok, o.max_input_len, o.quality.answer_tokens, budget);
-      STRATA_ASSIGN_OR_RETURN(std::vector<TokenId> ids, render(chat, tok, r.messages, true));
+      STRATA_ASSIGN_OR_RETURN(std::vector<TokenId> ids, model.render(r.messages, true));
       full.push_back(std::move(ids));
     }
     int64_t shared = 0;
@@ -171,32 +157,21 @@ int main(int argc, char** argv) {
                  "--data FILE [flags]\n";
     return 2;
   }
-  auto source = strata::model::open_model_source(o.model);
-  if (!source.ok()) return fail(source.status());
-  const strata::model::GgufFile* gguf = (*source)->gguf();
-  if (gguf == nullptr)
-    return fail(strata::invalid_argument_error("codec_quality_bench reads GGUF models"));
-  auto tok = tokenizer::Tokenizer::from_gguf(*gguf);
-  if (!tok.ok()) return fail(tok.status());
-  auto text_of = [&](std::optional<TokenId> id) {
-    return id ? (*tok)->token_bytes(*id) : std::string();
-  };
-  auto chat = tokenizer::ChatTemplate::create((*tok)->chat_template_source(), std::nullopt,
-                                              text_of((*tok)->bos_id()), text_of((*tok)->eos_id()));
-  if (!chat.ok()) return fail(chat.status());
-  o.quality.eos = (*tok)->eos_id();
+  auto model = bench::open_chat_model(o.model, "codec_quality_bench");
+  if (!model.ok()) return fail(model.status());
+  o.quality.eos = model->tokenizer->eos_id();
   executor::ExecutorOptions options;
   options.cache_bytes = int64_t{1} << 30;
-  auto exec = executor::Executor::create(**source, options);
+  auto exec = executor::Executor::create(*model->source, options);
   if (!exec.ok()) return fail(exec.status());
   const int64_t block = (*exec)->kv_geometry().block_size_tokens;
-  auto entries = o.family == "chat" ? chat_entries(o, *chat, **tok, block)
-                                    : document_entries(o, *chat, **tok, block);
+  auto entries =
+      o.family == "chat" ? chat_entries(o, *model, block) : document_entries(o, *model, block);
   if (!entries.ok()) return fail(entries.status());
   if (entries->empty()) return fail(strata::not_found_error("no entry fits the length filters"));
 
   auto text = [&](const std::vector<TokenId>& ids) {
-    return (*tok)->decode(ids, /*skip_special=*/true);
+    return model->tokenizer->decode(ids, /*skip_special=*/true);
   };
   Json runs = Json::array();
   std::map<std::string, std::map<std::string, double>> sums;  // codec -> metric -> sum

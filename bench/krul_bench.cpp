@@ -22,19 +22,15 @@
 #include <string>
 #include <vector>
 
+#include "chat_model.h"
 #include "strata/bench/krul_quality.h"
-#include "strata/bench/workload.h"
 #include "strata/executor/executor.h"
-#include "strata/model/model_source.h"
-#include "strata/tokenizer/chat_template.h"
-#include "strata/tokenizer/tokenizer.h"
 
 namespace {
 
 using Json = nlohmann::json;
 namespace bench = strata::bench;
 namespace executor = strata::executor;
-namespace tokenizer = strata::tokenizer;
 using strata::TokenId;
 
 struct Options {
@@ -50,15 +46,6 @@ struct Options {
 int fail(const strata::Status& status) {
   std::cerr << status.to_string() << "\n";
   return 1;
-}
-
-strata::StatusOr<std::vector<TokenId>> render(const tokenizer::ChatTemplate& chat,
-                                              const tokenizer::Tokenizer& tok,
-                                              const std::vector<bench::Message>& messages) {
-  std::vector<tokenizer::ChatMessage> m;
-  for (const bench::Message& message : messages) m.push_back({message.role, message.content});
-  STRATA_ASSIGN_OR_RETURN(tokenizer::ChatPrompt prompt, chat.render(m, false));
-  return tok.encode(prompt);
 }
 
 }  // namespace
@@ -99,21 +86,11 @@ int main(int argc, char** argv) {
     std::cerr << "usage: krul_bench --model MODEL.gguf --sharegpt FILE.json[.xz] [flags]\n";
     return 2;
   }
-  auto source = strata::model::open_model_source(o.model);
-  if (!source.ok()) return fail(source.status());
-  const strata::model::GgufFile* gguf = (*source)->gguf();
-  if (gguf == nullptr) return fail(strata::invalid_argument_error("krul_bench reads GGUF models"));
-  auto tok = tokenizer::Tokenizer::from_gguf(*gguf);
-  if (!tok.ok()) return fail(tok.status());
-  auto text_of = [&](std::optional<TokenId> id) {
-    return id ? (*tok)->token_bytes(*id) : std::string();
-  };
-  auto chat = tokenizer::ChatTemplate::create((*tok)->chat_template_source(), std::nullopt,
-                                              text_of((*tok)->bos_id()), text_of((*tok)->eos_id()));
-  if (!chat.ok()) return fail(chat.status());
+  auto model = bench::open_chat_model(o.model, "krul_bench");
+  if (!model.ok()) return fail(model.status());
   executor::ExecutorOptions options;
   options.cache_bytes = int64_t{2} << 30;
-  auto exec = executor::Executor::create(**source, options);
+  auto exec = executor::Executor::create(*model->source, options);
   if (!exec.ok()) return fail(exec.status());
   auto conversations = bench::load_sharegpt(o.sharegpt);
   if (!conversations.ok()) return fail(conversations.status());
@@ -131,8 +108,8 @@ int main(int argc, char** argv) {
     const auto& messages = c.messages;
     if (messages.size() < 4 || messages.back().role != "assistant") continue;
     const std::vector<bench::Message> earlier(messages.begin(), messages.end() - 2);
-    auto history = render(*chat, **tok, earlier);
-    auto full = render(*chat, **tok, messages);
+    auto history = model->render(earlier, false);
+    auto full = model->render(messages, false);
     if (!history.ok() || !full.ok()) continue;
     const int64_t h = std::ssize(*history) / block * block;
     if (h < o.min_history || h > o.max_history || std::ssize(*full) < h + 2 ||
