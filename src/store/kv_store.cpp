@@ -222,7 +222,7 @@ StatusOr<StoreLease> KvStore::acquire(ItemId id, int64_t first, int64_t count,
   idle_.wait(lock, [&] { return !items_.contains(id) || !items_.at(id).busy; });
   auto it = items_.find(id);
   if (it == items_.end() || it->second.doomed || std::ssize(it->second.chunks) < first + count ||
-      it->second.skipped_chunks != skipped_chunks) {
+      !it->second.same_chunks(first + count, skipped_chunks)) {
     for (TierCounters& c : counters_) ++c.misses;
     return not_found_error("KV store: conversation item " + std::to_string(id) +
                            " is no longer stored");
@@ -266,7 +266,7 @@ std::optional<StoreLease> KvStore::try_acquire_in_dram(ItemId id, int64_t first,
   Item& item = it->second;
   // The read buffer holds raw layers: encoded items are loaded with their pass.
   if (item.doomed || item.busy || item.codec != 0 || std::ssize(item.chunks) < first + count ||
-      item.skipped_chunks != skipped_chunks) {
+      !item.same_chunks(first + count, skipped_chunks)) {
     return std::nullopt;
   }
   StoreLease lease{id, {}, kDramTier, item.codec, nullptr};

@@ -229,8 +229,9 @@ class KvStore {
   // Pins chunks [first, first + count) of `item`, reading those DRAM lacks from the nearest lower
   // tier now (checked against their checksums and decoded): into DRAM, or, when DRAM has no room
   // for them, into buffers the lease owns. NOT_FOUND if the item is gone or shorter, or token
-  // dropping changed its chunks since it was matched with `skipped_chunks` (StoreMatch's);
-  // DATA_LOSS if a chunk is corrupt or unreadable (the item is dropped and counted).
+  // dropping changed the chunks asked for since it was matched with `skipped_chunks`
+  // (StoreMatch's; chunk 0, the sinks, never changes); DATA_LOSS if a chunk is corrupt or
+  // unreadable (the item is dropped and counted).
   StatusOr<StoreLease> acquire(ItemId item, int64_t first, int64_t count,
                                int64_t skipped_chunks = 0);
   // Like acquire() for raw chunks that are all in DRAM now, counted as a DRAM hit; nullopt
@@ -306,6 +307,11 @@ class KvStore {
     }
     // The chain link chunk i carries.
     int64_t link(int64_t i) const { return i == 0 ? 0 : i + skipped_chunks; }
+    // Whether its first `end` chunks are those a match made with `matched_skipped` named: token
+    // dropping since then renumbered every chunk but chunk 0.
+    bool same_chunks(int64_t end, int64_t matched_skipped) const {
+      return skipped_chunks == matched_skipped || end <= 1;
+    }
     // Tokens left out after chunk 0 when its hashes were made.
     int64_t hash_offset(int32_t block) const { return token_offset - skipped_chunks * block; }
     // Hashed from position 0 (exact, or token-dropped from an exact item): found by content.

@@ -325,9 +325,15 @@ TEST(KvStoreCodecsTest, AnItemSharingAPrefixStaysFoundWhenAnotherIsTokenDropped)
   m = store->find(conv, root(), {});
   ASSERT_TRUE(m);
   EXPECT_EQ(m->skipped_chunks, 5);
-  // A match made before the codec dropped chunks no longer loads.
+  // A match made before the codec dropped chunks no longer loads, except its chunk 0 (the
+  // sinks), which token dropping keeps as it was: a prompt sharing only the first block with the
+  // item loads it.
   EXPECT_EQ(store->acquire(m->item, 0, m->num_chunks, /*skipped_chunks=*/0).status().code(),
             StatusCode::kNotFound);
+  StatusOr<StoreLease> first = store->acquire(m->item, 0, 1, /*skipped_chunks=*/0);
+  ASSERT_TRUE(first.ok()) << first.status().to_string();
+  EXPECT_TRUE(holds(first->chunks[0], chain(conv)[0]));
+  store->release(*first, 0);
 }
 
 TEST(KvStoreCodecsTest, TokenDroppedItemsSurviveARestartAndSessionsKeepTheirOffset) {
