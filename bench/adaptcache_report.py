@@ -16,6 +16,7 @@ questions after each document's first, L-Eval ids FILE:LINE.Q with Q > 0):
   delay       mean TTFT of the later turns (ms), and its ratio to the reference's (< 1: faster)
   DRAM hits   tokens loaded from DRAM / tokens loaded from the store (DRAM + SSD)
   cached      tokens served from any KV tier / later-turn prompt tokens
+  codec mix   re-encodings into each codec over the run (in-process runs)
 --profile-out writes the store's profile file (kv_store.adaptcache_profile): each variant named
 after a codec (kivi-8, kivi-4, kivi-2, streaming-0.5, streaming-0.25, streaming-0.1) gives that
 codec's quality, and AdaptCache chooses among those codecs; bandwidths and the prefill time per token
@@ -73,6 +74,9 @@ def measures(result, reference):
         "dram_hit_rate": hits.get("dram", 0) / loaded if loaded else float("nan"),
         "cached_share": sum(hits.values()) / later_prompt if later_prompt else float("nan"),
         "transcodes": counters.get("transcodes", 0),
+        # re-encodings into each codec (in-process runs record them): the policy's codec mix
+        "codec_mix": ", ".join(f"{k[len('transcodes_'):]} {v:.0f}" for k, v in counters.items()
+                               if k.startswith("transcodes_") and v > 0) or "-",
         "later_turns": len(later),
     }
 
@@ -96,12 +100,13 @@ def main():
     rows = {name: measures(result, reference) for name, result in by_variant.items()}
     ref = args.reference
     print(f"| variant | quality (F1 vs {ref}) | first turns F1 | mean TTFT turns >= 2 (ms) | "
-          f"TTFT / {ref} | DRAM hit rate | cached share | transcodes |")
-    print("|---|---|---|---|---|---|---|---|")
+          f"TTFT / {ref} | DRAM hit rate | cached share | transcodes | codec mix |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, m in rows.items():
         ratio = m["delay_ms"] / rows[ref]["delay_ms"]
         print(f"| {name} | {m['quality']:.3f} | {m['first_turn_quality']:.3f} | {m['delay_ms']:,.0f} | "
-              f"{ratio:.2f} | {m['dram_hit_rate']:.2f} | {m['cached_share']:.2f} | {m['transcodes']:.0f} |")
+              f"{ratio:.2f} | {m['dram_hit_rate']:.2f} | {m['cached_share']:.2f} | {m['transcodes']:.0f} | "
+              f"{m['codec_mix']} |")
     if args.plot:
         import matplotlib
         matplotlib.use("Agg")

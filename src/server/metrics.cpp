@@ -3,8 +3,9 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
-#include <string>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <tuple>
 #include <utility>
 
 namespace strata::server {
@@ -209,6 +210,17 @@ void render_store(const engine::EngineStats& engine, std::string* out) {
          d(s.shared_found));
   single("strata_kv_store_transcodes_total", "counter",
          "Items re-encoded to another lossy codec (fixed_codec or AdaptCache).", d(s.transcodes));
+  for (const auto& [name, type, help, values] :
+       {std::tuple{"strata_kv_store_codec_items", "gauge", "Stored items in each codec.",
+                   &s.codec_items},
+        std::tuple{"strata_kv_store_codec_transcodes_total", "counter",
+                   "Items re-encoded into each lossy codec.", &s.codec_transcodes}}) {
+    header(out, name, type, help);
+    for (size_t c = 0; c < std::min(values->size(), s.codec_names.size()); ++c) {
+      out->append(name).append("{codec=\"").append(s.codec_names[c]).append("\"} ");
+      out->append(format_number(d((*values)[c]))).append("\n");
+    }
+  }
   single("strata_kv_store_preloads_total", "counter",
          "Waiting requests whose first layers of stored KV were pre-loaded (the read buffer).",
          d(engine.preloads));

@@ -32,6 +32,8 @@ bool KvStore::Item::only_in(TierIndex t) const {
 
 KvStore::KvStore(const StoreOptions& options) : options_(options) {
   stats_.codec_items.assign(options_.codecs.size(), 0);
+  stats_.codec_transcodes.assign(options_.codecs.size(), 0);
+  for (const ItemCodec& c : options_.codecs) stats_.codec_names.push_back(c.name);
 }
 
 StatusOr<std::unique_ptr<KvStore>> KvStore::open(const StoreOptions& options) {

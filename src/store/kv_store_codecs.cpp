@@ -243,6 +243,7 @@ void KvStore::transcode(ItemId id, int32_t codec) {
     set_held(now, i, kDramTier, true);
   }
   ++stats_.transcodes;
+  ++stats_.codec_transcodes[codec];
 }
 
 }  // namespace strata::store

@@ -75,8 +75,9 @@ class BenchClient {
   // Cumulative prompt tokens served per KV tier, when the endpoint exposes them (Strata's
   // /metrics or engine stats); nullopt for peers that do not.
   virtual std::optional<TierTokens> tier_hit_tokens() { return std::nullopt; }
-  // Cumulative store counters (kStoreCounterNames), from Strata's /metrics or engine stats;
-  // nullopt for peers and servers without a KV store.
+  // Cumulative store counters (kStoreCounterNames), from Strata's /metrics or engine stats (an
+  // in-process engine adds "transcodes_<codec>": re-encodings into each lossy codec); nullopt for
+  // peers and servers without a KV store.
   virtual std::optional<Counters> store_counters() { return std::nullopt; }
   // Cumulative LeanKV counters of the requests that ended (executor::LeanKvCounts' ended_*
   // fields without the prefix: sequences, high, low, pruned, window, bytes, bf16_bytes), from an

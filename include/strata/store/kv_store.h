@@ -142,7 +142,9 @@ struct StoreStats {
   int64_t transcodes = 0;         // items re-encoded to another codec
   int64_t shared_lookups = 0;     // prompts looked up in the shared tier before admission
   int64_t shared_found = 0;       // of those, found longer there than here: indexed and read
-  std::vector<int64_t> codec_items;  // items per codec (StoreOptions::codecs order)
+  std::vector<std::string> codec_names;   // StoreOptions::codecs' names, "none" first
+  std::vector<int64_t> codec_items;       // items per codec, in that order
+  std::vector<int64_t> codec_transcodes;  // re-encodings into each codec, in that order
   // The tier named `name`; an empty, unavailable one if the store has none (it failed to open).
   const TierStats& tier(std::string_view name) const;
 };

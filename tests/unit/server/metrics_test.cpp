@@ -332,6 +332,9 @@ TEST(MetricsTest, KvTiersReportHitsBytesEvictionsAndLatency) {
   stats.preloaded_layers = 45;
   s.items = 7;
   s.corrupt_chunks = 1;
+  s.codec_names = {"none", "kivi-2", "streaming-0.1"};
+  s.codec_items = {3, 4, 0};
+  s.codec_transcodes = {0, 6, 2};
   const std::string text = Metrics().render(stats);
   expect_valid_exposition(text);
   const auto samples = samples_of(text);
@@ -348,6 +351,8 @@ TEST(MetricsTest, KvTiersReportHitsBytesEvictionsAndLatency) {
   EXPECT_EQ(samples.at("strata_kv_store_load_seconds_count{tier=\"dram\"}"), "5");
   EXPECT_EQ(samples.at("strata_kv_store_save_seconds_sum{tier=\"dram\"}"), "0.25");
   EXPECT_EQ(samples.at("strata_kv_store_save_seconds_count{tier=\"ssd\"}"), "2");
+  EXPECT_EQ(samples.at("strata_kv_store_codec_items{codec=\"kivi-2\"}"), "4");
+  EXPECT_EQ(samples.at("strata_kv_store_codec_transcodes_total{codec=\"streaming-0.1\"}"), "2");
   // The device pool is the hierarchy's top tier.
   EXPECT_EQ(samples.at("strata_kv_store_hits_total{tier=\"gpu\"}"), "11");
   EXPECT_EQ(samples.at("strata_kv_store_misses_total{tier=\"gpu\"}"), "12");

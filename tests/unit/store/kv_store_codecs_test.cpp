@@ -214,9 +214,15 @@ TEST(KvStoreCodecsTest, AdaptCacheWeighsEachItemByItsTaskFamilysQuality) {
     ASSERT_TRUE(save(*store, family.back(), {}, true, 0, i % 2 == 0 ? 1 : 2).ok());
     store->wait_idle();
   }
-  EXPECT_GT(store->stats().transcodes, 0);
-  for (const auto& t : fragile)
+  const StoreStats s = store->stats();
+  EXPECT_GT(s.transcodes, 0);
+  // Counted per codec too (the metrics' and the bench's codec mix).
+  EXPECT_EQ(s.codec_names, (std::vector<std::string>{"none", "half", "quarter"}));
+  EXPECT_EQ(s.codec_transcodes[0], 0);
+  EXPECT_EQ(s.codec_transcodes[1] + s.codec_transcodes[2], s.transcodes);
+  for (const auto& t : fragile) {
     EXPECT_EQ(load_encoded(*store, t), 0) << "a fragile item was encoded";
+  }
   int64_t encoded = 0;
   for (const auto& t : robust) encoded += load_encoded(*store, t) > 0;
   EXPECT_GE(encoded, 3);
