@@ -74,6 +74,7 @@ std::vector<ValidCase> valid_cases() {
          EXPECT_TRUE(r.user.empty());
          EXPECT_FALSE(r.sampling.ignore_eos);
          EXPECT_TRUE(r.compress_kv);
+         EXPECT_TRUE(r.kv_task.empty());
        }},
       {"SamplingFields", chat,
        chat_body({{"temperature", 0.7},
@@ -86,6 +87,7 @@ std::vector<ValidCase> valid_cases() {
                   {"seed", 42},
                   {"ignore_eos", true},
                   {"compress_kv", false},
+                  {"kv_task", "long-document"},
                   {"user", "tenant-a"}}),
        [](const ParsedRequest& r) {
          EXPECT_DOUBLE_EQ(r.sampling.temperature, 0.7);
@@ -98,6 +100,7 @@ std::vector<ValidCase> valid_cases() {
          EXPECT_EQ(r.sampling.seed, 42u);
          EXPECT_TRUE(r.sampling.ignore_eos);
          EXPECT_FALSE(r.compress_kv);
+         EXPECT_EQ(r.kv_task, "long-document");
          EXPECT_EQ(r.user, "tenant-a");
        }},
       {"TemperatureZeroAndIntegerNumbers", chat, chat_body({{"temperature", 0}, {"top_p", 1}}),
@@ -347,6 +350,7 @@ std::vector<InvalidCase> invalid_cases() {
       {"UserNumber", chat, chat_body({{"user", 5}}), "user"},
       {"IgnoreEosInteger", chat, chat_body({{"ignore_eos", 1}}), "ignore_eos"},
       {"CompressKvString", chat, chat_body({{"compress_kv", "no"}}), "compress_kv"},
+      {"KvTaskNumber", completions, completion_body({{"kv_task", 2}}), "kv_task"},
       {"ModelNumber", chat, chat_body({{"model", 3}}), "model"},
       {"StoreString", chat, chat_body({{"store", "no"}}), "store"},
       {"NString", chat, chat_body({{"n", "1"}}), "n"},
