@@ -1,5 +1,7 @@
 #include "strata/restore/restore_coordinator.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -336,6 +338,10 @@ std::vector<LoadedPrefix> RestoreCoordinator::restore(scheduler::ScheduledBatch&
     if (!tier.ok()) {
       // The chunks vanished or failed their checksums (the store dropped the item): compute the
       // prompt.
+      spdlog::debug(
+          "KV store: a resumed prompt's load of {} stored blocks failed ({}); it is "
+          "recomputed",
+          pinned.num_blocks, tier.status().to_string());
       scheduler_.restart(load.seq);
       sequence.load_failed = true;
       std::erase_if(batch.chunks,

@@ -226,8 +226,11 @@ StatusOr<StoreLease> KvStore::acquire(ItemId id, int64_t first, int64_t count,
   if (it == items_.end() || it->second.doomed || std::ssize(it->second.chunks) < first + count ||
       !it->second.same_chunks(first + count, skipped_chunks)) {
     for (TierCounters& c : counters_) ++c.misses;
+    const bool renumbered = it != items_.end() && !it->second.doomed &&
+                            !it->second.same_chunks(first + count, skipped_chunks);
     return not_found_error("KV store: conversation item " + std::to_string(id) +
-                           " is no longer stored");
+                           (renumbered ? " dropped chunks (token dropping) since it was matched"
+                                       : " is no longer stored"));
   }
   Item& item = it->second;
   int64_t missing = 0;  // chunks only below DRAM

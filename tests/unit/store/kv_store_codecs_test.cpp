@@ -334,8 +334,11 @@ TEST(KvStoreCodecsTest, AnItemSharingAPrefixStaysFoundWhenAnotherIsTokenDropped)
   // A match made before the codec dropped chunks no longer loads, except its chunk 0 (the
   // sinks), which token dropping keeps as it was: a prompt sharing only the first block with the
   // item loads it.
-  EXPECT_EQ(store->acquire(m->item, 0, m->num_chunks, /*skipped_chunks=*/0).status().code(),
-            StatusCode::kNotFound);
+  const Status stale = store->acquire(m->item, 0, m->num_chunks, /*skipped_chunks=*/0).status();
+  EXPECT_EQ(stale.code(), StatusCode::kNotFound);
+  EXPECT_NE(stale.message().find("dropped chunks (token dropping) since it was matched"),
+            std::string::npos)
+      << stale.message();
   StatusOr<StoreLease> first = store->acquire(m->item, 0, 1, /*skipped_chunks=*/0);
   ASSERT_TRUE(first.ok()) << first.status().to_string();
   EXPECT_TRUE(holds(first->chunks[0], chain(conv)[0]));
