@@ -5,11 +5,13 @@
 
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include "layers.h"
 #include "strata/kernels/kv_format_ops.h"
@@ -317,29 +319,40 @@ Status TorchExecutor::transcode_kv_chunks(const std::optional<kv::KvFormat>& fro
   const int64_t dim = config_.head_dim;
   const int64_t from_bytes = from ? kv::block_bytes(*from, heads, block, dim) : block_bytes_;
   const int64_t to_bytes = to ? kv::block_bytes(*to, heads, block, dim) : block_bytes_;
+  // On CUDA the codec runs on the device (Strata's pack / unpack kernels where the self-check
+  // passed them) on a stream of its own, so the caller (a store I/O thread) neither waits for the
+  // forward passes nor delays them, a slice of chunks at a time, which bounds the device memory
+  // this takes outside the KV pool; on the CPU libtorch runs here.
+  constexpr int64_t kSliceChunks = 16;
+  const bool cuda = device_.is_cuda();
+  std::optional<c10::cuda::CUDAStreamGuard> stream;
+  if (cuda) stream.emplace(c10::cuda::getStreamFromPool(false, device_.index()));
   try {
-    // Chunk i's layer l is row i * layers + l: a chunk is its layers' blocks back to back.
-    at::Tensor src = at::empty({n * layers, from_bytes}, at::kByte);
-    auto* base = static_cast<std::byte*>(src.data_ptr());
-    for (int64_t i = 0; i < n; ++i) {
-      std::memcpy(base + i * layers * from_bytes, in[i], static_cast<size_t>(layers * from_bytes));
-    }
-    // On CUDA the codec runs on the device (Strata's pack / unpack kernels where the self-check
-    // passed them), so the host thread only copies bytes; on the CPU libtorch runs here. Encoded
-    // chunks decode to float32 on the way to another codec, as the reference does.
-    const at::Tensor work = device_.is_cuda() ? src.to(device_) : src;
-    const at::Tensor blocks =
-        from ? kernels::unpack_kv_blocks(work, *from, heads, block, dim, to ? at::kFloat : dtype_,
-                                         kernel_report_.backend(KernelOp::kUnpackKvBlocks))
-             : work.view(dtype_).view({n * layers, 2, heads, block, dim});
-    const at::Tensor dst =
-        (to ? kernels::pack_kv_blocks(blocks, *to, kernel_report_.backend(KernelOp::kPackKvBlocks))
-            : blocks.to(dtype_).contiguous().view(at::kByte))
-            .cpu()
-            .contiguous();
-    const auto* result = static_cast<const std::byte*>(dst.data_ptr());
-    for (int64_t i = 0; i < n; ++i) {
-      std::memcpy(out[i], result + i * layers * to_bytes, static_cast<size_t>(layers * to_bytes));
+    for (int64_t first = 0; first < n; first += kSliceChunks) {
+      const int64_t m = std::min(kSliceChunks, n - first);
+      // Chunk i's layer l is row i * layers + l: a chunk is its layers' blocks back to back.
+      at::Tensor src = at::empty({m * layers, from_bytes}, at::kByte);
+      auto* base = static_cast<std::byte*>(src.data_ptr());
+      for (int64_t i = 0; i < m; ++i) {
+        std::memcpy(base + i * layers * from_bytes, in[first + i],
+                    static_cast<size_t>(layers * from_bytes));
+      }
+      const at::Tensor work = cuda ? src.to(device_) : src;
+      // Encoded chunks decode to float32 on the way to another codec, as the reference does.
+      const at::Tensor blocks =
+          from ? kernels::unpack_kv_blocks(work, *from, heads, block, dim, to ? at::kFloat : dtype_,
+                                           kernel_report_.backend(KernelOp::kUnpackKvBlocks))
+               : work.view(dtype_).view({m * layers, 2, heads, block, dim});
+      const at::Tensor dst = (to ? kernels::pack_kv_blocks(
+                                       blocks, *to, kernel_report_.backend(KernelOp::kPackKvBlocks))
+                                 : blocks.to(dtype_).contiguous().view(at::kByte))
+                                 .cpu()
+                                 .contiguous();
+      const auto* result = static_cast<const std::byte*>(dst.data_ptr());
+      for (int64_t i = 0; i < m; ++i) {
+        std::memcpy(out[first + i], result + i * layers * to_bytes,
+                    static_cast<size_t>(layers * to_bytes));
+      }
     }
   } catch (const std::exception& e) {
     return internal_error(std::string("re-encoding KV chunks: ") + e.what());
