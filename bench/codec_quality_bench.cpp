@@ -72,7 +72,10 @@ strata::StatusOr<std::vector<Entry>> chat_entries(const Options& o, const bench:
   for (const bench::Conversation& c : conversations) {
     if (std::ssize(entries) >= o.entries) break;
     const auto& messages = c.messages;
-    if (messages.size() < 4 || messages.back().role != "assistant") continue;
+    if (messages.size() < 4 || messages.back().role != "assistant" ||
+        messages[messages.size() - 2].role != "user") {
+      continue;
+    }
     auto history = model.render({messages.begin(), messages.end() - 2}, false);
     auto full = model.render({messages.begin(), messages.end() - 1}, true);
     if (!history.ok() || !full.ok()) continue;

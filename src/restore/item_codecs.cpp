@@ -46,6 +46,7 @@ Status read_profile(const std::string& path, store::StoreOptions* options) {
     if (!c.contains("quality") || !c["quality"].is_number()) {
       return bad("no quality for codec " + name);
     }
+    if (codec->quality >= 0) return bad("codec " + name + " is listed twice");
     codec->quality = c["quality"].get<double>();
     codec->decode_seconds_per_byte = c.value("decode_seconds_per_byte", 0.0);
     // Quality per task family: {"chat": 0.93, "long-document": 0.71}. Every listed codec gives

@@ -349,8 +349,13 @@ StatusOr<SaveTicket> KvStore::begin_save(const SaveRequest& request) {
   const int64_t first = target ? std::ssize(target->chunks) : 0;
   int64_t count = std::ssize(request.chain) - first;
   SaveTicket ticket{target ? target->id : 0, first, {}, {}};
+  STRATA_CHECK(request.task >= 0 && request.task <= std::ssize(options_.adaptcache.tasks))
+      << "task " << request.task;
   if (count <= 0) {
-    if (target) touch(*target);
+    if (target) {
+      target->task = request.task;  // the latest request's family, even when it adds nothing
+      touch(*target);
+    }
     return ticket;
   }
   if (free_dram_chunks() < count) reclaim_clean_dram(count);
@@ -392,7 +397,7 @@ StatusOr<SaveTicket> KvStore::begin_save(const SaveRequest& request) {
     target->session = request.session;
     by_session_[request.session] = target->id;
   }
-  if (request.task != 0) target->task = request.task;  // the latest request's family
+  target->task = request.task;  // the latest request's family
   target->pending.assign(request.chain.begin() + first, request.chain.begin() + first + count);
   touch(*target);
   const std::vector<int64_t> sizes(static_cast<size_t>(count), options_.chunk_bytes);

@@ -102,6 +102,17 @@ Status StoreOptions::validate() const {
     for (size_t j = 0; j < i; ++j) {
       if (codecs[j].name == c.name) return invalid_argument_error("store: codec '" + c.name + "' twice");
     }
+    if (!c.task_quality.empty() && c.task_quality.size() != adaptcache.tasks.size()) {
+      return invalid_argument_error("store: codec '" + c.name + "' has " +
+                                    std::to_string(c.task_quality.size()) + " task qualities for " +
+                                    std::to_string(adaptcache.tasks.size()) + " task families");
+    }
+    for (double q : c.task_quality) {
+      if (!(q >= 0 && q <= 1)) {
+        return invalid_argument_error("store: codec '" + c.name +
+                                      "' has a task quality outside [0, 1]");
+      }
+    }
   }
   if (codecs.size() > 1 && !transcode) {
     return invalid_argument_error("store: lossy codecs need a transcode function");

@@ -529,6 +529,15 @@ TEST_F(EngineStoreTest, RequestsNameATaskFamilyOfTheAdaptCacheProfile) {
                                            "first codec for 2"),
             std::string::npos)
       << uneven.status().message();
+  // A codec listed twice (which of its qualities would count?) is refused too.
+  std::ofstream(dir.file("twice.json"))
+      << R"({"prefill_seconds_per_token": 0.002, "tiers": [{"name": "dram", "bandwidth": 1e10}],
+             "codecs": [{"name": "kivi-8", "quality": 0.9}, {"name": "kivi-8", "quality": 0.5}]})";
+  store.adaptcache.profile = dir.file("twice.json");
+  StatusOr<std::unique_ptr<Engine>> twice = try_make_engine(options_with(store, false));
+  ASSERT_FALSE(twice.ok());
+  EXPECT_NE(twice.status().message().find("codec kivi-8 is listed twice"), std::string::npos)
+      << twice.status().message();
 }
 
 // Cached KV is keyed by the model's content: a copy of the model file elsewhere finds the KV the

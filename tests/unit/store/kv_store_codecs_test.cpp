@@ -416,6 +416,16 @@ TEST(KvStoreCodecsTest, OptionsAreValidated) {
   o = with_codecs(options(nullptr, 16));
   o.codecs[0].chunk_bytes = kChunkBytes + 1;
   EXPECT_FALSE(KvStore::open(o).ok());
+  // Task qualities: one per task family, each in [0, 1].
+  o = with_codecs(options(nullptr, 16));
+  o.adaptcache.tasks = {"chat", "code"};
+  o.codecs[0].task_quality = {0.9};
+  EXPECT_NE(KvStore::open(o).status().message().find("1 task qualities for 2 task families"),
+            std::string::npos);
+  o.codecs[0].task_quality = {0.9, 1.5};
+  EXPECT_NE(KvStore::open(o).status().message().find("outside [0, 1]"), std::string::npos);
+  o.codecs[0].task_quality = {0.9, 0.5};
+  EXPECT_TRUE(KvStore::open(o).ok());
 }
 
 }  // namespace
