@@ -237,10 +237,6 @@ std::string longqa_prompt(const QaItem& item, const std::string& document) {
          item.question + "\nAnswer:";
 }
 
-}  // namespace
-
-namespace {
-
 // The item's prompt with the document cut to at most `keep` of its tokens, and fewer until the
 // prompt has at most max_prompt_tokens tokens (text re-encoded at the seams may take a token or
 // two more); the prompt, its token count and the document tokens kept.
