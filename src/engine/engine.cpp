@@ -170,7 +170,10 @@ StatusOr<std::vector<std::shared_ptr<RequestStream>>> Engine::submit_parallel(
                                   std::to_string(config.max_context_tokens) +
                                   " to be scored (it would be truncated)");
   }
-  if (restore_) STRATA_RETURN_IF_ERROR(restore_->task_index(request.kv_task).status());
+  int32_t task = 0;
+  if (restore_) {
+    STRATA_ASSIGN_OR_RETURN(task, restore_->task_index(request.kv_task));
+  }
   const Clock::time_point submitted = Clock::now();
   if (restore_) {
     // A request the queue refuses now does no remote I/O (checked again below).
@@ -192,8 +195,8 @@ StatusOr<std::vector<std::shared_ptr<RequestStream>>> Engine::submit_parallel(
     }
     inbox_.push_back(
         {std::move(request), streams.front(),
-         std::vector<std::shared_ptr<RequestStream>>(streams.begin() + 1, streams.end()),
-         submitted});
+         std::vector<std::shared_ptr<RequestStream>>(streams.begin() + 1, streams.end()), submitted,
+         task});
   }
   wake_.notify_all();
   return streams;
@@ -287,7 +290,7 @@ void Engine::refresh_stats() {
 
 void Engine::admit(std::vector<Submission> submissions) {
   const int64_t vocab = executor_->config().vocab_size;
-  for (auto& [request, stream, forks, submitted] : submissions) {
+  for (auto& [request, stream, forks, submitted, task] : submissions) {
     const SeqId seq{stream->id().value};
     std::vector<TokenId> stop_ids = request.sampling.stop_token_ids;
     if (!request.sampling.ignore_eos) {
@@ -308,9 +311,8 @@ void Engine::admit(std::vector<Submission> submissions) {
     if (scores_prompt) active->prompt_logprobs.resize(std::max<size_t>(prompt.size(), 1) - 1);
     std::optional<store::StoreMatch> match;
     if (restore_) {
-      const StatusOr<int32_t> task = restore_->task_index(request.kv_task);  // checked by submit
-      match = restore_->look_up(
-          seq, prompt, {request.tenant, request.session, scores_prompt, task.ok() ? *task : 0});
+      match =
+          restore_->look_up(seq, prompt, {request.tenant, request.session, scores_prompt, task});
     }
     const int64_t drop = tokens_to_drop(prompt, match);
     if (drop > 0) {

@@ -245,6 +245,7 @@ class Engine {
     std::shared_ptr<RequestStream> stream;
     std::vector<std::shared_ptr<RequestStream>> forks;
     std::chrono::steady_clock::time_point submitted;  // TTFT counts from here
+    int32_t task = 0;  // request.kv_task resolved (restore::SequenceInfo::task)
   };
   void admit(std::vector<Submission> submissions);
   // UNAVAILABLE while stopping, RESOURCE_EXHAUSTED when the queue is full (REQUIRES mutex_).
