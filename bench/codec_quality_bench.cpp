@@ -17,6 +17,7 @@
 // bench/task_quality_profile.py writes the means into a profile's task_quality.
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <map>
@@ -56,6 +57,11 @@ int fail(const strata::Status& status) {
   return 1;
 }
 
+// Tokens two prompts share from their start.
+int64_t shared_prefix(const std::vector<TokenId>& a, const std::vector<TokenId>& b) {
+  return std::mismatch(a.begin(), a.end(), b.begin(), b.end()).first - a.begin();
+}
+
 // The entry of `full` whose first `shared` tokens a stored item serves (whole blocks).
 std::optional<Entry> entry_of(std::string id, const std::vector<TokenId>& full, int64_t shared,
                               int64_t block) {
@@ -79,12 +85,7 @@ strata::StatusOr<std::vector<Entry>> chat_entries(const Options& o, const bench:
     auto history = model.render({messages.begin(), messages.end() - 2}, false);
     auto full = model.render({messages.begin(), messages.end() - 1}, true);
     if (!history.ok() || !full.ok()) continue;
-    int64_t shared = 0;
-    while (shared < std::min(std::ssize(*history), std::ssize(*full)) &&
-           (*history)[shared] == (*full)[shared]) {
-      ++shared;
-    }
-    std::optional<Entry> e = entry_of(c.id, *full, shared, block);
+    std::optional<Entry> e = entry_of(c.id, *full, shared_prefix(*history, *full), block);
     if (!e || std::ssize(e->history) < o.min_history || std::ssize(e->history) > o.max_history) {
       continue;
     }
@@ -115,12 +116,8 @@ strata::StatusOr<std::vector<Entry>> document_entries(const Options& o,
       STRATA_ASSIGN_OR_RETURN(std::vector<TokenId> ids, model.render(r.messages, true));
       full.push_back(std::move(ids));
     }
-    int64_t shared = 0;
-    while (shared < std::min(std::ssize(full[0]), std::ssize(full[1])) &&
-           full[0][shared] == full[1][shared]) {
-      ++shared;
-    }
-    if (std::optional<Entry> e = entry_of(items[i].id, full[0], shared, block)) {
+    if (std::optional<Entry> e =
+            entry_of(items[i].id, full[0], shared_prefix(full[0], full[1]), block)) {
       entries.push_back(std::move(*e));
     }
   }
