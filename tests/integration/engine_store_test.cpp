@@ -529,6 +529,20 @@ TEST_F(EngineStoreTest, RequestsNameATaskFamilyOfTheAdaptCacheProfile) {
                                            "first codec for 2"),
             std::string::npos)
       << uneven.status().message();
+  // A codec naming another family, or with families not given as an object, is refused too.
+  store.adaptcache.profile = write_profile("other.json", R"({"chat": 0.7, "code": 0.2})");
+  StatusOr<std::unique_ptr<Engine>> other = try_make_engine(options_with(store, false));
+  ASSERT_FALSE(other.ok());
+  EXPECT_NE(other.status().message().find("codec kivi-2 has no quality for task family "
+                                          "'long-document'"),
+            std::string::npos)
+      << other.status().message();
+  store.adaptcache.profile = write_profile("list.json", "[0.7, 0.2]");
+  StatusOr<std::unique_ptr<Engine>> list = try_make_engine(options_with(store, false));
+  ASSERT_FALSE(list.ok());
+  EXPECT_NE(list.status().message().find("codec kivi-2: task_quality must be an object"),
+            std::string::npos)
+      << list.status().message();
   // A codec listed twice (which of its qualities would count?) is refused too.
   std::ofstream(dir.file("twice.json"))
       << R"({"prefill_seconds_per_token": 0.002, "tiers": [{"name": "dram", "bandwidth": 1e10}],
