@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 #include <tuple>
 
@@ -84,10 +85,14 @@ void krul_accumulate(const at::Tensor& rows, const at::Tensor& lengths,
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> krul_merge(const at::Tensor& a,
                                                                       const at::Tensor& b, double t,
-                                                                      double retain) {
+                                                                      double retain,
+                                                                      int64_t max_retained,
+                                                                      int64_t group) {
   TORCH_CHECK(a.sizes() == b.sizes() && a.dim() == 3, "krul_merge: a ", a.sizes(), ", b ",
               b.sizes());
-  const int64_t d = a.size(2);
+  const int64_t n = a.size(0), heads = a.size(1), d = a.size(2);
+  if (group <= 0) group = std::max<int64_t>(n, 1);
+  TORCH_CHECK(n % group == 0, "krul_merge: ", n, " tokens in groups of ", group);
   const at::Tensor af = a.to(at::kFloat), bf = b.to(at::kFloat);
   const at::Tensor ma = at::linalg_vector_norm(af, 2, {-1}),
                    mb = at::linalg_vector_norm(bf, 2, {-1});
@@ -104,11 +109,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> krul_merge(const at::
   const at::Tensor wb = at::where(small, at::full_like(sin, t), at::sin(t * omega) / sin);
   at::Tensor e = wa.unsqueeze(-1) * ua + wb.unsqueeze(-1) * ub;
   e = e / at::linalg_vector_norm(e, 2, {-1}, true).clamp_min(1e-30);
-  at::Tensor keep = at::zeros_like(omega, omega.options().dtype(at::kBool));
-  if (retain > 0 && omega.numel() > 0) {
-    const at::Tensor dist = omega / M_PI;
-    const double lo = dist.min().item<double>(), hi = dist.max().item<double>();
+  // Retention per group of tokens: [groups, group * heads].
+  const at::Tensor dist = (omega / M_PI).reshape({n / group, group * heads});
+  at::Tensor keep = at::zeros_like(dist, dist.options().dtype(at::kBool));
+  if (retain > 0 && dist.numel() > 0) {
+    const at::Tensor lo = std::get<0>(dist.min(1, true)), hi = std::get<0>(dist.max(1, true));
     keep = dist > lo + (1.0 - retain) * (hi - lo);
+    if (max_retained >= 0 && max_retained < dist.size(1)) {
+      const at::Tensor widest =
+          std::get<1>(at::topk(at::where(keep, dist, at::full_like(dist, -1.0)), max_retained, 1));
+      keep = keep & at::zeros_like(keep).scatter_(1, widest, true);
+    }
   }
   const at::Tensor retained = keep.reshape({-1}).nonzero().reshape({-1});
   const at::Tensor originals = at::stack(
@@ -124,6 +135,142 @@ at::Tensor krul_unmerge(const at::Tensor& direction, const at::Tensor& magnitude
   if (retained.numel() > 0) {
     at::Tensor flat = out.view({2, -1, d});
     flat.index_copy_(1, retained, originals.to(direction.scalar_type()));
+  }
+  return out;
+}
+
+namespace {
+
+// The shallow layer's slot among the stored layers (those that are no pair's deep layer).
+std::vector<int64_t> stored_layers(int64_t layers, const std::vector<kv::krul::LayerPair>& pairs) {
+  std::vector<bool> deep(static_cast<size_t>(layers), false);
+  for (const kv::krul::LayerPair& p : pairs) {
+    TORCH_CHECK(p.shallow >= 0 && p.shallow < p.deep && p.deep < layers, "layer pair (", p.shallow,
+                ", ", p.deep, ") of ", layers, " layers");
+    TORCH_CHECK(!deep[static_cast<size_t>(p.deep)], "layer ", p.deep, " in two pairs");
+    deep[static_cast<size_t>(p.deep)] = true;
+  }
+  std::vector<int64_t> stored;
+  for (int64_t l = 0; l < layers; ++l) {
+    if (!deep[static_cast<size_t>(l)]) stored.push_back(l);
+  }
+  for (const kv::krul::LayerPair& p : pairs) {
+    TORCH_CHECK(!deep[static_cast<size_t>(p.shallow)], "layer ", p.shallow, " in two pairs");
+  }
+  return stored;
+}
+
+int64_t slot_of(const std::vector<int64_t>& stored, int64_t layer) {
+  return std::lower_bound(stored.begin(), stored.end(), layer) - stored.begin();
+}
+
+// Bytes of one tensor per chunk: x [n, ...] -> uint8 [n, bytes].
+at::Tensor as_bytes(const at::Tensor& x) {
+  return x.contiguous().view({x.size(0), -1}).view(at::kByte);
+}
+
+}  // namespace
+
+int64_t krul_merged_chunk_bytes(const kv::krul::MergedForm& form, int64_t layers,
+                                int64_t num_kv_heads, int64_t block, int64_t d,
+                                int64_t element_bytes) {
+  const int64_t layer = 2 * num_kv_heads * block * d * element_bytes;
+  const int64_t per_tensor =
+      2 * block * num_kv_heads * 4 + form.retained * 4 + 2 * form.retained * d * element_bytes;
+  return (layers - form.pairs) * layer + form.pairs * 2 * per_tensor;
+}
+
+at::Tensor krul_merge_chunks(const at::Tensor& chunks, const kv::krul::MergedForm& form,
+                             const std::vector<kv::krul::LayerPair>& pairs) {
+  TORCH_CHECK(chunks.dim() == 6 && chunks.size(2) == 2, "krul_merge_chunks: chunks ",
+              chunks.sizes());
+  TORCH_CHECK(std::ssize(pairs) == form.pairs, "krul_merge_chunks: ", pairs.size(),
+              " pairs for a form of ", form.pairs);
+  const int64_t n = chunks.size(0), layers = chunks.size(1), heads = chunks.size(3);
+  const int64_t block = chunks.size(4), d = chunks.size(5), r = form.retained;
+  const std::vector<int64_t> stored = stored_layers(layers, pairs);
+  const auto long_opts = chunks.options().dtype(at::kLong);
+  at::Tensor body = chunks.index_select(1, at::tensor(stored, at::kLong).to(chunks.device()));
+  std::vector<at::Tensor> parts;
+  for (const kv::krul::LayerPair& p : pairs) {
+    for (int64_t kv = 0; kv < 2; ++kv) {
+      // [n, heads, block, d] -> tokens [n * block, heads, d], retention judged per chunk.
+      const auto tokens = [&](int64_t layer) {
+        return chunks.select(1, layer).select(1, kv).permute({0, 2, 1, 3}).reshape({-1, heads, d});
+      };
+      auto [e, m, retained, originals] =
+          krul_merge(tokens(p.shallow), tokens(p.deep), form.slerp_t, form.retain, r, block);
+      body.select(1, slot_of(stored, p.shallow))
+          .select(1, kv)
+          .copy_(e.view({n, block, heads, d}).permute({0, 2, 1, 3}));
+      parts.push_back(as_bytes(m.view({2, n, block, heads}).transpose(0, 1)));
+      // Chunk c's retained vectors, ascending, in slots [0, count) of its r.
+      const int64_t per_chunk = block * heads;
+      const at::Tensor chunk = at::floor_divide(retained, per_chunk);
+      const at::Tensor first =
+          at::cumsum(at::bincount(chunk, {}, n), 0) - at::bincount(chunk, {}, n);
+      const at::Tensor slot =
+          at::arange(retained.numel(), long_opts) - first.index_select(0, chunk);
+      at::Tensor index = at::full({n, r}, -1, long_opts);
+      at::Tensor kept = at::zeros({n, 2, r, d}, chunks.options());
+      if (retained.numel() > 0) {
+        index.index_put_({chunk, slot}, retained - chunk * per_chunk);
+        kept.permute({0, 2, 1, 3}).index_put_({chunk, slot}, originals.transpose(0, 1));
+      }
+      parts.push_back(as_bytes(index.to(at::kInt)));
+      parts.push_back(as_bytes(kept));
+    }
+  }
+  parts.insert(parts.begin(), as_bytes(body));
+  return at::cat(parts, 1);
+}
+
+at::Tensor krul_unmerge_chunks(const at::Tensor& merged, const kv::krul::MergedForm& form,
+                               const std::vector<kv::krul::LayerPair>& pairs, int64_t layers,
+                               int64_t num_kv_heads, int64_t block, int64_t d,
+                               c10::ScalarType dtype) {
+  const int64_t n = merged.size(0), heads = num_kv_heads, r = form.retained;
+  const int64_t es = static_cast<int64_t>(c10::elementSize(dtype));
+  TORCH_CHECK(std::ssize(pairs) == form.pairs, "krul_unmerge_chunks: ", pairs.size(),
+              " pairs for a form of ", form.pairs);
+  TORCH_CHECK(merged.dim() == 2 &&
+                  merged.size(1) == krul_merged_chunk_bytes(form, layers, heads, block, d, es),
+              "krul_unmerge_chunks: ", merged.sizes(), " is not the merged form of ", layers,
+              " layers");
+  const std::vector<int64_t> stored = stored_layers(layers, pairs);
+  int64_t offset = 0;
+  // The next `bytes` of every chunk as `type` [n, ...].
+  const auto field = [&](int64_t bytes, c10::ScalarType type) {
+    at::Tensor f = merged.narrow(1, offset, bytes).contiguous().view(type);
+    offset += bytes;
+    return f;
+  };
+  const int64_t layer_bytes = 2 * heads * block * d * es;
+  const at::Tensor body = field(std::ssize(stored) * layer_bytes, dtype)
+                              .view({n, std::ssize(stored), 2, heads, block, d});
+  at::Tensor out = at::empty({n, layers, 2, heads, block, d}, merged.options().dtype(dtype));
+  out.index_copy_(1, at::tensor(stored, at::kLong).to(merged.device()), body);
+  for (const kv::krul::LayerPair& p : pairs) {
+    for (int64_t kv = 0; kv < 2; ++kv) {
+      const at::Tensor m = field(2 * block * heads * 4, at::kFloat).view({n, 2, block, heads});
+      const at::Tensor index = field(r * 4, at::kInt).to(at::kLong);  // [n, r]
+      const at::Tensor kept = field(2 * r * d * es, dtype).view({n, 2, r, d});
+      // As one merge of n * block tokens: chunk c's token t is token c * block + t.
+      const at::Tensor valid = (index >= 0).nonzero();  // [m, 2]: chunk, slot
+      const at::Tensor chunk = valid.select(1, 0), slot = valid.select(1, 1);
+      const at::Tensor retained = index.index({chunk, slot}) + chunk * block * heads;
+      const at::Tensor originals = kept.permute({0, 2, 1, 3}).index({chunk, slot}).transpose(0, 1);
+      const at::Tensor direction = body.select(1, slot_of(stored, p.shallow))
+                                       .select(1, kv)
+                                       .permute({0, 2, 1, 3})
+                                       .reshape({n * block, heads, d});
+      const at::Tensor both =
+          krul_unmerge(direction, m.transpose(0, 1).reshape({2, n * block, heads}),
+                       retained.view({-1}), originals.reshape({2, -1, d}));
+      const at::Tensor layers_kv = both.view({2, n, block, heads, d}).permute({0, 1, 3, 2, 4});
+      out.select(1, p.shallow).select(1, kv).copy_(layers_kv[0]);
+      out.select(1, p.deep).select(1, kv).copy_(layers_kv[1]);
+    }
   }
   return out;
 }

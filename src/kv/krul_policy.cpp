@@ -88,6 +88,11 @@ std::vector<LayerPair> adjacent_pairs(int32_t first, int32_t last) {
   return pairs;
 }
 
+int32_t pair_count(double share, int32_t num_layers) {
+  const auto layers = static_cast<int32_t>(std::ceil(share * num_layers - 1e-9));
+  return std::min((std::max(layers, 0) + 1) / 2, num_layers / 2);
+}
+
 namespace {
 
 enum class Role : uint8_t { kPlain, kShallow, kDeep };

@@ -5,11 +5,15 @@
 
 #include <cstdint>
 #include <tuple>
+#include <vector>
 
 #include "strata/kv/krul_policy.h"
 
 namespace at {
 class Tensor;
+}
+namespace c10 {
+enum class ScalarType : int8_t;  // ATen's element types (opaque here)
 }
 
 namespace strata::kernels::aten {
@@ -39,18 +43,47 @@ void krul_accumulate(const at::Tensor& rows, const at::Tensor& lengths,
 // [n, num_kv_heads, d]: per (token, head) the magnitudes |a|, |b| and one direction, the SLERP of
 // a/|a| and b/|b| at t (t = 0 gives a's, 1 b's). Pairs whose angle, as a share of pi, is in the
 // top `retain` of the range over this tensor (> min + (1 - retain)(max - min)) keep both
-// vectors instead; retain = 0 keeps none. Returns
+// vectors instead, the widest `max_retained` of them when more qualify (< 0: all); retain = 0
+// keeps none. With group > 0 the range and max_retained are taken per group of `group`
+// consecutive tokens (n a multiple of it; the store's chunks), else over the whole tensor.
+// Returns
 //   direction  [n, num_kv_heads, d], a's dtype
 //   magnitude  [2, n, num_kv_heads] float32 (a's, b's)
 //   retained   [m] int64: token * num_kv_heads + head, ascending
 //   originals  [2, m, d] a's dtype (a's, b's vectors of the retained pairs)
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> krul_merge(const at::Tensor& a,
                                                                       const at::Tensor& b, double t,
-                                                                      double retain);
+                                                                      double retain,
+                                                                      int64_t max_retained = -1,
+                                                                      int64_t group = 0);
 
 // Both layers back from a merge: a^ = |a| e, b^ = |b| e, retained pairs exact. Returns
 // [2, n, num_kv_heads, d] in the direction's dtype.
 at::Tensor krul_unmerge(const at::Tensor& direction, const at::Tensor& magnitude,
                         const at::Tensor& retained, const at::Tensor& originals);
+
+// Krul's stored form of KV chunks (the store's layer-merge codec; docs/krul.md decision 8).
+// chunks [n, layers, 2 (K, V), num_kv_heads, block, d] (the store's chunk layout) in any float
+// dtype; `pairs`, form.pairs of them, disjoint with shallow < deep < layers. Each chunk becomes
+// krul_merged_chunk_bytes bytes:
+//   the layers that are no pair's deep layer, in order, each [2, num_kv_heads, block, d] in the
+//   chunks' dtype, a pair's shallow layer holding the pair's directions (krul_merge at
+//   form.slerp_t over the chunk's block tokens);
+//   then per pair (in the order given) and K, V: magnitudes float32 [2 (shallow, deep), block,
+//   num_kv_heads], retained indices int32 [form.retained] (token * num_kv_heads + head,
+//   ascending, -1 after the last), their original vectors [2, form.retained, d] in the dtype
+//   (zeros after the last).
+// Returns uint8 [n, bytes] on the chunks' device.
+int64_t krul_merged_chunk_bytes(const kv::krul::MergedForm& form, int64_t layers,
+                                int64_t num_kv_heads, int64_t block, int64_t d,
+                                int64_t element_bytes);
+at::Tensor krul_merge_chunks(const at::Tensor& chunks, const kv::krul::MergedForm& form,
+                             const std::vector<kv::krul::LayerPair>& pairs);
+// The chunks back from their merged form (uint8 [n, bytes]): [n, layers, 2, num_kv_heads, block,
+// d] in `dtype`, each pair's layers krul_unmerge'd, the others as stored.
+at::Tensor krul_unmerge_chunks(const at::Tensor& merged, const kv::krul::MergedForm& form,
+                               const std::vector<kv::krul::LayerPair>& pairs, int64_t layers,
+                               int64_t num_kv_heads, int64_t block, int64_t d,
+                               c10::ScalarType dtype);
 
 }  // namespace strata::kernels::aten

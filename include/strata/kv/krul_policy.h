@@ -65,6 +65,21 @@ std::vector<LayerPair> select_pairs(const AttentionStats& stats, const std::vect
 // `last` (inclusive), e.g. 16..31 for a 32-layer model.
 std::vector<LayerPair> adjacent_pairs(int32_t first, int32_t last);
 
+// The pairs select_pairs stops at for `share` of `num_layers`: the fewest whose layers reach
+// share * num_layers, i.e. ceil(share * num_layers / 2), at most num_layers / 2.
+int32_t pair_count(double share, int32_t num_layers);
+
+// Krul's stored form of a conversation's KV chunks (the store's layer-merge codec,
+// kernels::aten::krul_merge_chunks): every chunk merges the same `pairs` layer pairs (MiniCache's
+// merge at slerp_t, retaining the vectors whose angle is in the top `retain` of the chunk's
+// range, at most `retained` per pair and K or V).
+struct MergedForm {
+  int32_t pairs = 0;
+  int32_t retained = 0;
+  double slerp_t = 0.6;
+  double retain = 0.05;
+};
+
 // What a resumed turn costs per layer, in seconds, measured on this machine (RestoreCosts come
 // from a calibration run, docs/krul.md):
 //   recompute of t tokens in one layer   t * compute_per_token + t^2 * attention_per_token2

@@ -1,5 +1,6 @@
 // Krul's libtorch operations (kernels/krul_ops.h): attention rows, the split statistics against
-// an offline computation over whole attention matrices, and MiniCache's merge.
+// an offline computation over whole attention matrices, MiniCache's merge, and the store's merged
+// form of whole chunks against the merge of each chunk's pairs one by one.
 #include "strata/kernels/krul_ops.h"
 
 #include <ATen/ATen.h>
@@ -160,6 +161,94 @@ TEST(KrulOpsTest, MergeKeepsMagnitudesAndRestoresRetainedPairsExactly) {
   // bf16 in, bf16 out
   auto [eb, mb, kb, ob] = krul_merge(a.to(at::kBFloat16), b.to(at::kBFloat16), 0.6, 0.05);
   EXPECT_EQ(krul_unmerge(eb, mb, kb, ob).scalar_type(), at::kBFloat16);
+}
+
+TEST(KrulOpsTest, MaxRetainedKeepsTheWidestPerGroup) {
+  at::manual_seed(4);
+  const at::Tensor a = at::randn({32, 3, 16});
+  const at::Tensor b = at::randn({32, 3, 16});  // unrelated: wide angles everywhere
+  auto [e, m, all, o] = krul_merge(a, b, 0.6, 0.5, -1, 16);
+  auto [e2, m2, capped, o2] = krul_merge(a, b, 0.6, 0.5, 2, 16);
+  // Two groups of 16 tokens x 3 heads: at most 2 each, a subset of the uncapped choice.
+  ASSERT_EQ(capped.numel(), 4);
+  EXPECT_LT(capped[1].item<int64_t>(), 48);
+  EXPECT_GE(capped[2].item<int64_t>(), 48);
+  const at::Tensor angle =
+      at::acos(at::cosine_similarity(a.reshape({-1, 16}), b.reshape({-1, 16}), 1).clamp(-1, 1));
+  for (int64_t g = 0; g < 2; ++g) {
+    const at::Tensor in_group = all.masked_select((all >= g * 48) & (all < (g + 1) * 48));
+    const at::Tensor kept = capped.slice(0, 2 * g, 2 * g + 2);
+    EXPECT_GT(in_group.numel(), 2);
+    // the two kept are the widest of the group's candidates
+    const at::Tensor top = std::get<0>(at::topk(angle.index_select(0, in_group), 2));
+    EXPECT_TRUE(at::allclose(std::get<0>(at::sort(angle.index_select(0, kept), 0, true)), top));
+  }
+  auto [e0, m0, none, o0] = krul_merge(a, b, 0.6, 0.5, 0, 16);
+  EXPECT_EQ(none.numel(), 0);
+}
+
+// The merged form of whole chunks [n, layers, 2, heads, block, d] restores what merging each
+// chunk's pairs one at a time restores, exactly, in every dtype.
+TEST(KrulOpsTest, MergedChunksRestoreWhatEachPairsMergeRestores) {
+  at::manual_seed(5);
+  const int64_t n = 3, layers = 6, heads = 2, block = 8, d = 16;
+  for (const c10::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    at::Tensor chunks = at::randn({n, layers, 2, heads, block, d});
+    chunks.select(1, 4).copy_(chunks.select(1, 1) + 0.2 * at::randn_like(chunks.select(1, 1)));
+    chunks = chunks.to(dtype);
+    const std::vector<kv::krul::LayerPair> pairs = {{3, 5, 0.0}, {1, 4, 0.0}};
+    const kv::krul::MergedForm form{.pairs = 2, .retained = 3, .slerp_t = 0.6, .retain = 0.3};
+    const at::Tensor merged = krul_merge_chunks(chunks, form, pairs);
+    const int64_t es = static_cast<int64_t>(c10::elementSize(dtype));
+    ASSERT_EQ(merged.sizes(), (std::vector<int64_t>{
+                                  n, krul_merged_chunk_bytes(form, layers, heads, block, d, es)}));
+    EXPECT_LT(merged.size(1), layers * 2 * heads * block * d * es);
+    const at::Tensor back =
+        krul_unmerge_chunks(merged, form, pairs, layers, heads, block, d, dtype);
+    ASSERT_EQ(back.sizes(), chunks.sizes());
+    // unpaired layers as they were
+    for (int64_t l : {0, 2}) EXPECT_TRUE(at::equal(back.select(1, l), chunks.select(1, l)));
+    for (int64_t c = 0; c < n; ++c) {
+      for (const kv::krul::LayerPair& p : pairs) {
+        for (int64_t kv = 0; kv < 2; ++kv) {
+          const auto tokens = [&](int64_t l) {
+            return chunks[c][l][kv].permute({1, 0, 2}).contiguous();  // [block, heads, d]
+          };
+          auto [e, m, kept, orig] = krul_merge(tokens(p.shallow), tokens(p.deep), 0.6, 0.3, 3);
+          EXPECT_LE(kept.numel(), 3);
+          const at::Tensor want = krul_unmerge(e, m, kept, orig);  // [2, block, heads, d]
+          EXPECT_TRUE(at::equal(back[c][p.shallow][kv], want[0].permute({1, 0, 2})))
+              << "chunk " << c << " layer " << p.shallow;
+          EXPECT_TRUE(at::equal(back[c][p.deep][kv], want[1].permute({1, 0, 2})))
+              << "chunk " << c << " layer " << p.deep;
+        }
+      }
+    }
+    // the pair of near layers restores closely, the unrelated pair does not
+    const auto error = [&](int64_t l) {
+      return ((back.select(1, l).to(at::kFloat) - chunks.select(1, l).to(at::kFloat)).norm() /
+              chunks.select(1, l).to(at::kFloat).norm())
+          .item<double>();
+    };
+    EXPECT_LT(error(4), 0.2);
+    EXPECT_GT(error(5), 0.3);
+  }
+  // Identical layers: lossless; no pairs: the chunks' own bytes.
+  const at::Tensor same =
+      at::randn({2, 4, 2, 2, 8, 16}).select(1, 0).unsqueeze(1).repeat({1, 4, 1, 1, 1, 1});
+  const kv::krul::MergedForm two{.pairs = 2, .retained = 0, .slerp_t = 0.6, .retain = 0.05};
+  const at::Tensor restored =
+      krul_unmerge_chunks(krul_merge_chunks(same, two, {{0, 1, 0.0}, {2, 3, 0.0}}), two,
+                          {{0, 1, 0.0}, {2, 3, 0.0}}, 4, 2, 8, 16, at::kFloat);
+  EXPECT_TRUE(at::allclose(restored, same, 1e-5, 1e-5));
+  const kv::krul::MergedForm zero{.pairs = 0, .retained = 0, .slerp_t = 0.6, .retain = 0.05};
+  const at::Tensor raw = krul_merge_chunks(same, zero, {});
+  EXPECT_TRUE(at::equal(raw, same.contiguous().view({2, -1}).view(at::kByte)));
+  // Pairs that overlap or run past the layers are refused.
+  EXPECT_THROW(krul_merge_chunks(same, two, {{0, 1, 0.0}, {1, 2, 0.0}}), c10::Error);
+  EXPECT_THROW(krul_merge_chunks(same, two, {{2, 4, 0.0}, {0, 1, 0.0}}), c10::Error);
+  EXPECT_THROW(krul_unmerge_chunks(raw, two, {{0, 1, 0.0}, {2, 3, 0.0}}, 4, 2, 8, 16, at::kFloat),
+               c10::Error);
 }
 
 }  // namespace
