@@ -153,18 +153,20 @@ class EngineClient final : public BenchClient {
     if (!stats.store) return std::nullopt;
     const store::StoreStats& s = *stats.store;
     auto d = [](int64_t v) { return static_cast<double>(v); };
-    Counters counters{
-        {"prefetches", d(s.prefetches)},
-        {"direct_loads", d(s.direct_loads)},
-        {"saves_partial", d(s.saves_partial)},
-        {"saves_skipped", d(s.saves_skipped)},
-        {"corrupt_chunks", d(s.corrupt_chunks)},
-        {"transcodes", d(s.transcodes)},
-        {"load_failures", d(stats.store_load_failures)},
-        {"preemptions", d(stats.num_preemptions)},
-        {"partial_restores", d(stats.partial_restores)},
-        {"restore_history_token_layers", d(stats.restore_history_token_layers)},
-        {"restore_recomputed_token_layers", d(stats.restore_recomputed_token_layers)}};
+    Counters counters{{"prefetches", d(s.prefetches)},
+                      {"direct_loads", d(s.direct_loads)},
+                      {"saves_partial", d(s.saves_partial)},
+                      {"saves_skipped", d(s.saves_skipped)},
+                      {"corrupt_chunks", d(s.corrupt_chunks)},
+                      {"transcodes", d(s.transcodes)},
+                      {"load_failures", d(stats.store_load_failures)},
+                      {"preemptions", d(stats.num_preemptions)},
+                      {"partial_restores", d(stats.partial_restores)},
+                      {"restore_history_token_layers", d(stats.restore_history_token_layers)},
+                      {"restore_recomputed_token_layers", d(stats.restore_recomputed_token_layers)},
+                      {"pair_maps", d(stats.pair_maps)},
+                      {"paired_layers", d(stats.paired_layers)},
+                      {"merged_chunks_loaded", d(stats.merged_chunks_loaded)}};
     // Which codecs the store chose (AdaptCache's mix): re-encodings into each lossy codec.
     for (size_t c = 1; c < s.codec_names.size(); ++c) {
       counters["transcodes_" + s.codec_names[c]] = d(s.codec_transcodes[c]);

@@ -442,6 +442,14 @@ Status read_kv_store(Context& ctx, const YAML::Node& node, KvStoreSection& out) 
                      out.restore_mode);
   }));
   STRATA_RETURN_IF_ERROR(m.get("recompute_ratio", into(ctx, out.recompute_ratio)));
+  STRATA_RETURN_IF_ERROR(m.get("layer_pairing", [&](const YAML::Node& n, const std::string& k) {
+    return read_enum(ctx, n, k,
+                     {LayerPairing::kNone, LayerPairing::kKrul, LayerPairing::kMiniCache},
+                     out.layer_pairing);
+  }));
+  STRATA_RETURN_IF_ERROR(m.get("layer_share", into(ctx, out.layer_share)));
+  STRATA_RETURN_IF_ERROR(m.get("krul_gamma", into(ctx, out.krul_gamma)));
+  STRATA_RETURN_IF_ERROR(m.get("merge_retain", into(ctx, out.merge_retain)));
   return m.get("read_buffer_layers", into(ctx, out.read_buffer_layers));
 }
 

@@ -43,6 +43,7 @@ std::string_view config_name(DeviceKind value) {
 
 std::string_view config_name(EvictionPolicy value) { return store::eviction_policy_name(value); }
 std::string_view config_name(RestoreMode value) { return store::restore_mode_name(value); }
+std::string_view config_name(LayerPairing value) { return store::layer_pairing_name(value); }
 
 std::string_view config_name(FreeKvMethod value) {
   switch (value) {

@@ -101,6 +101,10 @@ std::string to_yaml(const DeploymentConfig& config) {
   emit_plain(out, "read_buffer_layers", std::to_string(store.read_buffer_layers));
   emit_name(out, "restore_mode", config_name(store.restore_mode));
   emit_plain(out, "recompute_ratio", format_double(store.recompute_ratio));
+  emit_name(out, "layer_pairing", config_name(store.layer_pairing));
+  emit_plain(out, "layer_share", format_double(store.layer_share));
+  emit_plain(out, "krul_gamma", format_double(store.krul_gamma));
+  emit_plain(out, "merge_retain", format_double(store.merge_retain));
   emit_plain(out, "adaptcache", store.adaptcache.enabled ? "true" : "false");
   emit_string(out, "fixed_codec", store.adaptcache.fixed_codec);
   emit_plain(out, "adaptcache_alpha", format_double(store.adaptcache.alpha));

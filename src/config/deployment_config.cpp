@@ -222,6 +222,25 @@ const KeyCheck<KvStoreSection> kKvStoreKeys[] = {
        return invalid_argument_error("kv_store.recompute_ratio must be in [0, 1], got " +
                                      format_number(k.recompute_ratio));
      }},
+    {"kv_store.layer_pairing", nullptr},
+    {"kv_store.layer_share",
+     [](const KvStoreSection& k) {
+       if (k.layer_share > 0 && k.layer_share <= 1) return Status();
+       return invalid_argument_error("kv_store.layer_share must be in (0, 1], got " +
+                                     format_number(k.layer_share));
+     }},
+    {"kv_store.krul_gamma",
+     [](const KvStoreSection& k) {
+       if (k.krul_gamma >= 0 && k.krul_gamma <= 1) return Status();
+       return invalid_argument_error("kv_store.krul_gamma must be in [0, 1], got " +
+                                     format_number(k.krul_gamma));
+     }},
+    {"kv_store.merge_retain",
+     [](const KvStoreSection& k) {
+       if (k.merge_retain >= 0 && k.merge_retain <= 1) return Status();
+       return invalid_argument_error("kv_store.merge_retain must be in [0, 1], got " +
+                                     format_number(k.merge_retain));
+     }},
     {"kv_store.adaptcache",
      [](const KvStoreSection& k) {
        if (!k.adaptcache.enabled || !k.adaptcache.profile.empty()) return Status();
@@ -588,6 +607,16 @@ Status KvStoreSection::validate() const {
     return invalid_argument_error(
         "kv_store.remote_address: AdaptCache does not place conversations in the remote tier yet; "
         "set kv_store.adaptcache to false or kv_store.remote_address to \"\"");
+  }
+  const bool merges = adaptcache.enabled || adaptcache.fixed_codec == "layer-merge";
+  if (layer_pairing != LayerPairing::kNone && !merges) {
+    return invalid_argument_error(
+        "kv_store.layer_pairing pairs layers for the layer-merge codec: set kv_store.fixed_codec "
+        "to layer-merge (or kv_store.adaptcache with a profile listing it)");
+  }
+  if (adaptcache.fixed_codec == "layer-merge" && layer_pairing == LayerPairing::kNone) {
+    return invalid_argument_error(
+        "kv_store.fixed_codec layer-merge needs kv_store.layer_pairing krul or minicache");
   }
   return Status();
 }

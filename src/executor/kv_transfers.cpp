@@ -1,7 +1,7 @@
 // The KV store's transfers around a forward pass (CachedAttention): loads of stored chunks into
 // the pool layer by layer (raw, or encoded by the store's lossy codec and decoded on the device),
 // the read buffer's pre-loads, layer-wise saves out of the pool, and the re-encoding of chunks the
-// store asks for (AdaptCache).
+// store asks for (AdaptCache; Krul's merged form of layer pairs).
 
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -14,6 +14,7 @@
 #include <optional>
 
 #include "layers.h"
+#include "strata/kernels/krul_ops.h"
 #include "strata/kernels/kv_format_ops.h"
 #include "torch_executor.h"
 
@@ -356,6 +357,59 @@ Status TorchExecutor::transcode_kv_chunks(const std::optional<kv::KvFormat>& fro
     }
   } catch (const std::exception& e) {
     return internal_error(std::string("re-encoding KV chunks: ") + e.what());
+  }
+  return Status();
+}
+
+int64_t TorchExecutor::kv_chunk_bytes(const kv::krul::MergedForm& form) const {
+  return kernels::aten::krul_merged_chunk_bytes(form, kv_geometry_.num_layers, config_.num_kv_heads,
+                                                kv_geometry_.block_size_tokens, config_.head_dim,
+                                                static_cast<int64_t>(c10::elementSize(dtype_)));
+}
+
+Status TorchExecutor::merge_kv_chunks(const kv::krul::MergedForm& form,
+                                      const std::vector<kv::krul::LayerPair>& pairs,
+                                      std::span<const std::byte* const> in,
+                                      std::span<std::byte* const> out) const {
+  const int64_t n = std::ssize(in), layers = kv_geometry_.num_layers;
+  const int64_t raw = kv_chunk_bytes(), merged = kv_chunk_bytes(form);
+  try {
+    at::Tensor chunks = at::empty({n, raw}, at::kByte);
+    auto* base = static_cast<std::byte*>(chunks.data_ptr());
+    for (int64_t i = 0; i < n; ++i) std::memcpy(base + i * raw, in[i], static_cast<size_t>(raw));
+    const at::Tensor result = kernels::aten::krul_merge_chunks(
+        chunks.view(dtype_).view(
+            {n, layers, 2, config_.num_kv_heads, kv_geometry_.block_size_tokens, config_.head_dim}),
+        form, pairs);
+    const auto* bytes = static_cast<const std::byte*>(result.data_ptr());
+    for (int64_t i = 0; i < n; ++i) {
+      std::memcpy(out[i], bytes + i * merged, static_cast<size_t>(merged));
+    }
+  } catch (const c10::Error& e) {
+    return invalid_argument_error(std::string("merging KV chunks: ") + e.what_without_backtrace());
+  }
+  return Status();
+}
+
+Status TorchExecutor::unmerge_kv_chunks(const kv::krul::MergedForm& form,
+                                        const std::vector<kv::krul::LayerPair>& pairs,
+                                        std::span<const std::byte* const> in,
+                                        std::span<std::byte* const> out) const {
+  const int64_t n = std::ssize(in), raw = kv_chunk_bytes(), merged = kv_chunk_bytes(form);
+  try {
+    at::Tensor chunks = at::empty({n, merged}, at::kByte);
+    auto* base = static_cast<std::byte*>(chunks.data_ptr());
+    for (int64_t i = 0; i < n; ++i) {
+      std::memcpy(base + i * merged, in[i], static_cast<size_t>(merged));
+    }
+    const at::Tensor result = kernels::aten::krul_unmerge_chunks(
+        chunks, form, pairs, kv_geometry_.num_layers, config_.num_kv_heads,
+        kv_geometry_.block_size_tokens, config_.head_dim, dtype_);
+    const auto* bytes = static_cast<const std::byte*>(result.data_ptr());
+    for (int64_t i = 0; i < n; ++i) std::memcpy(out[i], bytes + i * raw, static_cast<size_t>(raw));
+  } catch (const c10::Error& e) {
+    return invalid_argument_error(std::string("restoring merged KV chunks: ") +
+                                  e.what_without_backtrace());
   }
   return Status();
 }

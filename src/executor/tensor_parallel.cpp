@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "strata/dist/communicator.h"
+#include "strata/kernels/krul_ops.h"
 #include "strata/kernels/kv_format_ops.h"
 #include "strata/model/model_source.h"
 #include "torch_executor.h"
@@ -296,6 +297,23 @@ class TensorParallelExecutor final : public Executor {
                              std::span<const std::byte* const>,
                              std::span<std::byte* const>) const override {
     return unimplemented_error("the store's lossy codecs are not served with tensor parallelism");
+  }
+  int64_t kv_chunk_bytes(const kv::krul::MergedForm& form) const override {
+    const kv::KvGeometry& g = geometry_;
+    const int64_t values = g.num_layers * 2 * g.num_kv_heads * g.block_size_tokens * g.head_dim;
+    return kernels::aten::krul_merged_chunk_bytes(
+        form, g.num_layers, g.num_kv_heads, g.block_size_tokens, g.head_dim, chunk_bytes_ / values);
+  }
+  Status merge_kv_chunks(const kv::krul::MergedForm&, const std::vector<kv::krul::LayerPair>&,
+                         std::span<const std::byte* const>,
+                         std::span<std::byte* const>) const override {
+    return unimplemented_error("the store's lossy codecs are not served with tensor parallelism");
+  }
+  Status unmerge_kv_chunks(const kv::krul::MergedForm& form,
+                           const std::vector<kv::krul::LayerPair>& pairs,
+                           std::span<const std::byte* const> in,
+                           std::span<std::byte* const> out) const override {
+    return merge_kv_chunks(form, pairs, in, out);
   }
   void drop_preload(SeqId) override {}  // pre-loads are not sent to the ranks
   void end_sequence(SeqId) override {}  // no per-sequence state besides the pool

@@ -75,6 +75,15 @@ class TorchExecutor final : public Executor {
                              const std::optional<kv::KvFormat>& to,
                              std::span<const std::byte* const> in,
                              std::span<std::byte* const> out) const override;
+  int64_t kv_chunk_bytes(const kv::krul::MergedForm& form) const override;
+  Status merge_kv_chunks(const kv::krul::MergedForm& form,
+                         const std::vector<kv::krul::LayerPair>& pairs,
+                         std::span<const std::byte* const> in,
+                         std::span<std::byte* const> out) const override;
+  Status unmerge_kv_chunks(const kv::krul::MergedForm& form,
+                           const std::vector<kv::krul::LayerPair>& pairs,
+                           std::span<const std::byte* const> in,
+                           std::span<std::byte* const> out) const override;
   void drop_preload(SeqId seq) override { read_buffers_.erase(seq); }
   void end_sequence(SeqId seq) override {
     if (leankv_) leankv_->end(seq);

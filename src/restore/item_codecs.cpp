@@ -1,5 +1,6 @@
 #include "item_codecs.h"
 
+#include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -73,21 +74,36 @@ Status read_profile(const std::string& path, store::StoreOptions* options) {
 
 }  // namespace
 
+kv::krul::MergedForm merged_form(const store::StoreConfig& config,
+                                 const executor::Executor& executor) {
+  const kv::KvGeometry& g = executor.kv_geometry();
+  const double vectors = static_cast<double>(g.num_kv_heads) * g.block_size_tokens;
+  return {.pairs = kv::krul::pair_count(config.layer_share, g.num_layers),
+          .retained = static_cast<int32_t>(std::ceil(config.merge_retain * vectors - 1e-9)),
+          .slerp_t = 0.6,
+          .retain = config.merge_retain};
+}
+
 StatusOr<std::vector<std::optional<kv::KvFormat>>> configure_item_codecs(
-    const store::AdaptCacheConfig& config, const executor::Executor& executor,
+    const store::StoreConfig& store_config, const executor::Executor& executor,
     store::StoreOptions* options) {
+  const store::AdaptCacheConfig& config = store_config.adaptcache;
   std::vector<std::optional<kv::KvFormat>> formats = {std::nullopt};
   if (!config.enabled && config.fixed_codec == "none") return formats;
-  // Token-dropped chunks are raw: they load like the pool's.
+  // Token-dropped chunks are raw: they load like the pool's; merged ones are made raw before
+  // their load (no format).
+  const kv::krul::MergedForm form = merged_form(store_config, executor);
   for (const store::KnownItemCodec& known : store::kItemCodecs) {
     std::optional<kv::KvFormat> format;
     if (known.kivi_bits > 0) format = kv::kivi_format(known.kivi_bits);
     formats.push_back(format);
-    options->codecs.push_back(
-        {.name = std::string(known.name),
-         .chunk_bytes = format ? executor.kv_chunk_bytes(*format) : executor.kv_chunk_bytes(),
-         .keep_fraction = known.keep_fraction,
-         .task_quality = {}});
+    options->codecs.push_back({.name = std::string(known.name),
+                               .chunk_bytes = format              ? executor.kv_chunk_bytes(*format)
+                                              : known.layer_merge ? executor.kv_chunk_bytes(form)
+                                                                  : executor.kv_chunk_bytes(),
+                               .keep_fraction = known.keep_fraction,
+                               .merged_pairs = known.layer_merge ? form.pairs : 0,
+                               .task_quality = {}});
   }
   if (!config.enabled) {
     for (size_t i = 0; i < options->codecs.size(); ++i) {
@@ -105,8 +121,17 @@ StatusOr<std::vector<std::optional<kv::KvFormat>>> configure_item_codecs(
     STRATA_RETURN_IF_ERROR(read_profile(config.profile, options));
   }
   const executor::Executor* e = &executor;
-  options->transcode = [e, formats](int32_t from, int32_t to, std::span<const std::byte* const> in,
-                                    std::span<std::byte* const> out) {
+  // Index-aligned with the store's codecs, "none" first: whether each merges layers.
+  std::vector<bool> merges = {false};
+  for (const store::KnownItemCodec& known : store::kItemCodecs) merges.push_back(known.layer_merge);
+  options->transcode = [e, formats, form, merges](
+                           int32_t from, int32_t to, const std::vector<kv::krul::LayerPair>& pairs,
+                           std::span<const std::byte* const> in, std::span<std::byte* const> out) {
+    // A layer merge is its own method (AdaptCache never moves an item out of it): raw chunks in.
+    if (merges[to] && from == 0) return e->merge_kv_chunks(form, pairs, in, out);
+    if (merges[to] || merges[from]) {
+      return unimplemented_error("merged KV chunks are made from raw ones only");
+    }
     return e->transcode_kv_chunks(formats[from], formats[to], in, out);
   };
   return formats;

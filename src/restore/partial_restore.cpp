@@ -1,6 +1,8 @@
-// Krul's restoration of a resumed turn (restore_coordinator.h: restoration_plan,
-// plan_restorations; docs/krul.md): each layer recomputes a prefix of the stored history, never
-// longer than the layer above's, and loads the rest, in the same pass as the new turn.
+// Krul in the restore coordinator (docs/krul.md): the restoration of a resumed turn
+// (restoration_plan, plan_restorations: each layer recomputes a prefix of the stored history,
+// never longer than the layer above's, and loads the rest, in the same pass as the new turn), and
+// the conversation's layer pairs (choose_layer_pairs: chosen at each turn's end; unmerge_load:
+// chunks the layer-merge codec stored, restored for their load).
 
 #include <algorithm>
 #include <numeric>
@@ -66,6 +68,45 @@ void RestoreCoordinator::plan_restorations(executor::ForwardBatch& forward) {
         std::accumulate(chunk.computed_rows.begin(), chunk.computed_rows.end(), int64_t{0});
   }
   restorations_.clear();
+}
+
+std::vector<kv::krul::LayerPair> RestoreCoordinator::choose_layer_pairs(SeqId seq) {
+  const auto layers = static_cast<int32_t>(executor_.config().num_layers);
+  std::vector<kv::krul::LayerPair> pairs;
+  switch (options_.store.layer_pairing) {
+    case store::LayerPairing::kNone:
+      return {};
+    case store::LayerPairing::kMiniCache:
+      // MiniCache merges from the middle of the model to its end: the deepest layers.
+      pairs = kv::krul::adjacent_pairs(layers - 2 * merged_form_.pairs, layers - 1);
+      break;
+    case store::LayerPairing::kKrul: {
+      const std::optional<kv::krul::AttentionStats> stats = executor_.take_attention_stats(seq);
+      if (!stats) return {};
+      pairs = kv::krul::select_pairs(
+          *stats, kv::krul::initial_recent_layers(*stats, options_.store.krul_gamma),
+          options_.store.layer_share);
+      break;
+    }
+  }
+  ++stats_.pair_maps;
+  // Fewer I-R layers than the share asks for: the conversation is stored unmerged.
+  if (std::ssize(pairs) != merged_form_.pairs) return {};
+  stats_.paired_layers += 2 * std::ssize(pairs);
+  return pairs;
+}
+
+Status RestoreCoordinator::unmerge_load(const store::StoreLease& lease,
+                                        std::span<const std::byte*> chunks) {
+  const auto raw = static_cast<size_t>(executor_.kv_chunk_bytes());
+  std::vector<std::byte*> out;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    out.push_back(unmerged_chunks_.emplace_back(raw).data());
+  }
+  STRATA_RETURN_IF_ERROR(executor_.unmerge_kv_chunks(merged_form_, lease.layer_pairs, chunks, out));
+  std::copy(out.begin(), out.end(), chunks.begin());
+  stats_.merged_chunks_loaded += std::ssize(chunks);
+  return Status();
 }
 
 }  // namespace strata::restore

@@ -106,7 +106,8 @@ StatusOr<std::unique_ptr<RestoreCoordinator>> RestoreCoordinator::open(
   store.register_host_memory = [e](void* data, size_t bytes) { e->register_host_memory(data, bytes); };
   store.unregister_host_memory = [e](void* data) { e->unregister_host_memory(data); };
   STRATA_ASSIGN_OR_RETURN(c->codec_formats_,
-                          configure_item_codecs(options.store.adaptcache, executor, &store));
+                          configure_item_codecs(options.store, executor, &store));
+  c->merged_form_ = merged_form(options.store, executor);
   STRATA_ASSIGN_OR_RETURN(c->store_, store::KvStore::open(store));
   c->stats_.store = c->store_->stats();
   return c;
@@ -287,8 +288,16 @@ StatusOr<store::TierIndex> RestoreCoordinator::pin_load(Sequence& sequence, cons
     tier = std::max(tier, lease->served_from);
     // Pinned leases of one item share its codec (the store re-encodes only unpinned items).
     kv_load->encoding = codec_formats_[lease->codec];
+    const size_t at = kv_load->chunks.size();
     kv_load->chunks.insert(kv_load->chunks.end(), lease->chunks.begin(), lease->chunks.end());
     pinned.push_back(*std::move(lease));
+    if (!pinned.back().layer_pairs.empty()) {
+      const Status restored = unmerge_load(pinned.back(), std::span(kv_load->chunks).subspan(at));
+      if (!restored.ok()) {
+        for (const store::StoreLease& held : pinned) store_->release(held, 0);
+        return restored;
+      }
+    }
     j += run;
   }
   step_leases_.insert(step_leases_.end(), std::make_move_iterator(pinned.begin()),
@@ -382,8 +391,18 @@ void RestoreCoordinator::publish_queue() {
 
 void RestoreCoordinator::plan_copies(executor::ForwardBatch& forward) {
   plan_restorations(forward);
+  observe_attention(forward);
   plan_saves(forward);
   plan_preload(forward);
+}
+
+void RestoreCoordinator::observe_attention(executor::ForwardBatch& forward) {
+  if (options_.store.layer_pairing != store::LayerPairing::kKrul) return;
+  for (executor::SequenceChunk& chunk : forward.chunks) {
+    // A restoration's layers compute different rows: its pass is not observed (its decode steps
+    // are).
+    chunk.observe_attention = chunk.restored_tokens == 0 && sequences_.at(chunk.seq)->saves_kv();
+  }
 }
 
 void RestoreCoordinator::plan_saves(executor::ForwardBatch& forward) {
@@ -488,6 +507,7 @@ void RestoreCoordinator::after_pass(const executor::ForwardBatch& forward,
                                              : 0.0);
   }
   step_leases_.clear();
+  unmerged_chunks_.clear();
   // A request that ran keeps no pre-load (the pass used or dropped it).
   for (const executor::SequenceChunk& chunk : forward.chunks) {
     release_preload(chunk.seq, *sequences_.at(chunk.seq));
@@ -564,6 +584,10 @@ void RestoreCoordinator::end_save(Sequence& sequence, bool publish) {
 void RestoreCoordinator::finish(SeqId seq, bool publish) {
   auto it = sequences_.find(seq);
   if (it == sequences_.end()) return;
+  if (publish && it->second->saving) {
+    std::vector<kv::krul::LayerPair> pairs = choose_layer_pairs(seq);
+    if (!pairs.empty()) store_->set_layer_pairs(it->second->saving->ticket.item, std::move(pairs));
+  }
   end_save(*it->second, publish);
   release_preload(seq, *it->second);
   sequences_.erase(it);

@@ -232,6 +232,16 @@ void render_store(const engine::EngineStats& engine, std::string* out) {
   single("strata_kv_restore_recomputed_token_layers_total", "counter",
          "Of those, the token-layers recomputed (the rest were loaded).",
          d(engine.restore_recomputed_token_layers));
+  single("strata_kv_layer_pair_maps_total", "counter",
+         "Turns that ended with their conversation's layer pairs chosen (kv_store.layer_pairing).",
+         d(engine.pair_maps));
+  single("strata_kv_paired_layers_total", "counter",
+         "Layers those pairs cover, summed (over pair maps x layers: the share of layers paired; "
+         "a conversation with fewer pairs than layer_share asks is stored unmerged and adds 0).",
+         d(engine.paired_layers));
+  single("strata_kv_merged_chunks_loaded_total", "counter",
+         "Stored chunks loaded from merged layer pairs (the layer-merge codec).",
+         d(engine.merged_chunks_loaded));
   single("strata_kv_store_preloaded_layers_total", "counter",
          "Layers those pre-loads held, summed (over preloads: the mean read-buffer size).",
          d(engine.preloaded_layers));

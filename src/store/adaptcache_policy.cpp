@@ -12,6 +12,8 @@ const char* method_name(Method method) {
     case Method::kNone: return "none";
     case Method::kKivi: return "kivi";
     case Method::kStreaming: return "streaming";
+    case Method::kLayerMerge:
+      return "layer-merge";
   }
   return "unknown";
 }

@@ -235,7 +235,7 @@ StatusOr<StoreLease> KvStore::acquire(ItemId id, int64_t first, int64_t count,
   Item& item = it->second;
   int64_t missing = 0;  // chunks only below DRAM
   for (int64_t i = first; i < first + count; ++i) missing += item.chunks[i].dram == nullptr;
-  StoreLease lease{id, {}, kDramTier, item.codec, nullptr};
+  StoreLease lease{id, {}, kDramTier, item.codec, {}, nullptr};
   if (missing > 0) {
     ++item.pins;  // not a reclaim victim itself
     const bool room = reclaim_clean_dram(missing);
@@ -253,6 +253,7 @@ StatusOr<StoreLease> KvStore::acquire(ItemId id, int64_t first, int64_t count,
   }
   Item& now = items_.at(id);
   now.fetched_from = kDramTier;  // reported once, by the load it was read for
+  if (options_.codecs[now.codec].merged_pairs > 0) lease.layer_pairs = now.layer_pairs;
   ++now.pins;
   touch(now);
   record_use(now);
@@ -274,7 +275,7 @@ std::optional<StoreLease> KvStore::try_acquire_in_dram(ItemId id, int64_t first,
       !item.same_chunks(first + count, skipped_chunks)) {
     return std::nullopt;
   }
-  StoreLease lease{id, {}, kDramTier, item.codec, nullptr};
+  StoreLease lease{id, {}, kDramTier, item.codec, {}, nullptr};
   for (int64_t i = first; i < first + count; ++i) {
     if (item.chunks[i].dram == nullptr) return std::nullopt;
     lease.chunks.push_back(item.chunks[i].dram);

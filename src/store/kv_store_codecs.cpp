@@ -52,9 +52,10 @@ adaptcache::Profile KvStore::make_adaptcache_profile() const {
                              ac.latency_seconds[index]});
   }
   for (const ItemCodec& c : options_.codecs) {
-    const adaptcache::Method method = c.keep_fraction < 1 ? adaptcache::Method::kStreaming
-                                      : c.name == "none"  ? adaptcache::Method::kNone
-                                                          : adaptcache::Method::kKivi;
+    const adaptcache::Method method = c.keep_fraction < 1  ? adaptcache::Method::kStreaming
+                                      : c.merged_pairs > 0 ? adaptcache::Method::kLayerMerge
+                                      : c.name == "none"   ? adaptcache::Method::kNone
+                                                           : adaptcache::Method::kKivi;
     profile.codecs.push_back({c.name, method,
                               c.keep_fraction * static_cast<double>(c.chunk_bytes) /
                                   static_cast<double>(options_.chunk_bytes),
@@ -82,7 +83,8 @@ KvStore::Decision KvStore::codec_decision() {
   if (!options_.adaptcache.enabled) {
     if (options_.fixed_codec == 0) return {};
     for (const auto& [id, item] : items_) {
-      if (item.codec == 0 && settled(item) && item.held[kDramTier] == std::ssize(item.chunks)) {
+      if (item.codec == 0 && settled(item) && item.held[kDramTier] == std::ssize(item.chunks) &&
+          mergeable(item, options_.fixed_codec)) {
         return {Action::kTranscode, id, options_.fixed_codec};
       }
     }
@@ -115,8 +117,10 @@ KvStore::Decision KvStore::codec_decision() {
     for (size_t c = 0; c < options_.codecs.size(); ++c) {
       const ItemCodec& codec = options_.codecs[c];
       const int64_t chunks = std::min(n, kept_chunks(codec.keep_fraction, n + item.skipped_chunks));
-      // Codecs the profile leaves out are not options (an item keeps the one it has).
-      const bool offered = codec.quality >= 0 || static_cast<int32_t>(c) == item.codec;
+      // Codecs the profile leaves out are not options (an item keeps the one it has), nor is a
+      // layer merge for a conversation without its pairs.
+      const bool offered = (codec.quality >= 0 && mergeable(item, static_cast<int32_t>(c))) ||
+                           static_cast<int32_t>(c) == item.codec;
       e.codec_bytes.push_back(offered ? chunks * dram_->footprint(codec.chunk_bytes) : -1);
     }
     e.frequency = adaptcache::uses_per_second(item.reuse, now, options_.adaptcache.half_life_seconds);
@@ -151,6 +155,19 @@ KvStore::Decision KvStore::codec_decision() {
   return {Action::kDemote, m.id};
 }
 
+bool KvStore::mergeable(const Item& item, int32_t codec) const {
+  const int32_t pairs = options_.codecs[codec].merged_pairs;
+  return pairs == 0 || std::ssize(item.layer_pairs) == pairs;
+}
+
+void KvStore::set_layer_pairs(ItemId id, std::vector<kv::krul::LayerPair> pairs) {
+  std::scoped_lock lock(mutex_);
+  auto it = items_.find(id);
+  if (it == items_.end() || options_.codecs[it->second.codec].merged_pairs > 0) return;
+  it->second.layer_pairs = std::move(pairs);
+  work_.notify_all();  // a fixed layer merge may apply now
+}
+
 void KvStore::evict(ItemId id) {
   Item& item = items_.at(id);
   for (TierIndex t = 0; t < num_tiers(); ++t) {
@@ -177,6 +194,7 @@ void KvStore::transcode(ItemId id, int32_t codec) {
     if (i == 0 || i > dropped) in.push_back(item.chunks[i].dram);
   }
   const bool whole = std::ranges::none_of(in, [](const std::byte* p) { return p == nullptr; });
+  const std::vector<kv::krul::LayerPair> pairs = item.layer_pairs;
   const int64_t bytes = to.chunk_bytes;
   Status status = whole ? Status() : failed_precondition_error("not whole in DRAM");
   std::vector<AlignedBuffer> encoded;
@@ -187,7 +205,7 @@ void KvStore::transcode(ItemId id, int32_t codec) {
     if (to.keep_fraction < 1) {
       for (size_t i = 0; i < in.size(); ++i) std::memcpy(out[i], in[i], static_cast<size_t>(bytes));
     } else {
-      status = options_.transcode(from, codec, in, out);
+      status = options_.transcode(from, codec, pairs, in, out);
     }
     lock.lock();
   }

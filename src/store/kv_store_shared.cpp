@@ -24,7 +24,9 @@ bool KvStore::adopt_item(TierIndex t, const RecoveredItem& r) {
   auto codec = std::find_if(options_.codecs.begin(), options_.codecs.end(), [&](const ItemCodec& c) {
     return c.name == (r.attributes.codec.empty() ? "none" : r.attributes.codec);
   });
-  if (codec == options_.codecs.end()) {
+  // Merged values of another pair count (another layer_share) do not decode either.
+  if (codec == options_.codecs.end() ||
+      (codec->merged_pairs > 0 && std::ssize(r.attributes.layer_pairs) != codec->merged_pairs)) {
     (void)tiers_[t]->evict(r.id);  // its room is the tier's again
     return false;
   }
@@ -39,6 +41,7 @@ bool KvStore::adopt_item(TierIndex t, const RecoveredItem& r) {
     // A family this deployment's profile does not list (or none) weighs the default quality.
     item.task = std::max(0, options_.adaptcache.task_index(r.attributes.task));
     item.codec = static_cast<int32_t>(codec - options_.codecs.begin());
+    item.layer_pairs = r.attributes.layer_pairs;
     ++stats_.codec_items[item.codec];
     item.stored_at = item.last_access = ++clock_;
     item.touched = std::chrono::steady_clock::now();
@@ -66,9 +69,11 @@ std::optional<ItemId> KvStore::write_through_candidate() const {
   if (shared_tier_ == nullptr || !usable(shared_)) return std::nullopt;
   for (const auto& [id, item] : items_) {
     const int64_t n = std::ssize(item.chunks);
-    // A token-dropped item stays on this replica: the shared tier indexes chains without gaps.
+    // A token-dropped item stays on this replica: the shared tier indexes chains without gaps;
+    // so does a merged one (its layer pairs are not in the shared records).
     if (item.busy || item.doomed || !item.pending.empty() || n == 0 || item.shared_written >= n ||
-        item.held[shared_] == n || item.skipped_chunks > 0) {
+        item.held[shared_] == n || item.skipped_chunks > 0 ||
+        options_.codecs[item.codec].merged_pairs > 0) {
       continue;
     }
     bool in_dram = true;  // what the shared tier lacks is read from DRAM

@@ -107,7 +107,8 @@ std::optional<RecoveredItem> parse_session_record(std::string_view text, const s
                      .token_offset = offset,
                      .codec = codec == "none" ? std::string() : codec,
                      .skipped_chunks = 0,
-                     .task = {}};
+                     .task = {},
+                     .layer_pairs = {}};
   for (int64_t i = 0; i < n; ++i) {
     kv::ChunkHash h;
     if (!(in >> word) || !parse_hash(word, &h)) return std::nullopt;

@@ -13,7 +13,7 @@ namespace {
 constexpr uint64_t kMagic = 0x564b415441525453ULL;  // "STRATAKV"
 // 2: variable-size values in extents, a codec; 3: item codecs, records with a sync word;
 // 4: items' skipped chunks (token dropping); 5: items' task family.
-constexpr uint32_t kVersion = 5;
+constexpr uint32_t kVersion = 6;
 constexpr uint32_t kSync = 0x4b565453;  // "STVK": where a record starts
 enum RecordType : uint32_t { kHeader = 1, kPut = 2, kDrop = 3 };
 // [u32 sync][u32 payload bytes][u32 type] payload [u64 XXH3-64 of size, type and payload]
@@ -113,6 +113,11 @@ void encode_put(const PutRecord& r, std::vector<std::byte>& out) {
   w.put_string(r.item.codec);
   w.put<int64_t>(r.item.skipped_chunks);
   w.put_string(r.item.task);
+  w.put<uint32_t>(static_cast<uint32_t>(r.item.layer_pairs.size()));
+  for (const kv::krul::LayerPair& pair : r.item.layer_pairs) {
+    w.put<int32_t>(pair.shallow);
+    w.put<int32_t>(pair.deep);
+  }
   w.finish(kPut, out);
 }
 
@@ -133,6 +138,15 @@ bool decode_put(Reader& p, PutRecord* r) {
         p.get_string(&r->item.codec) && p.get(&r->item.skipped_chunks) &&
         r->item.skipped_chunks >= 0 && p.get_string(&r->item.task))) {
     return false;
+  }
+  uint32_t pairs = 0;
+  if (!p.get(&pairs) || pairs > 4096) return false;
+  for (uint32_t i = 0; i < pairs; ++i) {
+    kv::krul::LayerPair& pair = r->item.layer_pairs.emplace_back();
+    if (!p.get(&pair.shallow) || !p.get(&pair.deep) || pair.shallow < 0 ||
+        pair.deep <= pair.shallow) {
+      return false;
+    }
   }
   r->item.exact = exact != 0;
   return true;

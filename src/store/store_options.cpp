@@ -93,7 +93,7 @@ Status StoreOptions::validate() const {
     const ItemCodec& c = codecs[i];
     if (c.chunk_bytes <= 0 || c.chunk_bytes > chunk_bytes || !(c.quality <= 1) ||
         c.decode_seconds_per_byte < 0 || !(c.keep_fraction > 0 && c.keep_fraction <= 1) ||
-        (c.keep_fraction < 1 && c.chunk_bytes != chunk_bytes)) {
+        c.merged_pairs < 0 || (c.keep_fraction < 1 && c.chunk_bytes != chunk_bytes)) {
       return invalid_argument_error(
           "store: codec '" + c.name +
           "' needs 0 < bytes <= a raw chunk's (raw when it drops tokens), a quality <= 1 (< 0: "

@@ -105,9 +105,10 @@ struct KvCacheSection : executor::KvCacheConfig {
 // ---- kv_store -------------------------------------------------------------------------------
 
 // Which stored conversation leaves a tier first when it is full (store/placement_policy.h).
-using store::EvictionPolicy;
-using store::RestoreMode;
 using store::CodecKind;
+using store::EvictionPolicy;
+using store::LayerPairing;
+using store::RestoreMode;
 
 // The multi-tier KV store (store::StoreConfig): the KV of finished conversation turns kept in
 // host DRAM and on a local SSD, so the next turn loads it instead of recomputing its history
@@ -255,6 +256,7 @@ std::string_view config_name(executor::WeightStorage value);  // "quantized" | "
 std::string_view config_name(DeviceKind value);  // "auto" | "cpu" | "cuda"
 std::string_view config_name(EvictionPolicy value);
 std::string_view config_name(RestoreMode value);  // "load" | "krul" | "partial"
+std::string_view config_name(LayerPairing value);  // "none" | "krul" | "minicache"
 std::string_view config_name(PreemptionMode value);
 std::string_view config_name(FreeKvMethod value);  // "retrieval" | "h2o"
 std::string_view config_name(LogLevel value);

@@ -162,6 +162,20 @@ class Executor {
                                      const std::optional<kv::KvFormat>& to,
                                      std::span<const std::byte* const> in,
                                      std::span<std::byte* const> out) const = 0;
+  // Krul's stored form of chunks (the store's layer-merge codec, docs/krul.md decision 8): its
+  // bytes per chunk, and raw chunks in[i] -> merged out[i] with each of `pairs` (form.pairs of
+  // them) merged (kernels::aten::krul_merge_chunks), or back. In libtorch on the calling thread,
+  // on the host whatever the device. INVALID_ARGUMENT for pairs that are not a matching of this
+  // model's layers, INTERNAL if libtorch fails.
+  virtual int64_t kv_chunk_bytes(const kv::krul::MergedForm& form) const = 0;
+  virtual Status merge_kv_chunks(const kv::krul::MergedForm& form,
+                                 const std::vector<kv::krul::LayerPair>& pairs,
+                                 std::span<const std::byte* const> in,
+                                 std::span<std::byte* const> out) const = 0;
+  virtual Status unmerge_kv_chunks(const kv::krul::MergedForm& form,
+                                   const std::vector<kv::krul::LayerPair>& pairs,
+                                   std::span<const std::byte* const> in,
+                                   std::span<std::byte* const> out) const = 0;
   // Forgets a sequence's pre-loaded layers (ForwardBatch::preloads) that no pass will use.
   virtual void drop_preload(SeqId seq) = 0;
   // Forgets what the executor keeps of a sequence besides the pool (LeanKV's pages and window):

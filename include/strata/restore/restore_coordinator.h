@@ -79,6 +79,11 @@ struct RestoreStats {
   int64_t partial_restores = 0;
   int64_t restore_history_token_layers = 0;
   int64_t restore_recomputed_token_layers = 0;
+  // Krul's layer pairs (kv_store.layer_pairing): turns that ended with their conversation's pairs
+  // chosen, the layers those pairs cover (summed), and stored chunks restored from merged pairs.
+  int64_t pair_maps = 0;
+  int64_t paired_layers = 0;
+  int64_t merged_chunks_loaded = 0;
 
   int64_t loaded_tokens(std::string_view tier) const {
     auto it = store_loaded_tokens.find(tier);
@@ -182,6 +187,13 @@ class RestoreCoordinator {
   // Rewrites the chunks of the sequences restore() planned a restoration for: their history
   // joins the pass (SequenceChunk::restored_tokens, computed_rows).
   void plan_restorations(executor::ForwardBatch& forward);
+  // Krul's layer pairs: the chunks whose attention the pairs are chosen from
+  // (kv_store.layer_pairing krul: every chunk of a sequence that saves, but a restoration's);
+  // the pairs of a sequence's conversation at its turn's end (empty without pairing); a merged
+  // load's chunks restored to raw ones in buffers kept until after_pass (partial_restore.cpp).
+  void observe_attention(executor::ForwardBatch& forward);
+  std::vector<kv::krul::LayerPair> choose_layer_pairs(SeqId seq);
+  Status unmerge_load(const store::StoreLease& lease, std::span<const std::byte*> chunks);
   void plan_preload(executor::ForwardBatch& forward);
   // Read-buffer layers for a request loading `chunks` chunks and computing `new_tokens`.
   int64_t preload_layers(int64_t chunks, int64_t new_tokens) const;
@@ -208,6 +220,8 @@ class RestoreCoordinator {
   // average), and the rows each layer recomputes of the sequences restore() planned this step.
   double pin_seconds_per_chunk_ = 0;
   std::unordered_map<SeqId, std::vector<int64_t>> restorations_;
+  kv::krul::MergedForm merged_form_;                     // the layer-merge codec's
+  std::vector<std::vector<std::byte>> unmerged_chunks_;  // this step's (unmerge_load)
   RestoreStats stats_;
 };
 

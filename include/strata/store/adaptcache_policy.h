@@ -39,7 +39,7 @@ namespace strata::store::adaptcache {
 
 // How a codec loses information: quantization (KIVI: per-channel keys, per-token values) or
 // token dropping (StreamingLLM: attention sinks and a recent window), or not at all.
-enum class Method : uint8_t { kNone, kKivi, kStreaming };
+enum class Method : uint8_t { kNone, kKivi, kStreaming, kLayerMerge };
 const char* method_name(Method method);
 
 struct CodecProfile {

@@ -3,8 +3,10 @@
 // values per token, at 8, 4 or 2 bits), or StreamingLLM token dropping (chunk 0, the attention
 // sinks, and the most recent chunks, the window, kept raw; the middle dropped), which the store's
 // I/O threads apply in DRAM and which every tier then holds (a tier's own codec, zstd, applies on
-// top). Loads hand the encoded chunks to the executor, which decodes them on the device, so only
-// the encoded bytes cross to it; a token-dropped item is loaded like a truncated one (its keys,
+// top), or Krul's layer merge (each of the conversation's layer pairs, chosen at its turn end,
+// stored once as one merged KV: docs/krul.md). Loads hand KIVI chunks to the executor, which
+// decodes them on the device, so only the encoded bytes cross to it; merged chunks are restored
+// to raw ones on the host first; a token-dropped item is loaded like a truncated one (its keys,
 // stored before RoPE, are rotated to contiguous positions).
 //
 // Which codec and tier an item takes: a fixed codec for every item (the static baselines), or
@@ -23,6 +25,7 @@
 #include <vector>
 
 #include "strata/common/status.h"
+#include "strata/kv/krul_policy.h"
 
 namespace strata::store {
 
@@ -31,13 +34,19 @@ struct KnownItemCodec {
   std::string_view name;
   int kivi_bits = 0;           // KIVI at this many bits, or 0
   double keep_fraction = 1.0;  // token dropping: the share of chunks kept, or 1
+  bool layer_merge = false;    // Krul's merged layer pairs
 };
 inline constexpr KnownItemCodec kItemCodecs[] = {
-    {"kivi-8", 8, 1.0},        {"kivi-4", 4, 1.0},          {"kivi-2", 2, 1.0},
-    {"streaming-0.5", 0, 0.5}, {"streaming-0.25", 0, 0.25}, {"streaming-0.1", 0, 0.1},
+    {"kivi-8", 8, 1.0},
+    {"kivi-4", 4, 1.0},
+    {"kivi-2", 2, 1.0},
+    {"streaming-0.5", 0, 0.5},
+    {"streaming-0.25", 0, 0.25},
+    {"streaming-0.1", 0, 0.1},
+    {"layer-merge", 0, 1.0, true},
 };
 inline constexpr std::string_view kItemCodecChoices =
-    "none, kivi-8, kivi-4, kivi-2, streaming-0.5, streaming-0.25 or streaming-0.1";
+    "none, kivi-8, kivi-4, kivi-2, streaming-0.5, streaming-0.25, streaming-0.1 or layer-merge";
 
 struct ItemCodec {
   std::string name;         // "none", "kivi-4", "streaming-0.25": persisted with the values
@@ -48,6 +57,9 @@ struct ItemCodec {
   double decode_seconds_per_byte = 0;  // restoring one raw byte (the profile)
   // Token dropping: the share of an item's chunks kept (kept_chunks); 1 for the other codecs.
   double keep_fraction = 1.0;
+  // Layer merge: the layer pairs each chunk merges (an item takes it only when its conversation
+  // has that many: Item::layer_pairs); 0 for the other codecs.
+  int32_t merged_pairs = 0;
   // task_quality[t]: Q for items of AdaptCacheOptions::tasks[t] (empty: `quality` for all).
   std::vector<double> task_quality;
 };
@@ -62,12 +74,13 @@ inline int64_t kept_chunks(double keep_fraction, int64_t original) {
   return std::min(original, std::max<int64_t>(2, kept));
 }
 
-// Re-encodes chunk values from quantizing codec `from` to `to` (indices into StoreOptions::codecs;
-// token dropping needs no re-encoding):
-// in[i] (codecs[from].chunk_bytes each) -> out[i] (codecs[to].chunk_bytes each). Set by the
-// executor, which knows the chunk layout; called on the store's I/O threads.
-using Transcode = std::function<Status(int32_t from, int32_t to, std::span<const std::byte* const> in,
-                                       std::span<std::byte* const> out)>;
+// Re-encodes chunk values from codec `from` to `to` (indices into StoreOptions::codecs; token
+// dropping needs no re-encoding) of an item whose conversation's layer pairs are `pairs` (what a
+// layer merge merges): in[i] (codecs[from].chunk_bytes each) -> out[i] (codecs[to].chunk_bytes
+// each). Set by the executor, which knows the chunk layout; called on the store's I/O threads.
+using Transcode =
+    std::function<Status(int32_t from, int32_t to, const std::vector<kv::krul::LayerPair>& pairs,
+                         std::span<const std::byte* const> in, std::span<std::byte* const> out)>;
 
 struct AdaptCacheOptions {
   bool enabled = false;

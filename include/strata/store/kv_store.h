@@ -166,6 +166,8 @@ struct StoreLease {
   std::vector<const std::byte*> chunks;  // requested chunks, in order, valid until release
   TierIndex served_from = kDramTier;     // the farthest tier a chunk had to be read from now
   int32_t codec = 0;                     // how the chunks are encoded (StoreOptions::codecs)
+  // The item's layer pairs when its codec merges them (ItemCodec::merged_pairs), else empty.
+  std::vector<kv::krul::LayerPair> layer_pairs;
   // Chunks read without DRAM room, owned by the lease (chunks point into them): entry i for
   // requested chunk i, empty for those in DRAM.
   std::shared_ptr<std::vector<AlignedBuffer>> direct;
@@ -262,6 +264,10 @@ class KvStore {
   void commit_save(SaveTicket ticket, std::function<void()> wait, double write_seconds);
   void abort_save(const SaveTicket& ticket);
 
+  // Krul: the layer pairs of the conversation `item` holds, chosen at its turn's end (the
+  // layer-merge codec merges them; a later turn's pairs replace them). Ignored for an item gone
+  // or already merged.
+  void set_layer_pairs(ItemId item, std::vector<kv::krul::LayerPair> pairs);
   // The items the waiting jobs will load, head first: drives prefetching and eviction.
   void set_queue(std::vector<ItemId> queue);
   // Drops the session's item; false if there is none.
@@ -287,6 +293,7 @@ class KvStore {
     int64_t skipped_chunks = 0;           // dropped by token dropping (the data model above)
     int32_t codec = 0;                    // of every chunk, in every tier
     int32_t task = 0;                     // its requests' task family (AdaptCacheOptions::tasks)
+    std::vector<kv::krul::LayerPair> layer_pairs;  // its conversation's (set_layer_pairs)
     adaptcache::ReuseCount reuse;         // loads and saves, decayed (AdaptCache's Freq)
     std::vector<Chunk> chunks;            // published chunks
     std::array<int64_t, kMaxTiers> held{};  // of those, held by each tier
@@ -305,7 +312,8 @@ class KvStore {
     ItemRecord record(const StoreOptions& o) const {
       return {session,        exact,
               token_offset,   codec == 0 ? std::string() : o.codecs[codec].name,
-              skipped_chunks, task == 0 ? std::string() : o.adaptcache.tasks[task - 1]};
+              skipped_chunks, task == 0 ? std::string() : o.adaptcache.tasks[task - 1],
+              layer_pairs};
     }
     // The chain link chunk i carries.
     int64_t link(int64_t i) const { return i == 0 ? 0 : i + skipped_chunks; }
@@ -360,6 +368,9 @@ class KvStore {
   // The lossy-codec decisions (REQUIRES mutex_): a fixed codec for every item, or AdaptCache's
   // first move over all items when DRAM is below its reserve (kv_store_codecs.cpp).
   Decision codec_decision();
+  // Whether `item` may take codec `codec`: a layer merge needs the conversation's pairs, as
+  // many as it merges (REQUIRES mutex_).
+  bool mergeable(const Item& item, int32_t codec) const;
   // The profile of options_.adaptcache over the opened tiers (capacities set per decision).
   adaptcache::Profile make_adaptcache_profile() const;
   // Re-encodes a busy item's DRAM chunks to `codec` (REQUIRES mutex_ not held); its copies in

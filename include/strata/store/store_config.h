@@ -62,6 +62,25 @@ inline const char* restore_mode_name(RestoreMode mode) {
   return "unknown";
 }
 
+// Krul's cross-layer sharing (docs/krul.md): at each turn end the layer pairs of a conversation
+// whose stored KV the layer-merge codec (fixed_codec or AdaptCache) keeps once per pair.
+enum class LayerPairing {
+  kNone,       // no pairs: no item takes the layer merge
+  kKrul,       // Krul: I-R layers paired by the distance of their attention (observed per turn)
+  kMiniCache,  // MiniCache's fixed pairs: adjacent layers from the deep end
+};
+inline const char* layer_pairing_name(LayerPairing pairing) {
+  switch (pairing) {
+    case LayerPairing::kNone:
+      return "none";
+    case LayerPairing::kKrul:
+      return "krul";
+    case LayerPairing::kMiniCache:
+      return "minicache";
+  }
+  return "unknown";
+}
+
 struct StoreConfig {
   int64_t dram_bytes = 0;  // DRAM tier capacity; 0 disables the whole store
   // The SSD tier: a directory (relative paths are relative to the process's working directory)
@@ -83,6 +102,10 @@ struct StoreConfig {
   int32_t read_buffer_layers = -1;
   RestoreMode restore_mode = RestoreMode::kLoad;
   double recompute_ratio = 0.25;  // kPartial: the share of the history every layer recomputes
+  LayerPairing layer_pairing = LayerPairing::kNone;
+  double layer_share = 0.5;    // of all layers, paired (Krul's P/N)
+  double krul_gamma = 0.65;    // the I-R detector's threshold on the edge share (kKrul)
+  double merge_retain = 0.05;  // MiniCache's retention: the top share of each chunk's angle range
   AdaptCacheConfig adaptcache;
   RemoteTierConfig remote;
 

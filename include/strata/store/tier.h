@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "strata/common/status.h"
+#include "strata/kv/krul_policy.h"
 #include "strata/kv/kv_types.h"
 #include "strata/store/codec.h"
 #include "strata/store/extent_allocator.h"
@@ -62,6 +63,9 @@ struct ItemRecord {
   // The task family of the requests that stored it (AdaptCache's quality profile); empty: the
   // profile's default quality.
   std::string task;
+  // Krul's layer pairs of its conversation, chosen at its last turn's end (what the layer-merge
+  // codec merges); empty: none chosen.
+  std::vector<kv::krul::LayerPair> layer_pairs;
 };
 
 // A stored chunk: chunk `index` of `item`, with its content hash.

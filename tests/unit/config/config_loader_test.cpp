@@ -218,8 +218,10 @@ TEST(ConfigLoaderTest, ValidationErrorsNameTheKeyAndItsPosition) {
       // yaml-cpp passes such bytes through and writes them back as U+FFFD (found by config_fuzz).
       {"invalid UTF-8", "kv_store:\n  ssd_dir: /a/\xff\n", kInvalid,
        "t.yaml:4:15: not valid UTF-8"},
-      {"raw control character", "kv_store:\n  ssd_dir: /a/\x13" "b\n", kInvalid,
-       "t.yaml:4:15: control character U+0013 is not allowed in YAML"},
+      {"raw control character",
+       "kv_store:\n  ssd_dir: /a/\x13"
+       "b\n",
+       kInvalid, "t.yaml:4:15: control character U+0013 is not allowed in YAML"},
       {"block size 256", "kv_cache: {block_size_tokens: 256}\n", kOk, ""},
       {"fraction 0", "kv_cache: {gpu_memory_fraction: 0}\n", kInvalid,
        "kv_cache.gpu_memory_fraction must be in (0, 1], got 0"},
@@ -237,10 +239,18 @@ TEST(ConfigLoaderTest, ValidationErrorsNameTheKeyAndItsPosition) {
       {"cache_bytes 0", "kv_cache: {cache_bytes: 0}\n", kInvalid,
        "kv_cache.cache_bytes must be >= 1, got 0"},
       {"host swap 0 disables", "kv_cache: {host_cache_bytes: 0}\n", kOk, ""},
-      {"restore mode", "kv_store: {restore_mode: pyramid}\n", kInvalid,
-       "kv_store.restore_mode"},
+      {"restore mode", "kv_store: {restore_mode: pyramid}\n", kInvalid, "kv_store.restore_mode"},
       {"recompute ratio 1.5", "kv_store: {recompute_ratio: 1.5}\n", kInvalid,
        "kv_store.recompute_ratio must be in [0, 1], got 1.5"},
+      {"layer pairs without their codec", "kv_store: {dram_bytes: 1GiB, layer_pairing: krul}\n",
+       kInvalid,
+       "kv_store.layer_pairing pairs layers for the layer-merge codec: set kv_store.fixed_codec "
+       "to layer-merge (or kv_store.adaptcache with a profile listing it)"},
+      {"layer merge without pairs", "kv_store: {dram_bytes: 1GiB, fixed_codec: layer-merge}\n",
+       kInvalid, "kv_store.fixed_codec layer-merge needs kv_store.layer_pairing krul or minicache"},
+      {"minicache's layer merge",
+       "kv_store: {dram_bytes: 1GiB, fixed_codec: layer-merge, layer_pairing: minicache}\n", kOk,
+       ""},
       {"tp 0", "devices: {tensor_parallel_size: 0}\n", kInvalid,
        "devices.tensor_parallel_size must be >= 1, got 0"},
       {"tp 8 on cuda", "devices: {device: cuda, tensor_parallel_size: 8}\n", kOk, ""},
@@ -248,8 +258,8 @@ TEST(ConfigLoaderTest, ValidationErrorsNameTheKeyAndItsPosition) {
       {"tp 3 on 2 nodes", "devices: {tensor_parallel_size: 3, nodes: 2, master_port: 29500}\n",
        kInvalid, "devices.tensor_parallel_size 3 does not divide among 2 devices.nodes"},
       {"node rank past nodes",
-       "devices: {tensor_parallel_size: 2, nodes: 2, node_rank: 2, master_port: 29500}\n",
-       kInvalid, "devices.node_rank 2 must be below devices.nodes 2"},
+       "devices: {tensor_parallel_size: 2, nodes: 2, node_rank: 2, master_port: 29500}\n", kInvalid,
+       "devices.node_rank 2 must be below devices.nodes 2"},
       {"2 nodes, no port", "devices: {tensor_parallel_size: 4, nodes: 2}\n", kInvalid,
        "devices.master_port: ranks on several machines meet at master_address:master_port"},
       {"master port 70000", "devices: {master_port: 70000}\n", kInvalid,
@@ -673,6 +683,11 @@ DeploymentConfig everything_changed() {
   c.kv_store.eviction_policy = EvictionPolicy::kFifo;
   c.kv_store.restore_mode = store::RestoreMode::kKrul;
   c.kv_store.recompute_ratio = 0.4;
+  c.kv_store.layer_pairing = store::LayerPairing::kKrul;
+  c.kv_store.layer_share = 0.3;
+  c.kv_store.krul_gamma = 0.7;
+  c.kv_store.merge_retain = 0.1;
+  c.kv_store.adaptcache.fixed_codec = "layer-merge";
   c.kv_store.io_threads = 64;
   c.kv_store.ttl_seconds = 0;
   c.kv_store.dram_reserve_fraction = 0.9;

@@ -309,9 +309,13 @@ TEST(ConfigSectionsTest, KvStoreOverrides) {
        "kv_store.dram_bytes: expected a byte size (an integer, optionally followed by KiB, MiB, "
        "GiB, TiB, KB, MB, GB or TB), got 'null'"},
       {"kv_store.fixed_codec", "kivi-3",
-       "kv_store.fixed_codec must be none, kivi-8, kivi-4, kivi-2, streaming-0.5, streaming-0.25 "
-       "or "
-       "streaming-0.1, got 'kivi-3'"},
+       "kv_store.fixed_codec must be none, kivi-8, kivi-4, kivi-2, streaming-0.5, streaming-0.25, "
+       "streaming-0.1 or layer-merge, got 'kivi-3'"},
+      {"kv_store.layer_pairing", "pairs",
+       "kv_store.layer_pairing: expected one of none, krul, minicache, got 'pairs'"},
+      {"kv_store.layer_share", "0", "kv_store.layer_share must be in (0, 1], got 0"},
+      {"kv_store.krul_gamma", "1.5", "kv_store.krul_gamma must be in [0, 1], got 1.5"},
+      {"kv_store.merge_retain", "-0.1", "kv_store.merge_retain must be in [0, 1], got -0.1"},
       {"kv_store.adaptcache", "true", "kv_store.adaptcache needs kv_store.adaptcache_profile"},
       {"kv_store.adaptcache_alpha", "-1", "kv_store.adaptcache_alpha must be >= 0, got -1"},
       {"kv_store.adaptcache_half_life_seconds", "0",
@@ -329,16 +333,16 @@ TEST(ConfigSectionsTest, KvStoreOverrides) {
       {"kv_store.ssd_path", "/x",
        "unknown key 'kv_store.ssd_path'; allowed keys in 'kv_store': dram_bytes, ssd_dir, "
        "ssd_bytes, ssd_file_bytes, direct_io, ssd_codec, eviction_policy, io_threads, ttl_seconds, "
-       "dram_reserve_fraction, read_buffer_layers, restore_mode, recompute_ratio, adaptcache, "
-       "fixed_codec, adaptcache_alpha, "
+       "dram_reserve_fraction, read_buffer_layers, restore_mode, recompute_ratio, layer_pairing, "
+       "layer_share, krul_gamma, merge_retain, adaptcache, fixed_codec, adaptcache_alpha, "
        "adaptcache_half_life_seconds, adaptcache_profile, remote_address, remote_username, "
        "remote_password_env, remote_database, remote_bytes, remote_max_item_bytes, "
        "remote_timeout_ms, remote_retry_ms, remote_ttl_seconds, remote_codec"},
       {"kv_store", "1",
        "'kv_store' is a section; override one of its keys: dram_bytes, ssd_dir, ssd_bytes, "
        "ssd_file_bytes, direct_io, ssd_codec, eviction_policy, io_threads, ttl_seconds, "
-       "dram_reserve_fraction, read_buffer_layers, restore_mode, recompute_ratio, adaptcache, "
-       "fixed_codec, adaptcache_alpha, "
+       "dram_reserve_fraction, read_buffer_layers, restore_mode, recompute_ratio, layer_pairing, "
+       "layer_share, krul_gamma, merge_retain, adaptcache, fixed_codec, adaptcache_alpha, "
        "adaptcache_half_life_seconds, adaptcache_profile, remote_address, remote_username, "
        "remote_password_env, remote_database, remote_bytes, remote_max_item_bytes, "
        "remote_timeout_ms, remote_retry_ms, remote_ttl_seconds, remote_codec"},

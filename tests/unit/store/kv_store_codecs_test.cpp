@@ -7,7 +7,8 @@
 // among profiled codecs, weighing each item by its task family's quality (which the SSD journal
 // keeps). Token dropping (StreamingLLM) keeps an item's first chunk and its most
 // recent ones, found by content or session at their chain links, across a restart, and a save
-// that continues the links rolls forward.
+// that continues the links rolls forward. Krul's layer merge applies only to conversations with
+// their layer pairs, which the transcoder and loads receive and the SSD journal keeps.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -24,10 +25,10 @@ constexpr int64_t kHalf = kChunkBytes / 2, kQuarter = kChunkBytes / 4;
 
 // codecs[1] "half" keeps the first half of a raw chunk, codecs[2] "quarter" the first quarter.
 StoreOptions with_codecs(StoreOptions o) {
-  o.codecs = {{.name = "half", .chunk_bytes = kHalf, .quality = 0.99},
-              {.name = "quarter", .chunk_bytes = kQuarter, .quality = 0.9}};
-  o.transcode = [](int32_t from, int32_t to, std::span<const std::byte* const> in,
-                   std::span<std::byte* const> out) {
+  o.codecs = {{.name = "half", .chunk_bytes = kHalf, .quality = 0.99, .task_quality = {}},
+              {.name = "quarter", .chunk_bytes = kQuarter, .quality = 0.9, .task_quality = {}}};
+  o.transcode = [](int32_t from, int32_t to, const std::vector<kv::krul::LayerPair>&,
+                   std::span<const std::byte* const> in, std::span<std::byte* const> out) {
     const int64_t sizes[] = {kChunkBytes, kHalf, kQuarter};
     if (sizes[to] > sizes[from]) return invalid_argument_error("prefixes only shrink");
     for (size_t i = 0; i < in.size(); ++i) std::memcpy(out[i], in[i], sizes[to]);
@@ -235,7 +236,7 @@ TEST(KvStoreCodecsTest, AnItemsTaskFamilySurvivesARestart) {
                .file_bytes = 1 << 20,
                .layout_tag = 7,
                .direct_io = false};
-  const ItemRecord record{"session", true, 0, "kivi-4", 0, "long-document"};
+  const ItemRecord record{"session", true, 0, "kivi-4", 0, "long-document", {}};
   {
     std::vector<RecoveredItem> recovered;
     auto tier = SsdTier::open(o, &recovered).value();
@@ -270,9 +271,12 @@ TEST(KvStoreCodecsTest, AdaptCacheChoosesOnlyAmongProfiledCodecs) {
 
 // codecs[1] keeps half of an item's chunks by token dropping: chunk 0 and the most recent ones.
 StoreOptions with_streaming(StoreOptions o) {
-  o.codecs = {{.name = "streaming-0.5", .chunk_bytes = kChunkBytes, .keep_fraction = 0.5}};
-  o.transcode = [](int32_t, int32_t, std::span<const std::byte* const>,
-                   std::span<std::byte* const>) {
+  o.codecs = {{.name = "streaming-0.5",
+               .chunk_bytes = kChunkBytes,
+               .keep_fraction = 0.5,
+               .task_quality = {}}};
+  o.transcode = [](int32_t, int32_t, const std::vector<kv::krul::LayerPair>&,
+                   std::span<const std::byte* const>, std::span<std::byte* const>) {
     return internal_error("token dropping re-encodes nothing");
   };
   o.fixed_codec = 1;
@@ -397,6 +401,62 @@ TEST(KvStoreCodecsTest, ASaveContinuingTheLinksIsFoundByContentAndDropsFurther) 
   EXPECT_EQ(m->skipped_chunks, 7);
   EXPECT_EQ(m->token_offset, 7 * kBlock);
   expect_links(*store, *m, links);
+}
+
+// codecs[1] "merge" stands for the layer merge of 2 pairs: the first half of each chunk, made
+// only with the item's 2 pairs at hand.
+StoreOptions with_layer_merge(StoreOptions o, int32_t pairs = 2) {
+  o.codecs = {{.name = "merge", .chunk_bytes = kHalf, .merged_pairs = pairs, .task_quality = {}}};
+  o.transcode = [pairs](int32_t from, int32_t to, const std::vector<kv::krul::LayerPair>& p,
+                        std::span<const std::byte* const> in, std::span<std::byte* const> out) {
+    if (from != 0 || to != 1 || std::ssize(p) != pairs) return internal_error("not mergeable");
+    for (size_t i = 0; i < in.size(); ++i) std::memcpy(out[i], in[i], kHalf);
+    return Status();
+  };
+  o.fixed_codec = 1;
+  return o;
+}
+
+TEST(KvStoreCodecsTest, ALayerMergeWaitsForTheConversationsPairsWhichTheJournalKeeps) {
+  TempDir dir;
+  StoreOptions o = with_layer_merge(options(&dir, 16, 64));
+  const std::vector<TokenId> a = tokens(6, 9), b = tokens(7, 9);
+  const std::vector<kv::krul::LayerPair> pairs = {{1, 2, 0.5}, {3, 5, 0.7}};
+  {
+    auto store = KvStore::open(o).value();
+    ASSERT_TRUE(save(*store, a).ok());
+    ASSERT_TRUE(save(*store, b).ok());
+    store->wait_idle();
+    EXPECT_EQ(store->stats().transcodes, 0);  // no pairs yet
+    store->set_layer_pairs(store->find(a, root(), {})->item, pairs);
+    store->set_layer_pairs(store->find(b, root(), {})->item, {{0, 1, 0.1}});  // one short
+    store->wait_idle();
+    EXPECT_EQ(store->stats().codec_items, (std::vector<int64_t>{1, 1}));
+    StatusOr<StoreLease> lease = store->acquire(store->find(a, root(), {})->item, 0, 2);
+    ASSERT_TRUE(lease.ok());
+    EXPECT_EQ(lease->codec, 1);
+    ASSERT_EQ(lease->layer_pairs.size(), 2u);
+    EXPECT_EQ(lease->layer_pairs[1].shallow, 3);
+    EXPECT_EQ(lease->layer_pairs[1].deep, 5);
+    store->release(*lease, 0);
+    EXPECT_EQ(load_encoded(*store, b), 0);  // raw chunks carry no pairs
+    // A merged item's pairs are fixed with its values.
+    store->set_layer_pairs(store->find(a, root(), {})->item, {{0, 4, 0.1}, {1, 2, 0.1}});
+  }
+  {
+    auto store = KvStore::open(o).value();  // the clean shutdown wrote both to the SSD tier
+    EXPECT_EQ(store->stats().codec_items, (std::vector<int64_t>{1, 1}));
+    StatusOr<StoreLease> lease = store->acquire(store->find(a, root(), {})->item, 0, 2);
+    ASSERT_TRUE(lease.ok()) << lease.status().to_string();
+    ASSERT_EQ(lease->layer_pairs.size(), 2u);
+    EXPECT_EQ(lease->layer_pairs[0].shallow, 1);
+    EXPECT_EQ(lease->layer_pairs[1].deep, 5);
+    store->release(*lease, 0);
+  }
+  // Another layer_share (3 pairs) cannot decode them: the merged item is left out.
+  auto store = KvStore::open(with_layer_merge(options(&dir, 16, 64), 3)).value();
+  EXPECT_EQ(store->stats().codec_items, (std::vector<int64_t>{1, 0}));
+  EXPECT_FALSE(store->find(a, root(), {}));
 }
 
 TEST(KvStoreCodecsTest, OptionsAreValidated) {
