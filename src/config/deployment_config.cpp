@@ -706,6 +706,14 @@ Status DeploymentConfig::validate() const {
         " but the KV store saves the compute dtype's exact KV and quantized pages do not save to "
         "it yet; unset kv_cache.page_format or set kv_store.dram_bytes to 0");
   }
+  if (kv_store.enabled() && devices.tensor_parallel_size > 1 &&
+      (kv_store.adaptcache.enabled || kv_store.adaptcache.fixed_codec != "none" ||
+       kv_store.layer_pairing != LayerPairing::kNone)) {
+    return invalid_argument_error(
+        "the KV store's lossy codecs (kv_store.adaptcache, fixed_codec, layer_pairing) are not "
+        "served with tensor parallelism yet; set devices.tensor_parallel_size to 1 or turn them "
+        "off");
+  }
   if (leankv.enabled) {
     if (devices.device.kind == DeviceKind::kCuda) {
       return invalid_argument_error(

@@ -371,45 +371,53 @@ Status TorchExecutor::merge_kv_chunks(const kv::krul::MergedForm& form,
                                       const std::vector<kv::krul::LayerPair>& pairs,
                                       std::span<const std::byte* const> in,
                                       std::span<std::byte* const> out) const {
-  const int64_t n = std::ssize(in), layers = kv_geometry_.num_layers;
-  const int64_t raw = kv_chunk_bytes(), merged = kv_chunk_bytes(form);
-  try {
-    at::Tensor chunks = at::empty({n, raw}, at::kByte);
-    auto* base = static_cast<std::byte*>(chunks.data_ptr());
-    for (int64_t i = 0; i < n; ++i) std::memcpy(base + i * raw, in[i], static_cast<size_t>(raw));
-    const at::Tensor result = kernels::aten::krul_merge_chunks(
-        chunks.view(dtype_).view(
-            {n, layers, 2, config_.num_kv_heads, kv_geometry_.block_size_tokens, config_.head_dim}),
-        form, pairs);
-    const auto* bytes = static_cast<const std::byte*>(result.data_ptr());
-    for (int64_t i = 0; i < n; ++i) {
-      std::memcpy(out[i], bytes + i * merged, static_cast<size_t>(merged));
-    }
-  } catch (const c10::Error& e) {
-    return invalid_argument_error(std::string("merging KV chunks: ") + e.what_without_backtrace());
-  }
-  return Status();
+  return convert_merged(form, pairs, in, out, /*merge=*/true);
 }
 
 Status TorchExecutor::unmerge_kv_chunks(const kv::krul::MergedForm& form,
                                         const std::vector<kv::krul::LayerPair>& pairs,
                                         std::span<const std::byte* const> in,
                                         std::span<std::byte* const> out) const {
-  const int64_t n = std::ssize(in), raw = kv_chunk_bytes(), merged = kv_chunk_bytes(form);
+  return convert_merged(form, pairs, in, out, /*merge=*/false);
+}
+
+Status TorchExecutor::convert_merged(const kv::krul::MergedForm& form,
+                                     const std::vector<kv::krul::LayerPair>& pairs,
+                                     std::span<const std::byte* const> in,
+                                     std::span<std::byte* const> out, bool merge) const {
+  const int64_t layers = kv_geometry_.num_layers, heads = config_.num_kv_heads;
+  const int64_t block = kv_geometry_.block_size_tokens, dim = config_.head_dim;
+  STRATA_RETURN_IF_ERROR(kv::krul::validate_pairs(pairs, static_cast<int32_t>(layers)));
+  if (std::ssize(pairs) != form.pairs) {
+    return invalid_argument_error("merged KV chunks of " + std::to_string(form.pairs) +
+                                  " layer pairs, given " + std::to_string(pairs.size()));
+  }
+  const int64_t from = merge ? kv_chunk_bytes() : kv_chunk_bytes(form);
+  const int64_t to = merge ? kv_chunk_bytes(form) : kv_chunk_bytes();
+  // A slice of chunks at a time bounds the host memory this takes beside the store's.
+  constexpr int64_t kSliceChunks = 16;
   try {
-    at::Tensor chunks = at::empty({n, merged}, at::kByte);
-    auto* base = static_cast<std::byte*>(chunks.data_ptr());
-    for (int64_t i = 0; i < n; ++i) {
-      std::memcpy(base + i * merged, in[i], static_cast<size_t>(merged));
+    for (int64_t first = 0; first < std::ssize(in); first += kSliceChunks) {
+      const int64_t m = std::min(kSliceChunks, std::ssize(in) - first);
+      at::Tensor src = at::empty({m, from}, at::kByte);
+      auto* base = static_cast<std::byte*>(src.data_ptr());
+      for (int64_t i = 0; i < m; ++i) {
+        std::memcpy(base + i * from, in[first + i], static_cast<size_t>(from));
+      }
+      const at::Tensor result =
+          merge ? kernels::aten::krul_merge_chunks(
+                      src.view(dtype_).view({m, layers, 2, heads, block, dim}), form, pairs)
+                : kernels::aten::krul_unmerge_chunks(src, form, pairs, layers, heads, block, dim,
+                                                     dtype_)
+                      .contiguous();
+      const auto* bytes = static_cast<const std::byte*>(result.data_ptr());
+      for (int64_t i = 0; i < m; ++i) {
+        std::memcpy(out[first + i], bytes + i * to, static_cast<size_t>(to));
+      }
     }
-    const at::Tensor result = kernels::aten::krul_unmerge_chunks(
-        chunks, form, pairs, kv_geometry_.num_layers, config_.num_kv_heads,
-        kv_geometry_.block_size_tokens, config_.head_dim, dtype_);
-    const auto* bytes = static_cast<const std::byte*>(result.data_ptr());
-    for (int64_t i = 0; i < n; ++i) std::memcpy(out[i], bytes + i * raw, static_cast<size_t>(raw));
-  } catch (const c10::Error& e) {
-    return invalid_argument_error(std::string("restoring merged KV chunks: ") +
-                                  e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return internal_error(std::string(merge ? "merging" : "restoring merged") +
+                          " KV chunks: " + e.what());
   }
   return Status();
 }

@@ -108,6 +108,11 @@ class TorchExecutor final : public Executor {
   StatusOr<ForwardResult> forward(const ForwardBatch& batch) override;
 
  private:
+  // merge_kv_chunks (merge) or unmerge_kv_chunks (kv_transfers.cpp).
+  Status convert_merged(const kv::krul::MergedForm& form,
+                        const std::vector<kv::krul::LayerPair>& pairs,
+                        std::span<const std::byte* const> in, std::span<std::byte* const> out,
+                        bool merge) const;
   // Pre-loaded first layers of a sequence's chunks (CachedAttention's read buffer).
   struct ReadBuffer {
     std::vector<const std::byte*> chunks;  // the host chunks, in block order

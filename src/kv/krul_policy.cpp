@@ -68,15 +68,14 @@ std::vector<LayerPair> select_pairs(const AttentionStats& stats, const std::vect
       candidates.begin(), candidates.end(), [](const LayerPair& a, const LayerPair& b) {
         return std::tie(a.distance, a.shallow, a.deep) < std::tie(b.distance, b.shallow, b.deep);
       });
-  const double target = share * stats.num_layers;
+  // Until the used layers reach share * num_layers: pair_count pairs.
+  const int32_t target = pair_count(share, stats.num_layers);
   std::vector<bool> used(static_cast<size_t>(stats.num_layers), false);
-  int32_t used_count = 0;
   std::vector<LayerPair> pairs;
   for (const LayerPair& p : candidates) {
-    if (used_count >= target) break;
+    if (std::ssize(pairs) >= target) break;
     if (used[static_cast<size_t>(p.shallow)] || used[static_cast<size_t>(p.deep)]) continue;
     used[static_cast<size_t>(p.shallow)] = used[static_cast<size_t>(p.deep)] = true;
-    used_count += 2;
     pairs.push_back(p);
   }
   return pairs;
@@ -127,19 +126,24 @@ double load_time(Role role, int64_t n, int64_t tokens, const RestoreCosts& c) {
 
 }  // namespace
 
-Status validate_plan(const std::vector<int64_t>& boundary, int64_t tokens,
-                     const std::vector<LayerPair>& pairs) {
-  const int32_t layers = static_cast<int32_t>(boundary.size());
-  std::vector<bool> used(boundary.size(), false);
+Status validate_pairs(const std::vector<LayerPair>& pairs, int32_t num_layers) {
+  std::vector<bool> used(static_cast<size_t>(std::max(num_layers, 0)), false);
   for (const LayerPair& p : pairs) {
-    if (p.shallow < 0 || p.shallow >= p.deep || p.deep >= layers ||
+    if (p.shallow < 0 || p.shallow >= p.deep || p.deep >= num_layers ||
         used[static_cast<size_t>(p.shallow)] || used[static_cast<size_t>(p.deep)]) {
       return invalid_argument_error("krul: layer pair (" + std::to_string(p.shallow) + ", " +
                                     std::to_string(p.deep) + ") is not a disjoint pair of " +
-                                    std::to_string(layers) + " layers");
+                                    std::to_string(num_layers) + " layers");
     }
     used[static_cast<size_t>(p.shallow)] = used[static_cast<size_t>(p.deep)] = true;
   }
+  return Status();
+}
+
+Status validate_plan(const std::vector<int64_t>& boundary, int64_t tokens,
+                     const std::vector<LayerPair>& pairs) {
+  const int32_t layers = static_cast<int32_t>(boundary.size());
+  STRATA_RETURN_IF_ERROR(validate_pairs(pairs, layers));
   for (int32_t l = 0; l < layers; ++l) {
     const int64_t n = boundary[static_cast<size_t>(l)];
     if (n < 0 || n > tokens) {

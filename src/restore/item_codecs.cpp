@@ -94,6 +94,8 @@ StatusOr<std::vector<std::optional<kv::KvFormat>>> configure_item_codecs(
   // their load (no format).
   const kv::krul::MergedForm form = merged_form(store_config, executor);
   for (const store::KnownItemCodec& known : store::kItemCodecs) {
+    // The layer merge needs the conversations' layer pairs.
+    if (known.layer_merge && store_config.layer_pairing == store::LayerPairing::kNone) continue;
     std::optional<kv::KvFormat> format;
     if (known.kivi_bits > 0) format = kv::kivi_format(known.kivi_bits);
     formats.push_back(format);
@@ -123,7 +125,7 @@ StatusOr<std::vector<std::optional<kv::KvFormat>>> configure_item_codecs(
   const executor::Executor* e = &executor;
   // Index-aligned with the store's codecs, "none" first: whether each merges layers.
   std::vector<bool> merges = {false};
-  for (const store::KnownItemCodec& known : store::kItemCodecs) merges.push_back(known.layer_merge);
+  for (const store::ItemCodec& codec : options->codecs) merges.push_back(codec.merged_pairs > 0);
   options->transcode = [e, formats, form, merges](
                            int32_t from, int32_t to, const std::vector<kv::krul::LayerPair>& pairs,
                            std::span<const std::byte* const> in, std::span<std::byte* const> out) {

@@ -584,9 +584,9 @@ void RestoreCoordinator::end_save(Sequence& sequence, bool publish) {
 void RestoreCoordinator::finish(SeqId seq, bool publish) {
   auto it = sequences_.find(seq);
   if (it == sequences_.end()) return;
-  if (publish && it->second->saving) {
-    std::vector<kv::krul::LayerPair> pairs = choose_layer_pairs(seq);
-    if (!pairs.empty()) store_->set_layer_pairs(it->second->saving->ticket.item, std::move(pairs));
+  if (publish && it->second->saving && options_.store.layer_pairing != store::LayerPairing::kNone) {
+    // This turn's pairs replace the item's (none: it stays unmerged).
+    store_->set_layer_pairs(it->second->saving->ticket.item, choose_layer_pairs(seq));
   }
   end_save(*it->second, publish);
   release_preload(seq, *it->second);

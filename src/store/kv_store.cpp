@@ -414,8 +414,9 @@ int64_t KvStore::extend_save(SaveTicket* ticket, std::span<const kv::ChunkHash> 
   auto it = items_.find(ticket->item);
   if (it == items_.end() || it->second.doomed || hashes.empty()) return 0;
   Item& item = it->second;
-  if (ticket->destinations.empty() &&
-      (item.busy || !item.pending.empty() || std::ssize(item.chunks) != ticket->first_chunk)) {
+  // (An item re-encoded meanwhile takes no raw chunks.)
+  if (ticket->destinations.empty() && (item.busy || item.codec != 0 || !item.pending.empty() ||
+                                       std::ssize(item.chunks) != ticket->first_chunk)) {
     return 0;
   }
   const auto wanted = std::ssize(hashes);

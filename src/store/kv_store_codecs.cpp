@@ -249,6 +249,8 @@ void KvStore::transcode(ItemId id, int32_t codec) {
   --stats_.codec_items[now.codec];
   ++stats_.codec_items[codec];
   now.codec = codec;
+  // A merge's values are those of the pairs it was given (a turn may have chosen others since).
+  if (to.merged_pairs > 0) now.layer_pairs = pairs;
   std::vector<ChunkKey> keys;
   std::vector<std::span<const std::byte>> values;
   for (int64_t i = 0; i < std::ssize(now.chunks); ++i) {

@@ -142,6 +142,10 @@ bool KvStore::write_down(ItemId id, TierIndex t, std::unique_lock<std::mutex>& l
   if (!usable(t)) return false;
   Tier& tier = *tiers_[t];
   const Item& item = items_.at(id);
+  // The shared tier's records carry neither skipped chunks nor layer pairs: such items stay here.
+  if (t == shared_ && (item.skipped_chunks > 0 || options_.codecs[item.codec].merged_pairs > 0)) {
+    return false;
+  }
   std::vector<ChunkKey> keys;
   std::vector<std::span<const std::byte>> values;
   for (int64_t i = 0; i < std::ssize(item.chunks); ++i) {
@@ -237,6 +241,12 @@ Status KvStore::fetch(ItemId id, int64_t first, int64_t count, std::vector<Align
       if (direct != nullptr) {
         AlignedBuffer& slot = (*direct)[wanted[t][j] - first];
         if (tiers_[t]->codec() == CodecKind::kIdentity) {  // the read buffer is the chunk
+          if (got[j].size() != chunk_bytes) {
+            status = data_loss_error(
+                "KV store: a chunk of conversation item " + std::to_string(id) + " holds " +
+                std::to_string(got[j].size()) + " bytes, not " + std::to_string(chunk_bytes));
+            break;
+          }
           slot = std::move(got[j]);
           continue;
         }

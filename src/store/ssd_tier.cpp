@@ -12,7 +12,7 @@ namespace {
 
 constexpr uint64_t kMagic = 0x564b415441525453ULL;  // "STRATAKV"
 // 2: variable-size values in extents, a codec; 3: item codecs, records with a sync word;
-// 4: items' skipped chunks (token dropping); 5: items' task family.
+// 4: items' skipped chunks (token dropping); 5: items' task family; 6: items' layer pairs (Krul).
 constexpr uint32_t kVersion = 6;
 constexpr uint32_t kSync = 0x4b565453;  // "STVK": where a record starts
 enum RecordType : uint32_t { kHeader = 1, kPut = 2, kDrop = 3 };

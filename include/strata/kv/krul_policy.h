@@ -65,6 +65,9 @@ std::vector<LayerPair> select_pairs(const AttentionStats& stats, const std::vect
 // `last` (inclusive), e.g. 16..31 for a 32-layer model.
 std::vector<LayerPair> adjacent_pairs(int32_t first, int32_t last);
 
+// INVALID_ARGUMENT unless the pairs are disjoint with shallow < deep < num_layers (a matching).
+Status validate_pairs(const std::vector<LayerPair>& pairs, int32_t num_layers);
+
 // The pairs select_pairs stops at for `share` of `num_layers`: the fewest whose layers reach
 // share * num_layers, i.e. ceil(share * num_layers / 2), at most num_layers / 2.
 int32_t pair_count(double share, int32_t num_layers);

@@ -265,8 +265,8 @@ class KvStore {
   void abort_save(const SaveTicket& ticket);
 
   // Krul: the layer pairs of the conversation `item` holds, chosen at its turn's end (the
-  // layer-merge codec merges them; a later turn's pairs replace them). Ignored for an item gone
-  // or already merged.
+  // layer-merge codec merges them; a later turn's pairs replace them, none leave it unmerged).
+  // Ignored for an item gone or already merged.
   void set_layer_pairs(ItemId item, std::vector<kv::krul::LayerPair> pairs);
   // The items the waiting jobs will load, head first: drives prefetching and eviction.
   void set_queue(std::vector<ItemId> queue);

@@ -248,6 +248,11 @@ TEST(ConfigLoaderTest, ValidationErrorsNameTheKeyAndItsPosition) {
        "to layer-merge (or kv_store.adaptcache with a profile listing it)"},
       {"layer merge without pairs", "kv_store: {dram_bytes: 1GiB, fixed_codec: layer-merge}\n",
        kInvalid, "kv_store.fixed_codec layer-merge needs kv_store.layer_pairing krul or minicache"},
+      {"lossy codecs with tensor parallelism",
+       "devices: {tensor_parallel_size: 2}\nkv_store: {dram_bytes: 1GiB, fixed_codec: kivi-4}\n",
+       kInvalid,
+       "the KV store's lossy codecs (kv_store.adaptcache, fixed_codec, layer_pairing) are not "
+       "served with tensor parallelism yet"},
       {"minicache's layer merge",
        "kv_store: {dram_bytes: 1GiB, fixed_codec: layer-merge, layer_pairing: minicache}\n", kOk,
        ""},
@@ -683,11 +688,10 @@ DeploymentConfig everything_changed() {
   c.kv_store.eviction_policy = EvictionPolicy::kFifo;
   c.kv_store.restore_mode = store::RestoreMode::kKrul;
   c.kv_store.recompute_ratio = 0.4;
-  c.kv_store.layer_pairing = store::LayerPairing::kKrul;
+  // (layer_pairing needs a lossy codec, which tensor parallelism below refuses.)
   c.kv_store.layer_share = 0.3;
   c.kv_store.krul_gamma = 0.7;
   c.kv_store.merge_retain = 0.1;
-  c.kv_store.adaptcache.fixed_codec = "layer-merge";
   c.kv_store.io_threads = 64;
   c.kv_store.ttl_seconds = 0;
   c.kv_store.dram_reserve_fraction = 0.9;
