@@ -83,6 +83,30 @@ void krul_accumulate(const at::Tensor& rows, const at::Tensor& lengths,
   }
 }
 
+void krul_accumulate_rows(const at::Tensor& rows, const at::Tensor& lengths, at::Tensor& squared,
+                          at::Tensor& edge_mass) {
+  const int64_t seqs = rows.size(0), layers = rows.size(1), heads = rows.size(2);
+  TORCH_CHECK(rows.dim() == 4 &&
+                  squared.sizes() == at::IntArrayRef({seqs, layers, layers, heads, 2}) &&
+                  edge_mass.sizes() == at::IntArrayRef({seqs, layers, 2}),
+              "krul_accumulate_rows: rows ", rows.sizes(), ", squared ", squared.sizes(),
+              ", edge_mass ", edge_mass.sizes());
+  const at::Tensor lens = lengths.to(at::kCPU, at::kLong);
+  const at::Tensor lower = at::ones({layers, layers}, rows.options().dtype(at::kBool)).tril(-1);
+  for (int64_t s = 0; s < seqs; ++s) {
+    const int64_t len = lens[s].item<int64_t>();
+    TORCH_CHECK(len >= 1 && len <= rows.size(3), "krul_accumulate_rows: length ", len);
+    const at::Tensor r = rows[s].narrow(2, 0, len).to(at::kDouble);  // [layers, heads, len]
+    const at::Tensor d = r.unsqueeze(1) - r.unsqueeze(0);            // [i, j, heads, len]
+    const at::Tensor sq = (d * d).sum(-1);                           // [i, j, heads]
+    squared[s].select(-1, 0).add_((sq * lower.unsqueeze(-1)).to(at::kFloat));
+    const int64_t e = std::max<int64_t>(1, len / 10);
+    const at::Tensor pos = at::arange(len, r.options().dtype(at::kLong));
+    const at::Tensor edge = ((pos < e) | (pos >= len - e)).to(at::kDouble);
+    edge_mass[s].select(-1, 0).add_((r * edge).sum({1, 2}).to(at::kFloat));
+  }
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> krul_merge(const at::Tensor& a,
                                                                       const at::Tensor& b, double t,
                                                                       double retain,

@@ -170,6 +170,28 @@ KvBlocksParams kv_blocks_params(at::Tensor& blocks, at::Tensor& bytes, const kv:
   return params;
 }
 
+KrulRowsParams krul_rows_params(const at::Tensor& rows, const at::Tensor& lengths,
+                                at::Tensor& squared, at::Tensor& edge_mass) {
+  const int64_t seqs = rows.size(0), layers = rows.size(1), heads = rows.size(2);
+  TORCH_CHECK(rows.dim() == 4 && lengths.sizes() == at::IntArrayRef({seqs}) &&
+                  squared.sizes() == at::IntArrayRef({seqs, layers, layers, heads, 2}) &&
+                  edge_mass.sizes() == at::IntArrayRef({seqs, layers, 2}) &&
+                  lengths.scalar_type() == at::kLong && squared.scalar_type() == at::kFloat &&
+                  edge_mass.scalar_type() == at::kFloat,
+              "krul_accumulate_rows: rows ", rows.sizes(), ", lengths ", lengths.sizes(),
+              ", squared ", squared.sizes(), ", edge_mass ", edge_mass.sizes());
+  KrulRowsParams params;
+  params.rows = rows.data_ptr<float>();
+  params.lengths = lengths.data_ptr<int64_t>();
+  params.squared = squared.data_ptr<float>();
+  params.edge_mass = edge_mass.data_ptr<float>();
+  params.num_seqs = seqs;
+  params.num_layers = layers;
+  params.num_heads = heads;
+  params.row_stride = rows.size(3);
+  return params;
+}
+
 FreeKvSelectParams freekv_select_params(at::Tensor& scores, at::Tensor& selected,
                                         const at::Tensor& q, const at::Tensor& kmin,
                                         const at::Tensor& kmax, double scale) {

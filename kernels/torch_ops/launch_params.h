@@ -67,4 +67,8 @@ FreeKvAttentionParams freekv_attention_params(at::Tensor& out, const at::Tensor&
                                               const at::Tensor& cache_k, const at::Tensor& cache_v,
                                               const at::Tensor& slots, double scale);
 
+// Krul's decode-row statistics (torch_ops.h's krul_accumulate_rows shapes, contiguous).
+KrulRowsParams krul_rows_params(const at::Tensor& rows, const at::Tensor& lengths,
+                                at::Tensor& squared, at::Tensor& edge_mass);
+
 }  // namespace strata::kernels

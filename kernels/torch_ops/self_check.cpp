@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "strata/kernels/freekv_ops.h"
+#include "strata/kernels/krul_ops.h"
 #include "strata/kernels/kv_format_ops.h"
 
 namespace strata::kernels {
@@ -234,6 +235,30 @@ KernelReport run_kernel_self_check(const KernelOpTable& strata, const KernelOpTa
       check_op(KernelOp::kFreeKvAttention, strata, reference, tol, [&](const KernelOpTable& t) {
         return t.freekv_attention(fq, resident_k, resident_v, from_k.narrow(0, 0, 3),
                                   from_v.narrow(0, 0, 3), recalled, scale);
+      }));
+
+  // Krul: decode rows of 5 layers for two sequences (70 and 9 keys) added to accumulators that
+  // hold earlier steps; the totals (sum minus compensation) compared.
+  const int64_t layers = 5, heads = shape.num_heads;
+  const auto options = at::TensorOptions().dtype(at::kFloat).device(shape.device);
+  const at::Tensor lengths = at::tensor(std::vector<int64_t>{70, 9}, at::kLong).to(shape.device);
+  at::Tensor rows = at::zeros({2, layers, heads, 72}, options);
+  for (int64_t s = 0; s < 2; ++s) {
+    const int64_t len = s == 0 ? 70 : 9;
+    rows[s].narrow(2, 0, len).copy_(
+        at::softmax(randn({layers, heads, len}, shape, gen).to(at::kFloat) * 3, -1));
+  }
+  at::Tensor squared0 = at::zeros({2, layers, layers, heads, 2}, options);
+  squared0.select(-1, 0).copy_(randn({2, layers, layers, heads}, shape, gen).abs());
+  const at::Tensor edge0 = at::zeros({2, layers, 2}, options);
+  report.ops.push_back(
+      check_op(KernelOp::kKrulAccumulateRows, strata, reference, 1e-4, [&](const KernelOpTable& t) {
+        at::Tensor squared = squared0.clone(), edge = edge0.clone();
+        t.krul_accumulate_rows(rows, lengths, squared, edge);
+        const auto total = [](const at::Tensor& acc) {
+          return (acc.select(-1, 0) - acc.select(-1, 1)).flatten();
+        };
+        return at::cat({total(squared), total(edge)});
       }));
 
   report.self_check_seconds =

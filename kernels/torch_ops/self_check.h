@@ -47,6 +47,10 @@ struct KernelOpTable {
                            const at::Tensor& resident_v, const at::Tensor& cache_k,
                            const at::Tensor& cache_v, const at::Tensor& slots, double scale)>
       freekv_attention;
+  // Krul (torch_ops.h's krul_accumulate_rows): adds to the accumulators in place.
+  std::function<void(const at::Tensor& rows, const at::Tensor& lengths, at::Tensor& squared,
+                     at::Tensor& edge_mass)>
+      krul_accumulate_rows;
 };
 
 // torch_ops.h's functions with every op on `backend` (defined with the adapters, in
@@ -67,9 +71,10 @@ struct SelfCheckShape {
 // Runs every op of `strata` and of `reference` on the same seeded inputs (a few hundred tokens:
 // decode, a prefill chunk over a cached prefix and a prefill in one attention batch; FreeKV's
 // selection over 40 pages, an offload and recall round trip, a decode step over resident tokens
-// and ragged recalled pages) and compares them within the dtype's tolerance (exactly for the
-// KV-cache write, FreeKV's selected pages and its copies). Each op's report names the
-// backend that serves it: Strata when it matched, libtorch when it did not or threw.
+// and ragged recalled pages; Krul's decode-row statistics of two sequences) and compares them
+// within the dtype's tolerance (exactly for the KV-cache write, FreeKV's selected pages and its
+// copies). Each op's report names the backend that serves it: Strata when it matched, libtorch when
+// it did not or threw.
 KernelReport run_kernel_self_check(const KernelOpTable& strata, const KernelOpTable& reference,
                                    const SelfCheckShape& shape);
 

@@ -13,6 +13,7 @@
 #include "strata/kernels/aten_ops.h"
 #include "strata/kernels/cpu_ops.h"
 #include "strata/kernels/freekv_ops.h"
+#include "strata/kernels/krul_ops.h"
 #include "strata/kernels/kv_format_ops.h"
 #include "strata/kernels/ops.h"
 
@@ -477,6 +478,19 @@ at::Tensor freekv_attention(const at::Tensor& q, const at::Tensor& resident_k,
   return out;
 }
 
+void krul_accumulate_rows(const at::Tensor& rows, const at::Tensor& lengths, at::Tensor& squared,
+                          at::Tensor& edge_mass, KernelBackend backend) {
+  const bool contiguous = rows.is_contiguous() && lengths.is_contiguous() &&
+                          squared.is_contiguous() && edge_mass.is_contiguous();
+  if (!use_strata(rows, backend) || !contiguous || rows.scalar_type() != at::kFloat) {
+    aten::krul_accumulate_rows(rows, lengths, squared, edge_mass);
+    return;
+  }
+  const c10::cuda::CUDAGuard guard(rows.device());
+  launch_krul_accumulate_rows(krul_rows_params(rows, lengths, squared, edge_mass),
+                              c10::cuda::getCurrentCUDAStream(rows.get_device()).stream());
+}
+
 KernelOpTable torch_ops_table(KernelBackend backend) {
   KernelOpTable t;
   t.rms_norm = [backend](const at::Tensor& x, const at::Tensor& w, double eps) {
@@ -518,6 +532,10 @@ KernelOpTable torch_ops_table(KernelBackend backend) {
                                  const at::Tensor& ck, const at::Tensor& cv,
                                  const at::Tensor& slots, double scale) {
     return freekv_attention(q, rk, rv, ck, cv, slots, scale, backend);
+  };
+  t.krul_accumulate_rows = [backend](const at::Tensor& rows, const at::Tensor& lengths,
+                                     at::Tensor& squared, at::Tensor& edge_mass) {
+    krul_accumulate_rows(rows, lengths, squared, edge_mass, backend);
   };
   return t;
 }

@@ -7,11 +7,13 @@
 
 #include "strata/common/check.h"
 #include "strata/kernels/krul_ops.h"
+#include "strata/kernels/torch_ops.h"
 
 namespace strata::executor {
 
-AttentionObserver::AttentionObserver(int32_t num_layers, int32_t num_heads)
-    : num_layers_(num_layers), num_heads_(num_heads) {}
+AttentionObserver::AttentionObserver(int32_t num_layers, int32_t num_heads,
+                                     bool device_accumulators)
+    : num_layers_(num_layers), num_heads_(num_heads), device_accumulators_(device_accumulators) {}
 
 void AttentionObserver::observe(SeqId seq, int64_t layer, const at::Tensor& q, at::Tensor keys,
                                 int64_t start, double scale) {
@@ -66,15 +68,26 @@ int64_t AttentionObserver::reduce_prompt(State& state, int64_t rows) {
   return done;
 }
 
-void AttentionObserver::after_pass() {
+void AttentionObserver::after_pass(kernels::KernelBackend backend) {
   int64_t budget = kPromptRowsPerPass;
   for (auto& [seq, state] : states_) {
     if (std::ssize(state.decode_q) == num_layers_) {
       const int64_t t = state.decode_keys.front().size(0);
-      kernels::aten::krul_accumulate(
-          kernels::aten::krul_decode_rows(at::stack(state.decode_q), at::stack(state.decode_keys),
-                                          state.decode_scale),
-          at::full({1}, t, at::kLong), state.stats);
+      const at::Tensor rows = kernels::aten::krul_decode_rows(
+          at::stack(state.decode_q), at::stack(state.decode_keys), state.decode_scale);
+      if (device_accumulators_) {
+        if (!state.device_squared.defined()) {
+          const auto options = rows.options().dtype(at::kFloat);
+          state.device_squared = at::zeros({1, num_layers_, num_layers_, num_heads_, 2}, options);
+          state.device_edge = at::zeros({1, num_layers_, 2}, options);
+        }
+        kernels::krul_accumulate_rows(rows.view({1, num_layers_, num_heads_, t}),
+                                      at::full({1}, t, rows.options().dtype(at::kLong)),
+                                      state.device_squared, state.device_edge, backend);
+        ++state.device_rows;
+      } else {
+        kernels::aten::krul_accumulate(rows, at::full({1}, t, at::kLong), state.stats);
+      }
     }
     state.decode_q.clear();
     state.decode_keys.clear();
@@ -82,11 +95,35 @@ void AttentionObserver::after_pass() {
   }
 }
 
+void AttentionObserver::fold_device_rows(State& state) const {
+  if (state.device_rows == 0) return;
+  const auto total = [](const at::Tensor& acc) {
+    return (acc.select(-1, 0).to(at::kDouble) - acc.select(-1, 1).to(at::kDouble)).cpu();
+  };
+  const at::Tensor squared = total(state.device_squared)[0];  // [L, L, H]
+  const at::Tensor edge = total(state.device_edge)[0];        // [L]
+  const double* s = squared.data_ptr<double>();
+  const double* e = edge.data_ptr<double>();
+  for (int32_t i = 0; i < num_layers_; ++i) {
+    state.stats.edge_mass[static_cast<size_t>(i)] += e[i];
+    state.stats.observed[static_cast<size_t>(i)] += num_heads_ * state.device_rows;
+    for (int32_t j = 0; j < i; ++j) {
+      for (int32_t h = 0; h < num_heads_; ++h) {
+        state.stats.squared_at(i, j, h) += s[(i * num_layers_ + j) * num_heads_ + h];
+      }
+    }
+  }
+  state.device_squared.zero_();
+  state.device_edge.zero_();
+  state.device_rows = 0;
+}
+
 std::optional<kv::krul::AttentionStats> AttentionObserver::take(SeqId seq) {
   auto it = states_.find(seq);
   if (it == states_.end()) return std::nullopt;
   State& state = it->second;
   while (!state.prompt.empty()) reduce_prompt(state, INT64_MAX);
+  fold_device_rows(state);
   std::optional<kv::krul::AttentionStats> stats = std::move(state.stats);
   states_.erase(it);
   return stats;

@@ -14,8 +14,12 @@
 //                 reduction is spread over the passes that follow, a bounded slice each.
 //   decode rows   a chunk of one query keeps its query and keys of each layer; once the pass has
 //                 run every layer, the rows of all layers come from one batched product
-//                 (krul_decode_rows) and are reduced, then dropped. (On CUDA the reduction is the
-//                 kernel of kernels/krul/accumulate_rows.cu over a row buffer; not wired yet.)
+//                 (krul_decode_rows) and are reduced, then dropped. On the CPU into the float64
+//                 statistics (krul_accumulate); on CUDA (device_accumulators) into compensated
+//                 float32 accumulators on the device (kernels::krul_accumulate_rows: Strata's
+//                 kernel where the start-up self-check passed it), folded into the statistics at
+//                 take(), so a decode step's rows stay on the device (prompt rows are reduced
+//                 through the host as on the CPU).
 // take() reduces whatever is pending and hands the statistics over.
 #pragma once
 
@@ -28,21 +32,23 @@
 #include <vector>
 
 #include "strata/common/ids.h"
+#include "strata/kernels/kernel_selection.h"
 #include "strata/kv/krul_policy.h"
 
 namespace strata::executor {
 
 class AttentionObserver {
  public:
-  AttentionObserver(int32_t num_layers, int32_t num_heads);
+  AttentionObserver(int32_t num_layers, int32_t num_heads, bool device_accumulators = false);
 
   // Layer `layer` of a chunk of `seq`: its queries q [n, H, D] at positions [start, start + n)
   // and the layer's keys of positions [0, start + n) (after RoPE). A chunk at position 0 starts
   // the sequence's statistics over.
   void observe(SeqId seq, int64_t layer, const at::Tensor& q, at::Tensor keys, int64_t start,
                double scale);
-  // After a pass: the decode rows it observed, and a slice of the pending prompt rows.
-  void after_pass();
+  // After a pass: the decode rows it observed (on CUDA by `backend`), and a slice of the pending
+  // prompt rows.
+  void after_pass(kernels::KernelBackend backend);
   // The sequence's statistics with every observed row reduced (nullopt if none was observed);
   // the sequence is forgotten.
   std::optional<kv::krul::AttentionStats> take(SeqId seq);
@@ -70,13 +76,20 @@ class AttentionObserver {
     // This pass's decode query [H, D] and keys [t, Hkv, D] of each layer observed so far.
     std::vector<at::Tensor> decode_q, decode_keys;
     double decode_scale = 1.0;
+    // CUDA: decode rows accumulated on the device (kernels::krul_accumulate_rows' squared
+    // [1, L, L, H, 2] and edge_mass [1, L, 2]) since the last fold into `stats`, and how many.
+    at::Tensor device_squared, device_edge;
+    int64_t device_rows = 0;
   };
 
   // Reduces up to `rows` pending prompt rows of a state; returns how many it reduced.
   int64_t reduce_prompt(State& state, int64_t rows);
+  // Adds the device accumulators' totals to the statistics and clears them.
+  void fold_device_rows(State& state) const;
 
   int32_t num_layers_;
   int32_t num_heads_;
+  bool device_accumulators_;
   std::unordered_map<SeqId, State> states_;
 };
 

@@ -167,6 +167,10 @@ Status TorchExecutor::load(const model::ModelSource& source) {
                                        " CUDA device(s) are present");
     }
     device_ = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device_choice_.index));
+    // Krul's decode rows stay on the device (AttentionObserver).
+    attention_observer_ = AttentionObserver(static_cast<int32_t>(config_.num_layers),
+                                            static_cast<int32_t>(config_.num_heads),
+                                            /*device_accumulators=*/true);
   } else if (options_.cpu_threads > 0) {
     at::set_num_threads(options_.cpu_threads);
   }
@@ -590,7 +594,8 @@ StatusOr<ForwardResult> TorchExecutor::run(const ForwardBatch& batch) {
     }
   }
 
-  if (observes) attention_observer_.after_pass();
+  if (observes)
+    attention_observer_.after_pass(kernel_report_.backend(KernelOp::kKrulAccumulateRows));
 
   result.load_copy_seconds = result.load_seconds;
   if (loads.copies_end) {

@@ -16,7 +16,8 @@ enum class KernelBackend { kStrata, kTorch };
 // kUnpackKvBlocks: the KV store's encoded chunks decoded into the pool (kernels::unpack_kv_blocks);
 // kPackKvBlocks: raw chunks encoded for the store (kernels::pack_kv_blocks).
 // kFreeKv*: FreeKV's page selection, page layout conversions (offload and recall) and decode
-// attention (docs/freekv.md).
+// attention (docs/freekv.md). kKrulAccumulateRows: Krul's decode-row statistics
+// (kernels::krul_accumulate_rows, docs/krul.md).
 enum class KernelOp {
   kRmsNorm,
   kRotary,
@@ -26,13 +27,15 @@ enum class KernelOp {
   kPackKvBlocks,
   kFreeKvSelect,
   kFreeKvPages,
-  kFreeKvAttention
+  kFreeKvAttention,
+  kKrulAccumulateRows
 };
-inline constexpr int kNumKernelOps = 9;
+inline constexpr int kNumKernelOps = 10;
 inline constexpr std::array<KernelOp, kNumKernelOps> kAllKernelOps = {
-    KernelOp::kRmsNorm,         KernelOp::kRotary,         KernelOp::kPagedAttention,
-    KernelOp::kReshapeAndCache, KernelOp::kUnpackKvBlocks, KernelOp::kPackKvBlocks,
-    KernelOp::kFreeKvSelect,    KernelOp::kFreeKvPages,    KernelOp::kFreeKvAttention};
+    KernelOp::kRmsNorm,           KernelOp::kRotary,         KernelOp::kPagedAttention,
+    KernelOp::kReshapeAndCache,   KernelOp::kUnpackKvBlocks, KernelOp::kPackKvBlocks,
+    KernelOp::kFreeKvSelect,      KernelOp::kFreeKvPages,    KernelOp::kFreeKvAttention,
+    KernelOp::kKrulAccumulateRows};
 
 inline const char* kernel_op_name(KernelOp op) {
   switch (op) {
@@ -54,6 +57,8 @@ inline const char* kernel_op_name(KernelOp op) {
       return "freekv_pages";
     case KernelOp::kFreeKvAttention:
       return "freekv_attention";
+    case KernelOp::kKrulAccumulateRows:
+      return "krul_accumulate_rows";
   }
   return "?";
 }

@@ -39,6 +39,14 @@ at::Tensor krul_decode_rows(const at::Tensor& q, const at::Tensor& k, double sca
 void krul_accumulate(const at::Tensor& rows, const at::Tensor& lengths,
                      kv::krul::AttentionStats& stats);
 
+// ops.h's KrulRowsParams contract in libtorch (the reference of launch_krul_accumulate_rows):
+// rows float32 [num_seqs, num_layers, num_heads, stride], lengths int64 [num_seqs] (any device);
+// adds each sequence's squared distances between layers' rows (for i > j) to squared[..., 0]
+// ([num_seqs, num_layers, num_layers, num_heads, 2] float32) and its edge mass to
+// edge_mass[..., 0] ([num_seqs, num_layers, 2] float32), computed in float64; the compensation
+// terms [..., 1] are left as they are.
+void krul_accumulate_rows(const at::Tensor& rows, const at::Tensor& lengths, at::Tensor& squared,
+                          at::Tensor& edge_mass);
 // MiniCache's merge of one pair's keys or values, a (the shallow layer) and b (the deep one), both
 // [n, num_kv_heads, d]: per (token, head) the magnitudes |a|, |b| and one direction, the SLERP of
 // a/|a| and b/|b| at t (t = 0 gives a's, 1 b's). Pairs whose angle, as a share of pi, is in the

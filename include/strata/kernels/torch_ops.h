@@ -80,6 +80,15 @@ at::Tensor unpack_kv_blocks(const at::Tensor& bytes, const kv::KvFormat& format,
 at::Tensor pack_kv_blocks(const at::Tensor& blocks, const kv::KvFormat& format,
                           KernelBackend backend = KernelBackend::kStrata);
 
+// Krul's decode-row statistics (ops.h's KrulRowsParams contract: rows float32 [num_seqs,
+// num_layers, num_heads, stride], lengths int64 [num_seqs], the compensated accumulators squared
+// [num_seqs, num_layers, num_layers, num_heads, 2] and edge_mass [num_seqs, num_layers, 2]
+// float32 added to in place). On CUDA, contiguous tensors run Strata's kernel
+// (launch_krul_accumulate_rows) on the current stream; the rest, and kTorch, run libtorch
+// (krul_ops.h). Throws c10::Error on a bad shape.
+void krul_accumulate_rows(const at::Tensor& rows, const at::Tensor& lengths, at::Tensor& squared,
+                          at::Tensor& edge_mass, KernelBackend backend = KernelBackend::kStrata);
+
 // FreeKV's operations (kernels::aten's freekv_* contracts, freekv_ops.h; launchers in ops.h).
 // Every tensor on q's (or the rows', the chunks') device and dtype; items int32 and slots int64
 // on that device. On CUDA Strata's kernels run on the current stream for float16/bfloat16,

@@ -120,11 +120,23 @@ inline at::Tensor emulated_freekv_attention(const at::Tensor& q, const at::Tenso
   return out;
 }
 
+inline void emulated_krul_accumulate_rows(const at::Tensor& rows, const at::Tensor& lengths,
+                                          at::Tensor& squared, at::Tensor& edge_mass) {
+  launch_krul_accumulate_rows(krul_rows_params(rows, lengths, squared, edge_mass), nullptr);
+}
+
 inline KernelOpTable emulated_kernel_table() {
-  return {emulated_rms_norm,          emulated_rotary,           emulated_paged_attention,
-          emulated_reshape_and_cache, emulated_unpack_kv_blocks, emulated_pack_kv_blocks,
-          emulated_freekv_select,     emulated_freekv_offload,   emulated_freekv_recall,
-          emulated_freekv_attention};
+  return {emulated_rms_norm,
+          emulated_rotary,
+          emulated_paged_attention,
+          emulated_reshape_and_cache,
+          emulated_unpack_kv_blocks,
+          emulated_pack_kv_blocks,
+          emulated_freekv_select,
+          emulated_freekv_offload,
+          emulated_freekv_recall,
+          emulated_freekv_attention,
+          emulated_krul_accumulate_rows};
 }
 
 }  // namespace strata::kernels::testing

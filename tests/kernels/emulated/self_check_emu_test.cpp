@@ -11,6 +11,7 @@
 #include "self_check.h"
 #include "strata/kernels/aten_ops.h"
 #include "strata/kernels/freekv_ops.h"
+#include "strata/kernels/krul_ops.h"
 #include "strata/kernels/kv_format_ops.h"
 
 namespace strata::kernels {
@@ -37,6 +38,7 @@ KernelOpTable libtorch_table() {
   t.freekv_offload = aten::freekv_offload;
   t.freekv_recall = aten::freekv_recall;
   t.freekv_attention = aten::freekv_attention;
+  t.krul_accumulate_rows = aten::krul_accumulate_rows;
   return t;
 }
 
