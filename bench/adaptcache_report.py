@@ -18,7 +18,8 @@ questions after each document's first, L-Eval ids FILE:LINE.Q with Q > 0):
   cached      tokens served from any KV tier / later-turn prompt tokens
   codec mix   re-encodings into each codec over the run (in-process runs)
 --profile-out writes the store's profile file (kv_store.adaptcache_profile): each variant named
-after a codec (kivi-8, kivi-4, kivi-2, streaming-0.5, streaming-0.25, streaming-0.1) gives that
+after a codec (kivi-8, kivi-4, kivi-2, streaming-0.5, streaming-0.25, streaming-0.1, layer-merge:
+Krul's, with kv_store.layer_pairing) gives that
 codec's quality, and AdaptCache chooses among those codecs; bandwidths and the prefill time per token
 are given on the command line (measured on the same machine, see docs/results/);
 --merge-profile adds the codecs of an earlier profile that this run did not measure.
@@ -29,7 +30,8 @@ import collections
 import json
 import sys
 
-CODECS = ("kivi-8", "kivi-4", "kivi-2", "streaming-0.5", "streaming-0.25", "streaming-0.1")
+CODECS = ("kivi-8", "kivi-4", "kivi-2", "streaming-0.5", "streaming-0.25", "streaming-0.1",
+          "layer-merge")
 
 
 def f1(prediction, reference):
