@@ -26,17 +26,6 @@ at::Tensor krul_attention_rows(const at::Tensor& q, const at::Tensor& k, int64_t
   return at::softmax(logits.masked_fill(keys > positions, -INFINITY), -1);
 }
 
-at::Tensor krul_decode_rows(const at::Tensor& q, const at::Tensor& k, double scale) {
-  const int64_t layers = q.size(0), heads = q.size(1), t = k.size(1), kv_heads = k.size(2);
-  const int64_t group = heads / kv_heads;
-  TORCH_CHECK(group * kv_heads == heads && k.size(0) == layers, "krul_decode_rows: q ", q.sizes(),
-              ", k ", k.sizes());
-  // [layers * kv_heads, group, d] x [layers * kv_heads, d, t]: the last row sees every key.
-  const at::Tensor qh = q.to(at::kFloat).reshape({layers * kv_heads, group, -1});
-  const at::Tensor kt = k.to(at::kFloat).permute({0, 2, 3, 1}).reshape({layers * kv_heads, -1, t});
-  return at::softmax(at::bmm(qh, kt).mul(scale), -1).reshape({layers, heads, 1, t});
-}
-
 void krul_accumulate(const at::Tensor& rows, const at::Tensor& lengths,
                      kv::krul::AttentionStats& stats) {
   const int64_t layers = rows.size(0), heads = rows.size(1), r = rows.size(2), t = rows.size(3);

@@ -23,15 +23,12 @@ void AttentionObserver::observe(SeqId seq, int64_t layer, const at::Tensor& q, a
   if (added) state.stats = kv::krul::AttentionStats(num_layers_, num_heads_);
   const int64_t n = q.size(0);
   if (n == 1) {
-    if (layer == 0) {
-      state.decode_q.clear();
-      state.decode_keys.clear();
-    }
-    STRATA_CHECK(std::ssize(state.decode_q) == layer)
+    if (layer == 0) state.decode_rows.clear();
+    STRATA_CHECK(std::ssize(state.decode_rows) == layer)
         << "decode attention of layer " << layer << " observed out of order";
-    state.decode_q.push_back(q[0]);
-    state.decode_keys.push_back(std::move(keys));
-    state.decode_scale = scale;
+    // The layer's row now, from the keys it is handed (which are not kept: copying every
+    // layer's keys again for one batched product cost more than the products).
+    state.decode_rows.push_back(kernels::aten::krul_attention_rows(q, keys, start, scale));
     return;
   }
   if (layer == 0) state.prompt.push_back({{}, start, 0, scale});
@@ -71,10 +68,9 @@ int64_t AttentionObserver::reduce_prompt(State& state, int64_t rows) {
 void AttentionObserver::after_pass(kernels::KernelBackend backend) {
   int64_t budget = kPromptRowsPerPass;
   for (auto& [seq, state] : states_) {
-    if (std::ssize(state.decode_q) == num_layers_) {
-      const int64_t t = state.decode_keys.front().size(0);
-      const at::Tensor rows = kernels::aten::krul_decode_rows(
-          at::stack(state.decode_q), at::stack(state.decode_keys), state.decode_scale);
+    if (std::ssize(state.decode_rows) == num_layers_) {
+      const at::Tensor rows = at::stack(state.decode_rows);  // [layers, heads, 1, t]
+      const int64_t t = rows.size(3);
       if (device_accumulators_) {
         if (!state.device_squared.defined()) {
           const auto options = rows.options().dtype(at::kFloat);
@@ -89,8 +85,7 @@ void AttentionObserver::after_pass(kernels::KernelBackend backend) {
         kernels::aten::krul_accumulate(rows, at::full({1}, t, at::kLong), state.stats);
       }
     }
-    state.decode_q.clear();
-    state.decode_keys.clear();
+    state.decode_rows.clear();
     if (budget > 0) budget -= reduce_prompt(state, budget);
   }
 }

@@ -12,9 +12,9 @@
 //                 The paper reduces them on CPU threads beside the GPU's decoding; a CPU engine has
 //                 no idle thread (the step thread is the only one that runs libtorch), so the
 //                 reduction is spread over the passes that follow, a bounded slice each.
-//   decode rows   a chunk of one query keeps its query and keys of each layer; once the pass has
-//                 run every layer, the rows of all layers come from one batched product
-//                 (krul_decode_rows) and are reduced, then dropped. On the CPU into the float64
+//   decode rows   a chunk of one query turns into each layer's attention row [H, 1, t] as the
+//                 layer runs (its keys are not kept); once the pass has run every layer, the
+//                 rows of all layers are reduced together, then dropped. On the CPU into the float64
 //                 statistics (krul_accumulate); on CUDA (device_accumulators) into compensated
 //                 float32 accumulators on the device (kernels::krul_accumulate_rows: Strata's
 //                 kernel where the start-up self-check passed it), folded into the statistics at
@@ -73,9 +73,8 @@ class AttentionObserver {
     // Per layer, the keys [0, end) of the latest prompt chunk: a prefix of them serves every
     // earlier chunk still pending.
     std::vector<at::Tensor> keys;
-    // This pass's decode query [H, D] and keys [t, Hkv, D] of each layer observed so far.
-    std::vector<at::Tensor> decode_q, decode_keys;
-    double decode_scale = 1.0;
+    // This pass's decode row [H, 1, t] of each layer observed so far.
+    std::vector<at::Tensor> decode_rows;
     // CUDA: decode rows accumulated on the device (kernels::krul_accumulate_rows' squared
     // [1, L, L, H, 2] and edge_mass [1, L, 2]) since the last fold into `stats`, and how many.
     at::Tensor device_squared, device_edge;

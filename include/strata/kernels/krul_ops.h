@@ -25,10 +25,6 @@ namespace strata::kernels::aten {
 at::Tensor krul_attention_rows(const at::Tensor& q, const at::Tensor& k, int64_t start,
                                double scale);
 
-// One decode row of every layer at once: q [layers, num_heads, d] (the query at position t - 1)
-// and k [layers, t, num_kv_heads, d]. Returns float32 [layers, num_heads, 1, t] (what
-// krul_attention_rows gives layer by layer, in one batched product).
-at::Tensor krul_decode_rows(const at::Tensor& q, const at::Tensor& k, double scale);
 
 // Adds rows of every layer to the statistics: rows float32 [num_layers, num_heads, r, t] with row
 // i's context length lengths[i] (int64 [r], <= t; zeros beyond it). Per layer, the probability on

@@ -32,17 +32,6 @@ TEST(KrulOpsTest, AttentionRowsAreTheCausalSoftmaxRows) {
   EXPECT_EQ(rows.slice(1, 0, 1).slice(2, 8, 15).abs().sum().item<float>(), 0.0f);
 }
 
-TEST(KrulOpsTest, DecodeRowsOfAllLayersAreEachLayersLastRow) {
-  at::manual_seed(4);
-  const at::Tensor q = at::randn({3, 6, 16}), k = at::randn({3, 11, 2, 16});
-  const at::Tensor rows = krul_decode_rows(q, k, 0.3);
-  ASSERT_EQ(rows.sizes(), (std::vector<int64_t>{3, 6, 1, 11}));
-  for (int64_t l = 0; l < 3; ++l) {
-    EXPECT_TRUE(
-        at::allclose(rows[l], krul_attention_rows(q[l].unsqueeze(0), k[l], 10, 0.3), 1e-5, 1e-7));
-  }
-}
-
 // Offline statistics from whole matrices A [layers, heads, s, s] (in double): what the split
 // accumulation must equal.
 AttentionStats offline(const at::Tensor& A) {
