@@ -37,8 +37,10 @@ StoreOptions with_codecs(StoreOptions o) {
   return o;
 }
 
-// Loads every matched chunk of `prompt`: its codec, and its bytes against the prefix the codec keeps.
-int32_t load_encoded(KvStore& store, std::span<const TokenId> prompt, const std::string& session = {}) {
+// Loads every matched chunk of `prompt`: its codec, and its bytes against the prefix the codec
+// keeps.
+int32_t load_encoded(KvStore& store, std::span<const TokenId> prompt,
+                     const std::string& session = {}) {
   std::optional<StoreMatch> m = store.find(prompt, root(), session);
   EXPECT_TRUE(m.has_value());
   if (!m) return -1;
@@ -115,7 +117,8 @@ TEST(KvStoreCodecsTest, ANewTurnReplacesAnEncodedItemWithARawOne) {
   SaveTicket ticket = store->begin_save(request).value();
   EXPECT_EQ(ticket.first_chunk, 0);  // raw chunks do not extend encoded ones
   EXPECT_EQ(ticket.destinations.size(), 4u);
-  for (size_t i = 0; i < ticket.destinations.size(); ++i) fill(ticket.destinations[i], request.chain[i]);
+  for (size_t i = 0; i < ticket.destinations.size(); ++i)
+    fill(ticket.destinations[i], request.chain[i]);
   store->commit_save(std::move(ticket), nullptr, 0);
   store->wait_idle();
   EXPECT_EQ(store->stats().items, 1);  // the encoded item was superseded and dropped
@@ -457,6 +460,42 @@ TEST(KvStoreCodecsTest, ALayerMergeWaitsForTheConversationsPairsWhichTheJournalK
   auto store = KvStore::open(with_layer_merge(options(&dir, 16, 64), 3)).value();
   EXPECT_EQ(store->stats().codec_items, (std::vector<int64_t>{1, 0}));
   EXPECT_FALSE(store->find(a, root(), {}));
+}
+
+// AdaptCache may choose the layer merge (a profiled codec, quality 0.99) for a conversation with
+// its layer pairs only: the others are demoted instead.
+TEST(KvStoreCodecsTest, AdaptCacheMergesOnlyConversationsWithTheirLayerPairs) {
+  TempDir dir;
+  StoreOptions o = with_layer_merge(options(&dir, 12, 64));
+  o.fixed_codec = 0;
+  o.codecs[0].quality = 0.99;
+  o.adaptcache.enabled = true;
+  o.adaptcache.alpha = 0.05;  // quality is cheap: compressing beats leaving DRAM
+  o.adaptcache.bandwidth = {10e9, 1e6};
+  o.adaptcache.latency_seconds = {0, 0};
+  o.adaptcache.prefill_seconds_per_token = 1;
+  o.dram_reserve_fraction = 0.3;
+  o.policy = EvictionPolicy::kLru;
+  auto store = KvStore::open(o).value();
+  std::vector<std::vector<TokenId>> items;
+  for (int i = 0; i < 6; ++i) {
+    items.push_back(tokens(40 + i, 13));
+    ASSERT_TRUE(save(*store, items.back()).ok());
+    if (i % 2 == 0)
+      store->set_layer_pairs(store->find(items.back(), root(), {})->item,
+                             {{0, 1, 0.0}, {2, 3, 0.0}});
+    store->wait_idle();
+  }
+  int64_t merged = 0;
+  for (int i = 0; i < 6; ++i) {
+    const int32_t codec = load_encoded(*store, items[i]);
+    if (i % 2 == 1) {
+      EXPECT_EQ(codec, 0) << "item " << i << " has no layer pairs";
+    }
+    merged += codec == 1;
+  }
+  EXPECT_GT(merged, 0);
+  EXPECT_EQ(store->stats().codec_items[1], merged);
 }
 
 TEST(KvStoreCodecsTest, OptionsAreValidated) {
