@@ -9,6 +9,7 @@
 #include "strata/executor/executor.h"
 #include "strata/kv/kv_format.h"
 #include "strata/store/item_codecs.h"
+#include "strata/store/store_config.h"
 
 namespace strata::bench {
 namespace {
@@ -18,6 +19,7 @@ struct Restored {
   Chunks chunks;
   std::optional<kv::KvFormat> encoding;
   std::vector<TokenId> tokens;
+  int64_t stored_chunk_bytes = 0;  // as stored, where the chunks loaded are restored ones
 };
 
 // Log-probabilities of one row of logits, in double.
@@ -63,7 +65,7 @@ StatusOr<CodecQualityResult> measure_codec_quality(executor::Executor& executor,
 
   // Every codec's restored history, "none" first.
   std::vector<std::pair<std::string, Restored>> restored;
-  restored.push_back({"none", {saved, std::nullopt, history_ids}});
+  restored.push_back({"none", {saved, std::nullopt, history_ids, 0}});
   for (const store::KnownItemCodec& codec : store::kItemCodecs) {
     Restored r;
     if (codec.kivi_bits > 0) {
@@ -77,6 +79,32 @@ StatusOr<CodecQualityResult> measure_codec_quality(executor::Executor& executor,
         out.push_back(r.chunks[static_cast<size_t>(i)].data());
       }
       STRATA_RETURN_IF_ERROR(executor.transcode_kv_chunks(std::nullopt, r.encoding, in, out));
+      r.tokens = history_ids;
+    } else if (codec.layer_merge) {
+      // Merged and restored as the store does, with MiniCache's pairs (the deepest adjacent
+      // layers) at the deployment defaults' share: Krul's pairs come from the attention a served
+      // turn observed, which this experiment does not run.
+      const store::StoreConfig defaults;
+      const kv::KvGeometry& g = executor.kv_geometry();
+      const kv::krul::MergedForm form =
+          kv::krul::merged_form(defaults.layer_share, defaults.merge_retain, g.num_layers,
+                                int64_t{g.num_kv_heads} * g.block_size_tokens);
+      const std::vector<kv::krul::LayerPair> pairs =
+          kv::krul::adjacent_pairs(g.num_layers - 2 * form.pairs, g.num_layers - 1);
+      Chunks merged(static_cast<size_t>(n),
+                    std::vector<std::byte>(executor.kv_chunk_bytes(form)));
+      r.chunks = Chunks(static_cast<size_t>(n), std::vector<std::byte>(executor.kv_chunk_bytes()));
+      std::vector<const std::byte*> in, merged_in;
+      std::vector<std::byte*> merged_out, out;
+      for (int64_t i = 0; i < n; ++i) {
+        in.push_back(saved[static_cast<size_t>(i)].data());
+        merged_out.push_back(merged[static_cast<size_t>(i)].data());
+        merged_in.push_back(merged[static_cast<size_t>(i)].data());
+        out.push_back(r.chunks[static_cast<size_t>(i)].data());
+      }
+      STRATA_RETURN_IF_ERROR(executor.merge_kv_chunks(form, pairs, in, merged_out));
+      STRATA_RETURN_IF_ERROR(executor.unmerge_kv_chunks(form, pairs, merged_in, out));
+      r.stored_chunk_bytes = executor.kv_chunk_bytes(form);
       r.tokens = history_ids;
     } else {
       // Chunk 0 (the sinks) and the most recent chunks (the window), as the store keeps them.
@@ -114,7 +142,9 @@ StatusOr<CodecQualityResult> measure_codec_quality(executor::Executor& executor,
   for (auto& [name, r] : restored) {
     CodecQuality q;
     q.codec = name;
-    q.stored_share = static_cast<double>(std::ssize(r.chunks) * std::ssize(r.chunks[0])) /
+    const int64_t chunk_bytes =
+        r.stored_chunk_bytes > 0 ? r.stored_chunk_bytes : std::ssize(r.chunks[0]);
+    q.stored_share = static_cast<double>(std::ssize(r.chunks) * chunk_bytes) /
                      static_cast<double>(n * executor.kv_chunk_bytes());
     q.dropped_tokens = h - std::ssize(r.tokens);
 

@@ -87,6 +87,14 @@ std::vector<LayerPair> adjacent_pairs(int32_t first, int32_t last) {
   return pairs;
 }
 
+MergedForm merged_form(double share, double retain, int32_t num_layers, int64_t vectors_per_chunk) {
+  return {.pairs = pair_count(share, num_layers),
+          .retained = static_cast<int32_t>(
+              std::ceil(retain * static_cast<double>(vectors_per_chunk) - 1e-9)),
+          .slerp_t = 0.6,
+          .retain = retain};
+}
+
 int32_t pair_count(double share, int32_t num_layers) {
   const auto layers = static_cast<int32_t>(std::ceil(share * num_layers - 1e-9));
   return std::min((std::max(layers, 0) + 1) / 2, num_layers / 2);

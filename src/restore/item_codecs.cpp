@@ -1,6 +1,5 @@
 #include "item_codecs.h"
 
-#include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -77,11 +76,8 @@ Status read_profile(const std::string& path, store::StoreOptions* options) {
 kv::krul::MergedForm merged_form(const store::StoreConfig& config,
                                  const executor::Executor& executor) {
   const kv::KvGeometry& g = executor.kv_geometry();
-  const double vectors = static_cast<double>(g.num_kv_heads) * g.block_size_tokens;
-  return {.pairs = kv::krul::pair_count(config.layer_share, g.num_layers),
-          .retained = static_cast<int32_t>(std::ceil(config.merge_retain * vectors - 1e-9)),
-          .slerp_t = 0.6,
-          .retain = config.merge_retain};
+  return kv::krul::merged_form(config.layer_share, config.merge_retain, g.num_layers,
+                               int64_t{g.num_kv_heads} * g.block_size_tokens);
 }
 
 StatusOr<std::vector<std::optional<kv::KvFormat>>> configure_item_codecs(

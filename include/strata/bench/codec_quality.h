@@ -7,7 +7,9 @@
 // codec then restores it as the store serves it: "none" loads the raw chunks; KIVI chunks are
 // encoded by the store's transcoder (Executor::transcode_kv_chunks) and decoded by the load;
 // token dropping loads only the chunks store::kept_chunks keeps (chunk 0, the sinks, and the most
-// recent ones) at contiguous positions. After each restore:
+// recent ones) at contiguous positions; the layer merge merges and restores the chunks as the
+// store does (Executor::merge_kv_chunks / unmerge_kv_chunks) with MiniCache's pairs at the
+// default layer_share (Krul's pairs need a served turn's attention). After each restore:
 //   answer      the greedy answer to the prompt (at most answer_tokens, ending at eos): "none"'s
 //               is the reference answer (the uncompressed model's answer, as the paper scores);
 //   agreement   teacher forcing the reference answer: the share of its positions whose argmax is

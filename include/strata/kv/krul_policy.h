@@ -83,6 +83,10 @@ struct MergedForm {
   double retain = 0.05;
 };
 
+// The form a deployment stores: pair_count(share, num_layers) pairs, retaining at most
+// ceil(retain x vectors_per_chunk) (a chunk's tokens x KV heads) per pair and K or V.
+MergedForm merged_form(double share, double retain, int32_t num_layers, int64_t vectors_per_chunk);
+
 // What a resumed turn costs per layer, in seconds, measured on this machine (RestoreCosts come
 // from a calibration run, docs/krul.md):
 //   recompute of t tokens in one layer   t * compute_per_token + t^2 * attention_per_token2
