@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <new>
 #include <nlohmann/json.hpp>
@@ -208,13 +209,18 @@ void fill_chunk(std::span<std::byte> chunk, DType dtype, uint32_t seed) {
   }
 }
 
-// Seconds per raw byte of decoding `format` chunks back to the pool's layout (the best of three
-// over 16 chunks) on the host, with libtorch: what a CPU deployment's loads spend. (A CUDA
-// deployment decodes loads with the unpack kernel on the device, which this does not measure.)
-StatusOr<double> decode_seconds_per_byte(const executor::Executor& executor,
-                                         const kv::KvFormat& format) {
+// Chunks in[i] -> out[i] through one of the store's codecs.
+using Convert =
+    std::function<Status(std::span<const std::byte* const> in, std::span<std::byte* const> out)>;
+
+// Seconds per raw byte of decoding chunks of a codec (`encoded` bytes each) back to the pool's
+// layout (the best of three over 16 chunks) on the host, with libtorch: what a CPU deployment's
+// loads spend. (A CUDA deployment decodes KIVI loads with the unpack kernel on the device, which
+// this does not measure.)
+StatusOr<double> decode_seconds_per_byte(const executor::Executor& executor, int64_t encoded,
+                                         const Convert& encode, const Convert& decode) {
   constexpr int kChunks = 16;
-  const int64_t raw = executor.kv_chunk_bytes(), encoded = executor.kv_chunk_bytes(format);
+  const int64_t raw = executor.kv_chunk_bytes();
   std::vector<std::vector<std::byte>> raws(kChunks, std::vector<std::byte>(raw));
   std::vector<std::vector<std::byte>> codes(kChunks, std::vector<std::byte>(encoded));
   std::vector<const std::byte*> raw_in;
@@ -227,11 +233,11 @@ StatusOr<double> decode_seconds_per_byte(const executor::Executor& executor,
     code_out.push_back(codes[i].data());
     code_in.push_back(codes[i].data());
   }
-  STRATA_RETURN_IF_ERROR(executor.transcode_kv_chunks(std::nullopt, format, raw_in, code_out));
+  STRATA_RETURN_IF_ERROR(encode(raw_in, code_out));
   double best = INFINITY;
   for (int run = 0; run < 3; ++run) {
     const auto start = Clock::now();
-    STRATA_RETURN_IF_ERROR(executor.transcode_kv_chunks(format, std::nullopt, code_in, raw_out));
+    STRATA_RETURN_IF_ERROR(decode(code_in, raw_out));
     best = std::min(best, seconds_since(start));
   }
   return best / static_cast<double>(kChunks * raw);
@@ -323,11 +329,39 @@ Status profile(const std::vector<std::string>& args) {
   out["codecs"] = nlohmann::json::array();
   for (int bits : {8, 4, 2}) {
     const std::string name = "kivi-" + std::to_string(bits);
-    STRATA_ASSIGN_OR_RETURN(double decode,
-                            decode_seconds_per_byte(executor, kv::kivi_format(bits)));
+    const kv::KvFormat format = kv::kivi_format(bits);
+    STRATA_ASSIGN_OR_RETURN(
+        double decode, decode_seconds_per_byte(
+                           executor, executor.kv_chunk_bytes(format),
+                           [&](auto in, auto out) {
+                             return executor.transcode_kv_chunks(std::nullopt, format, in, out);
+                           },
+                           [&](auto in, auto out) {
+                             return executor.transcode_kv_chunks(format, std::nullopt, in, out);
+                           }));
     nlohmann::json codec = {{"name", name}, {"decode_seconds_per_byte", decode}};
     if (qualities.contains(name)) codec.update(qualities[name]);
     std::fprintf(stderr, "%s: decode %.3g ns per raw byte\n", name.c_str(), decode * 1e9);
+    out["codecs"].push_back(codec);
+  }
+  // Krul's layer merge (with the deployment's layer_share and merge_retain, and MiniCache's
+  // pairs: the decode cost does not depend on which layers pair), when its quality is given.
+  if (qualities.contains("layer-merge")) {
+    const kv::KvGeometry& g = executor.kv_geometry();
+    const kv::krul::MergedForm form =
+        kv::krul::merged_form(deployment.kv_store.layer_share, deployment.kv_store.merge_retain,
+                              g.num_layers, int64_t{g.num_kv_heads} * g.block_size_tokens);
+    const std::vector<kv::krul::LayerPair> pairs =
+        kv::krul::adjacent_pairs(g.num_layers - 2 * form.pairs, g.num_layers - 1);
+    STRATA_ASSIGN_OR_RETURN(
+        double decode,
+        decode_seconds_per_byte(
+            executor, executor.kv_chunk_bytes(form),
+            [&](auto in, auto out) { return executor.merge_kv_chunks(form, pairs, in, out); },
+            [&](auto in, auto out) { return executor.unmerge_kv_chunks(form, pairs, in, out); }));
+    nlohmann::json codec = {{"name", "layer-merge"}, {"decode_seconds_per_byte", decode}};
+    codec.update(qualities["layer-merge"]);
+    std::fprintf(stderr, "layer-merge: decode %.3g ns per raw byte\n", decode * 1e9);
     out["codecs"].push_back(codec);
   }
   // Token dropping decodes nothing (kept chunks load raw): its profile is its quality alone.

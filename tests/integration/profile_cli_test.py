@@ -34,7 +34,9 @@ def main():
                                   {"name": "kivi-4", "quality": 0.7,
                                    "task_quality": {"chat": 0.8, "long-document": 0.6}},
                                   {"name": "kivi-2", "quality": 0.3,
-                                   "task_quality": {"chat": 0.4, "long-document": 0.1}}]}, f)
+                                   "task_quality": {"chat": 0.4, "long-document": 0.1}},
+                                  {"name": "layer-merge", "quality": 0.2,
+                                   "task_quality": {"chat": 0.2, "long-document": 0.05}}]}, f)
         measured = os.path.join(tmp, "profile.json")
         bare = os.path.join(tmp, "bare.json")
 
@@ -52,7 +54,8 @@ def main():
                  "--set", f"kv_store.ssd_dir={os.path.join(tmp, 'serve-ssd')}",
                  "--set", "kv_store.ssd_bytes=64MiB",
                  "--set", f"kv_store.adaptcache_profile={profile_path}",
-                 "--set", "kv_store.adaptcache=true"],
+                 "--set", "kv_store.adaptcache=true",
+                 "--set", "kv_store.layer_pairing=minicache"],
                 capture_output=True, text=True, timeout=600)
 
         def test_measures():
@@ -65,8 +68,9 @@ def main():
             for t in p["tiers"]:
                 assert t["bandwidth"] > 1e6, t  # more than a MB/s
             assert 0 < p["tiers"][1]["latency_seconds"] < 1, p["tiers"][1]
-            assert [c["name"] for c in p["codecs"]] == ["kivi-8", "kivi-4", "kivi-2"], p
-            for c, q, d in zip(p["codecs"], (0.9, 0.7, 0.3), (0.85, 0.6, 0.1)):
+            assert [c["name"] for c in p["codecs"]] == ["kivi-8", "kivi-4", "kivi-2",
+                                                        "layer-merge"], p
+            for c, q, d in zip(p["codecs"], (0.9, 0.7, 0.3, 0.2), (0.85, 0.6, 0.1, 0.05)):
                 assert 0 < c["decode_seconds_per_byte"] < 1e-6, c
                 assert c["quality"] == q, c
                 assert c["task_quality"]["long-document"] == d, c
