@@ -11,6 +11,7 @@
 #include <tuple>
 
 #include "emulated_test_util.h"
+#include "launch_params.h"
 #include "strata/kernels/krul_ops.h"
 #include "strata/kernels/ops.h"
 
@@ -59,15 +60,7 @@ TEST_P(KrulRowsEmuTest, AccumulatesLikeTheReference) {
   testing::expect_schedule_invariant_match(
       [&] {
         at::Tensor squared = squared0.clone(), edge = edge0.clone();
-        KrulRowsParams p;
-        p.rows = rows.data_ptr<float>();
-        p.lengths = lengths.data_ptr<int64_t>();
-        p.squared = squared.data_ptr<float>();
-        p.edge_mass = edge.data_ptr<float>();
-        p.num_seqs = seqs;
-        p.num_layers = layers;
-        p.num_heads = heads;
-        p.row_stride = stride;
+        const KrulRowsParams p = krul_rows_params(rows, lengths, squared, edge);
         for (int step = 0; step < kSteps; ++step) launch_krul_accumulate_rows(p, nullptr);
         auto total = [](const at::Tensor& acc) {
           return (acc.select(-1, 0).to(at::kDouble) - acc.select(-1, 1).to(at::kDouble)).flatten();
