@@ -39,6 +39,13 @@ Status in_range(std::string_view key, int64_t value, int64_t min, int64_t max) {
                                 std::to_string(max) + "], got " + std::to_string(value));
 }
 
+// in_range for real numbers, written so that NaN fails too.
+Status number_in(std::string_view key, double value, double min, double max) {
+  if (value >= min && value <= max) return Status();
+  return invalid_argument_error(std::string(key) + " must be in [" + format_number(min) + ", " +
+                                format_number(max) + "], got " + format_number(value));
+}
+
 // at_least for byte sizes, in the files' spelling ("must be >= 1MiB, got 4KiB").
 Status bytes_at_least(std::string_view key, int64_t value, int64_t min) {
   if (value >= min) return Status();
@@ -205,10 +212,7 @@ const KeyCheck<KvStoreSection> kKvStoreKeys[] = {
      [](const KvStoreSection& k) { return at_least("kv_store.ttl_seconds", k.ttl_seconds, 0); }},
     {"kv_store.dram_reserve_fraction",
      [](const KvStoreSection& k) {
-       // Written so that NaN fails too.
-       if (k.dram_reserve_fraction >= 0 && k.dram_reserve_fraction <= 0.9) return Status();
-       return invalid_argument_error("kv_store.dram_reserve_fraction must be in [0, 0.9], got " +
-                                     format_number(k.dram_reserve_fraction));
+       return number_in("kv_store.dram_reserve_fraction", k.dram_reserve_fraction, 0, 0.9);
      }},
     {"kv_store.read_buffer_layers",
      [](const KvStoreSection& k) {
@@ -217,10 +221,7 @@ const KeyCheck<KvStoreSection> kKvStoreKeys[] = {
     {"kv_store.restore_mode", nullptr},
     {"kv_store.recompute_ratio",
      [](const KvStoreSection& k) {
-       // Written so that NaN fails too.
-       if (k.recompute_ratio >= 0 && k.recompute_ratio <= 1) return Status();
-       return invalid_argument_error("kv_store.recompute_ratio must be in [0, 1], got " +
-                                     format_number(k.recompute_ratio));
+       return number_in("kv_store.recompute_ratio", k.recompute_ratio, 0, 1);
      }},
     {"kv_store.layer_pairing", nullptr},
     {"kv_store.layer_share",
@@ -230,16 +231,10 @@ const KeyCheck<KvStoreSection> kKvStoreKeys[] = {
                                      format_number(k.layer_share));
      }},
     {"kv_store.krul_gamma",
-     [](const KvStoreSection& k) {
-       if (k.krul_gamma >= 0 && k.krul_gamma <= 1) return Status();
-       return invalid_argument_error("kv_store.krul_gamma must be in [0, 1], got " +
-                                     format_number(k.krul_gamma));
-     }},
+     [](const KvStoreSection& k) { return number_in("kv_store.krul_gamma", k.krul_gamma, 0, 1); }},
     {"kv_store.merge_retain",
      [](const KvStoreSection& k) {
-       if (k.merge_retain >= 0 && k.merge_retain <= 1) return Status();
-       return invalid_argument_error("kv_store.merge_retain must be in [0, 1], got " +
-                                     format_number(k.merge_retain));
+       return number_in("kv_store.merge_retain", k.merge_retain, 0, 1);
      }},
     {"kv_store.adaptcache",
      [](const KvStoreSection& k) {
@@ -367,11 +362,7 @@ const KeyCheck<FreeKvSection> kFreeKvKeys[] = {
            "freekv.window_tokens must be whole pages of freekv.page_tokens, got " +
            std::to_string(f.window_tokens));
      }},
-    {"freekv.tau",
-     [](const FreeKvSection& f) {
-       if (f.tau >= -1 && f.tau <= 2) return Status();
-       return invalid_argument_error("freekv.tau must be in [-1, 2], got " + format_number(f.tau));
-     }},
+    {"freekv.tau", [](const FreeKvSection& f) { return number_in("freekv.tau", f.tau, -1, 2); }},
     {"freekv.min_context_tokens",
      [](const FreeKvSection& f) {
        if (f.min_context_tokens >= f.budget_tokens) return Status();
@@ -440,11 +431,8 @@ const KeyCheck<SchedulerSection> kSchedulerKeys[] = {
      }},
     {"scheduler.overflow_truncation_fraction",
      [](const SchedulerSection& s) {
-       // Written so that NaN fails too.
-       const double f = s.overflow_truncation_fraction;
-       if (f >= 0 && f <= 0.9) return Status();
-       return invalid_argument_error(
-           "scheduler.overflow_truncation_fraction must be in [0, 0.9], got " + format_number(f));
+       return number_in("scheduler.overflow_truncation_fraction", s.overflow_truncation_fraction, 0,
+                        0.9);
      }},
 };
 
