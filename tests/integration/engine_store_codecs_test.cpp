@@ -1,8 +1,6 @@
 // The store's lossy codecs with the engine on the real default model, float32 on the CPU
 // (label: model): KIVI (AdaptCache), the task families of AdaptCache's profile, and Krul's layer
 // merge of a conversation's layer pairs.
-#include <functional>
-
 #include "engine_store_fixture.h"
 
 namespace strata::engine {
@@ -34,9 +32,8 @@ Turn resumed_with_codec(const std::string& codec, const std::string& ssd_dir, bo
   EXPECT_TRUE(engine);
   if (!engine) return {};
   EngineStoreTest::run_first_turn(*engine, "conversation");
-  for (int i = 0; i < 500 && engine->stats().store->transcodes < 1; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  wait_for(
+      *engine, [](const EngineStats& s) { return s.store->transcodes >= 1; }, "a re-encoding");
   const store::StoreStats stats = *engine->stats().store;
   EXPECT_EQ(stats.transcodes, 1);
   EXPECT_EQ(stats.items, 1);
@@ -186,14 +183,12 @@ TEST_F(EngineStoreTest, ResumedTurnsFromMergedLayerPairsDriftWithTheLayersPaired
   std::unique_ptr<Engine> engine = make_engine(options_with(store, false));
   ASSERT_TRUE(engine);
   run_first_turn(*engine, "conversation");
-  for (int i = 0; i < 500 && engine->stats().store->transcodes < 1; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  wait_for(
+      *engine, [](const EngineStats& s) { return s.store->transcodes >= 1; }, "a re-encoding");
   const Turn krul = run_turn(*engine, *second_prompt_, "conversation");
   // The stream ends before the step loop finishes the request.
-  for (int i = 0; i < 500 && engine->stats().pair_maps < 2; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  wait_for(
+      *engine, [](const EngineStats& s) { return s.pair_maps >= 2; }, "the second pair map");
   const EngineStats stats = engine->stats();
   // Both turns ended with pairs chosen; the first turn's 8 pairs are stored merged (the second's
   // rows, 53 prompt tokens and 16 steps, may find fewer I-R layers: that item stays raw).

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <thread>
 
@@ -108,15 +109,23 @@ inline void expect_same_as_recompute(const Turn& recompute, const Turn& resumed)
   }
 }
 
+// Waits (at most 5 s) until the engine's stats satisfy `done`; a failure names `what`. Store
+// work (saves, re-encodings) and a request's end follow the stream's last output.
+inline void wait_for(Engine& engine, const std::function<bool(const EngineStats&)>& done,
+                     const std::string& what) {
+  for (int i = 0; i < 500; ++i) {
+    if (done(engine.stats())) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ADD_FAILURE() << "timed out waiting for " << what;
+}
+
 // Waits until the store has published `saves` saves (turns): on CUDA a turn's chunks are
 // published once its device-to-host copies are done, after the turn has ended.
 inline void wait_for_saves(Engine& engine, int64_t saves) {
-  for (int i = 0; i < 500; ++i) {
-    const EngineStats stats = engine.stats();
-    if (stats.store && stats.store->tier("dram").saves >= saves) return;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  ADD_FAILURE() << "the store never published " << saves << " saves";
+  wait_for(
+      engine, [&](const EngineStats& s) { return s.store && s.store->tier("dram").saves >= saves; },
+      "the store publishing " + std::to_string(saves) + " saves");
 }
 
 class EngineStoreTest : public ::testing::Test {
