@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <functional>
+#include <utility>
 
 #include "item_codecs.h"
 #include "strata/common/check.h"
@@ -72,12 +73,15 @@ struct RestoreCoordinator::Sequence {
   bool load_failed = false;
   // This turn's save (CachedAttention's asynchronous saving): each token block is copied out layer
   // by layer by the forward pass that completes it (blocks already resident when the save starts,
-  // by the next pass) into chunks the store reserved, published when the turn ends.
+  // or that found no DRAM room then, by a later pass) into chunks the store reserved, published
+  // when the turn ends. A save that found DRAM short publishes what it has written after each
+  // pass, so the store can move it down a tier and make room for the rest (a turn longer than
+  // DRAM is stored whole).
   struct Saving {
     store::SaveTicket ticket;
     std::vector<kv::ChunkHash> chain;  // hashes of the sequence's blocks [0, chain.size())
     int64_t written = 0;               // destinations handed to forward passes
-    bool capped = false;               // the store had no room for more: the save ends there
+    bool short_of_room = false;        // the store reserved fewer chunks than asked for
     std::vector<std::function<void()>> copies;  // device-to-host copies that may be in flight
     double seconds = 0;                         // executor time on its copies
   };
@@ -423,29 +427,30 @@ void RestoreCoordinator::plan_saves(executor::ForwardBatch& forward) {
     };
     if (!sequence.saving) {
       // Starts with the first pass that completes a block, reserving every full block the
-      // sequence has (the prompt's, computed over this and the next passes).
+      // sequence has (the prompt's, computed over this and the next passes). Without any DRAM
+      // room now (counted by the store) the next pass asks again.
       if (end_block == 0) continue;
       Sequence::Saving saving;
       hash_up_to(saving.chain, std::ssize(tokens) / block);
       StatusOr<store::SaveTicket> ticket = store_->begin_save(
           {sequence.info.session, sequence.dropped_tokens == 0, sequence.dropped_tokens,
            saving.chain, sequence.links ? sequence.links->skipped_chunks : 0, sequence.info.task});
-      if (ticket.ok()) {
-        saving.ticket = *std::move(ticket);
-      } else {
-        saving.capped = true;  // no DRAM room now (counted by the store)
-      }
+      if (!ticket.ok()) continue;
+      saving.ticket = *std::move(ticket);
+      saving.short_of_room = std::ssize(saving.ticket.destinations) <
+                             std::ssize(saving.chain) - saving.ticket.first_chunk;
       sequence.saving = std::move(saving);
     }
     Sequence::Saving& saving = *sequence.saving;
     store::SaveTicket& ticket = saving.ticket;
     int64_t reserved_end = ticket.first_chunk + std::ssize(ticket.destinations);
-    if (!saving.capped && end_block > reserved_end) {
+    if (end_block > reserved_end) {
+      // Blocks the store had no room for so far are still in the pool: asked for again.
       hash_up_to(saving.chain, end_block);
       const int64_t wanted = end_block - reserved_end;
       const int64_t got = store_->extend_save(
           &ticket, std::span<const kv::ChunkHash>(saving.chain).subspan(reserved_end, wanted));
-      saving.capped = got < wanted;
+      saving.short_of_room = saving.short_of_room || got < wanted;
       reserved_end += got;
     }
     const int64_t first = ticket.first_chunk + saving.written;
@@ -524,6 +529,10 @@ void RestoreCoordinator::after_pass(const executor::ForwardBatch& forward,
     if (result->saves_written) saving.copies.push_back(result->saves_written);
     saving.seconds += result->save_seconds * static_cast<double>(std::ssize(save.chunks)) /
                       static_cast<double>(saved);
+    // Short of DRAM: what is written is published now; the save goes on after it.
+    if (saving.short_of_room && saving.written == std::ssize(saving.ticket.destinations)) {
+      commit_written(*sequences_.at(save.seq));
+    }
   }
   // Moving averages that size the read buffer.
   constexpr double kWeight = 0.2;  // of the newest sample
@@ -561,16 +570,22 @@ void RestoreCoordinator::release_preload(SeqId seq, Sequence& sequence) {
 
 void RestoreCoordinator::end_save(Sequence& sequence, bool publish) {
   if (!sequence.saving) return;
-  Sequence::Saving saving = *std::move(sequence.saving);
-  sequence.saving.reset();
-  store::SaveTicket& ticket = saving.ticket;
+  Sequence::Saving& saving = *sequence.saving;
   // A finished turn has computed every block it reserved; anything else gives the chunks back,
-  // after the copies into them are done.
-  if (!publish || saving.written != std::ssize(ticket.destinations)) {
+  // after the copies into them are done (what a save short of room published stays).
+  if (!publish || saving.written != std::ssize(saving.ticket.destinations)) {
     for (const auto& wait : saving.copies) wait();
-    store_->abort_save(ticket);
-    return;
+    store_->abort_save(saving.ticket);
+  } else {
+    commit_written(sequence);
   }
+  sequence.saving.reset();
+}
+
+void RestoreCoordinator::commit_written(Sequence& sequence) {
+  Sequence::Saving& saving = *sequence.saving;
+  store::SaveTicket& ticket = saving.ticket;
+  if (ticket.destinations.empty()) return;
   stats_.store_saved_tokens += std::ssize(ticket.destinations) * kv_.geometry().block_size_tokens;
   std::function<void()> wait;
   if (!saving.copies.empty()) {
@@ -578,7 +593,13 @@ void RestoreCoordinator::end_save(Sequence& sequence, bool publish) {
       for (const auto& c : copies) c();
     };
   }
-  store_->commit_save(std::move(ticket), std::move(wait), saving.seconds);
+  // The save goes on from the chunk after these (KvStore::extend_save grows the item once they
+  // are published).
+  store::SaveTicket next{ticket.item, ticket.first_chunk + std::ssize(ticket.destinations), {}, {}};
+  store_->commit_save(std::exchange(ticket, std::move(next)), std::move(wait), saving.seconds);
+  saving.written = 0;
+  saving.copies.clear();
+  saving.seconds = 0;
 }
 
 void RestoreCoordinator::finish(SeqId seq, bool publish) {

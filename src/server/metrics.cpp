@@ -195,9 +195,10 @@ void render_store(const engine::EngineStats& engine, std::string* out) {
          "Requests that recomputed their prompt because a store load failed.",
          d(engine.store_load_failures));
   single("strata_kv_store_saves_skipped_total", "counter",
-         "Saves skipped for lack of DRAM room at the time.", d(s.saves_skipped));
+         "Save attempts that found no DRAM room (asked again on later passes).",
+         d(s.saves_skipped));
   single("strata_kv_store_saves_partial_total", "counter",
-         "Saves that had DRAM room for their leading chunks only.", d(s.saves_partial));
+         "Save reservations that had DRAM room for their leading chunks only.", d(s.saves_partial));
   single("strata_kv_store_saved_tokens_total", "counter",
          "Tokens whose KV finished requests saved to the store.", d(engine.store_saved_tokens));
   single("strata_kv_store_expired_total", "counter", "Items dropped after the TTL.",

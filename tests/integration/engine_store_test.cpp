@@ -168,6 +168,41 @@ TEST_F(EngineStoreTest, SavesRunWithTheTurnAndPublishAtItsEnd) {
   EXPECT_GT(done.pool_save_seconds, 0);
 }
 
+// A turn whose KV is larger than DRAM is stored whole: DRAM holds 8 of its 13 chunks, so the
+// save publishes what it has written after each pass, the store moves those to SSD and takes the
+// rest as DRAM frees up, and the next turn loads the whole history (a save used to stop at the
+// room DRAM had when it started).
+TEST_F(EngineStoreTest, ATurnLargerThanDramIsStoredWholeThroughTheSsd) {
+  test_util::TempDir dir;
+  store::StoreConfig store = store_options(dir.file("kv"));
+  store.dram_bytes = 8 * 737280;
+  std::unique_ptr<Engine> engine = make_engine(options_with(store, false));
+  ASSERT_TRUE(engine);
+  const int64_t chunk_bytes = engine->executor().kv_chunk_bytes();
+  ASSERT_EQ(chunk_bytes, 737280);
+  const Turn first = run_turn(*engine, *history_, "");
+  ASSERT_EQ(first.tokens, *first_reply_);
+  wait_for(
+      *engine,
+      [&](const EngineStats& s) {
+        return s.store && s.store->tier("dram").bytes_in >= kStoredTokens / 16 * chunk_bytes;
+      },
+      "every chunk of the turn published");
+  const EngineStats saved = engine->stats();
+  EXPECT_EQ(saved.store_saved_tokens, kStoredTokens);
+  EXPECT_GE(saved.store->saves_partial, 1) << "DRAM was short for the turn";
+  EXPECT_GE(saved.store->tier("dram").saves, 2) << "published in pieces";
+  EXPECT_EQ(saved.store->items, 1);
+
+  const Turn second = run_turn(*engine, *second_prompt_, "");
+  EXPECT_EQ(second.usage.loaded_prompt_tokens, kStoredTokens);
+  expect_same_as_recompute(*recomputed_second_, second);
+  const EngineStats stats = engine->stats();
+  EXPECT_GT(stats.loaded_tokens("ssd"), 0);
+  EXPECT_EQ(stats.store->corrupt_chunks, 0);
+  EXPECT_EQ(stats.store_load_failures, 0);
+}
+
 // The CUDA paths: saves gathered layer by layer into a device write buffer and copied to pinned
 // DRAM on a side stream; the second turn waits behind another request, so its first 7 layers
 // are pre-loaded into the read buffer during that request's passes and the other 23 copied up

@@ -10,7 +10,9 @@
 //               and the pre-load of the next waiting request's first layers (the read buffer,
 //               sized per request from measured load and prefill times), and tells the store
 //               which items the queue will load (scheduler-aware prefetch and eviction);
-//   turn end    publishes the sequence's saved chunks, or gives them back.
+//   turn end    publishes the sequence's saved chunks, or gives them back (a save DRAM was short
+//               for publishes its chunks pass by pass, so the store moves them down and takes
+//               the rest).
 //
 // Decisions per request and per layer: blocks in the device pool's prefix cache are reused by the
 // KV cache manager; blocks the store holds are loaded (layers [0, k) ahead of the pass when
@@ -199,6 +201,9 @@ class RestoreCoordinator {
   int64_t preload_layers(int64_t chunks, int64_t new_tokens) const;
   void release_preload(SeqId seq, Sequence& sequence);
   void end_save(Sequence& sequence, bool publish);
+  // Publishes the chunks the sequence's save has written (all it reserved) and goes on with a
+  // ticket for the chunks after them.
+  void commit_written(Sequence& sequence);
   void publish_queue();
 
   RestoreOptions options_;

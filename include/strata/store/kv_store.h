@@ -136,8 +136,8 @@ struct StoreStats {
   int64_t prefetches = 0;         // items fetched into DRAM ahead of their job
   int64_t direct_loads = 0;       // loads read from a lower tier without DRAM room, for the device
   int64_t corrupt_chunks = 0;     // failed checksum or I/O on read: the item was dropped
-  int64_t saves_skipped = 0;      // no DRAM room at save time
-  int64_t saves_partial = 0;      // room for the leading chunks only: those were saved
+  int64_t saves_skipped = 0;      // save attempts that found no DRAM room (asked again later)
+  int64_t saves_partial = 0;      // reservations with room for the leading chunks only
   int64_t expired = 0;            // dropped by TTL
   int64_t transcodes = 0;         // items re-encoded to another codec
   int64_t shared_lookups = 0;     // prompts looked up in the shared tier before admission
