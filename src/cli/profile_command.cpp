@@ -41,8 +41,9 @@ profile that kv_store.adaptcache_profile reads:
   prefill_seconds_per_token   the model's prefill of a --prefill-tokens prompt (the faster of two)
   tiers: dram                 memcpy bandwidth over --copy-mib MiB (the best of three)
   tiers: each SSD tier        read bandwidth of the tier's reads (one stored chunk each, O_DIRECT
-                              as the tier opens its files) over a --ssd-mib MiB file written in
-                              its directory, and the median latency of a 4 KiB read
+                              as the tier opens its files, at kv_store.ssd_bandwidth_limit when
+                              set) over a --ssd-mib MiB file written in its directory, and the
+                              median latency of a 4 KiB read
   codecs: kivi-8/4/2          decode time per raw byte of the model's KV chunks (the best of three)
   codecs: streaming-*         nothing to measure (kept chunks load raw): listed when --qualities
                               has them
@@ -100,9 +101,14 @@ struct TierRate {
 
 // An SSD tier's reads: a file of `file_bytes` written in its directory, read back in `read_bytes`
 // units (whole 4 KiB pages), sequentially; then 64 single pages at scattered offsets for the
-// latency. The file is removed.
+// latency, through the tier's bandwidth limit when it has one. The file is removed.
 StatusOr<TierRate> ssd_rate(const store::SsdOptions& tier, int64_t file_bytes, int64_t read_bytes) {
+  std::unique_ptr<store::Env> throttled;
   store::Env* env = tier.env;
+  if (tier.bandwidth_limit > 0) {
+    throttled = store::throttled_env(tier.env, tier.bandwidth_limit);
+    env = throttled.get();
+  }
   STRATA_RETURN_IF_ERROR(env->create_dir(tier.dir));
   const std::string path = tier.dir + "/profile-" + std::to_string(::getpid()) + ".tmp";
   // The measurement file goes whatever happens to the measurement.

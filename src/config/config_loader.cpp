@@ -408,6 +408,7 @@ Status read_kv_store(Context& ctx, const YAML::Node& node, KvStoreSection& out) 
   STRATA_RETURN_IF_ERROR(m.get("ssd_bytes", bytes_into(out.ssd_bytes)));
   STRATA_RETURN_IF_ERROR(m.get("ssd_file_bytes", bytes_into(out.ssd_file_bytes)));
   STRATA_RETURN_IF_ERROR(m.get("direct_io", into(ctx, out.direct_io)));
+  STRATA_RETURN_IF_ERROR(m.get("ssd_bandwidth_limit", bytes_into(out.ssd_bandwidth_limit)));
   STRATA_RETURN_IF_ERROR(m.get("ssd_codec", [&](const YAML::Node& n, const std::string& k) {
     return read_enum(ctx, n, k, {CodecKind::kIdentity, CodecKind::kZstd}, out.ssd_codec);
   }));

@@ -93,6 +93,7 @@ std::string to_yaml(const DeploymentConfig& config) {
   emit_plain(out, "ssd_bytes", format_byte_size(store.ssd_bytes));
   emit_plain(out, "ssd_file_bytes", format_byte_size(store.ssd_file_bytes));
   emit_plain(out, "direct_io", store.direct_io ? "true" : "false");
+  emit_plain(out, "ssd_bandwidth_limit", format_byte_size(store.ssd_bandwidth_limit));
   emit_name(out, "ssd_codec", config_name(store.ssd_codec));
   emit_name(out, "eviction_policy", config_name(store.eviction_policy));
   emit_plain(out, "io_threads", std::to_string(store.io_threads));

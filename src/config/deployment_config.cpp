@@ -204,6 +204,10 @@ const KeyCheck<KvStoreSection> kKvStoreKeys[] = {
        return bytes_at_least("kv_store.ssd_file_bytes", k.ssd_file_bytes, int64_t{1} << 20);
      }},
     {"kv_store.direct_io", nullptr},
+    {"kv_store.ssd_bandwidth_limit",
+     [](const KvStoreSection& k) {
+       return bytes_at_least("kv_store.ssd_bandwidth_limit", k.ssd_bandwidth_limit, 0);
+     }},
     {"kv_store.ssd_codec", nullptr},
     {"kv_store.eviction_policy", nullptr},
     {"kv_store.io_threads",

@@ -4,9 +4,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
+#include <thread>
 
 namespace strata::store {
 namespace {
@@ -134,11 +138,91 @@ class PosixEnv final : public Env {
   }
 };
 
+// One disk's bandwidth: transfers are served one after another, each taking bytes / rate.
+class Throttle {
+ public:
+  explicit Throttle(int64_t bytes_per_second) : bytes_per_second_(bytes_per_second) {}
+  // Waits until `bytes` have had their turn (the call's own I/O already done).
+  void pace(size_t bytes) {
+    using Clock = std::chrono::steady_clock;
+    const auto duration = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(
+        static_cast<double>(bytes) / static_cast<double>(bytes_per_second_)));
+    Clock::time_point done;
+    {
+      std::scoped_lock lock(mutex_);
+      free_at_ = std::max(free_at_, Clock::now()) + duration;
+      done = free_at_;
+    }
+    std::this_thread::sleep_until(done);
+  }
+
+ private:
+  const int64_t bytes_per_second_;
+  std::mutex mutex_;
+  std::chrono::steady_clock::time_point free_at_{};
+};
+
+class ThrottledFile final : public File {
+ public:
+  ThrottledFile(std::unique_ptr<File> base, Throttle* throttle)
+      : base_(std::move(base)), throttle_(throttle) {}
+  Status read_at(int64_t offset, std::span<std::byte> dst) const override {
+    return paced(base_->read_at(offset, dst), dst.size());
+  }
+  Status write_at(int64_t offset, std::span<const std::byte> src) override {
+    return paced(base_->write_at(offset, src), src.size());
+  }
+  Status append(std::span<const std::byte> src) override {
+    return paced(base_->append(src), src.size());
+  }
+  Status sync() override { return base_->sync(); }
+  Status allocate(int64_t bytes) override { return base_->allocate(bytes); }
+  bool direct_io() const override { return base_->direct_io(); }
+  const std::string& path() const override { return base_->path(); }
+
+ private:
+  Status paced(Status status, size_t bytes) const {
+    if (status.ok()) throttle_->pace(bytes);
+    return status;
+  }
+  std::unique_ptr<File> base_;
+  Throttle* throttle_;
+};
+
+class ThrottledEnv final : public Env {
+ public:
+  ThrottledEnv(Env* base, int64_t bytes_per_second) : base_(base), throttle_(bytes_per_second) {}
+  StatusOr<std::unique_ptr<File>> open(const std::string& path, OpenMode mode,
+                                       bool direct) override {
+    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<File> file, base_->open(path, mode, direct));
+    return std::unique_ptr<File>(new ThrottledFile(std::move(file), &throttle_));
+  }
+  Status read_file(const std::string& path, std::vector<std::byte>* out) override {
+    Status status = base_->read_file(path, out);
+    if (status.ok()) throttle_.pace(out->size());
+    return status;
+  }
+  Status rename(const std::string& from, const std::string& to) override {
+    return base_->rename(from, to);
+  }
+  Status remove(const std::string& path) override { return base_->remove(path); }
+  Status create_dir(const std::string& path) override { return base_->create_dir(path); }
+  Status sync_dir(const std::string& path) override { return base_->sync_dir(path); }
+
+ private:
+  Env* base_;
+  Throttle throttle_;
+};
+
 }  // namespace
 
 Env* Env::posix() {
   static PosixEnv env;
   return &env;
+}
+
+std::unique_ptr<Env> throttled_env(Env* base, int64_t bytes_per_second) {
+  return std::make_unique<ThrottledEnv>(base, bytes_per_second);
 }
 
 }  // namespace strata::store

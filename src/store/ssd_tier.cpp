@@ -173,7 +173,13 @@ StatusOr<std::unique_ptr<SsdTier>> SsdTier::open(const SsdOptions& options,
   if (pages_per_file <= 0) {
     return invalid_argument_error("store.ssd_file_bytes must be at least one page (4096 bytes)");
   }
-  Env& env = *options.env;
+  SsdOptions opened = options;
+  std::unique_ptr<Env> throttled;
+  if (options.bandwidth_limit > 0) {
+    throttled = throttled_env(options.env, options.bandwidth_limit);
+    opened.env = throttled.get();
+  }
+  Env& env = *opened.env;
   STRATA_RETURN_IF_ERROR(env.create_dir(options.dir));
   // Data files: as many as the capacity asks for and the disk holds.
   const int64_t total_pages = options.capacity_bytes / kIoAlignment;
@@ -203,7 +209,8 @@ StatusOr<std::unique_ptr<SsdTier>> SsdTier::open(const SsdOptions& options,
   if (files.empty()) {
     return resource_exhausted_error(options.dir + ": no room for even one SSD tier file");
   }
-  std::unique_ptr<SsdTier> tier(new SsdTier(options, regions));
+  std::unique_ptr<SsdTier> tier(new SsdTier(opened, regions));
+  tier->throttled_env_ = std::move(throttled);
   tier->files_ = std::move(files);
   tier->pages_per_file_ = pages_per_file;
   tier->direct_io_ = direct;

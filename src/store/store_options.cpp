@@ -15,6 +15,7 @@ StoreOptions StoreOptions::from_config(const StoreConfig& config) {
                        .file_bytes = config.ssd_file_bytes,
                        .direct_io = config.direct_io,
                        .codec = config.ssd_codec,
+                       .bandwidth_limit = config.ssd_bandwidth_limit,
                        .required = true});
   }
   if (config.remote.enabled()) {
@@ -60,6 +61,9 @@ Status StoreOptions::validate() const {
     }
     if (t.name.empty() || t.name == "dram" || t.name == "gpu") {
       return invalid_argument_error("store: a lower tier needs its own name, got '" + t.name + "'");
+    }
+    if (t.bandwidth_limit < 0) {
+      return invalid_argument_error("store: tier '" + t.name + "' has a negative bandwidth limit");
     }
     if (t.capacity_bytes <= 0 || t.dir.empty()) {
       return invalid_argument_error("store." + t.name + ": set a directory and a positive capacity");

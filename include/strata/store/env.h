@@ -54,4 +54,11 @@ class Env {
   static Env* posix();
 };
 
+// `base` with the bytes its files read and write paced to at most `bytes_per_second`: one budget
+// for every file and both directions, as one disk has; a call returns once the time its bytes
+// take on that budget has passed (syncs, allocation and directory calls are not paced). For
+// measuring the store against a slower disk than the machine's (kv_store.ssd_bandwidth_limit).
+// `base` must outlive it.
+std::unique_ptr<Env> throttled_env(Env* base, int64_t bytes_per_second);
+
 }  // namespace strata::store

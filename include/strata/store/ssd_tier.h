@@ -36,6 +36,9 @@ struct SsdOptions {
   bool direct_io = true;
   CodecKind codec = CodecKind::kIdentity;
   Env* env = Env::posix();
+  // Bytes per second the tier's files move at most, reads and writes together (throttled_env
+  // over `env`; an emulated slower disk for measurements); 0: as fast as the disk.
+  int64_t bandwidth_limit = 0;
   // A deployment's explicitly configured tier: KvStore::open fails when it cannot be used, instead
   // of going on without it.
   bool required = false;
@@ -81,6 +84,7 @@ class SsdTier final : public Tier {
   std::string data_path(int64_t file) const;
   std::string journal_path() const;
 
+  std::unique_ptr<Env> throttled_env_;  // options_.env when bandwidth_limit is set
   SsdOptions options_;
   int64_t pages_per_file_ = 0;
   std::vector<std::unique_ptr<File>> files_;

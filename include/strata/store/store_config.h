@@ -89,6 +89,9 @@ struct StoreConfig {
   int64_t ssd_bytes = 0;
   int64_t ssd_file_bytes = int64_t{1} << 30;  // one preallocated data file; >= 1MiB
   bool direct_io = true;  // O_DIRECT; buffered I/O where the file system refuses it
+  // Bytes per second the SSD tier moves at most, reads and writes together: an emulated slower
+  // disk for measurements (store/env.h throttled_env); 0: as fast as the disk.
+  int64_t ssd_bandwidth_limit = 0;
   // How the SSD tier stores chunks: identity (as they are) or zstd (lossless, fewer bytes).
   CodecKind ssd_codec = CodecKind::kIdentity;
   EvictionPolicy eviction_policy = EvictionPolicy::kSchedulerAware;

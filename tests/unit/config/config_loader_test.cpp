@@ -363,7 +363,8 @@ TEST(ConfigLoaderTest, UnknownKeysNameTheFullPathAndListTheAllowedOnes) {
        "gpu_memory_fraction, cache_bytes, host_cache_bytes, enable_prefix_caching"},
       {"kv_store", "kv_store:\n  ssd_path: /x\n", kInvalid,
        "t.yaml:4:3: unknown key 'kv_store.ssd_path'; allowed keys in 'kv_store': dram_bytes, "
-       "ssd_dir, ssd_bytes, ssd_file_bytes, direct_io, ssd_codec, eviction_policy, io_threads, "
+       "ssd_dir, ssd_bytes, ssd_file_bytes, direct_io, ssd_bandwidth_limit, ssd_codec, "
+       "eviction_policy, io_threads, "
        "ttl_seconds, "
        "dram_reserve_fraction, read_buffer_layers"},
       {"scheduler", "scheduler: {max_num_seq: 3}\n", kInvalid,
@@ -685,6 +686,7 @@ DeploymentConfig everything_changed() {
   c.kv_store.ssd_bytes = 300000000000;
   c.kv_store.ssd_file_bytes = int64_t{3} << 20;
   c.kv_store.direct_io = false;
+  c.kv_store.ssd_bandwidth_limit = int64_t{200} << 20;
   c.kv_store.eviction_policy = EvictionPolicy::kFifo;
   c.kv_store.restore_mode = store::RestoreMode::kKrul;
   c.kv_store.recompute_ratio = 0.4;

@@ -82,6 +82,7 @@ TEST(ConfigSectionsTest, KvStoreSectionIsRead) {
       "  ssd_bytes: 100GB\n"
       "  ssd_file_bytes: 2GiB\n"
       "  direct_io: false\n"
+      "  ssd_bandwidth_limit: 100MB\n"
       "  ssd_codec: zstd\n"
       "  eviction_policy: lru\n"
       "  io_threads: 16\n"
@@ -97,6 +98,7 @@ TEST(ConfigSectionsTest, KvStoreSectionIsRead) {
   EXPECT_EQ(store.ssd_bytes, 100000000000);
   EXPECT_EQ(store.ssd_file_bytes, int64_t{2} << 30);
   EXPECT_FALSE(store.direct_io);
+  EXPECT_EQ(store.ssd_bandwidth_limit, 100000000);
   EXPECT_EQ(store.ssd_codec, CodecKind::kZstd);
   EXPECT_EQ(store.eviction_policy, EvictionPolicy::kLru);
   EXPECT_EQ(store.io_threads, 16);
@@ -332,20 +334,22 @@ TEST(ConfigSectionsTest, KvStoreOverrides) {
        "kv_store.remote_codec: expected one of identity, zstd, got 'lz4'"},
       {"kv_store.ssd_path", "/x",
        "unknown key 'kv_store.ssd_path'; allowed keys in 'kv_store': dram_bytes, ssd_dir, "
-       "ssd_bytes, ssd_file_bytes, direct_io, ssd_codec, eviction_policy, io_threads, ttl_seconds, "
-       "dram_reserve_fraction, read_buffer_layers, restore_mode, recompute_ratio, layer_pairing, "
-       "layer_share, krul_gamma, merge_retain, adaptcache, fixed_codec, adaptcache_alpha, "
-       "adaptcache_half_life_seconds, adaptcache_profile, remote_address, remote_username, "
-       "remote_password_env, remote_database, remote_bytes, remote_max_item_bytes, "
-       "remote_timeout_ms, remote_retry_ms, remote_ttl_seconds, remote_codec"},
+       "ssd_bytes, ssd_file_bytes, direct_io, ssd_bandwidth_limit, ssd_codec, eviction_policy, "
+       "io_threads, ttl_seconds, dram_reserve_fraction, read_buffer_layers, restore_mode, "
+       "recompute_ratio, layer_pairing, layer_share, krul_gamma, merge_retain, adaptcache, "
+       "fixed_codec, adaptcache_alpha, adaptcache_half_life_seconds, adaptcache_profile, "
+       "remote_address, remote_username, remote_password_env, remote_database, remote_bytes, "
+       "remote_max_item_bytes, remote_timeout_ms, remote_retry_ms, remote_ttl_seconds, "
+       "remote_codec"},
       {"kv_store", "1",
        "'kv_store' is a section; override one of its keys: dram_bytes, ssd_dir, ssd_bytes, "
-       "ssd_file_bytes, direct_io, ssd_codec, eviction_policy, io_threads, ttl_seconds, "
-       "dram_reserve_fraction, read_buffer_layers, restore_mode, recompute_ratio, layer_pairing, "
-       "layer_share, krul_gamma, merge_retain, adaptcache, fixed_codec, adaptcache_alpha, "
-       "adaptcache_half_life_seconds, adaptcache_profile, remote_address, remote_username, "
-       "remote_password_env, remote_database, remote_bytes, remote_max_item_bytes, "
-       "remote_timeout_ms, remote_retry_ms, remote_ttl_seconds, remote_codec"},
+       "ssd_file_bytes, direct_io, ssd_bandwidth_limit, ssd_codec, eviction_policy, io_threads, "
+       "ttl_seconds, dram_reserve_fraction, read_buffer_layers, restore_mode, recompute_ratio, "
+       "layer_pairing, layer_share, krul_gamma, merge_retain, adaptcache, fixed_codec, "
+       "adaptcache_alpha, adaptcache_half_life_seconds, adaptcache_profile, remote_address, "
+       "remote_username, remote_password_env, remote_database, remote_bytes, "
+       "remote_max_item_bytes, remote_timeout_ms, remote_retry_ms, remote_ttl_seconds, "
+       "remote_codec"},
   };
   for (const auto& c : bad) {
     DeploymentConfig changed = original;

@@ -4,6 +4,7 @@
 // its Env: whatever fails, a load either returns the right bytes or fails, never wrong bytes.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -120,6 +121,28 @@ TEST(TierStackTest, AZstdSsdTierStoresFewerBytesAndLoadsTheSameChunks) {
   store.reset();
   store = KvStore::open(stack({lower_tier(dir, "ssd", 64)})).value();
   EXPECT_FALSE(store->find(a, root(), {}));
+}
+
+// An emulated slower disk (kv_store.ssd_bandwidth_limit): a load from the tier takes at least
+// its bytes' time at the limit, and returns the same bytes.
+TEST(TierStackTest, ABandwidthLimitedSsdTierTakesItsBytesTimeAndServesTheSameChunks) {
+  TempDir dir;
+  SsdOptions ssd = lower_tier(dir, "ssd", 64);
+  ssd.bandwidth_limit = 64 << 10;  // bytes per second
+  auto store = KvStore::open(stack({ssd})).value();
+  const std::vector<TokenId> a = tokens(1, 9), b = tokens(2, 9);
+  ASSERT_TRUE(save_kv_like(*store, a).ok());
+  ASSERT_TRUE(save_kv_like(*store, b).ok());
+  store->wait_idle();
+  const auto start = std::chrono::steady_clock::now();
+  TierIndex served = kDramTier;
+  ASSERT_TRUE(load_kv_like(*store, a, &served));
+  const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+  EXPECT_EQ(served, kSsd);
+  EXPECT_GE(took.count(), 2.0 * kChunkBytes / (64 << 10)) << "2 chunks read at 64 KiB/s";
+  StoreOptions negative = stack({lower_tier(dir, "other", 64)});
+  negative.tiers[0].bandwidth_limit = -1;
+  EXPECT_EQ(KvStore::open(negative).status().code(), StatusCode::kInvalidArgument);
 }
 
 TEST(TierStackTest, AThirdTierIsNamedInTheOptionsOnly) {
