@@ -70,7 +70,10 @@ inline store::StoreConfig store_options(const std::string& ssd_dir) {
   return o;
 }
 
-inline Turn run_turn(Engine& engine, std::vector<TokenId> prompt, const std::string& session) {
+// Submits a greedy turn of kNewTokens tokens with the top-2 log-probabilities; read it with
+// read_turn (several may run at once).
+inline std::shared_ptr<RequestStream> start_turn(Engine& engine, std::vector<TokenId> prompt,
+                                                 const std::string& session) {
   GenerateRequest request;
   request.prompt_token_ids = std::move(prompt);
   request.session = session;
@@ -80,9 +83,13 @@ inline Turn run_turn(Engine& engine, std::vector<TokenId> prompt, const std::str
   request.sampling.num_logprobs = 2;
   StatusOr<std::shared_ptr<RequestStream>> stream = engine.submit(std::move(request));
   EXPECT_TRUE(stream.ok()) << stream.status().to_string();
+  return stream.ok() ? *std::move(stream) : nullptr;
+}
+
+inline Turn read_turn(RequestStream* stream) {
   Turn turn;
-  if (!stream.ok()) return turn;
-  while (std::optional<RequestOutput> out = (*stream)->next()) {
+  if (stream == nullptr) return turn;
+  while (std::optional<RequestOutput> out = stream->next()) {
     for (const TokenOutput& t : out->tokens) {
       turn.tokens.push_back(t.token);
       turn.logprobs.push_back(t.logprob);
@@ -94,6 +101,10 @@ inline Turn run_turn(Engine& engine, std::vector<TokenId> prompt, const std::str
     }
   }
   return turn;
+}
+
+inline Turn run_turn(Engine& engine, std::vector<TokenId> prompt, const std::string& session) {
+  return read_turn(start_turn(engine, std::move(prompt), session).get());
 }
 
 inline void expect_same_as_recompute(const Turn& recompute, const Turn& resumed) {
