@@ -423,7 +423,7 @@ int64_t KvStore::extend_save(SaveTicket* ticket, std::span<const kv::ChunkHash> 
   if (free_dram_chunks() < wanted) reclaim_clean_dram(wanted);
   const int64_t count = std::min(wanted, free_dram_chunks());
   if (count < wanted) {
-    ++stats_.saves_partial;
+    ++(count == 0 ? stats_.saves_skipped : stats_.saves_partial);
     work_.notify_all();
   }
   if (count == 0) return 0;
@@ -440,6 +440,12 @@ int64_t KvStore::extend_save(SaveTicket* ticket, std::span<const kv::ChunkHash> 
 
 void KvStore::publish(const SaveTicket& ticket, double write_seconds) {
   Item& item = items_.at(ticket.item);
+  if (item.doomed) {  // dropped while the save wrote (a failed read of its chunks)
+    dram_->cancel(ticket.reservation);
+    item.pending.clear();
+    drop_item(item.id);
+    return;
+  }
   const int64_t n = std::ssize(ticket.destinations);
   published_chunks_ += n;
   published_items_ += item.chunks.empty() && n > 0 ? 1 : 0;
@@ -533,7 +539,7 @@ void KvStore::abort_save(const SaveTicket& ticket) {
   dram_->cancel(ticket.reservation);
   Item& item = items_.at(ticket.item);
   item.pending.clear();
-  if (item.chunks.empty()) drop_item(item.id);
+  if (item.chunks.empty() || item.doomed) drop_item(item.id);
 }
 
 void KvStore::set_queue(std::vector<ItemId> queue) {

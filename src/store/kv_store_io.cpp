@@ -98,8 +98,9 @@ void KvStore::drop_item(ItemId id) {
     auto h = by_hash_.find(c.hash);
     if (h != by_hash_.end() && h->second.first == id) by_hash_.erase(h);
   }
-  if (item.pins > 0) {
-    // A lease still reads its chunks: unreachable now, removed at the last release.
+  if (item.pins > 0 || !item.pending.empty()) {
+    // A lease still reads its chunks, or a save still writes chunks into it: unreachable now,
+    // removed at the last release, or when the save is published or aborted.
     item.doomed = true;
     return;
   }

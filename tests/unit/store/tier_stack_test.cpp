@@ -238,6 +238,39 @@ TEST(TierStackTest, AReadErrorFailsTheLoadAndTheTier) {
   EXPECT_TRUE(load_kv_like(*store, c)) << "DRAM still serves";
 }
 
+// A conversation's item that a save is still growing (a turn DRAM was short for publishes in
+// pieces) fails a load: it becomes unreachable at once and leaves when the save publishes,
+// instead of under it.
+TEST(TierStackTest, AnItemASaveStillGrowsLeavesAfterTheSaveWhenItsLoadFails) {
+  TempDir dir;
+  FaultEnv env;
+  auto store =
+      KvStore::open(stack({lower_tier(dir, "ssd", 64, CodecKind::kIdentity, &env)})).value();
+  const std::vector<TokenId> a = tokens(1, 13);  // 3 chunks
+  const std::vector<TokenId> head(a.begin(), a.begin() + 8);
+  for (const auto& t : {head, tokens(2, 9), tokens(3, 9)}) {  // head is demoted: only on SSD
+    ASSERT_TRUE(save_kv_like(*store, t).ok());
+    store->wait_idle();
+  }
+  const std::optional<StoreMatch> found = store->find(a, root(), {});
+  ASSERT_TRUE(found);
+  ASSERT_EQ(found->num_chunks, 2);
+  ASSERT_EQ(found->tier, kSsd);
+  const SaveRequest request{{}, true, 0, chain(a)};
+  SaveTicket ticket = store->begin_save(request).value();
+  ASSERT_EQ(ticket.item, found->item) << "the save grows the stored item";
+  ASSERT_EQ(ticket.first_chunk, 2);
+  ASSERT_EQ(ticket.destinations.size(), 1u);
+  env.inject(Fault::kReadError, "data-");
+  EXPECT_EQ(store->acquire(found->item, 0, 2).status().code(), StatusCode::kDataLoss);
+  EXPECT_FALSE(store->find(a, root(), {}));
+  fill_kv_like(ticket.destinations[0], request.chain[2]);
+  store->commit_save(std::move(ticket), nullptr, 0);
+  store->wait_idle();
+  EXPECT_FALSE(store->find(a, root(), {}));
+  EXPECT_EQ(store->stats().items, 2);
+}
+
 TEST(TierStackTest, AFailedDropFailsTheTierAndTheItemStillLeaves) {
   TempDir dir;
   FaultEnv env;
