@@ -78,7 +78,7 @@ struct RestoreCoordinator::Sequence {
   // pass, so the store can move it down a tier and make room for the rest (a turn longer than
   // DRAM is stored whole).
   struct Saving {
-    store::SaveTicket ticket;
+    store::SaveTicket ticket;          // item 0: not begun (the store had no room yet)
     std::vector<kv::ChunkHash> chain;  // hashes of the sequence's blocks [0, chain.size())
     int64_t written = 0;               // destinations handed to forward passes
     bool short_of_room = false;        // the store reserved fewer chunks than asked for
@@ -425,12 +425,12 @@ void RestoreCoordinator::plan_saves(executor::ForwardBatch& forward) {
             kv::chain_hash(previous, std::span<const TokenId>(tokens).subspan(b * block, block)));
       }
     };
-    if (!sequence.saving) {
+    if (!sequence.saving || sequence.saving->ticket.item == 0) {
       // Starts with the first pass that completes a block, reserving every full block the
       // sequence has (the prompt's, computed over this and the next passes). Without any DRAM
       // room now (counted by the store) the next pass asks again.
       if (end_block == 0) continue;
-      Sequence::Saving saving;
+      Sequence::Saving& saving = sequence.saving ? *sequence.saving : sequence.saving.emplace();
       hash_up_to(saving.chain, std::ssize(tokens) / block);
       StatusOr<store::SaveTicket> ticket = store_->begin_save(
           {sequence.info.session, sequence.dropped_tokens == 0, sequence.dropped_tokens,
@@ -439,7 +439,6 @@ void RestoreCoordinator::plan_saves(executor::ForwardBatch& forward) {
       saving.ticket = *std::move(ticket);
       saving.short_of_room = std::ssize(saving.ticket.destinations) <
                              std::ssize(saving.chain) - saving.ticket.first_chunk;
-      sequence.saving = std::move(saving);
     }
     Sequence::Saving& saving = *sequence.saving;
     store::SaveTicket& ticket = saving.ticket;
