@@ -141,16 +141,17 @@ class PosixEnv final : public Env {
 // One disk's bandwidth: transfers are served one after another, each taking bytes / rate.
 class Throttle {
  public:
+  using Clock = std::chrono::steady_clock;
   explicit Throttle(int64_t bytes_per_second) : bytes_per_second_(bytes_per_second) {}
-  // Waits until `bytes` have had their turn (the call's own I/O already done).
-  void pace(size_t bytes) {
-    using Clock = std::chrono::steady_clock;
+  // Waits until `bytes` of a call that started at `start` (its own I/O done meanwhile, so the
+  // real transfer overlaps its paced time) have had their turn.
+  void pace(size_t bytes, Clock::time_point start) {
     const auto duration = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(
         static_cast<double>(bytes) / static_cast<double>(bytes_per_second_)));
     Clock::time_point done;
     {
       std::scoped_lock lock(mutex_);
-      free_at_ = std::max(free_at_, Clock::now()) + duration;
+      free_at_ = std::max(free_at_, start) + duration;
       done = free_at_;
     }
     std::this_thread::sleep_until(done);
@@ -167,13 +168,16 @@ class ThrottledFile final : public File {
   ThrottledFile(std::unique_ptr<File> base, Throttle* throttle)
       : base_(std::move(base)), throttle_(throttle) {}
   Status read_at(int64_t offset, std::span<std::byte> dst) const override {
-    return paced(base_->read_at(offset, dst), dst.size());
+    const auto start = Throttle::Clock::now();
+    return paced(base_->read_at(offset, dst), dst.size(), start);
   }
   Status write_at(int64_t offset, std::span<const std::byte> src) override {
-    return paced(base_->write_at(offset, src), src.size());
+    const auto start = Throttle::Clock::now();
+    return paced(base_->write_at(offset, src), src.size(), start);
   }
   Status append(std::span<const std::byte> src) override {
-    return paced(base_->append(src), src.size());
+    const auto start = Throttle::Clock::now();
+    return paced(base_->append(src), src.size(), start);
   }
   Status sync() override { return base_->sync(); }
   Status allocate(int64_t bytes) override { return base_->allocate(bytes); }
@@ -181,8 +185,8 @@ class ThrottledFile final : public File {
   const std::string& path() const override { return base_->path(); }
 
  private:
-  Status paced(Status status, size_t bytes) const {
-    if (status.ok()) throttle_->pace(bytes);
+  Status paced(Status status, size_t bytes, Throttle::Clock::time_point start) const {
+    if (status.ok()) throttle_->pace(bytes, start);
     return status;
   }
   std::unique_ptr<File> base_;
@@ -198,8 +202,9 @@ class ThrottledEnv final : public Env {
     return std::unique_ptr<File>(new ThrottledFile(std::move(file), &throttle_));
   }
   Status read_file(const std::string& path, std::vector<std::byte>* out) override {
+    const auto start = Throttle::Clock::now();
     Status status = base_->read_file(path, out);
-    if (status.ok()) throttle_.pace(out->size());
+    if (status.ok()) throttle_.pace(out->size(), start);
     return status;
   }
   Status rename(const std::string& from, const std::string& to) override {
