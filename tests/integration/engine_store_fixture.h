@@ -70,15 +70,16 @@ inline store::StoreConfig store_options(const std::string& ssd_dir) {
   return o;
 }
 
-// Submits a greedy turn of kNewTokens tokens with the top-2 log-probabilities; read it with
+// Submits a greedy turn of `new_tokens` tokens with the top-2 log-probabilities; read it with
 // read_turn (several may run at once).
 inline std::shared_ptr<RequestStream> start_turn(Engine& engine, std::vector<TokenId> prompt,
-                                                 const std::string& session) {
+                                                 const std::string& session,
+                                                 int new_tokens = kNewTokens) {
   GenerateRequest request;
   request.prompt_token_ids = std::move(prompt);
   request.session = session;
   request.sampling.temperature = 0;
-  request.sampling.max_tokens = kNewTokens;
+  request.sampling.max_tokens = new_tokens;
   request.sampling.ignore_eos = true;
   request.sampling.num_logprobs = 2;
   StatusOr<std::shared_ptr<RequestStream>> stream = engine.submit(std::move(request));
@@ -103,8 +104,9 @@ inline Turn read_turn(RequestStream* stream) {
   return turn;
 }
 
-inline Turn run_turn(Engine& engine, std::vector<TokenId> prompt, const std::string& session) {
-  return read_turn(start_turn(engine, std::move(prompt), session).get());
+inline Turn run_turn(Engine& engine, std::vector<TokenId> prompt, const std::string& session,
+                     int new_tokens = kNewTokens) {
+  return read_turn(start_turn(engine, std::move(prompt), session, new_tokens).get());
 }
 
 inline void expect_same_as_recompute(const Turn& recompute, const Turn& resumed) {
