@@ -206,7 +206,8 @@ TEST_F(EngineStoreTest, ATurnLargerThanDramIsStoredWholeThroughTheSsd) {
 // Three conversations saving at once into a DRAM that holds one of them (each publishes in
 // pieces while the others do), then their next turns at once: each loads its whole history and
 // answers as recomputing its prompt does. 64 new tokens give the store's I/O threads time to
-// demote the pieces before the turns end.
+// demote the pieces before the turns end; a block the store has no room for by then is not
+// stored (under load the last reply block may miss), so at least each prompt's 12 blocks are.
 TEST_F(EngineStoreTest, ConcurrentTurnsLargerThanDramResumeAsRecomputed) {
   test_util::TempDir dir;
   store::StoreConfig store = store_options(dir.file("kv"));
@@ -215,6 +216,7 @@ TEST_F(EngineStoreTest, ConcurrentTurnsLargerThanDramResumeAsRecomputed) {
   ASSERT_TRUE(engine);
   constexpr int kReply = 64;
   constexpr int64_t kStored = (200 + kReply - 1) / 16 * 16;  // 16 blocks each
+  constexpr int64_t kPromptBlocks = 200 / 16;
   std::vector<std::vector<TokenId>> prompts;
   for (size_t skip : {20000, 30000, 40000}) prompts.push_back(wikitext(skip, 200));
   auto run_all = [&](Engine& e) {
@@ -228,7 +230,7 @@ TEST_F(EngineStoreTest, ConcurrentTurnsLargerThanDramResumeAsRecomputed) {
   wait_for(
       *engine,
       [&](const EngineStats& s) {
-        return s.store && s.store->tier("dram").bytes_in >= 3 * kStored / 16 * 737280;
+        return s.store && s.store->tier("dram").bytes_in >= 3 * kPromptBlocks * 737280;
       },
       "every chunk of the three turns published");
   for (size_t i = 0; i < prompts.size(); ++i) {
@@ -240,7 +242,8 @@ TEST_F(EngineStoreTest, ConcurrentTurnsLargerThanDramResumeAsRecomputed) {
   const std::vector<Turn> second = run_all(*engine);
   for (size_t i = 0; i < prompts.size(); ++i) {
     SCOPED_TRACE("conversation " + std::to_string(i));
-    EXPECT_EQ(second[i].usage.loaded_prompt_tokens, kStored);
+    EXPECT_GE(second[i].usage.loaded_prompt_tokens, kPromptBlocks * 16);
+    EXPECT_LE(second[i].usage.loaded_prompt_tokens, kStored);
     expect_same_as_recompute(run_turn(*recompute_engine_, prompts[i], "", kReply), second[i]);
   }
   EXPECT_GE(engine->stats().store->saves_partial + engine->stats().store->saves_skipped, 1)
