@@ -530,7 +530,7 @@ void RestoreCoordinator::after_pass(const executor::ForwardBatch& forward,
                       static_cast<double>(saved);
     // Short of DRAM: what is written is published now; the save goes on after it.
     if (saving.short_of_room && saving.written == std::ssize(saving.ticket.destinations)) {
-      commit_written(*sequences_.at(save.seq));
+      commit_written(*sequences_.at(save.seq), /*last=*/false);
     }
   }
   // Moving averages that size the read buffer.
@@ -576,15 +576,15 @@ void RestoreCoordinator::end_save(Sequence& sequence, bool publish) {
     for (const auto& wait : saving.copies) wait();
     store_->abort_save(saving.ticket);
   } else {
-    commit_written(sequence);
+    commit_written(sequence, /*last=*/true);
   }
   sequence.saving.reset();
 }
 
-void RestoreCoordinator::commit_written(Sequence& sequence) {
+void RestoreCoordinator::commit_written(Sequence& sequence, bool last) {
   Sequence::Saving& saving = *sequence.saving;
   store::SaveTicket& ticket = saving.ticket;
-  if (ticket.destinations.empty()) return;
+  if (!last && ticket.destinations.empty()) return;
   stats_.store_saved_tokens += std::ssize(ticket.destinations) * kv_.geometry().block_size_tokens;
   std::function<void()> wait;
   if (!saving.copies.empty()) {
@@ -592,10 +592,11 @@ void RestoreCoordinator::commit_written(Sequence& sequence) {
       for (const auto& c : copies) c();
     };
   }
-  // The save goes on from the chunk after these (KvStore::extend_save grows the item once they
-  // are published).
-  store::SaveTicket next{ticket.item, ticket.first_chunk + std::ssize(ticket.destinations), {}, {}};
-  store_->commit_save(std::exchange(ticket, std::move(next)), std::move(wait), saving.seconds);
+  if (last) {
+    store_->commit_save(std::move(ticket), std::move(wait), saving.seconds);
+  } else {
+    ticket = store_->continue_save(std::move(ticket), std::move(wait), saving.seconds);
+  }
   saving.written = 0;
   saving.copies.clear();
   saving.seconds = 0;

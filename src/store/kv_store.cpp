@@ -521,25 +521,58 @@ void KvStore::reindex(ItemId id, std::span<const std::pair<kv::ChunkHash, int64_
 }
 
 void KvStore::commit_save(SaveTicket ticket, std::function<void()> wait, double write_seconds) {
-  if (ticket.destinations.empty()) return;
   {
     std::scoped_lock lock(mutex_);
-    if (wait) {
-      commits_.push_back({std::move(ticket), std::move(wait), write_seconds});
-    } else {
-      publish(ticket, write_seconds);
+    end_continuation(ticket);
+    if (!ticket.destinations.empty()) {
+      queue_publication(std::move(ticket), std::move(wait), write_seconds);
     }
   }
   work_.notify_all();
 }
 
+SaveTicket KvStore::continue_save(SaveTicket ticket, std::function<void()> wait,
+                                  double write_seconds) {
+  SaveTicket next{ticket.item, ticket.first_chunk + std::ssize(ticket.destinations), {}, {}, true};
+  {
+    std::scoped_lock lock(mutex_);
+    end_continuation(ticket);
+    if (auto it = items_.find(ticket.item); it != items_.end()) ++it->second.continued_saves;
+    if (!ticket.destinations.empty()) {
+      queue_publication(std::move(ticket), std::move(wait), write_seconds);
+    }
+  }
+  work_.notify_all();
+  return next;
+}
+
+void KvStore::queue_publication(SaveTicket ticket, std::function<void()> wait,
+                                double write_seconds) {
+  if (wait) {
+    commits_.push_back({std::move(ticket), std::move(wait), write_seconds});
+  } else {
+    publish(ticket, write_seconds);
+  }
+}
+
+void KvStore::end_continuation(const SaveTicket& ticket) {
+  if (!ticket.continued) return;
+  // (The item may have been dropped meanwhile; ids are never reused.)
+  if (auto it = items_.find(ticket.item); it != items_.end()) --it->second.continued_saves;
+}
+
 void KvStore::abort_save(const SaveTicket& ticket) {
-  if (ticket.destinations.empty()) return;
-  std::scoped_lock lock(mutex_);
-  dram_->cancel(ticket.reservation);
-  Item& item = items_.at(ticket.item);
-  item.pending.clear();
-  if (item.chunks.empty() || item.doomed) drop_item(item.id);
+  {
+    std::scoped_lock lock(mutex_);
+    end_continuation(ticket);
+    if (!ticket.destinations.empty()) {
+      dram_->cancel(ticket.reservation);
+      Item& item = items_.at(ticket.item);
+      item.pending.clear();
+      if (item.chunks.empty() || item.doomed) drop_item(item.id);
+    }
+  }
+  work_.notify_all();  // its item may be re-encoded now
 }
 
 void KvStore::set_queue(std::vector<ItemId> queue) {

@@ -78,7 +78,8 @@ adaptcache::Profile KvStore::make_adaptcache_profile() const {
 
 KvStore::Decision KvStore::codec_decision() {
   auto settled = [](const Item& item) {
-    return !item.chunks.empty() && item.pins == 0 && !item.busy && item.pending.empty();
+    return !item.chunks.empty() && item.pins == 0 && !item.busy && item.pending.empty() &&
+           item.continued_saves == 0;
   };
   if (!options_.adaptcache.enabled) {
     if (options_.fixed_codec == 0) return {};

@@ -201,9 +201,9 @@ class RestoreCoordinator {
   int64_t preload_layers(int64_t chunks, int64_t new_tokens) const;
   void release_preload(SeqId seq, Sequence& sequence);
   void end_save(Sequence& sequence, bool publish);
-  // Publishes the chunks the sequence's save has written (all it reserved) and goes on with a
-  // ticket for the chunks after them.
-  void commit_written(Sequence& sequence);
+  // Publishes the chunks the sequence's save has written (all it reserved) and, unless `last`,
+  // goes on with a ticket for the chunks after them (KvStore::continue_save).
+  void commit_written(Sequence& sequence, bool last);
   void publish_queue();
 
   RestoreOptions options_;

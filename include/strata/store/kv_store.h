@@ -179,6 +179,7 @@ struct SaveTicket {
   int64_t first_chunk = 0;                // chunks before it are already stored
   std::vector<std::byte*> destinations;   // chunk first_chunk + i goes to destinations[i]
   Reservation reservation;                // the DRAM room behind the destinations
+  bool continued = false;                 // continue_save's: its item is not re-encoded meanwhile
 };
 
 struct SaveRequest {
@@ -262,6 +263,11 @@ class KvStore {
   // `write_seconds`: the caller's time copying the bytes (the DRAM tier's save time, to which the
   // time `wait` blocks is added).
   void commit_save(SaveTicket ticket, std::function<void()> wait, double write_seconds);
+  // Publishes the ticket's chunks as commit_save does and returns the ticket the save goes on
+  // with: no destinations yet (extend_save adds them), first_chunk after these. Until that ticket
+  // is committed or aborted its item keeps its codec (a re-encoded item takes no raw chunks, which
+  // would end the save there), so a turn larger than DRAM is stored whole in pieces.
+  SaveTicket continue_save(SaveTicket ticket, std::function<void()> wait, double write_seconds);
   void abort_save(const SaveTicket& ticket);
 
   // Krul: the layer pairs of the conversation `item` holds, chosen at its turn's end (the
@@ -298,6 +304,7 @@ class KvStore {
     std::vector<Chunk> chunks;            // published chunks
     std::array<int64_t, kMaxTiers> held{};  // of those, held by each tier
     std::vector<kv::ChunkHash> pending;   // hashes of chunks a save reserved, not yet published
+    int32_t continued_saves = 0;          // open tickets of continue_save: its codec stays
     int32_t pins = 0;
     bool busy = false;    // an I/O thread is moving it
     bool doomed = false;  // dropped while pinned: unreachable, removed at the last release
@@ -403,6 +410,10 @@ class KvStore {
   // Removes an item's copy in tier t; the item leaves the store if that was all of it.
   void drop_copy(ItemId id, TierIndex t);
   void publish(const SaveTicket& ticket, double write_seconds);  // REQUIRES mutex_
+  // Publishes now, or once `wait` returns (on an I/O thread): commit_save's (REQUIRES mutex_).
+  void queue_publication(SaveTicket ticket, std::function<void()> wait, double write_seconds);
+  // Closes a continue_save ticket, if it is one (REQUIRES mutex_).
+  void end_continuation(const SaveTicket& ticket);
   // Names chunk `index` of a content-indexed item in the content index, unless a live item that
   // skipped fewer chunks carries the same hash at the same link: an exact item's chunks serve a
   // prompt better than a token-dropped one's (REQUIRES mutex_).

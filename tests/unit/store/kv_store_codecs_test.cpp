@@ -1,14 +1,15 @@
 // The store's lossy item codecs (store/item_codecs.h) with a stand-in transcoder that keeps a
 // prefix of each chunk's bytes (the real KIVI transcoder is the executor's, tested there):
-// a fixed codec re-encodes every item in DRAM, encoded items demote, load and survive a restart
-// with their codec, a deployment without the codec leaves them out, a new turn replaces an
-// encoded item with a raw one, and AdaptCache's greedy compresses hot items in DRAM before it
-// demotes cold ones (or keeps them whole when quality is worth more than delay) and chooses only
-// among profiled codecs, weighing each item by its task family's quality (which the SSD journal
-// keeps). Token dropping (StreamingLLM) keeps an item's first chunk and its most
-// recent ones, found by content or session at their chain links, across a restart, and a save
-// that continues the links rolls forward. Krul's layer merge applies only to conversations with
-// their layer pairs, which the transcoder and loads receive and the SSD journal keeps.
+// a fixed codec re-encodes every item in DRAM (one a save grows in pieces once the save ends),
+// encoded items demote, load and survive a restart with their codec, a deployment without the
+// codec leaves them out, a new turn replaces an encoded item with a raw one, and AdaptCache's
+// greedy compresses hot items in DRAM before it demotes cold ones (or keeps them whole when
+// quality is worth more than delay) and chooses only among profiled codecs, weighing each item
+// by its task family's quality (which the SSD journal keeps). Token dropping (StreamingLLM)
+// keeps an item's first chunk and its most recent ones, found by content or session at their
+// chain links, across a restart, and a save that continues the links rolls forward. Krul's
+// layer merge applies only to conversations with their layer pairs, which the transcoder and
+// loads receive and the SSD journal keeps.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -71,6 +72,38 @@ TEST(KvStoreCodecsTest, AFixedCodecReencodesEveryItemInDram) {
   EXPECT_EQ(s.codec_items, (std::vector<int64_t>{0, 0, 1}));
   EXPECT_EQ(s.tier("dram").used_bytes, 3 * 4096);  // a page per quarter chunk, not two
   EXPECT_EQ(load_encoded(*store, conv), 2);
+}
+
+TEST(KvStoreCodecsTest, AnItemSavedInPiecesIsReencodedOnlyOnceItsSaveEnds) {
+  StoreOptions o = with_codecs(options(nullptr, 16));
+  o.fixed_codec = 2;
+  auto store = KvStore::open(o).value();
+  // Each conversation saves its first 2 chunks, goes on with a continuation ticket and, for
+  // `whole`, grows the item by 2 more before it commits; the other aborts the continuation.
+  for (const bool whole : {true, false}) {
+    const std::vector<TokenId> conv = tokens(whole ? 1 : 2, 17);
+    const std::vector<kv::ChunkHash> hashes = chain(conv);
+    const int64_t transcodes = store->stats().transcodes;
+    SaveTicket ticket =
+        store->begin_save({{}, true, 0, {hashes.begin(), hashes.begin() + 2}}).value();
+    for (int64_t i = 0; i < 2; ++i) fill(ticket.destinations[i], hashes[i]);
+    SaveTicket next = store->continue_save(std::move(ticket), nullptr, 0);
+    EXPECT_EQ(next.first_chunk, 2);
+    EXPECT_TRUE(next.destinations.empty());
+    store->wait_idle();
+    EXPECT_EQ(store->stats().transcodes, transcodes) << "re-encoded between the save's pieces";
+    if (whole) {
+      ASSERT_EQ(store->extend_save(&next, std::span(hashes).subspan(2, 2)), 2);
+      for (int64_t i = 0; i < 2; ++i) fill(next.destinations[i], hashes[2 + i]);
+      store->commit_save(std::move(next), nullptr, 0);
+    } else {
+      store->abort_save(next);
+    }
+    store->wait_idle();
+    EXPECT_EQ(store->stats().transcodes, transcodes + 1) << "the codec applies once the save ends";
+    EXPECT_EQ(store->find(conv, root(), {})->num_chunks, whole ? 4 : 2);
+    EXPECT_EQ(load_encoded(*store, conv), 2);
+  }
 }
 
 TEST(KvStoreCodecsTest, EncodedItemsDemoteLoadAndSurviveARestartWithTheirCodec) {
