@@ -163,59 +163,48 @@ class Throttle {
   std::chrono::steady_clock::time_point free_at_{};
 };
 
-class ThrottledFile final : public File {
+class ThrottledFile final : public FileWrapper {
  public:
   ThrottledFile(std::unique_ptr<File> base, Throttle* throttle)
-      : base_(std::move(base)), throttle_(throttle) {}
+      : FileWrapper(std::move(base)), throttle_(throttle) {}
   Status read_at(int64_t offset, std::span<std::byte> dst) const override {
     const auto start = Throttle::Clock::now();
-    return paced(base_->read_at(offset, dst), dst.size(), start);
+    return paced(base().read_at(offset, dst), dst.size(), start);
   }
   Status write_at(int64_t offset, std::span<const std::byte> src) override {
     const auto start = Throttle::Clock::now();
-    return paced(base_->write_at(offset, src), src.size(), start);
+    return paced(base().write_at(offset, src), src.size(), start);
   }
   Status append(std::span<const std::byte> src) override {
     const auto start = Throttle::Clock::now();
-    return paced(base_->append(src), src.size(), start);
+    return paced(base().append(src), src.size(), start);
   }
-  Status sync() override { return base_->sync(); }
-  Status allocate(int64_t bytes) override { return base_->allocate(bytes); }
-  bool direct_io() const override { return base_->direct_io(); }
-  const std::string& path() const override { return base_->path(); }
 
  private:
   Status paced(Status status, size_t bytes, Throttle::Clock::time_point start) const {
     if (status.ok()) throttle_->pace(bytes, start);
     return status;
   }
-  std::unique_ptr<File> base_;
   Throttle* throttle_;
 };
 
-class ThrottledEnv final : public Env {
+class ThrottledEnv final : public EnvWrapper {
  public:
-  ThrottledEnv(Env* base, int64_t bytes_per_second) : base_(base), throttle_(bytes_per_second) {}
+  ThrottledEnv(Env* base, int64_t bytes_per_second)
+      : EnvWrapper(base), throttle_(bytes_per_second) {}
   StatusOr<std::unique_ptr<File>> open(const std::string& path, OpenMode mode,
                                        bool direct) override {
-    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<File> file, base_->open(path, mode, direct));
+    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<File> file, base().open(path, mode, direct));
     return std::unique_ptr<File>(new ThrottledFile(std::move(file), &throttle_));
   }
   Status read_file(const std::string& path, std::vector<std::byte>* out) override {
     const auto start = Throttle::Clock::now();
-    Status status = base_->read_file(path, out);
+    Status status = base().read_file(path, out);
     if (status.ok()) throttle_.pace(out->size(), start);
     return status;
   }
-  Status rename(const std::string& from, const std::string& to) override {
-    return base_->rename(from, to);
-  }
-  Status remove(const std::string& path) override { return base_->remove(path); }
-  Status create_dir(const std::string& path) override { return base_->create_dir(path); }
-  Status sync_dir(const std::string& path) override { return base_->sync_dir(path); }
 
  private:
-  Env* base_;
   Throttle throttle_;
 };
 

@@ -15,8 +15,10 @@
 
 namespace strata::test_util {
 
-class FaultEnv final : public store::Env {
+class FaultEnv final : public store::EnvWrapper {
  public:
+  FaultEnv() : EnvWrapper(store::Env::posix()) {}
+
   enum class Fault { kTornWrite, kNoSpace, kReadError, kWriteError, kSyncError };
 
   // The next `count` operations the fault applies to, on files whose path contains `path_part`.
@@ -29,18 +31,9 @@ class FaultEnv final : public store::Env {
 
   StatusOr<std::unique_ptr<store::File>> open(const std::string& path, store::OpenMode mode,
                                               bool direct) override {
-    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<store::File> file, base_->open(path, mode, direct));
+    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<store::File> file, base().open(path, mode, direct));
     return std::unique_ptr<store::File>(new FaultFile(this, std::move(file)));
   }
-  Status read_file(const std::string& path, std::vector<std::byte>* out) override {
-    return base_->read_file(path, out);
-  }
-  Status rename(const std::string& from, const std::string& to) override {
-    return base_->rename(from, to);
-  }
-  Status remove(const std::string& path) override { return base_->remove(path); }
-  Status create_dir(const std::string& path) override { return base_->create_dir(path); }
-  Status sync_dir(const std::string& path) override { return base_->sync_dir(path); }
 
  private:
   // True (and one fewer left) when `fault` applies to an operation on `path` now.
@@ -52,38 +45,37 @@ class FaultEnv final : public store::Env {
     return left > 0;
   }
 
-  class FaultFile final : public store::File {
+  class FaultFile final : public store::FileWrapper {
    public:
-    FaultFile(FaultEnv* env, std::unique_ptr<store::File> file) : env_(env), file_(std::move(file)) {}
+    FaultFile(FaultEnv* env, std::unique_ptr<store::File> file)
+        : FileWrapper(std::move(file)), env_(env) {}
     Status read_at(int64_t offset, std::span<std::byte> dst) const override {
       if (env_->take(Fault::kReadError, path())) return unavailable("read failed: EIO");
-      return file_->read_at(offset, dst);
+      return base().read_at(offset, dst);
     }
     Status write_at(int64_t offset, std::span<const std::byte> src) override {
       STRATA_RETURN_IF_ERROR(write_fault());
       if (env_->take(Fault::kTornWrite, path())) {
         const size_t half = src.size() / 2 / 4096 * 4096;  // direct I/O writes whole pages
-        return half == 0 ? Status() : file_->write_at(offset, src.first(half));
+        return half == 0 ? Status() : base().write_at(offset, src.first(half));
       }
-      return file_->write_at(offset, src);
+      return base().write_at(offset, src);
     }
     Status append(std::span<const std::byte> src) override {
       STRATA_RETURN_IF_ERROR(write_fault());
-      if (env_->take(Fault::kTornWrite, path())) return file_->append(src.first(src.size() / 2));
-      return file_->append(src);
+      if (env_->take(Fault::kTornWrite, path())) return base().append(src.first(src.size() / 2));
+      return base().append(src);
     }
     Status sync() override {
       if (env_->take(Fault::kSyncError, path())) return unavailable("fdatasync failed: EIO");
-      return file_->sync();
+      return base().sync();
     }
     Status allocate(int64_t bytes) override {
       if (env_->take(Fault::kNoSpace, path())) {
         return resource_exhausted_error(path() + ": cannot reserve space: No space left on device");
       }
-      return file_->allocate(bytes);
+      return base().allocate(bytes);
     }
-    bool direct_io() const override { return file_->direct_io(); }
-    const std::string& path() const override { return file_->path(); }
 
    private:
     Status unavailable(const std::string& what) const {
@@ -97,10 +89,8 @@ class FaultEnv final : public store::Env {
       return Status();
     }
     FaultEnv* env_;
-    std::unique_ptr<store::File> file_;
   };
 
-  store::Env* base_ = store::Env::posix();
   Fault fault_ = Fault::kTornWrite;
   std::string path_part_;
   std::atomic<int> remaining_ = 0;

@@ -11,6 +11,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "strata/common/status.h"
@@ -52,6 +53,55 @@ class Env {
 
   // The process-wide POSIX implementation.
   static Env* posix();
+};
+
+// A File that passes every call to the file it wraps: a wrapper (pacing, fault injection)
+// overrides the calls it changes.
+class FileWrapper : public File {
+ public:
+  explicit FileWrapper(std::unique_ptr<File> base) : base_(std::move(base)) {}
+  Status read_at(int64_t offset, std::span<std::byte> dst) const override {
+    return base_->read_at(offset, dst);
+  }
+  Status write_at(int64_t offset, std::span<const std::byte> src) override {
+    return base_->write_at(offset, src);
+  }
+  Status append(std::span<const std::byte> src) override { return base_->append(src); }
+  Status sync() override { return base_->sync(); }
+  Status allocate(int64_t bytes) override { return base_->allocate(bytes); }
+  bool direct_io() const override { return base_->direct_io(); }
+  const std::string& path() const override { return base_->path(); }
+
+ protected:
+  File& base() const { return *base_; }
+
+ private:
+  std::unique_ptr<File> base_;
+};
+
+// An Env that passes every call to `base` (which must outlive it), as FileWrapper does.
+class EnvWrapper : public Env {
+ public:
+  explicit EnvWrapper(Env* base) : base_(base) {}
+  StatusOr<std::unique_ptr<File>> open(const std::string& path, OpenMode mode,
+                                       bool direct) override {
+    return base_->open(path, mode, direct);
+  }
+  Status read_file(const std::string& path, std::vector<std::byte>* out) override {
+    return base_->read_file(path, out);
+  }
+  Status rename(const std::string& from, const std::string& to) override {
+    return base_->rename(from, to);
+  }
+  Status remove(const std::string& path) override { return base_->remove(path); }
+  Status create_dir(const std::string& path) override { return base_->create_dir(path); }
+  Status sync_dir(const std::string& path) override { return base_->sync_dir(path); }
+
+ protected:
+  Env& base() const { return *base_; }
+
+ private:
+  Env* base_;
 };
 
 // `base` with the bytes its files read and write paced to at most `bytes_per_second`: one budget
