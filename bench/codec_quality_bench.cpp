@@ -162,6 +162,9 @@ int main(int argc, char** argv) {
   o.quality.eos = model->tokenizer->eos_id();
   executor::ExecutorOptions options;
   options.cache_bytes = int64_t{1} << 30;
+  // Entries are a few thousand tokens; the pool must hold one full context, which a 32K-token
+  // model's would not in 1 GiB.
+  options.max_context_tokens = 8192;
   auto exec = executor::Executor::create(*model->source, options);
   if (!exec.ok()) return fail(exec.status());
   const int64_t block = (*exec)->kv_geometry().block_size_tokens;
