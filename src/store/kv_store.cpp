@@ -316,10 +316,11 @@ StatusOr<SaveTicket> KvStore::begin_save(const SaveRequest& request) {
     }
     return true;
   };
-  // Encoded chunks and the raw ones the device writes do not mix in one item.
+  // Encoded chunks and the raw ones the device writes do not mix in one item; an item another
+  // save is still growing (continue_save) is left to it.
   auto extendable = [&](const Item& item) {
-    return !item.busy && item.pending.empty() && item.codec == 0 && item.exact == request.exact &&
-           item.token_offset == request.token_offset &&
+    return !item.busy && item.pending.empty() && item.continued_saves == 0 && item.codec == 0 &&
+           item.exact == request.exact && item.token_offset == request.token_offset &&
            item.skipped_chunks == request.skipped_chunks &&
            (item.session.empty() || item.session == request.session) && is_prefix(item);
   };

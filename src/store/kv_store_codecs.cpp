@@ -78,13 +78,13 @@ adaptcache::Profile KvStore::make_adaptcache_profile() const {
 
 KvStore::Decision KvStore::codec_decision() {
   auto settled = [](const Item& item) {
-    return !item.chunks.empty() && item.pins == 0 && !item.busy && item.pending.empty() &&
-           item.continued_saves == 0;
+    return !item.chunks.empty() && item.pins == 0 && !item.busy && item.pending.empty();
   };
   if (!options_.adaptcache.enabled) {
     if (options_.fixed_codec == 0) return {};
     for (const auto& [id, item] : items_) {
-      if (item.codec == 0 && settled(item) && item.held[kDramTier] == std::ssize(item.chunks) &&
+      if (item.codec == 0 && settled(item) && item.continued_saves == 0 &&
+          item.held[kDramTier] == std::ssize(item.chunks) &&
           mergeable(item, options_.fixed_codec)) {
         return {Action::kTranscode, id, options_.fixed_codec};
       }
@@ -119,8 +119,10 @@ KvStore::Decision KvStore::codec_decision() {
       const ItemCodec& codec = options_.codecs[c];
       const int64_t chunks = std::min(n, kept_chunks(codec.keep_fraction, n + item.skipped_chunks));
       // Codecs the profile leaves out are not options (an item keeps the one it has), nor is a
-      // layer merge for a conversation without its pairs.
-      const bool offered = (codec.quality >= 0 && mergeable(item, static_cast<int32_t>(c))) ||
+      // layer merge for a conversation without its pairs, nor any other codec for an item a save
+      // still grows (it may move between tiers meanwhile: a save larger than DRAM needs that).
+      const bool offered = (codec.quality >= 0 && mergeable(item, static_cast<int32_t>(c)) &&
+                            item.continued_saves == 0) ||
                            static_cast<int32_t>(c) == item.codec;
       e.codec_bytes.push_back(offered ? chunks * dram_->footprint(codec.chunk_bytes) : -1);
     }

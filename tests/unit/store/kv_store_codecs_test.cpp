@@ -215,6 +215,30 @@ TEST(KvStoreCodecsTest, AdaptCacheCompressesInDramBeforeItDemotes) {
   for (const auto& t : items) EXPECT_GE(load_encoded(*store, t), 0);
 }
 
+TEST(KvStoreCodecsTest, AdaptCacheDemotesAnItemSavedInPiecesButKeepsItRaw) {
+  TempDir dir;
+  auto store = KvStore::open(adaptcache_options(dir, 0.05)).value();  // compressing pays
+  // A turn of 17 chunks over a DRAM of 12: 9 published, then the rest once they left DRAM.
+  const std::vector<TokenId> turn = tokens(30, 17 * kBlock + 1);
+  const std::vector<kv::ChunkHash> hashes = chain(turn);
+  SaveTicket ticket =
+      store->begin_save({{}, true, 0, {hashes.begin(), hashes.begin() + 9}}).value();
+  ASSERT_EQ(ticket.destinations.size(), 9u);
+  for (int64_t i = 0; i < 9; ++i) fill(ticket.destinations[i], hashes[i]);
+  SaveTicket next = store->continue_save(std::move(ticket), nullptr, 0);
+  store->wait_idle();
+  StoreStats s = store->stats();
+  EXPECT_EQ(s.transcodes, 0) << "re-encoded between the save's pieces";
+  EXPECT_EQ(s.tier("ssd").chunks, 9) << "AdaptCache demotes it raw below the DRAM reserve";
+  ASSERT_EQ(store->extend_save(&next, std::span(hashes).subspan(9)), 8)
+      << "its DRAM copy makes room for the rest";
+  for (int64_t i = 0; i < 8; ++i) fill(next.destinations[i], hashes[9 + i]);
+  store->commit_save(std::move(next), nullptr, 0);
+  store->wait_idle();
+  EXPECT_EQ(store->find(turn, root(), {})->num_chunks, 17);
+  EXPECT_GE(load_encoded(*store, turn), 0);
+}
+
 TEST(KvStoreCodecsTest, AdaptCacheKeepsItemsWholeWhenQualityIsWorthMore) {
   TempDir dir;
   auto store = KvStore::open(adaptcache_options(dir, 1e6)).value();
