@@ -310,6 +310,11 @@ Status profile(const std::vector<std::string>& args) {
   std::string command = "strata profile";
   for (const std::string& a : args) command += " " + a;
   out["source"] = command;
+  // A deployment serving other weights refuses the file (restore/item_codecs.cpp).
+  char fingerprint[17];
+  std::snprintf(fingerprint, sizeof fingerprint, "%016llx",
+                static_cast<unsigned long long>(engine.model_fingerprint()));
+  out["model_fingerprint"] = fingerprint;
   out["device"] = executor::device_name(executor.device());
   out["dtype"] = dtype_name(executor.dtype());
   STRATA_ASSIGN_OR_RETURN(double prefill, prefill_seconds_per_token(engine, prefill_tokens));

@@ -1,5 +1,8 @@
 #include "item_codecs.h"
 
+#include <spdlog/spdlog.h>
+
+#include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -8,7 +11,8 @@ namespace strata::restore {
 namespace {
 
 // Reads the profile into the codecs' qualities and decode costs and the tiers' bandwidths.
-Status read_profile(const std::string& path, store::StoreOptions* options) {
+Status read_profile(const std::string& path, uint64_t model_fingerprint,
+                    store::StoreOptions* options) {
   std::ifstream in(path);
   if (!in) return not_found_error("adaptcache.profile: cannot read " + path);
   const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
@@ -18,6 +22,22 @@ Status read_profile(const std::string& path, store::StoreOptions* options) {
   if (!j.is_object() || !j.contains("prefill_seconds_per_token") || !j["prefill_seconds_per_token"].is_number() ||
       !j.contains("tiers") || !j["tiers"].is_array() || !j.contains("codecs") || !j["codecs"].is_array()) {
     return bad("expected an object with prefill_seconds_per_token, tiers and codecs");
+  }
+  // Its prefill cost and codec qualities are one model's: another model's profile is refused.
+  char served[17];
+  std::snprintf(served, sizeof served, "%016llx",
+                static_cast<unsigned long long>(model_fingerprint));
+  if (!j.contains("model_fingerprint")) {
+    spdlog::warn(
+        "adaptcache.profile {} names no model: its numbers are taken as those of the "
+        "served model ({})",
+        path, served);
+  } else if (!j["model_fingerprint"].is_string() ||
+             j["model_fingerprint"].get<std::string>() != served) {
+    return failed_precondition_error("adaptcache.profile " + path +
+                                     " was measured with another model (fingerprint " +
+                                     j["model_fingerprint"].dump() + ", the served one " + served +
+                                     "): measure this one with `strata profile`");
   }
   store::AdaptCacheOptions& ac = options->adaptcache;
   ac.prefill_seconds_per_token = j["prefill_seconds_per_token"].get<double>();
@@ -82,7 +102,7 @@ kv::krul::MergedForm merged_form(const store::StoreConfig& config,
 
 StatusOr<std::vector<std::optional<kv::KvFormat>>> configure_item_codecs(
     const store::StoreConfig& store_config, const executor::Executor& executor,
-    store::StoreOptions* options) {
+    uint64_t model_fingerprint, store::StoreOptions* options) {
   const store::AdaptCacheConfig& config = store_config.adaptcache;
   std::vector<std::optional<kv::KvFormat>> formats = {std::nullopt};
   if (!config.enabled && config.fixed_codec == "none") return formats;
@@ -116,7 +136,7 @@ StatusOr<std::vector<std::optional<kv::KvFormat>>> configure_item_codecs(
     options->adaptcache.enabled = true;
     options->adaptcache.alpha = config.alpha;
     options->adaptcache.half_life_seconds = config.half_life_seconds;
-    STRATA_RETURN_IF_ERROR(read_profile(config.profile, options));
+    STRATA_RETURN_IF_ERROR(read_profile(config.profile, model_fingerprint, options));
   }
   const executor::Executor* e = &executor;
   // Index-aligned with the store's codecs, "none" first: whether each merges layers.

@@ -18,10 +18,11 @@ namespace strata::restore {
 // Sets options->codecs, transcode, fixed_codec and adaptcache (the tiers in options->tiers must be
 // set). Returns each codec's format, index-aligned with the store's codecs ("none" first:
 // nullopt). INVALID_ARGUMENT for an unknown fixed codec; NOT_FOUND / INVALID_ARGUMENT naming the
-// profile file when it is missing or malformed.
+// profile file when it is missing or malformed, FAILED_PRECONDITION when it names another model
+// than `model_fingerprint` (one naming none is taken, with a warning).
 StatusOr<std::vector<std::optional<kv::KvFormat>>> configure_item_codecs(
     const store::StoreConfig& config, const executor::Executor& executor,
-    store::StoreOptions* options);
+    uint64_t model_fingerprint, store::StoreOptions* options);
 
 // The layer-merge codec's form for this deployment: the pairs kv_store.layer_share asks for
 // (kv::krul::pair_count), at most merge_retain of each chunk's vectors per pair and K or V kept.

@@ -109,8 +109,8 @@ StatusOr<std::unique_ptr<RestoreCoordinator>> RestoreCoordinator::open(
   const executor::Executor* e = &executor;
   store.register_host_memory = [e](void* data, size_t bytes) { e->register_host_memory(data, bytes); };
   store.unregister_host_memory = [e](void* data) { e->unregister_host_memory(data); };
-  STRATA_ASSIGN_OR_RETURN(c->codec_formats_,
-                          configure_item_codecs(options.store, executor, &store));
+  STRATA_ASSIGN_OR_RETURN(
+      c->codec_formats_, configure_item_codecs(options.store, executor, model_fingerprint, &store));
   c->merged_form_ = merged_form(options.store, executor);
   STRATA_ASSIGN_OR_RETURN(c->store_, store::KvStore::open(store));
   c->stats_.store = c->store_->stats();

@@ -4,7 +4,8 @@ prefill, the DRAM and an SSD tier (a real directory on this disk) and the KIVI c
 cost, copies the codecs' quality (and quality per task family) from a quality profile, and leaves
 nothing in the tier's directory; the file it writes drives a deployment with AdaptCache on
 (`strata generate` loads it); without qualities the same deployment refuses the file, naming the
-missing codec, and one naming an unknown codec; bad flags fail with exit code 2.
+missing codec, and one naming an unknown codec or another model (its weights' fingerprint); bad
+flags fail with exit code 2.
 
 usage: profile_cli_test.py --binary build/bin/strata --model MODEL.gguf
 Prints "N passed, N failed" and exits non-zero on any failure.
@@ -75,6 +76,7 @@ def main():
                 assert c["quality"] == q, c
                 assert c["task_quality"]["long-document"] == d, c
             assert p["device"] == "cpu" and p["source"].startswith("strata profile"), p
+            assert len(p["model_fingerprint"]) == 16, p
             assert os.listdir(ssd) == [], os.listdir(ssd)  # its measurement file removed
 
         def test_a_deployment_loads_it():
@@ -97,6 +99,23 @@ def main():
             r = generate(unknown)
             assert r.returncode != 0 and "unknown codec 'kivi-3'" in r.stderr, r.stderr
 
+        def test_another_models_profile():
+            with open(measured) as f:
+                p = json.load(f)
+            p["model_fingerprint"] = "0123456789abcdef"
+            other = os.path.join(tmp, "other.json")
+            with open(other, "w") as f:
+                json.dump(p, f)
+            r = generate(other)
+            assert r.returncode != 0 and "measured with another model" in r.stderr, r.stderr
+            # One written before profiles named their model is taken, with a warning.
+            del p["model_fingerprint"]
+            with open(other, "w") as f:
+                json.dump(p, f)
+            r = generate(other)
+            log = r.stdout + r.stderr  # (generate logs through spdlog's default logger)
+            assert r.returncode == 0 and "names no model" in log, log
+
         def test_bad_flags():
             r = subprocess.run([args.binary, "profile", "--model", args.model],
                                capture_output=True, text=True, timeout=60)
@@ -107,6 +126,7 @@ def main():
         check("profile: measured numbers and copied qualities", test_measures)
         check("profile: a deployment with AdaptCache loads it", test_a_deployment_loads_it)
         check("profile: without qualities a deployment refuses it", test_without_qualities)
+        check("profile: another model's profile is refused", test_another_models_profile)
         check("profile: bad flags", test_bad_flags)
     return summary()
 

@@ -224,6 +224,9 @@ class Engine {
                                                 const std::string& session) const;
 
   const model::ModelConfig& model_config() const;
+  // The served weights' identity (model::ModelSource::content_fingerprint): the prefix hashes'
+  // root, and what a `strata profile` file records.
+  uint64_t model_fingerprint() const { return model_fingerprint_; }
   // The one overflow policy of every front door: true when a prompt that fills the context
   // window runs with its oldest history dropped (overflow_truncation_fraction > 0), false when
   // submit() rejects it.
