@@ -147,12 +147,15 @@ class EngineStoreTest : public ::testing::Test {
   // The engine keeps the KV of 200 + 16 - 1 = 215 computed tokens: 13 full blocks of 16.
  public:
   static constexpr int64_t kStoredTokens = 13 * 16;
+  // One stored chunk of SmolLM2 (float32 pool): 30 layers x K and V x 3 KV heads x 16 tokens x 64.
+  static constexpr int64_t kChunkBytes = 737280;
 
  protected:
 
   static void SetUpTestSuite() {
     recompute_engine_ = make_engine(options_with(std::nullopt, /*prefix_caching=*/false)).release();
     ASSERT_NE(recompute_engine_, nullptr);
+    ASSERT_EQ(recompute_engine_->executor().kv_chunk_bytes(), kChunkBytes);
     history_ = new std::vector<TokenId>(wikitext(10000, 200));
     const Turn first = run_turn(*recompute_engine_, *history_, "");
     first_reply_ = new std::vector<TokenId>(first.tokens);

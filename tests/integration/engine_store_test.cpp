@@ -175,17 +175,15 @@ TEST_F(EngineStoreTest, SavesRunWithTheTurnAndPublishAtItsEnd) {
 TEST_F(EngineStoreTest, ATurnLargerThanDramIsStoredWholeThroughTheSsd) {
   test_util::TempDir dir;
   store::StoreConfig store = store_options(dir.file("kv"));
-  store.dram_bytes = 8 * 737280;
+  store.dram_bytes = 8 * kChunkBytes;
   std::unique_ptr<Engine> engine = make_engine(options_with(store, false));
   ASSERT_TRUE(engine);
-  const int64_t chunk_bytes = engine->executor().kv_chunk_bytes();
-  ASSERT_EQ(chunk_bytes, 737280);
   const Turn first = run_turn(*engine, *history_, "");
   ASSERT_EQ(first.tokens, *first_reply_);
   wait_for(
       *engine,
       [&](const EngineStats& s) {
-        return s.store && s.store->tier("dram").bytes_in >= kStoredTokens / 16 * chunk_bytes;
+        return s.store && s.store->tier("dram").bytes_in >= kStoredTokens / 16 * kChunkBytes;
       },
       "every chunk of the turn published");
   const EngineStats saved = engine->stats();
@@ -211,7 +209,7 @@ TEST_F(EngineStoreTest, ATurnLargerThanDramIsStoredWholeThroughTheSsd) {
 TEST_F(EngineStoreTest, ConcurrentTurnsLargerThanDramResumeAsRecomputed) {
   test_util::TempDir dir;
   store::StoreConfig store = store_options(dir.file("kv"));
-  store.dram_bytes = 16 * 737280;
+  store.dram_bytes = 16 * kChunkBytes;
   std::unique_ptr<Engine> engine = make_engine(options_with(store, false));
   ASSERT_TRUE(engine);
   constexpr int kReply = 64;
@@ -230,7 +228,7 @@ TEST_F(EngineStoreTest, ConcurrentTurnsLargerThanDramResumeAsRecomputed) {
   wait_for(
       *engine,
       [&](const EngineStats& s) {
-        return s.store && s.store->tier("dram").bytes_in >= 3 * kPromptBlocks * 737280;
+        return s.store && s.store->tier("dram").bytes_in >= 3 * kPromptBlocks * kChunkBytes;
       },
       "every chunk of the three turns published");
   for (size_t i = 0; i < prompts.size(); ++i) {
@@ -392,11 +390,11 @@ TEST_F(EngineStoreTest, ACorruptSsdChunkIsCountedAndTheTurnRecomputed) {
   ASSERT_TRUE(std::filesystem::exists(data));
   {
     std::fstream f(data, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(5 * 737280 + 4321);
+    f.seekg(5 * kChunkBytes + 4321);
     char byte = 0;
     f.read(&byte, 1);
     byte = static_cast<char>(byte ^ 0x5a);
-    f.seekp(5 * 737280 + 4321);
+    f.seekp(5 * kChunkBytes + 4321);
     f.write(&byte, 1);
   }
   std::unique_ptr<Engine> engine = make_engine(options_with(store_options(dir.file("kv")), false));
