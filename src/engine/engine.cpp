@@ -5,6 +5,7 @@
 #include <cmath>
 #include <future>
 #include <limits>
+#include <utility>
 
 #include "active_request.h"
 #include "strata/common/check.h"
@@ -428,11 +429,23 @@ void Engine::step() {
     }
     return;
   }
+  // A load read beside the pass that failed: the coordinator sent its sequence back to waiting,
+  // to recompute its prompt; nothing of this pass is kept for it.
+  const std::vector<SeqId>& failed = result->failed_loads;
+  auto load_failed = [&](SeqId seq) { return std::ranges::find(failed, seq) != failed.end(); };
+  for (SeqId seq : failed) {
+    Usage& usage = active_.at(seq)->usage;
+    usage.cached_prompt_tokens -= std::exchange(usage.loaded_prompt_tokens, 0);
+    usage.cached_tier.clear();
+  }
+  if (!failed.empty())
+    std::erase_if(batch.chunks, [&](const auto& c) { return load_failed(c.seq); });
   scheduler_->on_batch_done(batch);
   for (SeqId seq : result->compressed) kv_->move_off_pool(seq);
   const int64_t vocab = result->vocab_size;
-  for (size_t i = 0; i < batch.chunks.size(); ++i) {
-    const scheduler::ScheduledChunk& chunk = batch.chunks[i];
+  for (size_t i = 0, row = 0; i < forward.chunks.size(); ++i) {
+    if (load_failed(forward.chunks[i].seq)) continue;
+    const scheduler::ScheduledChunk& chunk = batch.chunks[row++];
     const int64_t num_rows = result->row_offsets[i + 1] - result->row_offsets[i];
     if (num_rows == 0) continue;
     Active& active = *active_.at(chunk.seq);

@@ -72,7 +72,11 @@ Status TorchExecutor::validate(const ForwardBatch& batch) const {
       return invalid_argument_error(seq + ": loaded blocks must lie below position " +
                                     std::to_string(below));
     }
-    if (std::find(load.chunks.begin(), load.chunks.end(), nullptr) != load.chunks.end()) {
+    if (load.arrivals && (load.encoding || !streams_loads())) {
+      return invalid_argument_error(seq + ": streamed loads need raw chunks and a CPU executor");
+    }
+    if (!load.arrivals &&
+        std::find(load.chunks.begin(), load.chunks.end(), nullptr) != load.chunks.end()) {
       return invalid_argument_error(seq + ": null load source");
     }
   }

@@ -41,9 +41,19 @@ TorchExecutor::StagedLoads TorchExecutor::stage_loads(const ForwardBatch& batch)
   StagedLoads staged;
   const int64_t block = kv_geometry_.block_size_tokens;
   const int64_t num_layers = config_.num_layers;
-  std::vector<int64_t> first_positions;
-  std::vector<std::vector<int64_t>> destinations(num_layers);
-  for (const KvLoad& load : batch.loads) {
+  // Each loaded block, in batch order first.
+  struct Block {
+    int32_t load = 0;
+    int64_t j = 0;  // in its load
+    int32_t group = -1;
+    std::pair<at::Tensor, int64_t> preloaded;
+    int64_t first_layer = 0;  // the first layer that loads it
+    std::span<const std::vector<kv::BlockId>> tables;
+    int64_t token_block = 0;
+  };
+  std::vector<Block> blocks;
+  for (size_t i = 0; i < batch.loads.size(); ++i) {
+    const KvLoad& load = batch.loads[i];
     int32_t group = -1;
     if (load.encoding) {
       auto it = std::find_if(staged.encoded.begin(), staged.encoded.end(),
@@ -62,7 +72,7 @@ TorchExecutor::StagedLoads TorchExecutor::stage_loads(const ForwardBatch& batch)
     // The read buffer serves the load if it holds the same chunks, from some row on.
     at::Tensor buffer;
     int64_t row = 0;
-    if (auto it = read_buffers_.find(load.seq); it != read_buffers_.end()) {
+    if (auto it = read_buffers_.find(load.seq); it != read_buffers_.end() && !load.arrivals) {
       const std::vector<const std::byte*>& held = it->second.chunks;
       auto first = std::find(held.begin(), held.end(), load.chunks.front());
       if (first != held.end() && held.end() - first >= std::ssize(load.chunks) &&
@@ -72,16 +82,43 @@ TorchExecutor::StagedLoads TorchExecutor::stage_loads(const ForwardBatch& batch)
       }
     }
     for (size_t j = 0; j < load.chunks.size(); ++j) {
-      const int64_t token_block = load.first_block + static_cast<int64_t>(j);
-      if (group >= 0) staged.encoded[group].blocks.push_back(std::ssize(staged.sources));
-      staged.group.push_back(group);
-      staged.sources.push_back(load.chunks[j]);
-      staged.preloaded.emplace_back(buffer, row + static_cast<int64_t>(j));
-      first_positions.push_back(token_block * block);
-      for (int64_t l = 0; l < num_layers; ++l) {
-        destinations[l].push_back(pool_.layout().base_index(chunk->tables[l][token_block]));
+      Block& b = blocks.emplace_back();
+      b.load = static_cast<int32_t>(i);
+      b.j = static_cast<int64_t>(j);
+      b.group = group;
+      b.preloaded = {buffer, row + static_cast<int64_t>(j)};
+      b.tables = chunk->tables;
+      b.token_block = load.first_block + static_cast<int64_t>(j);
+      // A restoring chunk's layers that compute the block do not load it (encoded blocks are
+      // decoded at every layer: their groups index the first blocks of every layer).
+      const int64_t history_position = b.token_block * block - chunk->start_position;
+      if (group < 0 && chunk->restored_tokens > 0 && history_position >= 0) {
+        b.first_layer = std::ranges::count_if(
+            chunk->computed_rows, [&](int64_t computed) { return computed > history_position; });
       }
     }
+  }
+  std::ranges::stable_sort(blocks, {}, &Block::first_layer);
+  staged.failed.assign(batch.loads.size(), 0);
+  std::vector<int64_t> first_positions;
+  std::vector<std::vector<int64_t>> destinations(num_layers);
+  for (const Block& b : blocks) {
+    const KvLoad& load = batch.loads[b.load];
+    if (b.group >= 0) staged.encoded[b.group].blocks.push_back(std::ssize(staged.sources));
+    staged.group.push_back(b.group);
+    staged.sources.push_back(load.chunks[b.j]);
+    staged.arrivals.emplace_back(load.arrivals.get(), b.j);
+    staged.load_of.push_back(b.load);
+    staged.preloaded.push_back(b.preloaded);
+    first_positions.push_back(b.token_block * block);
+    for (int64_t l = 0; l < num_layers; ++l) {
+      destinations[l].push_back(pool_.layout().base_index(b.tables[l][b.token_block]));
+    }
+  }
+  staged.layer_blocks.assign(static_cast<size_t>(num_layers), 0);
+  for (int64_t l = 0; l < num_layers; ++l) {
+    staged.layer_blocks[l] =
+        std::ranges::count_if(blocks, [&](const Block& b) { return b.first_layer <= l; });
   }
   // A pre-load is for the sequence's next pass only.
   for (const SequenceChunk& c : batch.chunks) read_buffers_.erase(c.seq);
@@ -119,7 +156,7 @@ TorchExecutor::StagedLoads TorchExecutor::stage_loads(const ForwardBatch& batch)
     auto* base = static_cast<std::byte*>(staged.device_staging.data_ptr());
     staged.layer_ready.resize(static_cast<size_t>(num_layers));
     for (int64_t l = 0; l < num_layers; ++l) {
-      for (int64_t j = 0; j < n; ++j) {
+      for (int64_t j = 0; j < staged.layer_blocks[l]; ++j) {
         if (staged.group[j] >= 0) continue;
         // cudaMemcpyDefault: host chunk or read buffer, the runtime tells them apart.
         const cudaError_t rc =
@@ -195,10 +232,11 @@ void TorchExecutor::preload(const ForwardBatch& batch) {
 
 void TorchExecutor::insert_loaded_layer(StagedLoads& loads, int64_t layer) {
   const int64_t n = static_cast<int64_t>(loads.sources.size());
+  const int64_t count = loads.layer_blocks[layer];
   at::Tensor blocks;
   if (device_.is_cuda()) {
     loads.layer_ready[layer].block(c10::cuda::getCurrentCUDAStream(device_.index()));
-    blocks = loads.device_staging[layer].clone();
+    blocks = loads.device_staging[layer].narrow(0, 0, count).clone();
   } else {
     if (!loads.loader) {  // `loads` is where it stays for the pass now
       std::array<std::byte*, 2> buffers{};
@@ -209,16 +247,24 @@ void TorchExecutor::insert_loaded_layer(StagedLoads& loads, int64_t layer) {
         buffers[b] = static_cast<std::byte*>(loads.cpu_staging[b].data_ptr());
       }
       loads.loader = std::make_unique<LayerLoader>(
-          config_.num_layers, buffers, [this, &loads, n](int64_t l, std::byte* out) {
-            for (int64_t j = 0; j < n; ++j) {
+          config_.num_layers, buffers, [this, &loads](int64_t l, std::byte* out) {
+            for (int64_t j = 0; j < loads.layer_blocks[l]; ++j) {
               if (loads.group[j] >= 0) continue;  // encoded: decoded below
+              if (loads.sources[j] == nullptr) {  // streamed: read beside the pass
+                const auto& [arrivals, index] = loads.arrivals[j];
+                loads.sources[j] = arrivals->wait(index);
+                if (loads.sources[j] == nullptr) {
+                  loads.failed[loads.load_of[j]] = 1;  // its sequence is recomputed
+                  continue;
+                }
+              }
               std::memcpy(out + j * block_bytes_, load_source(loads, j, l),
                           static_cast<size_t>(block_bytes_));
             }
           });
     }
     loads.loader->wait(layer);
-    blocks = loads.cpu_staging[layer % 2];
+    blocks = loads.cpu_staging[layer % 2].narrow(0, 0, count);
   }
   for (const StagedLoads::Encoded& e : loads.encoded) {
     at::Tensor bytes;
@@ -239,8 +285,10 @@ void TorchExecutor::insert_loaded_layer(StagedLoads& loads, int64_t layer) {
                                                  dtype_,
                                                  kernel_report_.backend(KernelOp::kUnpackKvBlocks)));
   }
-  rotate_keys(blocks, loads.first_positions, /*inverse=*/false);
-  pool_.base_view().index_copy_(0, loads.destinations[layer], blocks);
+  if (count > 0) {
+    rotate_keys(blocks, loads.first_positions.narrow(0, 0, count), /*inverse=*/false);
+    pool_.base_view().index_copy_(0, loads.destinations[layer].narrow(0, 0, count), blocks);
+  }
   if (loads.loader) loads.loader->release(layer);
 }
 

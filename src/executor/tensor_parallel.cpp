@@ -284,6 +284,7 @@ class TensorParallelExecutor final : public Executor {
   Device device() const override { return local_->device(); }
   DType dtype() const override { return local_->dtype(); }
   void init_calling_thread() const override { local_->init_calling_thread(); }
+  bool streams_loads() const override { return false; }  // the plan carries the loads' bytes
   const kv::KvGeometry& kv_geometry() const override { return geometry_; }
   kv::KvFormat kv_format() const override { return local_->kv_format(); }
   const kernels::KernelReport& kernel_report() const override { return local_->kernel_report(); }

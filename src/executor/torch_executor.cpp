@@ -597,6 +597,9 @@ StatusOr<ForwardResult> TorchExecutor::run(const ForwardBatch& batch) {
   if (observes)
     attention_observer_.after_pass(kernel_report_.backend(KernelOp::kKrulAccumulateRows));
 
+  for (size_t i = 0; i < loads.failed.size(); ++i) {
+    if (loads.failed[i]) result.failed_loads.push_back(batch.loads[i].seq);
+  }
   result.load_copy_seconds = result.load_seconds;
   if (loads.copies_end) {
     loads.copies_end->synchronize();  // the last layer's attention waited for them already

@@ -65,6 +65,8 @@ class TorchExecutor final : public Executor {
   Device device() const override { return device_choice_; }
   DType dtype() const override { return compute_dtype_; }
   void init_calling_thread() const override;
+  // On CUDA the read stream's copies are queued before the pass: their chunks must be there.
+  bool streams_loads() const override { return !device_.is_cuda(); }
   const kv::KvGeometry& kv_geometry() const override { return kv_geometry_; }
   kv::KvFormat kv_format() const override { return kv_format_; }
   const kernels::KernelReport& kernel_report() const override { return kernel_report_; }
@@ -123,7 +125,18 @@ class TorchExecutor final : public Executor {
   void preload(const ForwardBatch& batch);
   // The batch's loads, staged for layer-by-layer insertion into the pool.
   struct StagedLoads {
-    std::vector<const std::byte*> sources;  // one host chunk per loaded block
+    // Loaded blocks are ordered by the first layer that loads them (a restoring chunk's layer l
+    // loads only the history blocks it does not compute): layer l loads blocks
+    // [0, layer_blocks[l]).
+    std::vector<int64_t> layer_blocks;
+    // One host chunk per loaded block; null while a streamed chunk is in flight (then the loader
+    // thread takes it from `arrivals`: its KvLoad's, and its index there).
+    std::vector<const std::byte*> sources;
+    std::vector<std::pair<const ChunkArrivals*, int64_t>> arrivals;
+    // Per loaded block, its KvLoad's index in the batch; per KvLoad, whether a streamed read of
+    // it failed (set on the loader thread, read after the last layer's wait).
+    std::vector<int32_t> load_of;
+    std::vector<char> failed;
     // Blocks whose chunks are encoded (KvLoad::encoding), one group per format: their indices
     // into `sources`, and on CUDA their bytes on the device, [num_layers, blocks, block_bytes].
     struct Encoded {

@@ -13,6 +13,7 @@
 #include "strata/executor/executor.h"
 #include "strata/kv/kv_cache_manager.h"
 #include "strata/kv/prefix_hash.h"
+#include "streamed_read.h"
 #include "xxhash.h"
 
 namespace strata::restore {
@@ -41,6 +42,12 @@ uint64_t layout_tag(uint64_t model_fingerprint, const kv::KvFormat& format,
                               static_cast<long long>(block_size_tokens),
                               static_cast<long long>(chunk_bytes));
   return XXH3_64bits(text, static_cast<size_t>(n));
+}
+
+// Exponential moving average, 0 until the first sample.
+void update_average(double& average, double sample) {
+  constexpr double kWeight = 0.2;  // of the newest sample
+  average = average > 0 ? (1 - kWeight) * average + kWeight * sample : sample;
 }
 
 }  // namespace
@@ -309,6 +316,62 @@ StatusOr<store::TierIndex> RestoreCoordinator::pin_load(Sequence& sequence, cons
   return tier;
 }
 
+StatusOr<store::TierIndex> RestoreCoordinator::stream_load(SeqId seq, Sequence& sequence,
+                                                           const kv::BlockLoad& load,
+                                                           std::span<const int64_t> rows,
+                                                           executor::KvLoad* kv_load) {
+  const Sequence::StoredPrefix& stored = *sequence.stored;
+  const int64_t block = kv_.geometry().block_size_tokens;
+  const int64_t first = load.first_block, last = load.first_block + load.num_blocks - 1;
+  // A restoration's history is an untruncated prompt: consecutive chunks of its item.
+  STRATA_CHECK_EQ(stored.chunks[last] - stored.chunks[first], last - first);
+  // Pinning the last chunk keeps the item (and its codec) while the rest is read.
+  StatusOr<store::StoreLease> lease =
+      store_->acquire(stored.item, stored.chunks[last], 1, stored.skipped_chunks);
+  if (!lease.ok()) {
+    sequence.stored.reset();
+    return lease.status();
+  }
+  if (lease->codec != 0) {  // encoded or merged: decoded on the host or device, loaded whole
+    store_->release(*lease, 0);
+    return pin_load(sequence, load, kv_load);
+  }
+  // From the end backwards: the blocks the first layer loads, then those the next one adds...
+  std::vector<int64_t> pieces;
+  int64_t end = last;
+  for (const int64_t computed : rows) {
+    const int64_t boundary = std::max(computed / block, first);
+    if (boundary < end) pieces.push_back(end - boundary);
+    end = std::min(end, boundary);
+  }
+  auto read = std::make_shared<StreamedRead>(*store_, stored.item, stored.skipped_chunks,
+                                             stored.chunks[first], last - first, std::move(pieces));
+  kv_load->chunks.assign(static_cast<size_t>(load.num_blocks), nullptr);
+  kv_load->chunks.back() = lease->chunks.front();
+  kv_load->arrivals = read;
+  const store::TierIndex tier = lease->served_from;
+  step_leases_.push_back(*std::move(lease));
+  streamed_.emplace_back(seq, std::move(read));
+  sequence.stored.reset();
+  return tier;
+}
+
+void RestoreCoordinator::finish_streamed_loads() {
+  for (auto& [seq, read] : streamed_) {
+    StreamedRead::Outcome outcome = read->finish();
+    if (outcome.chunks > 0) {
+      update_average(pin_seconds_per_chunk_, outcome.seconds / static_cast<double>(outcome.chunks));
+    }
+    if (!outcome.status.ok()) {
+      spdlog::debug("KV store: sequence {}'s streamed load failed: {}", seq.value,
+                    outcome.status.to_string());
+    }
+    step_leases_.insert(step_leases_.end(), std::make_move_iterator(outcome.leases.begin()),
+                        std::make_move_iterator(outcome.leases.end()));
+  }
+  streamed_.clear();
+}
+
 std::vector<LoadedPrefix> RestoreCoordinator::restore(scheduler::ScheduledBatch& batch,
                                                       executor::ForwardBatch& forward) {
   // A sequence preempted to recompute lost its blocks: it may load its prefix again (unless
@@ -343,7 +406,10 @@ std::vector<LoadedPrefix> RestoreCoordinator::restore(scheduler::ScheduledBatch&
     executor::KvLoad kv_load{load.seq, pinned.first_block, {}, std::nullopt};
     const auto pin_start = std::chrono::steady_clock::now();
     StatusOr<store::TierIndex> tier = store::kDramTier;
-    if (pinned.num_blocks > 0) {
+    if (pinned.num_blocks > 1 && !rows.empty() && executor_.streams_loads() &&
+        !sequence.preloaded) {
+      tier = stream_load(load.seq, sequence, pinned, rows, &kv_load);
+    } else if (pinned.num_blocks > 0) {
       tier = pin_load(sequence, pinned, &kv_load);
     } else {
       sequence.stored.reset();  // every block recomputed
@@ -362,14 +428,11 @@ std::vector<LoadedPrefix> RestoreCoordinator::restore(scheduler::ScheduledBatch&
       ++stats_.store_load_failures;
       continue;
     }
-    if (pinned.num_blocks > 0) {
-      constexpr double kWeight = 0.2;  // of the newest sample
-      const double sample =
+    if (pinned.num_blocks > 0 && !kv_load.arrivals) {  // streamed: measured after the pass
+      update_average(
+          pin_seconds_per_chunk_,
           std::chrono::duration<double>(std::chrono::steady_clock::now() - pin_start).count() /
-          static_cast<double>(pinned.num_blocks);
-      pin_seconds_per_chunk_ = pin_seconds_per_chunk_ > 0
-                                   ? (1 - kWeight) * pin_seconds_per_chunk_ + kWeight * sample
-                                   : sample;
+              static_cast<double>(pinned.num_blocks));
     }
     if (!rows.empty()) restorations_[load.seq] = std::move(rows);
     const int64_t tokens = load.num_blocks * block;
@@ -505,6 +568,7 @@ int64_t RestoreCoordinator::preload_layers(int64_t chunks, int64_t new_tokens) c
 
 void RestoreCoordinator::after_pass(const executor::ForwardBatch& forward,
                                     const executor::ForwardResult* result, double seconds) {
+  finish_streamed_loads();
   for (const store::StoreLease& lease : step_leases_) {
     store_->release(lease, result != nullptr ? result->load_seconds /
                                                    static_cast<double>(step_leases_.size())
@@ -523,7 +587,9 @@ void RestoreCoordinator::after_pass(const executor::ForwardBatch& forward,
   for (const executor::KvLoad& load : forward.loads) loaded += std::ssize(load.chunks);
   for (const executor::KvSave& save : forward.saves) saved += std::ssize(save.chunks);
   for (const executor::SequenceChunk& chunk : forward.chunks) tokens += std::ssize(chunk.tokens);
+  const std::vector<SeqId>& failed = result->failed_loads;
   for (const executor::KvSave& save : forward.saves) {
+    if (std::ranges::find(failed, save.seq) != failed.end()) continue;  // given back below
     Sequence::Saving& saving = *sequences_.at(save.seq)->saving;
     if (result->saves_written) saving.copies.push_back(result->saves_written);
     saving.seconds += result->save_seconds * static_cast<double>(std::ssize(save.chunks)) /
@@ -533,20 +599,25 @@ void RestoreCoordinator::after_pass(const executor::ForwardBatch& forward,
       commit_written(*sequences_.at(save.seq), /*last=*/false);
     }
   }
+  // A streamed load that failed left its sequence's KV incomplete: recomputed from scratch.
+  for (SeqId seq : failed) {
+    Sequence& sequence = *sequences_.at(seq);
+    spdlog::debug("KV store: a resumed prompt's load failed during its pass; it is recomputed");
+    end_save(sequence, /*publish=*/false);
+    scheduler_.restart(seq);
+    sequence.load_failed = true;
+    ++stats_.store_load_failures;
+  }
   // Moving averages that size the read buffer.
-  constexpr double kWeight = 0.2;  // of the newest sample
-  auto update = [&](double& average, double sample) {
-    average = average > 0 ? (1 - kWeight) * average + kWeight * sample : sample;
-  };
   if (loaded > 0 && result->load_copy_seconds > 0) {
-    update(load_bytes_per_second_,
-           static_cast<double>(loaded * chunk_bytes) / result->load_copy_seconds);
+    update_average(load_bytes_per_second_,
+                   static_cast<double>(loaded * chunk_bytes) / result->load_copy_seconds);
   }
   // Prefill-sized passes only: a few decode tokens measure the per-pass overhead instead.
   constexpr int64_t kMinPrefillTokens = 64;
   if (tokens >= kMinPrefillTokens) {
-    update(prefill_seconds_per_token_layer_,
-           seconds / static_cast<double>(tokens * executor_.config().num_layers));
+    update_average(prefill_seconds_per_token_layer_,
+                   seconds / static_cast<double>(tokens * executor_.config().num_layers));
   }
   if (loaded > 0) {
     stats_.pool_bytes_loaded += loaded * chunk_bytes;

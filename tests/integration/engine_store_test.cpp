@@ -378,34 +378,44 @@ TEST_F(EngineStoreTest, OtherWeightsOrAnotherPoolFormatNeverHit) {
   expect_no_hit(bf16, STRATA_TEST_MODEL);
 }
 
+// Loaded before the pass (restore_mode load), or read beside it by a restoration that recomputes
+// the first 6 of the 13 blocks (partial at 0.5: the corrupt chunk is among the other 7, read while
+// the pass runs, and the pass's results are dropped).
 TEST_F(EngineStoreTest, ACorruptSsdChunkIsCountedAndTheTurnRecomputed) {
-  test_util::TempDir dir;
-  {
-    std::unique_ptr<Engine> engine = make_engine(options_with(store_options(dir.file("kv")), false));
+  for (const store::RestoreMode mode : {store::RestoreMode::kLoad, store::RestoreMode::kPartial}) {
+    SCOPED_TRACE(mode == store::RestoreMode::kLoad ? "loaded" : "restored, read beside the pass");
+    test_util::TempDir dir;
+    EngineOptions options = options_with(store_options(dir.file("kv")), false);
+    options.kv_store.restore_mode = mode;
+    options.kv_store.recompute_ratio = 0.5;
+    {
+      std::unique_ptr<Engine> engine = make_engine(options);
+      ASSERT_TRUE(engine);
+      run_first_turn(*engine, "conversation");
+    }
+    // Flip one byte of chunk 8 (the data file's first 13 x 737,280 bytes hold the 13 chunks).
+    const std::string data = dir.file("kv") + "/data-000.bin";
+    ASSERT_TRUE(std::filesystem::exists(data));
+    {
+      std::fstream f(data, std::ios::in | std::ios::out | std::ios::binary);
+      f.seekg(8 * kChunkBytes + 4321);
+      char byte = 0;
+      f.read(&byte, 1);
+      byte = static_cast<char>(byte ^ 0x5a);
+      f.seekp(8 * kChunkBytes + 4321);
+      f.write(&byte, 1);
+    }
+    std::unique_ptr<Engine> engine = make_engine(options);
     ASSERT_TRUE(engine);
-    run_first_turn(*engine, "conversation");
+    const Turn second = run_turn(*engine, *second_prompt_, "conversation");
+    EXPECT_EQ(second.usage.loaded_prompt_tokens, 0);
+    EXPECT_EQ(second.usage.cached_prompt_tokens, 0);
+    expect_same_as_recompute(*recomputed_second_, second);
+    const EngineStats stats = engine->stats();
+    EXPECT_EQ(stats.store_load_failures, 1);
+    EXPECT_GE(stats.store->corrupt_chunks, 1);
+    EXPECT_EQ(stats.partial_restores, mode == store::RestoreMode::kPartial ? 1 : 0);
   }
-  // Flip one byte in the middle of the stored chunks (the data file's first 13 x 737,280 bytes).
-  const std::string data = dir.file("kv") + "/data-000.bin";
-  ASSERT_TRUE(std::filesystem::exists(data));
-  {
-    std::fstream f(data, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(5 * kChunkBytes + 4321);
-    char byte = 0;
-    f.read(&byte, 1);
-    byte = static_cast<char>(byte ^ 0x5a);
-    f.seekp(5 * kChunkBytes + 4321);
-    f.write(&byte, 1);
-  }
-  std::unique_ptr<Engine> engine = make_engine(options_with(store_options(dir.file("kv")), false));
-  ASSERT_TRUE(engine);
-  const Turn second = run_turn(*engine, *second_prompt_, "conversation");
-  EXPECT_EQ(second.usage.loaded_prompt_tokens, 0);
-  EXPECT_EQ(second.usage.cached_prompt_tokens, 0);
-  expect_same_as_recompute(*recomputed_second_, second);
-  const EngineStats stats = engine->stats();
-  EXPECT_EQ(stats.store_load_failures, 1);
-  EXPECT_GE(stats.store->corrupt_chunks, 1);
 }
 
 // Context overflow on tiny_qwen2 (random weights, 512-token window, 16-token blocks): the engine

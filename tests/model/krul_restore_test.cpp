@@ -3,14 +3,20 @@
 // (never longer than the layer above's) and load the rest from saved chunks, in the same pass as
 // the new turn, gives the logits of recomputing everything, and so do the decode steps after it
 // (they read the loaded KV). Plans from recompute-all to load-all, pyramids and random ones.
-// Invalid plans are refused before anything runs.
+// Invalid plans are refused before anything runs. Loads streamed beside the pass (KvLoad::arrivals:
+// chunks arriving from another thread, last first, while the layers run) give the same logits,
+// and a chunk that never arrives names its sequence in ForwardResult::failed_loads.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <fstream>
+#include <mutex>
 #include <random>
 #include <sstream>
+#include <thread>
 #include <vector>
 
 #include "strata/executor/executor.h"
@@ -23,6 +29,43 @@ namespace {
 
 constexpr int64_t kHistoryBlocks = 8;
 constexpr int64_t kTurnTokens = 9;
+
+// Chunks that arrive one at a time from a thread of their own, the last first (as the restore
+// coordinator reads them), a millisecond apart; from `fail_at` down they never arrive.
+class DelayedArrivals final : public ChunkArrivals {
+ public:
+  DelayedArrivals(std::vector<const std::byte*> chunks, int64_t fail_at)
+      : chunks_(std::move(chunks)), ready_(chunks_.size(), false) {
+    thread_ = std::thread([this, fail_at] {
+      for (int64_t j = std::ssize(chunks_) - 1; j >= 0; --j) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        std::scoped_lock lock(mutex_);
+        if (j == fail_at) break;
+        ready_[j] = true;
+        arrived_.notify_all();
+      }
+      std::scoped_lock lock(mutex_);
+      done_ = true;
+      arrived_.notify_all();
+    });
+  }
+  ~DelayedArrivals() override { thread_.join(); }
+  const std::byte* wait(int64_t j) const override {
+    std::unique_lock lock(mutex_);
+    arrived_.wait(lock, [&] { return ready_[j] || done_; });
+    return ready_[j] ? chunks_[j] : nullptr;
+  }
+
+ private:
+  const std::vector<const std::byte*> chunks_;
+  mutable std::mutex mutex_;
+  mutable std::condition_variable arrived_;
+  std::vector<bool> ready_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
+constexpr int64_t kNeverFails = -1;
 
 class KrulRestoreTest : public ::testing::Test {
  protected:
@@ -77,28 +120,34 @@ class KrulRestoreTest : public ::testing::Test {
     return batch;
   }
 
-  // Loads of the saved history blocks [first, kHistoryBlocks).
-  KvLoad load_from(SeqId seq, int64_t first) {
+  // Loads of the saved history blocks [first, kHistoryBlocks); streamed: every chunk arrives
+  // during the pass (DelayedArrivals), the one `fail_at` of them and those before it never.
+  KvLoad load_from(SeqId seq, int64_t first, bool streamed = false, int64_t fail_at = kNeverFails) {
     KvLoad load{seq, first, {}, std::nullopt};
     for (int64_t b = first; b < kHistoryBlocks; ++b) load.chunks.push_back(saved_[b].data());
+    if (streamed) {
+      load.arrivals = std::make_shared<DelayedArrivals>(load.chunks, fail_at);
+      std::ranges::fill(load.chunks, nullptr);
+    }
     return load;
   }
 
-  // The whole prompt in one pass (restored by `computed_rows` when given), then `steps` greedy
-  // decode steps: the logits of each.
+  // The whole prompt in one pass (restored by `computed_rows` when given, its loads streamed or
+  // not), then `steps` greedy decode steps: the logits of each.
   std::vector<std::vector<float>> resume(SeqId seq, const std::vector<int64_t>& computed_rows,
-                                         int steps) {
+                                         int steps, bool streamed = false) {
     EXPECT_TRUE(kv_->add_sequence(seq, prompt_, "").ok());
     ForwardBatch batch = chunk_of(seq, std::ssize(prompt_), LogitsMode::kLast);
     if (!computed_rows.empty()) {
       batch.chunks[0].restored_tokens = history_tokens();
       batch.chunks[0].computed_rows = computed_rows;
-      batch.loads.push_back(load_from(seq, computed_rows.back() / block_));
+      batch.loads.push_back(load_from(seq, computed_rows.back() / block_, streamed));
     }
     std::vector<std::vector<float>> logits;
     StatusOr<ForwardResult> result = executor_->forward(batch);
     EXPECT_TRUE(result.ok()) << result.status().to_string();
     if (!result.ok()) return logits;
+    EXPECT_TRUE(result->failed_loads.empty());
     kv_->mark_computed(seq, std::ssize(prompt_));
     logits.push_back(result->logits);
     for (int s = 0; s < steps; ++s) {
@@ -149,21 +198,46 @@ TEST_F(KrulRestoreTest, EveryValidPlanRestoresTheLogitsOfRecomputing) {
     for (int64_t b : blocks) plan.push_back(b * block_);
     plans.push_back(plan);
   }
+  ASSERT_TRUE(executor_->streams_loads());
   uint64_t seq = 10;
   for (const std::vector<int64_t>& plan : plans) {
-    std::ostringstream name;
-    for (int64_t n : plan) name << n / block_;
-    SCOPED_TRACE("blocks computed per layer: " + name.str());
-    const std::vector<std::vector<float>> restored = resume(SeqId{seq++}, plan, 4);
-    ASSERT_EQ(restored.size(), reference.size());
-    for (size_t s = 0; s < reference.size(); ++s) {
-      ASSERT_EQ(restored[s].size(), reference[s].size());
-      float max_diff = 0;
-      for (size_t i = 0; i < reference[s].size(); ++i) {
-        max_diff = std::max(max_diff, std::abs(reference[s][i] - restored[s][i]));
+    for (const bool streamed : {false, true}) {
+      std::ostringstream name;
+      for (int64_t n : plan) name << n / block_;
+      SCOPED_TRACE("blocks computed per layer: " + name.str() + (streamed ? ", streamed" : ""));
+      const std::vector<std::vector<float>> restored = resume(SeqId{seq++}, plan, 4, streamed);
+      ASSERT_EQ(restored.size(), reference.size());
+      for (size_t s = 0; s < reference.size(); ++s) {
+        ASSERT_EQ(restored[s].size(), reference[s].size());
+        float max_diff = 0;
+        for (size_t i = 0; i < reference[s].size(); ++i) {
+          max_diff = std::max(max_diff, std::abs(reference[s][i] - restored[s][i]));
+        }
+        EXPECT_LT(max_diff, 1e-3) << "pass " << s;
       }
-      EXPECT_LT(max_diff, 1e-3) << "pass " << s;
     }
+  }
+}
+
+TEST_F(KrulRestoreTest, AStreamedChunkThatNeverArrivesNamesItsSequence) {
+  const int64_t layers = executor_->config().num_layers;
+  std::vector<int64_t> pyramid(layers);
+  for (int64_t l = 0; l < layers; ++l) {
+    pyramid[l] = (kHistoryBlocks - l * kHistoryBlocks / layers) * block_ - block_;
+  }
+  // Block 0 (loaded by the deepest layers only), then the middle one: the pass runs to its end.
+  for (const int64_t fail_at : {int64_t{0}, kHistoryBlocks / 2}) {
+    SCOPED_TRACE("chunk " + std::to_string(fail_at) + " never arrives");
+    const SeqId seq{static_cast<uint64_t>(20 + fail_at)};
+    ASSERT_TRUE(kv_->add_sequence(seq, prompt_, "").ok());
+    ForwardBatch batch = chunk_of(seq, std::ssize(prompt_), LogitsMode::kLast);
+    batch.chunks[0].restored_tokens = history_tokens();
+    batch.chunks[0].computed_rows = pyramid;
+    batch.loads.push_back(load_from(seq, 0, /*streamed=*/true, fail_at));
+    StatusOr<ForwardResult> result = executor_->forward(batch);
+    ASSERT_TRUE(result.ok()) << result.status().to_string();
+    EXPECT_EQ(result->failed_loads, std::vector<SeqId>{seq});
+    kv_->free(seq);
   }
 }
 

@@ -141,6 +141,11 @@ class Executor {
   // created the executor may compute single-threaded.
   virtual void init_calling_thread() const = 0;
 
+  // Whether a load may start with chunks still being read (KvLoad::arrivals): the CPU executor's
+  // loader thread waits for each before the first layer that loads it. Otherwise every chunk of
+  // a load must be in host memory when forward() starts.
+  virtual bool streams_loads() const = 0;
+
   // Shape of the KV pool, for the KV manager.
   virtual const kv::KvGeometry& kv_geometry() const = 0;
   virtual kv::KvFormat kv_format() const = 0;

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <span>
 #include <vector>
@@ -58,6 +59,17 @@ struct SequenceChunk {
   std::vector<int64_t> computed_rows = {};  // one per layer when restored_tokens > 0
 };
 
+// Chunks of a load still being read when the pass starts (Krul's restoration: a resumed turn's
+// stored history is read beside its recompute). Implemented by the restore coordinator; the
+// executor calls wait() on its loader thread.
+class ChunkArrivals {
+ public:
+  virtual ~ChunkArrivals() = default;
+  // Blocks until chunk j of the load has been read: its bytes (valid during forward()), or nullptr
+  // when the read failed (the pass then lists the sequence in ForwardResult::failed_loads).
+  virtual const std::byte* wait(int64_t j) const = 0;
+};
+
 // KV of whole token blocks that a sequence of the batch loads instead of computing (from the KV
 // store). Chunk j fills token block first_block + j of the sequence's page tables in every layer
 // before that layer's attention runs; its keys are stored before RoPE and rotated to the block's
@@ -74,6 +86,10 @@ struct KvLoad {
   // else each holds every layer's block in this format (kv::block_bytes), layer after layer, and
   // the executor decodes them on the device.
   std::optional<kv::KvFormat> encoding;
+  // Set (raw chunks, Executor::streams_loads() only): a null chunks[j] is still being read and
+  // the executor takes it from arrivals->wait(j) before the first layer that loads its block. A
+  // restoring chunk's layer l loads only the history blocks it does not compute.
+  std::shared_ptr<const ChunkArrivals> arrivals = {};
 };
 
 // KV of whole token blocks that a sequence of the batch writes out to host chunks (the KV store's
@@ -131,6 +147,9 @@ struct ForwardResult {
   // LeanKV: sequences whose prompt this pass compressed into the executor's pages. Their later
   // chunks decode from there and need no pool blocks (kv::KvCacheManager::move_off_pool).
   std::vector<SeqId> compressed;
+  // Sequences a streamed load failed (ChunkArrivals::wait returned nullptr): their KV and logits
+  // from this pass are garbage, and nothing of theirs may be kept.
+  std::vector<SeqId> failed_loads;
 };
 
 }  // namespace strata::executor

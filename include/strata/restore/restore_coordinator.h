@@ -108,6 +108,8 @@ struct LoadedPrefix {
   std::string tier;  // a store tier's name ("dram", "ssd", ...)
 };
 
+class StreamedRead;
+
 class RestoreCoordinator {
  public:
   // Opens the store (store::KvStore::open) for the executor's pool format and geometry; cached KV
@@ -145,7 +147,9 @@ class RestoreCoordinator {
   void plan_copies(executor::ForwardBatch& forward);
   // After the pass (`result` null when it failed): unpins the loads, drops the pre-loads of
   // sequences that ran, hands the save copies to their sequences, and measures the load
-  // bandwidth and prefill time that size the read buffer.
+  // bandwidth and prefill time that size the read buffer. A sequence whose load was read beside
+  // the pass and failed (ForwardResult::failed_loads) goes back to waiting, to be recomputed:
+  // the caller drops its chunk's results.
   void after_pass(const executor::ForwardBatch& forward, const executor::ForwardResult* result,
                   double seconds);
   // The request ended: publishes its saved chunks (`publish`: it finished normally) or gives
@@ -181,6 +185,14 @@ class RestoreCoordinator {
   // Pins a load's chunks; the farthest tier read, or the failure.
   StatusOr<store::TierIndex> pin_load(Sequence& sequence, const kv::BlockLoad& load,
                                  executor::KvLoad* kv_load);
+  // A restoration's load on an executor that streams loads (Executor::streams_loads): pins the
+  // history's last chunk now and reads the others beside the pass (streamed_read.h), a piece per
+  // recompute boundary of `rows`; pin_load for an encoded or merged item. The tier the last
+  // chunk came from (the others' is known after the pass), or the failure.
+  StatusOr<store::TierIndex> stream_load(SeqId seq, Sequence& sequence, const kv::BlockLoad& load,
+                                         std::span<const int64_t> rows, executor::KvLoad* kv_load);
+  // After the pass: waits for the streamed loads' reads; their leases join the step's.
+  void finish_streamed_loads();
   void plan_saves(executor::ForwardBatch& forward);
   // Krul (restore_mode krul or partial, partial_restore.cpp): the rows each layer of a resumed
   // turn recomputes of its `history` stored tokens (non-increasing with depth, whole blocks, at
@@ -216,6 +228,8 @@ class RestoreCoordinator {
   std::vector<std::optional<kv::KvFormat>> codec_formats_;
   std::unordered_map<SeqId, std::unique_ptr<Sequence>> sequences_;
   std::vector<store::StoreLease> step_leases_;  // pinned by restore(), released by after_pass()
+  // This step's streamed loads, finished by after_pass().
+  std::vector<std::pair<SeqId, std::shared_ptr<StreamedRead>>> streamed_;
   std::vector<store::ItemId> queue_;            // last queue given to the store
   // Measured for sizing the read buffer (0 until measured): load bandwidth into the pool, and
   // prefill time per token per layer; moving averages.
