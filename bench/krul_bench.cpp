@@ -11,7 +11,7 @@
 //
 //   build/bench/krul_bench --model MODEL.gguf --sharegpt FILE.json[.xz] [--conversations 20]
 //       [--min-history 256] [--max-history 1536] [--max-eval 256] [--gamma 0.5] [--share 0.5]
-//       [--slerp-t 0.6] [--retain 0.05] [--decode-steps 16]
+//       [--slerp-t 0.6] [--retain 0.05] [--decode-steps 16] [--row-stride 1]
 // Prints one JSON object.
 #include <spdlog/spdlog.h>
 
@@ -77,6 +77,8 @@ int main(int argc, char** argv) {
       o.krul.retain = std::stod(value);
     else if (flag == "--decode-steps")
       o.krul.decode_steps = static_cast<int32_t>(std::stoll(value));
+    else if (flag == "--row-stride")
+      o.krul.row_stride = static_cast<int32_t>(std::stoll(value));
     else {
       std::cerr << "unknown flag " << flag << "\n";
       return 2;
@@ -103,6 +105,7 @@ int main(int argc, char** argv) {
   std::map<std::string, int64_t> pair_count;
   std::map<std::string, double> log_ratio_sum;  // of each variant's perplexity to full's
   double prefill = 0, prefill_observed = 0, reduce = 0, step = 0, step_observed = 0;
+  double sampled_prefill = 0, sampled_reduce = 0, sampled_step = 0, ir_agree = 0, pairs_agree = 0;
   for (const bench::Conversation& c : *conversations) {
     if (std::ssize(runs) >= o.conversations) break;
     const auto& messages = c.messages;
@@ -142,6 +145,11 @@ int main(int argc, char** argv) {
     reduce += r->reduce_seconds;
     step += r->decode_step_seconds;
     step_observed += r->decode_step_observed_seconds;
+    sampled_prefill += r->sampled_prefill_observed_seconds;
+    sampled_reduce += r->sampled_reduce_seconds;
+    sampled_step += r->sampled_decode_step_seconds;
+    ir_agree += r->sampled_initial_recent_agreement;
+    pairs_agree += r->sampled_pairs_agreement;
     runs.push_back(Json{{"id", c.id},
                         {"history_tokens", r->history_tokens},
                         {"scored_tokens", r->scored_tokens},
@@ -151,7 +159,12 @@ int main(int argc, char** argv) {
                         {"prefill_observed_seconds", r->prefill_observed_seconds},
                         {"reduce_seconds", r->reduce_seconds},
                         {"decode_step_seconds", r->decode_step_seconds},
-                        {"decode_step_observed_seconds", r->decode_step_observed_seconds}});
+                        {"decode_step_observed_seconds", r->decode_step_observed_seconds},
+                        {"sampled_prefill_observed_seconds", r->sampled_prefill_observed_seconds},
+                        {"sampled_reduce_seconds", r->sampled_reduce_seconds},
+                        {"sampled_decode_step_seconds", r->sampled_decode_step_seconds},
+                        {"sampled_initial_recent_agreement", r->sampled_initial_recent_agreement},
+                        {"sampled_pairs_agreement", r->sampled_pairs_agreement}});
     std::fprintf(stderr, "%zu/%lld %s: history %lld, ppl full %.3f krul %.3f minicache %.3f\n",
                  runs.size(), static_cast<long long>(o.conversations), c.id.c_str(),
                  static_cast<long long>(h), r->variants[0].perplexity, r->variants[1].perplexity,
@@ -177,6 +190,14 @@ int main(int argc, char** argv) {
                   {"prefill_observed_over_plain", prefill_observed / prefill},
                   {"prompt_reduction_over_prefill", reduce / prefill},
                   {"decode_step_observed_over_plain", step_observed / step}};
+  if (o.krul.row_stride > 1) {
+    summary["row_stride"] = o.krul.row_stride;
+    summary["sampled_prefill_observed_over_plain"] = sampled_prefill / prefill;
+    summary["sampled_prompt_reduction_over_prefill"] = sampled_reduce / prefill;
+    summary["sampled_decode_step_over_plain"] = sampled_step / step;
+    summary["sampled_initial_recent_agreement"] = ir_agree / n;
+    summary["sampled_pairs_agreement"] = pairs_agree / n;
+  }
   std::cout << Json({{"summary", summary}, {"runs", runs}}).dump(1) << "\n";
   return 0;
 }

@@ -9,19 +9,19 @@
 namespace strata::kernels::aten {
 
 at::Tensor krul_attention_rows(const at::Tensor& q, const at::Tensor& k, int64_t start,
-                               double scale) {
+                               double scale, int64_t stride) {
   const int64_t r = q.size(0), heads = q.size(1), kv_heads = k.size(1), end = k.size(0);
   const int64_t group = heads / kv_heads;
   TORCH_CHECK(group * kv_heads == heads, "query heads ", heads, " not a multiple of KV heads ",
               kv_heads);
-  TORCH_CHECK(start >= 0 && start + r <= end, "rows [", start, ", ", start + r, ") beyond ", end,
-              " keys");
+  TORCH_CHECK(stride >= 1 && start >= 0 && start + (r - 1) * stride < end, "rows from ", start,
+              " every ", stride, " (", r, " of them) beyond ", end, " keys");
   // [kv_heads, group * r, d] x [kv_heads, d, end] -> [heads, r, end]
   const at::Tensor qh = q.to(at::kFloat).permute({1, 0, 2}).reshape({kv_heads, group * r, -1});
   const at::Tensor kt = k.to(at::kFloat).permute({1, 2, 0});
   const at::Tensor logits = at::bmm(qh, kt).mul(scale).reshape({heads, r, end});
   const at::Tensor positions =
-      at::arange(start, start + r, q.options().dtype(at::kLong)).unsqueeze(1);
+      at::arange(start, start + r * stride, stride, q.options().dtype(at::kLong)).unsqueeze(1);
   const at::Tensor keys = at::arange(end, q.options().dtype(at::kLong));
   return at::softmax(logits.masked_fill(keys > positions, -INFINITY), -1);
 }

@@ -2,9 +2,12 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <optional>
+#include <ranges>
 #include <string>
 #include <vector>
 
@@ -122,21 +125,42 @@ StatusOr<KrulQualityResult> measure_krul_quality(executor::Executor& executor,
   std::optional<kv::krul::AttentionStats> stats = executor.take_attention_stats(SeqId{2});
   result.reduce_seconds = seconds_since(start);
   if (!stats) return internal_error("krul quality: the history's attention was not observed");
+  // The sampled estimator over the same history.
+  std::optional<kv::krul::AttentionStats> sampled;
+  const bool samples = o.row_stride > 1;
+  if (samples) {
+    constexpr SeqId kSampled{100};
+    STRATA_RETURN_IF_ERROR(x.kv().add_sequence(kSampled, history_ids, ""));
+    start = Clock::now();
+    STRATA_RETURN_IF_ERROR(
+        x.run(kSampled, n, executor::LogitsMode::kNone, {}, nullptr, true, o.row_stride).status());
+    result.sampled_prefill_observed_seconds = seconds_since(start);
+    start = Clock::now();
+    sampled = executor.take_attention_stats(kSampled);
+    result.sampled_reduce_seconds = seconds_since(start);
+    x.kv().free(kSampled);
+    if (!sampled) return internal_error("krul quality: no sampled row was observed");
+  }
 
-  // Decode steps with and without observing, on the same sequence.
-  for (int32_t i = 0; i < 2 * o.decode_steps; ++i) {
-    const bool observe = i >= o.decode_steps;
+  // Decode steps without observing, observing every row, and (sampled) every row_stride-th, on
+  // the same sequence.
+  const int32_t blocks = samples ? 3 : 2;
+  for (int32_t i = 0; i < blocks * o.decode_steps; ++i) {
+    const int32_t block = i / std::max(o.decode_steps, 1);
     const TokenId token = continuation[static_cast<size_t>(i % eval)];
     x.kv().append_tokens(SeqId{2}, std::span(&token, 1));
     start = Clock::now();
-    STRATA_RETURN_IF_ERROR(
-        x.run(SeqId{2}, 1, executor::LogitsMode::kLast, {}, nullptr, observe).status());
-    (observe ? result.decode_step_observed_seconds : result.decode_step_seconds) +=
-        seconds_since(start);
+    STRATA_RETURN_IF_ERROR(x.run(SeqId{2}, 1, executor::LogitsMode::kLast, {}, nullptr, block > 0,
+                                 block == 2 ? o.row_stride : 1)
+                               .status());
+    (block == 0   ? result.decode_step_seconds
+     : block == 1 ? result.decode_step_observed_seconds
+                  : result.sampled_decode_step_seconds) += seconds_since(start);
   }
   if (o.decode_steps > 0) {
     result.decode_step_seconds /= o.decode_steps;
     result.decode_step_observed_seconds /= o.decode_steps;
+    result.sampled_decode_step_seconds /= o.decode_steps;
     (void)executor.take_attention_stats(SeqId{2});
   }
   x.kv().free(SeqId{2});
@@ -145,6 +169,21 @@ StatusOr<KrulQualityResult> measure_krul_quality(executor::Executor& executor,
   result.initial_recent = kv::krul::initial_recent_layers(*stats, o.gamma);
   const std::vector<LayerPair> krul =
       kv::krul::select_pairs(*stats, result.initial_recent, o.share);
+  if (sampled) {
+    const std::vector<bool> ir = kv::krul::initial_recent_layers(*sampled, o.gamma);
+    result.sampled_initial_recent_agreement =
+        static_cast<double>(
+            std::ranges::count_if(std::views::iota(0, layers),
+                                  [&](int32_t l) { return ir[l] == result.initial_recent[l]; })) /
+        layers;
+    const std::vector<LayerPair> pairs = kv::krul::select_pairs(*sampled, ir, o.share);
+    const auto alike = std::ranges::count_if(pairs, [&](const LayerPair& p) {
+      return std::ranges::any_of(
+          krul, [&](const LayerPair& k) { return k.shallow == p.shallow && k.deep == p.deep; });
+    });
+    result.sampled_pairs_agreement =
+        krul.empty() ? 1.0 : static_cast<double>(alike) / static_cast<double>(krul.size());
+  }
   std::vector<LayerPair> minicache = kv::krul::adjacent_pairs(layers / 2, layers - 1);
   minicache.resize(std::min(minicache.size(), krul.size()));
 

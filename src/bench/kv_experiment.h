@@ -39,11 +39,13 @@ class Experiment {
   }
 
   // Runs tokens [computed, computed + n) of `seq` with `loads`, saving token blocks
-  // [0, saved->size()) when `saved` is given, adding its attention rows to the executor's Krul
-  // statistics with observe_attention; returns the logits of `mode`.
+  // [0, saved->size()) when `saved` is given, adding its attention rows (those at multiples of
+  // observe_row_stride) to the executor's Krul statistics with observe_attention; returns the
+  // logits of `mode`.
   StatusOr<std::vector<float>> run(SeqId seq, int64_t n, executor::LogitsMode mode,
                                    std::vector<executor::KvLoad> loads = {},
-                                   Chunks* saved = nullptr, bool observe_attention = false) {
+                                   Chunks* saved = nullptr, bool observe_attention = false,
+                                   int32_t observe_row_stride = 1) {
     STRATA_ASSIGN_OR_RETURN(kv::KvPlan plan, kv_.prepare({{seq, n}}));
     executor::ForwardBatch batch;
     kv_.commit(std::move(plan), &batch.copies);
@@ -52,6 +54,7 @@ class Experiment {
     batch.chunks.push_back({seq, std::vector<TokenId>(t.begin() + start, t.begin() + start + n),
                             start, kv_.tables(seq), mode});
     batch.chunks.back().observe_attention = observe_attention;
+    batch.chunks.back().observe_row_stride = observe_row_stride;
     batch.loads = std::move(loads);
     if (saved != nullptr) batch.saves.push_back(save_of(seq, 0, *saved));
     STRATA_ASSIGN_OR_RETURN(executor::ForwardResult result, executor_.forward(batch));

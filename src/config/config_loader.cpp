@@ -450,6 +450,7 @@ Status read_kv_store(Context& ctx, const YAML::Node& node, KvStoreSection& out) 
   }));
   STRATA_RETURN_IF_ERROR(m.get("layer_share", into(ctx, out.layer_share)));
   STRATA_RETURN_IF_ERROR(m.get("krul_gamma", into(ctx, out.krul_gamma)));
+  STRATA_RETURN_IF_ERROR(m.get("krul_row_stride", into(ctx, out.krul_row_stride)));
   STRATA_RETURN_IF_ERROR(m.get("merge_retain", into(ctx, out.merge_retain)));
   return m.get("read_buffer_layers", into(ctx, out.read_buffer_layers));
 }

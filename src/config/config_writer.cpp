@@ -105,6 +105,7 @@ std::string to_yaml(const DeploymentConfig& config) {
   emit_name(out, "layer_pairing", config_name(store.layer_pairing));
   emit_plain(out, "layer_share", format_double(store.layer_share));
   emit_plain(out, "krul_gamma", format_double(store.krul_gamma));
+  emit_plain(out, "krul_row_stride", std::to_string(store.krul_row_stride));
   emit_plain(out, "merge_retain", format_double(store.merge_retain));
   emit_plain(out, "adaptcache", store.adaptcache.enabled ? "true" : "false");
   emit_string(out, "fixed_codec", store.adaptcache.fixed_codec);

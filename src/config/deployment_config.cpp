@@ -236,6 +236,10 @@ const KeyCheck<KvStoreSection> kKvStoreKeys[] = {
      }},
     {"kv_store.krul_gamma",
      [](const KvStoreSection& k) { return number_in("kv_store.krul_gamma", k.krul_gamma, 0, 1); }},
+    {"kv_store.krul_row_stride",
+     [](const KvStoreSection& k) {
+       return number_in("kv_store.krul_row_stride", k.krul_row_stride, 1, 4096);
+     }},
     {"kv_store.merge_retain",
      [](const KvStoreSection& k) {
        return number_in("kv_store.merge_retain", k.merge_retain, 0, 1);

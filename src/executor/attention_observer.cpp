@@ -16,7 +16,8 @@ AttentionObserver::AttentionObserver(int32_t num_layers, int32_t num_heads,
     : num_layers_(num_layers), num_heads_(num_heads), device_accumulators_(device_accumulators) {}
 
 void AttentionObserver::observe(SeqId seq, int64_t layer, const at::Tensor& q, at::Tensor keys,
-                                int64_t start, double scale) {
+                                int64_t start, double scale, int64_t stride) {
+  STRATA_CHECK(observes_rows(start, q.size(0), stride)) << "no row of the chunk is observed";
   if (start == 0 && layer == 0) states_.erase(seq);
   auto [it, added] = states_.try_emplace(seq);
   State& state = it->second;
@@ -31,11 +32,12 @@ void AttentionObserver::observe(SeqId seq, int64_t layer, const at::Tensor& q, a
     state.decode_rows.push_back(kernels::aten::krul_attention_rows(q, keys, start, scale));
     return;
   }
-  if (layer == 0) state.prompt.push_back({{}, start, 0, scale});
+  const int64_t first = first_row(start, stride);
+  if (layer == 0) state.prompt.push_back({{}, start, start + n, first, stride, 0, scale});
   PromptChunk& chunk = state.prompt.back();
   STRATA_CHECK(chunk.start == start && std::ssize(chunk.q) == layer)
       << "attention of layer " << layer << " at " << start << " observed out of order";
-  chunk.q.push_back(q.clone());
+  chunk.q.push_back(q.slice(0, first - start, n, stride).clone());
   if (std::ssize(state.keys) <= layer) state.keys.resize(static_cast<size_t>(layer) + 1);
   state.keys[static_cast<size_t>(layer)] = std::move(keys);
 }
@@ -46,16 +48,17 @@ int64_t AttentionObserver::reduce_prompt(State& state, int64_t rows) {
     PromptChunk& chunk = state.prompt.front();
     const int64_t n = chunk.q.front().size(0);
     const int64_t take = std::min({kRowBlock, rows - done, n - chunk.reduced});
-    const int64_t first = chunk.start + chunk.reduced;
+    const int64_t first = chunk.first + chunk.reduced * chunk.stride;
     std::vector<at::Tensor> layer_rows;
     layer_rows.reserve(chunk.q.size());
     for (size_t l = 0; l < chunk.q.size(); ++l) {
-      // rows [first, first + take) over the chunk's keys, zero beyond each row's position
+      // rows first, first + stride, ... over the chunk's keys, zero beyond each row's position
       layer_rows.push_back(kernels::aten::krul_attention_rows(
-          chunk.q[l].narrow(0, chunk.reduced, take), state.keys[l].narrow(0, 0, chunk.start + n),
-          first, chunk.scale));
+          chunk.q[l].narrow(0, chunk.reduced, take), state.keys[l].narrow(0, 0, chunk.end), first,
+          chunk.scale, chunk.stride));
     }
-    const at::Tensor lengths = at::arange(first + 1, first + take + 1, at::kLong);
+    const at::Tensor lengths =
+        at::arange(first + 1, first + 1 + take * chunk.stride, chunk.stride, at::kLong);
     kernels::aten::krul_accumulate(at::stack(layer_rows), lengths, state.stats);
     chunk.reduced += take;
     done += take;

@@ -14,12 +14,16 @@
 //                 reduction is spread over the passes that follow, a bounded slice each.
 //   decode rows   a chunk of one query turns into each layer's attention row [H, 1, t] as the
 //                 layer runs (its keys are not kept); once the pass has run every layer, the
-//                 rows of all layers are reduced together, then dropped. On the CPU into the float64
-//                 statistics (krul_accumulate); on CUDA (device_accumulators) into compensated
-//                 float32 accumulators on the device (kernels::krul_accumulate_rows: Strata's
-//                 kernel where the start-up self-check passed it), folded into the statistics at
-//                 take(), so a decode step's rows stay on the device (prompt rows are reduced
-//                 through the host as on the CPU).
+//                 rows of all layers are reduced together, then dropped. On the CPU into the
+//                 float64 statistics (krul_accumulate); on CUDA (device_accumulators) into
+//                 compensated float32 accumulators on the device (kernels::krul_accumulate_rows:
+//                 Strata's kernel where the start-up self-check passed it), folded into the
+//                 statistics at take(), so a decode step's rows stay on the device (prompt rows are
+//                 reduced through the host as on the CPU).
+// Only the rows at positions that are multiples of a chunk's stride are observed
+// (SequenceChunk::observe_row_stride, kv_store.krul_row_stride: docs/krul.md decision 9): a
+// prompt chunk keeps copies of those queries only, and a decode step at another position is not
+// observed at all (observes_rows: the executor does not even gather its keys).
 // take() reduces whatever is pending and hands the statistics over.
 #pragma once
 
@@ -41,11 +45,17 @@ class AttentionObserver {
  public:
   AttentionObserver(int32_t num_layers, int32_t num_heads, bool device_accumulators = false);
 
-  // Layer `layer` of a chunk of `seq`: its queries q [n, H, D] at positions [start, start + n)
-  // and the layer's keys of positions [0, start + n) (after RoPE). A chunk at position 0 starts
-  // the sequence's statistics over.
+  // Whether a chunk of n queries at positions [start, start + n) has rows to observe: those
+  // whose position is a multiple of `stride` (kv_store.krul_row_stride).
+  static bool observes_rows(int64_t start, int64_t n, int64_t stride) {
+    return first_row(start, stride) < start + n;
+  }
+  // Layer `layer` of a chunk of `seq` that observes_rows: its queries q [n, H, D] at positions
+  // [start, start + n) and the layer's keys of positions [0, start + n) (after RoPE), of which
+  // the rows at multiples of `stride` are observed. A chunk at position 0 starts the sequence's
+  // statistics over.
   void observe(SeqId seq, int64_t layer, const at::Tensor& q, at::Tensor keys, int64_t start,
-               double scale);
+               double scale, int64_t stride);
   // After a pass: the decode rows it observed (on CUDA by `backend`), and a slice of the pending
   // prompt rows.
   void after_pass(kernels::KernelBackend backend);
@@ -61,9 +71,17 @@ class AttentionObserver {
   // many decode steps as it has blocks.
   static constexpr int64_t kPromptRowsPerPass = kRowBlock;
 
-  struct PromptChunk {          // copies of one prefill chunk's queries, per layer
-    std::vector<at::Tensor> q;  // [n, H, D]
-    int64_t start = 0;
+  // The first position from `start` on that is a multiple of `stride`.
+  static int64_t first_row(int64_t start, int64_t stride) {
+    return (start + stride - 1) / stride * stride;
+  }
+
+  struct PromptChunk {          // copies of one prefill chunk's observed queries, per layer
+    std::vector<at::Tensor> q;  // [rows, H, D]: positions first, first + stride, ...
+    int64_t start = 0;          // the chunk's positions are [start, end)
+    int64_t end = 0;
+    int64_t first = 0;
+    int64_t stride = 1;
     int64_t reduced = 0;  // rows of the chunk already reduced
     double scale = 1.0;
   };

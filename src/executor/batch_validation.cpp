@@ -32,6 +32,9 @@ Status TorchExecutor::validate(const ForwardBatch& batch) const {
         (decodes_from_pages(chunk) || (chunk.layout && !chunk.layout->is_default()))) {
       return invalid_argument_error(seq + ": attention is observed only on the pool's base pages");
     }
+    if (chunk.observe_row_stride < 1) {
+      return invalid_argument_error(seq + ": observe_row_stride must be at least 1");
+    }
     STRATA_RETURN_IF_ERROR(validate_restore(batch, chunk));
     if (decodes_from_pages(chunk)) continue;  // reads and writes no pool block
     STRATA_RETURN_IF_ERROR(validate_formats(chunk));

@@ -334,10 +334,13 @@ void TorchExecutor::observe_attention(const ForwardBatch& batch, int64_t layer, 
   int64_t row = 0;
   for (const SequenceChunk& chunk : batch.chunks) {
     const int64_t n = static_cast<int64_t>(chunk.tokens.size());
-    if (chunk.observe_attention) {
+    const int64_t stride = chunk.observe_row_stride;
+    if (chunk.observe_attention &&
+        AttentionObserver::observes_rows(chunk.start_position, n, stride)) {
       const int64_t end = chunk.start_position + n;
       attention_observer_.observe(chunk.seq, layer, q.narrow(0, row, n),
-                                  pool_part(chunk, layer, end, 0), chunk.start_position, scale);
+                                  pool_part(chunk, layer, end, 0), chunk.start_position, scale,
+                                  stride);
     }
     row += n;
   }

@@ -469,6 +469,7 @@ void RestoreCoordinator::observe_attention(executor::ForwardBatch& forward) {
     // A restoration's layers compute different rows: its pass is not observed (its decode steps
     // are).
     chunk.observe_attention = chunk.restored_tokens == 0 && sequences_.at(chunk.seq)->saves_kv();
+    chunk.observe_row_stride = options_.store.krul_row_stride;
   }
 }
 

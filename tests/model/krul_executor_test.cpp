@@ -1,7 +1,8 @@
 // Krul's attention statistics in the executor (src/executor/attention_observer.h) against HF
 // transformers' eager attention matrices on the default model (tests/reference/krul_reference.py):
 // the prompt observed over several chunks and reduced over the passes that follow, then one
-// decode row per step; the split result equals the offline one.
+// decode row per step; the split result equals the offline one, over every row and over the rows
+// at multiples of 4 (kv_store.krul_row_stride).
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -38,18 +39,20 @@ class KrulExecutorTest : public ::testing::Test {
   // attention as asked; returns the statistics taken at the end.
   std::optional<AttentionStats> run(SeqId seq, const std::vector<TokenId>& prompt,
                                     const std::vector<TokenId>& generated, size_t chunk,
-                                    bool observe) {
+                                    bool observe, int32_t stride = 1) {
     testing::PagedRunner runner(*executor_);
     for (size_t start = 0; start < prompt.size(); start += chunk) {
       const size_t end = std::min(prompt.size(), start + chunk);
       testing::PagedRunner::Step step{seq, {prompt.begin() + start, prompt.begin() + end}};
       step.samples = end == prompt.size();
       step.observe_attention = observe;
+      step.observe_row_stride = stride;
       EXPECT_TRUE(runner.run({step}).ok());
     }
     for (TokenId t : generated) {
       testing::PagedRunner::Step step{seq, {t}};
       step.observe_attention = observe;
+      step.observe_row_stride = stride;
       EXPECT_TRUE(runner.run({step}).ok());
     }
     return executor_->take_attention_stats(seq);
@@ -62,20 +65,15 @@ class KrulExecutorTest : public ::testing::Test {
 model::ModelSource* KrulExecutorTest::source_ = nullptr;
 Executor* KrulExecutorTest::executor_ = nullptr;
 
-TEST_F(KrulExecutorTest, SplitStatisticsEqualHfAttentionMatrices) {
-  std::ifstream in(std::string(STRATA_TEST_DATA_DIR) + "/model/krul/reference.json");
-  ASSERT_TRUE(in.good()) << "missing reference; run the krul_reference fixture";
-  const nlohmann::json ref = nlohmann::json::parse(in);
-  const auto prompt = ref["prompt_ids"].get<std::vector<TokenId>>();
-  const auto generated = ref["generated_ids"].get<std::vector<TokenId>>();
-  ASSERT_GT(prompt.size(), 100u);
-  // Chunks of 48: several prompt chunks, each reduced over later passes.
-  std::optional<AttentionStats> stats = run(SeqId{1}, prompt, generated, 48, true);
+// The executor's statistics over `rows` observed rows against the reference's `ref` (edge_share,
+// squared, from HF's matrices), and the same pairs chosen from both. The executor runs the prompt
+// in chunks of 48 (several, each reduced over later passes), then one decode row per step.
+void expect_reference_statistics(const nlohmann::json& ref, std::optional<AttentionStats> stats,
+                                 int64_t rows) {
   ASSERT_TRUE(stats.has_value());
   const int32_t layers = stats->num_layers, heads = stats->num_heads;
   ASSERT_EQ(layers, 30);
   ASSERT_EQ(heads, 9);
-  const int64_t rows = static_cast<int64_t>(prompt.size() + generated.size());
   double worst_share = 0, worst_rel = 0;
   for (int32_t i = 0; i < layers; ++i) {
     EXPECT_EQ(stats->observed[i], rows * heads);
@@ -110,6 +108,26 @@ TEST_F(KrulExecutorTest, SplitStatisticsEqualHfAttentionMatrices) {
   for (size_t p = 0; p < a.size(); ++p) {
     EXPECT_EQ(a[p].shallow, b[p].shallow);
     EXPECT_EQ(a[p].deep, b[p].deep);
+  }
+}
+
+TEST_F(KrulExecutorTest, SplitStatisticsEqualHfAttentionMatrices) {
+  std::ifstream in(std::string(STRATA_TEST_DATA_DIR) + "/model/krul/reference.json");
+  ASSERT_TRUE(in.good()) << "missing reference; run the krul_reference fixture";
+  const nlohmann::json ref = nlohmann::json::parse(in);
+  const auto prompt = ref["prompt_ids"].get<std::vector<TokenId>>();
+  const auto generated = ref["generated_ids"].get<std::vector<TokenId>>();
+  ASSERT_GT(prompt.size(), 100u);
+  const auto total = static_cast<int64_t>(prompt.size() + generated.size());
+  {
+    SCOPED_TRACE("every row");
+    expect_reference_statistics(ref, run(SeqId{1}, prompt, generated, 48, true), total);
+  }
+  {
+    SCOPED_TRACE("rows at multiples of 4 (kv_store.krul_row_stride)");
+    const int32_t stride = ref["strided"]["stride"].get<int32_t>();
+    expect_reference_statistics(ref["strided"], run(SeqId{5}, prompt, generated, 48, true, stride),
+                                (total + stride - 1) / stride);
   }
 }
 

@@ -25,6 +25,7 @@ class PagedRunner {
     kv::KvLayout layout = {};  // used when the step creates its sequence
     bool samples = true;       // the chunk ends at the sequence's last token (SequenceChunk)
     bool observe_attention = false;  // Krul's statistics (SequenceChunk)
+    int32_t observe_row_stride = 1;
   };
 
   // Appends each step's tokens to its sequence (creating it on first use) and runs them in one
@@ -49,6 +50,7 @@ class PagedRunner {
       batch.chunks.push_back(
           {s.seq, s.tokens, start, kv_.tables(s.seq), s.logits, &kv_.layout(s.seq), s.samples});
       batch.chunks.back().observe_attention = s.observe_attention;
+      batch.chunks.back().observe_row_stride = s.observe_row_stride;
     }
     StatusOr<ForwardResult> result = executor_.forward(batch);
     if (result.ok()) {

@@ -7,6 +7,7 @@ output_attentions, and from the whole attention matrices (float64, offline):
   edge_share[l]        mean over query heads and rows of the probability on each row's first and
                        last max(1, floor(len / 10)) positions (len = row position + 1)
   squared[i][j][h]     for i > j: sum over rows of ||A_i[h, r, :] - A_j[h, r, :]||^2
+and the same two over the rows at multiples of 4 only ("strided": kv_store.krul_row_stride).
 The executor's split accumulation (prompt rows reduced after the passes, decode rows each step)
 must equal these (tests/model/krul_executor_test.cpp).
 """
@@ -19,6 +20,7 @@ import numpy as np
 import torch
 
 NEW_TOKENS = 24
+STRIDE = 4
 
 
 def chat_prompt(tokenizer, data_dir: Path):
@@ -63,17 +65,26 @@ def main():
     pos = np.arange(s)
     mask = (pos[None, :] < edge[:, None]) | ((pos[None, :] >= (lengths - edge)[:, None])
                                             & (pos[None, :] < lengths[:, None]))
-    edge_share = [(a[l] * mask[None]).sum() / (heads * s) for l in range(layers)]
-    squared = [[[0.0] * heads for _ in range(layers)] for _ in range(layers)]
-    for i in range(layers):
-        for j in range(i):
-            d = ((a[i] - a[j]) ** 2).sum(axis=(1, 2))
-            squared[i][j] = d.tolist()
+
+    def statistics(rows):
+        edge_share = [float((a[l][:, rows] * mask[rows][None]).sum() / (heads * len(rows)))
+                      for l in range(layers)]
+        squared = [[[0.0] * heads for _ in range(layers)] for _ in range(layers)]
+        for i in range(layers):
+            for j in range(i):
+                d = ((a[i][:, rows] - a[j][:, rows]) ** 2).sum(axis=(1, 2))
+                squared[i][j] = d.tolist()
+        return edge_share, squared
+
+    edge_share, squared = statistics(np.arange(s))
+    strided_edge_share, strided_squared = statistics(np.arange(0, s, STRIDE))
     out = args.out_dir / "model" / "krul"
     out.mkdir(parents=True, exist_ok=True)
     (out / "reference.json").write_text(json.dumps({
         "prompt_ids": prompt, "generated_ids": ids[len(prompt):],
-        "edge_share": [float(x) for x in edge_share], "squared": squared}))
+        "edge_share": edge_share, "squared": squared,
+        "strided": {"stride": STRIDE, "edge_share": strided_edge_share,
+                    "squared": strided_squared}}))
 
 
 if __name__ == "__main__":

@@ -12,7 +12,9 @@
 //   krul       Krul's per-conversation pairs
 //   minicache  adjacent pairs (L/2, L/2+1), ... over the second half: as many layers as krul
 // The cost of the statistics is measured beside: the history's pass with and without observing,
-// the reduction of its prompt rows, and decode steps with and without observing.
+// the reduction of its prompt rows, and decode steps with and without observing. With a row
+// stride > 1 the sampled estimator (kv_store.krul_row_stride) runs too: its cost, and how far
+// its I-R layers and pairs agree with those of every row.
 #pragma once
 
 #include <cstdint>
@@ -37,6 +39,7 @@ struct KrulQualityOptions {
   double retain = 0.05;  // top share of the angle range kept unmerged
   int64_t eval_chunk_tokens = 512;
   int32_t decode_steps = 16;  // steps timed with and without observing (0: none)
+  int32_t row_stride = 1;     // > 1: also the estimator observing rows at its multiples
 };
 
 struct KrulVariant {
@@ -58,6 +61,13 @@ struct KrulQualityResult {
   double reduce_seconds = 0;            // reducing its prompt rows (take)
   double decode_step_seconds = 0;       // mean decode step, not observed
   double decode_step_observed_seconds = 0;
+  // The sampled estimator (row_stride > 1): the same three costs, and the share of layers whose
+  // I-R verdict and of Krul's pairs it finds alike with every row's.
+  double sampled_prefill_observed_seconds = 0;
+  double sampled_reduce_seconds = 0;
+  double sampled_decode_step_seconds = 0;
+  double sampled_initial_recent_agreement = 0;
+  double sampled_pairs_agreement = 0;
 };
 
 // Runs the experiment on one conversation: history (a multiple of the block size, >= 2 blocks)

@@ -48,6 +48,8 @@ struct SequenceChunk {
   // Krul: the chunk's attention rows add to the sequence's attention statistics
   // (Executor::take_attention_stats). Needs every layer on the base view, not LeanKV's pages.
   bool observe_attention = false;
+  // Of those chunks, the rows observed: positions that are multiples of this (1: every row).
+  int32_t observe_row_stride = 1;
   // Krul's restoration (docs/krul.md): the chunk's first `restored_tokens` tokens are history
   // whose KV the batch's loads also bring (whole blocks: the chunk starts and the history ends on
   // a block boundary). Layer l computes only the first computed_rows[l] of them (non-increasing

@@ -18,13 +18,13 @@ enum class ScalarType : int8_t;  // ATen's element types (opaque here)
 
 namespace strata::kernels::aten {
 
-// Post-softmax attention of query rows at positions start, start+1, ... over the keys before
-// them (causal): q [r, num_heads, d] (after RoPE), k [end, num_kv_heads, d] with end >= start + r
-// (num_heads a multiple of num_kv_heads; query head g reads KV head g / (num_heads /
-// num_kv_heads)). Returns float32 [num_heads, r, end], zero beyond each row's position.
+// Post-softmax attention of query rows at positions start, start + stride, ... over the keys
+// before them (causal): q [r, num_heads, d] (after RoPE), k [end, num_kv_heads, d] with
+// end > start + (r - 1) * stride (num_heads a multiple of num_kv_heads; query head g reads KV head
+// g / (num_heads / num_kv_heads)). Returns float32 [num_heads, r, end], zero beyond each row's
+// position.
 at::Tensor krul_attention_rows(const at::Tensor& q, const at::Tensor& k, int64_t start,
-                               double scale);
-
+                               double scale, int64_t stride = 1);
 
 // Adds rows of every layer to the statistics: rows float32 [num_layers, num_heads, r, t] with row
 // i's context length lengths[i] (int64 [r], <= t; zeros beyond it). Per layer, the probability on

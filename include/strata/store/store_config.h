@@ -108,6 +108,8 @@ struct StoreConfig {
   LayerPairing layer_pairing = LayerPairing::kNone;
   double layer_share = 0.5;    // of all layers, paired (Krul's P/N)
   double krul_gamma = 0.65;    // the I-R detector's threshold on the edge share (kKrul)
+  // kKrul: the attention rows observed are those at positions that are multiples of this (1: all)
+  int32_t krul_row_stride = 8;
   double merge_retain = 0.05;  // MiniCache's retention: the top share of each chunk's angle range
   AdaptCacheConfig adaptcache;
   RemoteTierConfig remote;

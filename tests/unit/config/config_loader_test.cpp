@@ -693,6 +693,7 @@ DeploymentConfig everything_changed() {
   // (layer_pairing needs a lossy codec, which tensor parallelism below refuses.)
   c.kv_store.layer_share = 0.3;
   c.kv_store.krul_gamma = 0.7;
+  c.kv_store.krul_row_stride = 4;
   c.kv_store.merge_retain = 0.1;
   c.kv_store.io_threads = 64;
   c.kv_store.ttl_seconds = 0;

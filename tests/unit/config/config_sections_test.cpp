@@ -317,6 +317,7 @@ TEST(ConfigSectionsTest, KvStoreOverrides) {
        "kv_store.layer_pairing: expected one of none, krul, minicache, got 'pairs'"},
       {"kv_store.layer_share", "0", "kv_store.layer_share must be in (0, 1], got 0"},
       {"kv_store.krul_gamma", "1.5", "kv_store.krul_gamma must be in [0, 1], got 1.5"},
+      {"kv_store.krul_row_stride", "0", "kv_store.krul_row_stride must be in [1, 4096], got 0"},
       {"kv_store.merge_retain", "-0.1", "kv_store.merge_retain must be in [0, 1], got -0.1"},
       {"kv_store.adaptcache", "true", "kv_store.adaptcache needs kv_store.adaptcache_profile"},
       {"kv_store.adaptcache_alpha", "-1", "kv_store.adaptcache_alpha must be >= 0, got -1"},
@@ -336,17 +337,18 @@ TEST(ConfigSectionsTest, KvStoreOverrides) {
        "unknown key 'kv_store.ssd_path'; allowed keys in 'kv_store': dram_bytes, ssd_dir, "
        "ssd_bytes, ssd_file_bytes, direct_io, ssd_bandwidth_limit, ssd_codec, eviction_policy, "
        "io_threads, ttl_seconds, dram_reserve_fraction, read_buffer_layers, restore_mode, "
-       "recompute_ratio, layer_pairing, layer_share, krul_gamma, merge_retain, adaptcache, "
-       "fixed_codec, adaptcache_alpha, adaptcache_half_life_seconds, adaptcache_profile, "
-       "remote_address, remote_username, remote_password_env, remote_database, remote_bytes, "
-       "remote_max_item_bytes, remote_timeout_ms, remote_retry_ms, remote_ttl_seconds, "
+       "recompute_ratio, layer_pairing, layer_share, krul_gamma, krul_row_stride, merge_retain, "
+       "adaptcache, fixed_codec, adaptcache_alpha, adaptcache_half_life_seconds, "
+       "adaptcache_profile, remote_address, remote_username, remote_password_env, "
+       "remote_database, remote_bytes, remote_max_item_bytes, remote_timeout_ms, remote_retry_ms, remote_ttl_seconds, "
        "remote_codec"},
       {"kv_store", "1",
        "'kv_store' is a section; override one of its keys: dram_bytes, ssd_dir, ssd_bytes, "
        "ssd_file_bytes, direct_io, ssd_bandwidth_limit, ssd_codec, eviction_policy, io_threads, "
        "ttl_seconds, dram_reserve_fraction, read_buffer_layers, restore_mode, recompute_ratio, "
-       "layer_pairing, layer_share, krul_gamma, merge_retain, adaptcache, fixed_codec, "
-       "adaptcache_alpha, adaptcache_half_life_seconds, adaptcache_profile, remote_address, "
+       "layer_pairing, layer_share, krul_gamma, krul_row_stride, merge_retain, adaptcache, "
+       "fixed_codec, adaptcache_alpha, adaptcache_half_life_seconds, adaptcache_profile, "
+       "remote_address, "
        "remote_username, remote_password_env, remote_database, remote_bytes, "
        "remote_max_item_bytes, remote_timeout_ms, remote_retry_ms, remote_ttl_seconds, "
        "remote_codec"},

@@ -30,6 +30,11 @@ TEST(KrulOpsTest, AttentionRowsAreTheCausalSoftmaxRows) {
   ASSERT_EQ(rows.sizes(), (std::vector<int64_t>{6, 5, 15}));
   EXPECT_TRUE(at::allclose(rows, full.slice(1, 7, 12).slice(2, 0, 15), 1e-5, 1e-6));
   EXPECT_EQ(rows.slice(1, 0, 1).slice(2, 8, 15).abs().sum().item<float>(), 0.0f);
+  // Every third row from 4 (rows 4, 7, 10, 13), over the keys up to 14.
+  const at::Tensor strided =
+      krul_attention_rows(q.slice(0, 4, 14, 3), k.slice(0, 0, 14), 4, 0.25, /*stride=*/3);
+  ASSERT_EQ(strided.sizes(), (std::vector<int64_t>{6, 4, 14}));
+  EXPECT_TRUE(at::allclose(strided, full.slice(1, 4, 14, 3).slice(2, 0, 14), 1e-5, 1e-6));
 }
 
 // Offline statistics from whole matrices A [layers, heads, s, s] (in double): what the split
