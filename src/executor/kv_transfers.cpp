@@ -10,6 +10,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <optional>
 
@@ -248,6 +249,7 @@ void TorchExecutor::insert_loaded_layer(StagedLoads& loads, int64_t layer) {
       }
       loads.loader = std::make_unique<LayerLoader>(
           config_.num_layers, buffers, [this, &loads](int64_t l, std::byte* out) {
+            double copying = 0;
             for (int64_t j = 0; j < loads.layer_blocks[l]; ++j) {
               if (loads.group[j] >= 0) continue;  // encoded: decoded below
               if (loads.sources[j] == nullptr) {  // streamed: read beside the pass
@@ -258,14 +260,19 @@ void TorchExecutor::insert_loaded_layer(StagedLoads& loads, int64_t layer) {
                   continue;
                 }
               }
+              const auto start = std::chrono::steady_clock::now();
               std::memcpy(out + j * block_bytes_, load_source(loads, j, l),
                           static_cast<size_t>(block_bytes_));
+              copying +=
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
             }
+            loads.copy_seconds += copying;
           });
     }
     loads.loader->wait(layer);
     blocks = loads.cpu_staging[layer % 2].narrow(0, 0, count);
   }
+  const auto start = std::chrono::steady_clock::now();
   for (const StagedLoads::Encoded& e : loads.encoded) {
     at::Tensor bytes;
     if (device_.is_cuda()) {
@@ -289,6 +296,8 @@ void TorchExecutor::insert_loaded_layer(StagedLoads& loads, int64_t layer) {
     rotate_keys(blocks, loads.first_positions.narrow(0, 0, count), /*inverse=*/false);
     pool_.base_view().index_copy_(0, loads.destinations[layer].narrow(0, 0, count), blocks);
   }
+  loads.insert_seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (loads.loader) loads.loader->release(layer);
 }
 

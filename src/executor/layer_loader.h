@@ -21,7 +21,9 @@ class LayerLoader {
   // loader thread for layers 0, 1, ... in order, never into a buffer the step thread still uses.
   LayerLoader(int64_t num_layers, std::array<std::byte*, 2> buffers,
               std::function<void(int64_t, std::byte*)> copy);
-  ~LayerLoader();  // stops the thread (mid-pass too: a failed pass) and joins it
+  // Stops the thread (mid-pass too: a failed pass) and joins it; a copy waiting for a streamed
+  // chunk (KvLoad::arrivals) finishes that wait first, which the read bounds.
+  ~LayerLoader();
   LayerLoader(const LayerLoader&) = delete;
   LayerLoader& operator=(const LayerLoader&) = delete;
 

@@ -603,7 +603,10 @@ StatusOr<ForwardResult> TorchExecutor::run(const ForwardBatch& batch) {
   for (size_t i = 0; i < loads.failed.size(); ++i) {
     if (loads.failed[i]) result.failed_loads.push_back(batch.loads[i].seq);
   }
-  result.load_copy_seconds = result.load_seconds;
+  result.load_copy_seconds = loads.copy_seconds + loads.insert_seconds;
+  for (int64_t l = 0; l < num_layers && !loads.sources.empty(); ++l) {
+    result.load_copy_bytes += loads.layer_blocks[l] * block_bytes_;
+  }
   if (loads.copies_end) {
     loads.copies_end->synchronize();  // the last layer's attention waited for them already
     result.load_copy_seconds = loads.copies_start->elapsed_time(*loads.copies_end) / 1000.0;

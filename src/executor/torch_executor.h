@@ -137,6 +137,10 @@ class TorchExecutor final : public Executor {
     // it failed (set on the loader thread, read after the last layer's wait).
     std::vector<int32_t> load_of;
     std::vector<char> failed;
+    // CPU: seconds the loader thread spent copying (read after the last layer's wait) and the step
+    // thread spent inserting (ForwardResult::load_copy_seconds).
+    double copy_seconds = 0;
+    double insert_seconds = 0;
     // Blocks whose chunks are encoded (KvLoad::encoding), one group per format: their indices
     // into `sources`, and on CUDA their bytes on the device, [num_layers, blocks, block_bytes].
     struct Encoded {

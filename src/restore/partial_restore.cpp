@@ -49,7 +49,6 @@ std::vector<int64_t> RestoreCoordinator::restoration_plan(int64_t history, int64
 
 void RestoreCoordinator::plan_restorations(executor::ForwardBatch& forward) {
   if (restorations_.empty()) return;
-  const int64_t layers = executor_.config().num_layers;
   for (executor::SequenceChunk& chunk : forward.chunks) {
     auto it = restorations_.find(chunk.seq);
     if (it == restorations_.end()) continue;
@@ -62,12 +61,17 @@ void RestoreCoordinator::plan_restorations(executor::ForwardBatch& forward) {
     chunk.start_position = 0;
     chunk.restored_tokens = history;
     chunk.computed_rows = std::move(it->second);
-    ++stats_.partial_restores;
-    stats_.restore_history_token_layers += history * layers;
-    stats_.restore_recomputed_token_layers +=
-        std::accumulate(chunk.computed_rows.begin(), chunk.computed_rows.end(), int64_t{0});
+    count_restoration(chunk, 1);
   }
   restorations_.clear();
+}
+
+void RestoreCoordinator::count_restoration(const executor::SequenceChunk& chunk, int64_t sign) {
+  const int64_t layers = executor_.config().num_layers;
+  stats_.partial_restores += sign;
+  stats_.restore_history_token_layers += sign * chunk.restored_tokens * layers;
+  stats_.restore_recomputed_token_layers +=
+      sign * std::accumulate(chunk.computed_rows.begin(), chunk.computed_rows.end(), int64_t{0});
 }
 
 std::vector<kv::krul::LayerPair> RestoreCoordinator::choose_layer_pairs(SeqId seq) {

@@ -325,6 +325,11 @@ StatusOr<store::TierIndex> RestoreCoordinator::stream_load(SeqId seq, Sequence& 
   const int64_t first = load.first_block, last = load.first_block + load.num_blocks - 1;
   // A restoration's history is an untruncated prompt: consecutive chunks of its item.
   STRATA_CHECK_EQ(stored.chunks[last] - stored.chunks[first], last - first);
+  // Encoded or merged chunks are decoded on the host or device and loaded whole (so is an item
+  // that is gone: pin_load reports it).
+  const std::optional<store::ChunkLocation> where =
+      store_->locate(stored.item, stored.chunks[first], load.num_blocks, stored.skipped_chunks);
+  if (!where || where->codec != 0) return pin_load(sequence, load, kv_load);
   // Pinning the last chunk keeps the item (and its codec) while the rest is read.
   StatusOr<store::StoreLease> lease =
       store_->acquire(stored.item, stored.chunks[last], 1, stored.skipped_chunks);
@@ -332,7 +337,7 @@ StatusOr<store::TierIndex> RestoreCoordinator::stream_load(SeqId seq, Sequence& 
     sequence.stored.reset();
     return lease.status();
   }
-  if (lease->codec != 0) {  // encoded or merged: decoded on the host or device, loaded whole
+  if (lease->codec != 0) {  // re-encoded since locate()
     store_->release(*lease, 0);
     return pin_load(sequence, load, kv_load);
   }
@@ -349,16 +354,21 @@ StatusOr<store::TierIndex> RestoreCoordinator::stream_load(SeqId seq, Sequence& 
   kv_load->chunks.assign(static_cast<size_t>(load.num_blocks), nullptr);
   kv_load->chunks.back() = lease->chunks.front();
   kv_load->arrivals = read;
-  const store::TierIndex tier = lease->served_from;
+  const store::TierIndex tier = std::max(where->farthest, lease->served_from);
   step_leases_.push_back(*std::move(lease));
-  streamed_.emplace_back(seq, std::move(read));
+  // Counted as restore() counts a load: the whole history (it starts at block 0).
+  streamed_.push_back({seq, std::move(read), (last + 1) * block, store_->tier_name(tier)});
   sequence.stored.reset();
   return tier;
 }
 
-void RestoreCoordinator::finish_streamed_loads() {
-  for (auto& [seq, read] : streamed_) {
+void RestoreCoordinator::finish_streamed_loads(const executor::ForwardResult* result) {
+  for (const auto& [seq, read, tokens, tier] : streamed_) {
     StreamedRead::Outcome outcome = read->finish();
+    if (result != nullptr &&
+        std::ranges::find(result->failed_loads, seq) == result->failed_loads.end()) {
+      stats_.store_loaded_tokens[tier] += tokens;
+    }
     if (outcome.chunks > 0) {
       update_average(pin_seconds_per_chunk_, outcome.seconds / static_cast<double>(outcome.chunks));
     }
@@ -437,7 +447,7 @@ std::vector<LoadedPrefix> RestoreCoordinator::restore(scheduler::ScheduledBatch&
     if (!rows.empty()) restorations_[load.seq] = std::move(rows);
     const int64_t tokens = load.num_blocks * block;
     const std::string& name = store_->tier_name(*tier);
-    stats_.store_loaded_tokens[name] += tokens;
+    if (!kv_load.arrivals) stats_.store_loaded_tokens[name] += tokens;  // streamed: after the pass
     loaded.push_back({load.seq, tokens, name});
     if (!kv_load.chunks.empty()) forward.loads.push_back(std::move(kv_load));
   }
@@ -461,6 +471,9 @@ void RestoreCoordinator::plan_copies(executor::ForwardBatch& forward) {
   observe_attention(forward);
   plan_saves(forward);
   plan_preload(forward);
+  // The streamed reads start once the saves are planned: a read from a lower tier marks the item
+  // busy, and a busy item is not extended by its conversation's new save.
+  for (const StreamedLoad& load : streamed_) load.read->start();
 }
 
 void RestoreCoordinator::observe_attention(executor::ForwardBatch& forward) {
@@ -569,7 +582,7 @@ int64_t RestoreCoordinator::preload_layers(int64_t chunks, int64_t new_tokens) c
 
 void RestoreCoordinator::after_pass(const executor::ForwardBatch& forward,
                                     const executor::ForwardResult* result, double seconds) {
-  finish_streamed_loads();
+  finish_streamed_loads(result);
   for (const store::StoreLease& lease : step_leases_) {
     store_->release(lease, result != nullptr ? result->load_seconds /
                                                    static_cast<double>(step_leases_.size())
@@ -586,6 +599,7 @@ void RestoreCoordinator::after_pass(const executor::ForwardBatch& forward,
   const int64_t chunk_bytes = executor_.kv_chunk_bytes();
   int64_t loaded = 0, saved = 0, tokens = 0;
   for (const executor::KvLoad& load : forward.loads) loaded += std::ssize(load.chunks);
+  const int64_t loaded_bytes = result->load_copy_bytes;
   for (const executor::KvSave& save : forward.saves) saved += std::ssize(save.chunks);
   for (const executor::SequenceChunk& chunk : forward.chunks) tokens += std::ssize(chunk.tokens);
   const std::vector<SeqId>& failed = result->failed_loads;
@@ -604,15 +618,18 @@ void RestoreCoordinator::after_pass(const executor::ForwardBatch& forward,
   for (SeqId seq : failed) {
     Sequence& sequence = *sequences_.at(seq);
     spdlog::debug("KV store: a resumed prompt's load failed during its pass; it is recomputed");
+    const executor::SequenceChunk& chunk =
+        *std::ranges::find(forward.chunks, seq, &executor::SequenceChunk::seq);
+    if (chunk.restored_tokens > 0) count_restoration(chunk, -1);  // it restored nothing
     end_save(sequence, /*publish=*/false);
     scheduler_.restart(seq);
     sequence.load_failed = true;
     ++stats_.store_load_failures;
   }
   // Moving averages that size the read buffer.
-  if (loaded > 0 && result->load_copy_seconds > 0) {
+  if (loaded_bytes > 0 && result->load_copy_seconds > 0) {
     update_average(load_bytes_per_second_,
-                   static_cast<double>(loaded * chunk_bytes) / result->load_copy_seconds);
+                   static_cast<double>(loaded_bytes) / result->load_copy_seconds);
   }
   // Prefill-sized passes only: a few decode tokens measure the per-pass overhead instead.
   constexpr int64_t kMinPrefillTokens = 64;
@@ -621,7 +638,7 @@ void RestoreCoordinator::after_pass(const executor::ForwardBatch& forward,
                    seconds / static_cast<double>(tokens * executor_.config().num_layers));
   }
   if (loaded > 0) {
-    stats_.pool_bytes_loaded += loaded * chunk_bytes;
+    stats_.pool_bytes_loaded += loaded_bytes;
     stats_.pool_load_seconds += result->load_seconds;
     ++stats_.pool_loads;
   }

@@ -13,9 +13,14 @@ StreamedRead::StreamedRead(store::KvStore& store, store::ItemId item, int64_t sk
       item_(item),
       skipped_chunks_(skipped_chunks),
       first_(first),
+      pieces_(std::move(pieces)),
       chunks_(static_cast<size_t>(count), nullptr) {
-  STRATA_CHECK_EQ(std::accumulate(pieces.begin(), pieces.end(), int64_t{0}), count);
-  thread_ = std::thread([this, pieces = std::move(pieces)]() mutable { run(std::move(pieces)); });
+  STRATA_CHECK_EQ(std::accumulate(pieces_.begin(), pieces_.end(), int64_t{0}), count);
+}
+
+void StreamedRead::start() {
+  STRATA_CHECK(!thread_.joinable()) << "a streamed read started twice";
+  thread_ = std::thread([this] { run(); });
 }
 
 StreamedRead::~StreamedRead() {
@@ -23,9 +28,9 @@ StreamedRead::~StreamedRead() {
   for (const store::StoreLease& lease : outcome_.leases) store_.release(lease, 0);
 }
 
-void StreamedRead::run(std::vector<int64_t> pieces) {
+void StreamedRead::run() {
   int64_t end = std::ssize(chunks_);
-  for (const int64_t size : pieces) {
+  for (const int64_t size : pieces_) {
     const int64_t begin = end - size;
     const auto start = std::chrono::steady_clock::now();
     StatusOr<store::StoreLease> lease =
@@ -33,7 +38,6 @@ void StreamedRead::run(std::vector<int64_t> pieces) {
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     std::scoped_lock lock(mutex_);
-    outcome_.seconds += seconds;
     // Streamed loads are raw: an item re-encoded since its first chunk was pinned cannot be (the
     // pin keeps its codec), so another codec is a failure like a lost chunk.
     if (lease.ok() && lease->codec != 0) {
@@ -45,6 +49,7 @@ void StreamedRead::run(std::vector<int64_t> pieces) {
       break;
     }
     for (int64_t j = 0; j < size; ++j) chunks_[begin + j] = lease->chunks[j];
+    outcome_.seconds += seconds;
     outcome_.chunks += size;
     outcome_.leases.push_back(*std::move(lease));
     arrived_.notify_all();

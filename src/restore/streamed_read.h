@@ -23,12 +23,14 @@ namespace strata::restore {
 
 class StreamedRead final : public executor::ChunkArrivals {
  public:
-  // Reads chunks [first, first + count) of `item` as matched with `skipped_chunks`
+  // Will read chunks [first, first + count) of `item` as matched with `skipped_chunks`
   // (KvStore::acquire), piece by piece: `pieces` lists each piece's chunk count in reading order,
   // from the last chunk backwards (they sum to `count`). Chunk first + j is the load's chunk j.
   StreamedRead(store::KvStore& store, store::ItemId item, int64_t skipped_chunks, int64_t first,
                int64_t count, std::vector<int64_t> pieces);
   ~StreamedRead() override;  // joins the thread (the leases it took are released)
+  // Starts the reads on a thread of their own (once).
+  void start();
   StreamedRead(const StreamedRead&) = delete;
   StreamedRead& operator=(const StreamedRead&) = delete;
 
@@ -39,24 +41,25 @@ class StreamedRead final : public executor::ChunkArrivals {
   struct Outcome {
     std::vector<store::StoreLease> leases;
     Status status;       // the first failure (the item was dropped), or OK
-    double seconds = 0;  // spent acquiring
-    int64_t chunks = 0;  // read (the pieces that succeeded)
+    double seconds = 0;  // spent acquiring the pieces that succeeded
+    int64_t chunks = 0;  // those pieces' chunks
   };
   Outcome finish();
 
  private:
-  void run(std::vector<int64_t> pieces);
+  void run();
 
   store::KvStore& store_;
   const store::ItemId item_;
   const int64_t skipped_chunks_;
   const int64_t first_;
+  const std::vector<int64_t> pieces_;
   mutable std::mutex mutex_;
   mutable std::condition_variable arrived_;
   std::vector<const std::byte*> chunks_;  // null until read
   bool done_ = false;                     // no more chunks will arrive
   Outcome outcome_;
-  std::thread thread_;  // last: starts once the rest is initialised
+  std::thread thread_;
 };
 
 }  // namespace strata::restore

@@ -135,9 +135,12 @@ struct ForwardResult {
   // First row of each chunk; row_offsets[i + 1] - row_offsets[i] rows belong to chunk i.
   std::vector<int64_t> row_offsets;
   double load_seconds = 0;  // host time spent on the batch's loads (their copies overlap on CUDA)
-  // Time the loads' copies took (CUDA: on the read stream, timed by events; CPU: load_seconds):
-  // with their bytes, the load bandwidth that sizes the read buffer.
+  // Time the loads' copies took (CUDA: on the read stream, timed by events; CPU: the loader
+  // thread's copies and the step thread's insertions, waits for streamed reads left out), and the
+  // bytes they wrote into the pool (a restoring layer copies only the blocks it does not compute):
+  // the load bandwidth that sizes the read buffer and Krul's plans.
   double load_copy_seconds = 0;
+  int64_t load_copy_bytes = 0;
   double save_seconds = 0;  // host time spent on the batch's saves (likewise)
   // Tensor parallelism: rank 0's time in collectives during the pass (the plan's broadcast, the
   // all-reduces and gathers, waiting for the other ranks included).

@@ -186,13 +186,14 @@ class RestoreCoordinator {
   StatusOr<store::TierIndex> pin_load(Sequence& sequence, const kv::BlockLoad& load,
                                  executor::KvLoad* kv_load);
   // A restoration's load on an executor that streams loads (Executor::streams_loads): pins the
-  // history's last chunk now and reads the others beside the pass (streamed_read.h), a piece per
-  // recompute boundary of `rows`; pin_load for an encoded or merged item. The tier the last
-  // chunk came from (the others' is known after the pass), or the failure.
+  // history's last chunk now and reads the others beside the pass (streamed_read.h, started by
+  // plan_copies), a piece per recompute boundary of `rows`; pin_load for an encoded or merged
+  // item. The farthest tier the chunks are read from, or the failure.
   StatusOr<store::TierIndex> stream_load(SeqId seq, Sequence& sequence, const kv::BlockLoad& load,
                                          std::span<const int64_t> rows, executor::KvLoad* kv_load);
-  // After the pass: waits for the streamed loads' reads; their leases join the step's.
-  void finish_streamed_loads();
+  // After the pass (`result` null when it failed): waits for the streamed loads' reads (their
+  // leases join the step's) and counts the loaded tokens of those that did not fail.
+  void finish_streamed_loads(const executor::ForwardResult* result);
   void plan_saves(executor::ForwardBatch& forward);
   // Krul (restore_mode krul or partial, partial_restore.cpp): the rows each layer of a resumed
   // turn recomputes of its `history` stored tokens (non-increasing with depth, whole blocks, at
@@ -201,6 +202,8 @@ class RestoreCoordinator {
   // Rewrites the chunks of the sequences restore() planned a restoration for: their history
   // joins the pass (SequenceChunk::restored_tokens, computed_rows).
   void plan_restorations(executor::ForwardBatch& forward);
+  // Adds a restoring chunk to the counters (sign 1), or takes it out (-1: its load failed).
+  void count_restoration(const executor::SequenceChunk& chunk, int64_t sign);
   // Krul's layer pairs: the chunks whose attention the pairs are chosen from
   // (kv_store.layer_pairing krul: every chunk of a sequence that saves, but a restoration's);
   // the pairs of a sequence's conversation at its turn's end (empty without pairing); a merged
@@ -228,8 +231,15 @@ class RestoreCoordinator {
   std::vector<std::optional<kv::KvFormat>> codec_formats_;
   std::unordered_map<SeqId, std::unique_ptr<Sequence>> sequences_;
   std::vector<store::StoreLease> step_leases_;  // pinned by restore(), released by after_pass()
-  // This step's streamed loads, finished by after_pass().
-  std::vector<std::pair<SeqId, std::shared_ptr<StreamedRead>>> streamed_;
+  // This step's streamed loads, started by plan_copies(), finished by after_pass(): the reads,
+  // and the history tokens and tier counted once the pass kept them.
+  struct StreamedLoad {
+    SeqId seq;
+    std::shared_ptr<StreamedRead> read;
+    int64_t tokens = 0;
+    std::string tier;
+  };
+  std::vector<StreamedLoad> streamed_;
   std::vector<store::ItemId> queue_;            // last queue given to the store
   // Measured for sizing the read buffer (0 until measured): load bandwidth into the pool, and
   // prefill time per token per layer; moving averages.

@@ -160,6 +160,12 @@ struct StoreMatch {
   TierIndex tier = kDramTier;  // the farthest tier a matched chunk must come from
 };
 
+// Where a load's chunks would come from now (KvStore::locate).
+struct ChunkLocation {
+  int32_t codec = 0;               // the item's (StoreOptions::codecs)
+  TierIndex farthest = kDramTier;  // the farthest tier holding a chunk DRAM lacks
+};
+
 // Chunks pinned for one load; release with KvStore::release().
 struct StoreLease {
   ItemId item = 0;
@@ -245,6 +251,11 @@ class KvStore {
   // Never waits or does I/O: pre-loading uses it.
   std::optional<StoreLease> try_acquire_in_dram(ItemId item, int64_t first, int64_t count,
                                                 int64_t skipped_chunks = 0);
+  // Where chunks [first, first + count) of `item` would be read from now, without reading or
+  // counting anything (nullopt if the item is gone, shorter or changed since it was matched with
+  // `skipped_chunks`): a load whose reads run beside the pass reports its tier up front.
+  std::optional<ChunkLocation> locate(ItemId item, int64_t first, int64_t count,
+                                      int64_t skipped_chunks = 0) const;
   void release(const StoreLease& lease, double load_seconds);
 
   // Reserves DRAM for the chunks of `request.chain` not stored yet, extending the session's or
