@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -25,6 +24,7 @@
 
 #include "commands.h"
 #include "loaded_model.h"
+#include "strata/common/hex.h"
 #include "strata/kv/kv_format.h"
 #include "strata/store/env.h"
 #include "strata/store/kv_store.h"
@@ -311,10 +311,7 @@ Status profile(const std::vector<std::string>& args) {
   for (const std::string& a : args) command += " " + a;
   out["source"] = command;
   // A deployment serving other weights refuses the file (restore/item_codecs.cpp).
-  char fingerprint[17];
-  std::snprintf(fingerprint, sizeof fingerprint, "%016llx",
-                static_cast<unsigned long long>(engine.model_fingerprint()));
-  out["model_fingerprint"] = fingerprint;
+  out["model_fingerprint"] = hex64(engine.model_fingerprint());
   out["device"] = executor::device_name(executor.device());
   out["dtype"] = dtype_name(executor.dtype());
   STRATA_ASSIGN_OR_RETURN(double prefill, prefill_seconds_per_token(engine, prefill_tokens));

@@ -438,8 +438,7 @@ void Engine::step() {
     usage.cached_prompt_tokens -= std::exchange(usage.loaded_prompt_tokens, 0);
     usage.cached_tier.clear();
   }
-  if (!failed.empty())
-    std::erase_if(batch.chunks, [&](const auto& c) { return load_failed(c.seq); });
+  std::erase_if(batch.chunks, [&](const auto& c) { return load_failed(c.seq); });
   scheduler_->on_batch_done(batch);
   for (SeqId seq : result->compressed) kv_->move_off_pool(seq);
   const int64_t vocab = result->vocab_size;

@@ -2,10 +2,11 @@
 
 #include <spdlog/spdlog.h>
 
-#include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+
+#include "strata/common/hex.h"
 
 namespace strata::restore {
 namespace {
@@ -24,9 +25,7 @@ Status read_profile(const std::string& path, uint64_t model_fingerprint,
     return bad("expected an object with prefill_seconds_per_token, tiers and codecs");
   }
   // Its prefill cost and codec qualities are one model's: another model's profile is refused.
-  char served[17];
-  std::snprintf(served, sizeof served, "%016llx",
-                static_cast<unsigned long long>(model_fingerprint));
+  const std::string served = hex64(model_fingerprint);
   if (!j.contains("model_fingerprint")) {
     spdlog::warn(
         "adaptcache.profile {} names no model: its numbers are taken as those of the "
