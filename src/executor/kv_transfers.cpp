@@ -252,17 +252,20 @@ void TorchExecutor::insert_loaded_layer(StagedLoads& loads, int64_t layer) {
             double copying = 0;
             for (int64_t j = 0; j < loads.layer_blocks[l]; ++j) {
               if (loads.group[j] >= 0) continue;  // encoded: decoded below
+              const std::byte* source = nullptr;
               if (loads.sources[j] == nullptr) {  // streamed: read beside the pass
                 const auto& [arrivals, index] = loads.arrivals[j];
-                loads.sources[j] = arrivals->wait(index);
-                if (loads.sources[j] == nullptr) {
+                const std::byte* chunk = arrivals->wait(index, l);
+                if (chunk == nullptr) {
                   loads.failed[loads.load_of[j]] = 1;  // its sequence is recomputed
                   continue;
                 }
+                source = chunk + l * block_bytes_;
+              } else {
+                source = load_source(loads, j, l);
               }
               const auto start = std::chrono::steady_clock::now();
-              std::memcpy(out + j * block_bytes_, load_source(loads, j, l),
-                          static_cast<size_t>(block_bytes_));
+              std::memcpy(out + j * block_bytes_, source, static_cast<size_t>(block_bytes_));
               copying +=
                   std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
             }

@@ -129,8 +129,8 @@ class TorchExecutor final : public Executor {
     // loads only the history blocks it does not compute): layer l loads blocks
     // [0, layer_blocks[l]).
     std::vector<int64_t> layer_blocks;
-    // One host chunk per loaded block; null while a streamed chunk is in flight (then the loader
-    // thread takes it from `arrivals`: its KvLoad's, and its index there).
+    // One host chunk per loaded block; null for a streamed chunk (the loader thread takes each
+    // layer of it from `arrivals`: its KvLoad's, and its index there).
     std::vector<const std::byte*> sources;
     std::vector<std::pair<const ChunkArrivals*, int64_t>> arrivals;
     // Per loaded block, its KvLoad's index in the batch; per KvLoad, whether a streamed read of

@@ -111,6 +111,7 @@ StatusOr<std::unique_ptr<RestoreCoordinator>> RestoreCoordinator::open(
   store::StoreOptions store = store::StoreOptions::from_config(options.store);
   store.chunk_bytes = executor.kv_chunk_bytes();
   store.block_size_tokens = executor.kv_geometry().block_size_tokens;
+  store.chunk_layers = executor.config().num_layers;
   store.layout_tag =
       layout_tag(model_fingerprint, executor.kv_format(), store.block_size_tokens, store.chunk_bytes);
   const executor::Executor* e = &executor;
@@ -325,40 +326,31 @@ StatusOr<store::TierIndex> RestoreCoordinator::stream_load(SeqId seq, Sequence& 
   const int64_t first = load.first_block, last = load.first_block + load.num_blocks - 1;
   // A restoration's history is an untruncated prompt: consecutive chunks of its item.
   STRATA_CHECK_EQ(stored.chunks[last] - stored.chunks[first], last - first);
-  // Encoded or merged chunks are decoded on the host or device and loaded whole (so is an item
-  // that is gone: pin_load reports it).
-  const std::optional<store::ChunkLocation> where =
-      store_->locate(stored.item, stored.chunks[first], load.num_blocks, stored.skipped_chunks);
-  if (!where || where->codec != 0) return pin_load(sequence, load, kv_load);
-  // Pinning the last chunk keeps the item (and its codec) while the rest is read.
-  StatusOr<store::StoreLease> lease =
-      store_->acquire(stored.item, stored.chunks[last], 1, stored.skipped_chunks);
-  if (!lease.ok()) {
-    sequence.stored.reset();
-    return lease.status();
+  StatusOr<store::LayeredLease> lease =
+      store_->pin_layers(stored.item, stored.chunks[first], load.num_blocks, stored.skipped_chunks);
+  if (!lease.ok() && lease.status().code() == StatusCode::kFailedPrecondition) {
+    return pin_load(sequence, load, kv_load);  // encoded or merged: decoded whole, on the pass
   }
-  if (lease->codec != 0) {  // re-encoded since locate()
-    store_->release(*lease, 0);
-    return pin_load(sequence, load, kv_load);
+  sequence.stored.reset();
+  if (!lease.ok()) return lease.status();
+  const store::TierIndex tier = lease->lease.served_from;
+  kv_load->chunks.clear();
+  for (int64_t j = 0; j < load.num_blocks; ++j) {
+    const bool whole = lease->from[j] == store::kDramTier;
+    kv_load->chunks.push_back(whole ? lease->lease.chunks[j] : nullptr);
   }
-  // From the end backwards: the blocks the first layer loads, then those the next one adds...
-  std::vector<int64_t> pieces;
-  int64_t end = last;
-  for (const int64_t computed : rows) {
-    const int64_t boundary = std::max(computed / block, first);
-    if (boundary < end) pieces.push_back(end - boundary);
-    end = std::min(end, boundary);
+  if (tier == store::kDramTier) {  // nothing to read
+    step_leases_.push_back(std::move(lease->lease));
+    return tier;
   }
-  auto read = std::make_shared<StreamedRead>(*store_, stored.item, stored.skipped_chunks,
-                                             stored.chunks[first], last - first, std::move(pieces));
-  kv_load->chunks.assign(static_cast<size_t>(load.num_blocks), nullptr);
-  kv_load->chunks.back() = lease->chunks.front();
+  // Layer l loads the blocks from its recompute boundary on.
+  std::vector<int64_t> layer_first;
+  for (const int64_t computed : rows)
+    layer_first.push_back(std::max(computed / block, first) - first);
+  auto read = std::make_shared<StreamedRead>(*store_, *std::move(lease), std::move(layer_first));
   kv_load->arrivals = read;
-  const store::TierIndex tier = std::max(where->farthest, lease->served_from);
-  step_leases_.push_back(*std::move(lease));
   // Counted as restore() counts a load: the whole history (it starts at block 0).
   streamed_.push_back({seq, std::move(read), (last + 1) * block, store_->tier_name(tier)});
-  sequence.stored.reset();
   return tier;
 }
 
@@ -369,15 +361,13 @@ void RestoreCoordinator::finish_streamed_loads(const executor::ForwardResult* re
         std::ranges::find(result->failed_loads, seq) == result->failed_loads.end()) {
       stats_.store_loaded_tokens[tier] += tokens;
     }
-    if (outcome.chunks > 0) {
-      update_average(pin_seconds_per_chunk_, outcome.seconds / static_cast<double>(outcome.chunks));
-    }
+    if (outcome.chunks > 0)
+      update_average(pin_seconds_per_chunk_, outcome.seconds / outcome.chunks);
     if (!outcome.status.ok()) {
       spdlog::debug("KV store: sequence {}'s streamed load failed: {}", seq.value,
                     outcome.status.to_string());
     }
-    step_leases_.insert(step_leases_.end(), std::make_move_iterator(outcome.leases.begin()),
-                        std::make_move_iterator(outcome.leases.end()));
+    step_leases_.push_back(std::move(outcome.lease));
   }
   streamed_.clear();
 }
@@ -416,7 +406,7 @@ std::vector<LoadedPrefix> RestoreCoordinator::restore(scheduler::ScheduledBatch&
     executor::KvLoad kv_load{load.seq, pinned.first_block, {}, std::nullopt};
     const auto pin_start = std::chrono::steady_clock::now();
     StatusOr<store::TierIndex> tier = store::kDramTier;
-    if (pinned.num_blocks > 1 && !rows.empty() && executor_.streams_loads() &&
+    if (pinned.num_blocks > 0 && !rows.empty() && executor_.streams_loads() &&
         !sequence.preloaded) {
       tier = stream_load(load.seq, sequence, pinned, rows, &kv_load);
     } else if (pinned.num_blocks > 0) {
@@ -471,8 +461,7 @@ void RestoreCoordinator::plan_copies(executor::ForwardBatch& forward) {
   observe_attention(forward);
   plan_saves(forward);
   plan_preload(forward);
-  // The streamed reads start once the saves are planned: a read from a lower tier marks the item
-  // busy, and a busy item is not extended by its conversation's new save.
+  // The streamed reads start once the step's copies are planned.
   for (const StreamedLoad& load : streamed_) load.read->start();
 }
 

@@ -1,21 +1,27 @@
 #include "streamed_read.h"
 
+#include <algorithm>
 #include <chrono>
-#include <numeric>
+#include <utility>
 
 #include "strata/common/check.h"
 
 namespace strata::restore {
+namespace {
 
-StreamedRead::StreamedRead(store::KvStore& store, store::ItemId item, int64_t skipped_chunks,
-                           int64_t first, int64_t count, std::vector<int64_t> pieces)
-    : store_(store),
-      item_(item),
-      skipped_chunks_(skipped_chunks),
-      first_(first),
-      pieces_(std::move(pieces)),
-      chunks_(static_cast<size_t>(count), nullptr) {
-  STRATA_CHECK_EQ(std::accumulate(pieces_.begin(), pieces_.end(), int64_t{0}), count);
+// Layers read in one go grow 1, 2, 4, ... up to parts of this many bytes: the first layer's wait
+// stays short, and later reads are large enough for the disk (a 12 KiB direct read costs about a
+// fifth of a 360 KiB one on this machine's SSD).
+constexpr int64_t kPartBytes = 64 << 10;
+
+}  // namespace
+
+StreamedRead::StreamedRead(store::KvStore& store, store::LayeredLease lease,
+                           std::vector<int64_t> layer_first)
+    : store_(store), lease_(std::move(lease)), layer_first_(std::move(layer_first)) {
+  STRATA_CHECK(std::ranges::is_sorted(layer_first_, std::greater<>()))
+      << "a streamed read's layers load more blocks with depth";
+  STRATA_CHECK_EQ(std::ssize(layer_first_), store_.options().chunk_layers);
 }
 
 void StreamedRead::start() {
@@ -25,50 +31,61 @@ void StreamedRead::start() {
 
 StreamedRead::~StreamedRead() {
   if (thread_.joinable()) thread_.join();
-  for (const store::StoreLease& lease : outcome_.leases) store_.release(lease, 0);
+  if (!released_) store_.release(lease_.lease, 0);
 }
 
 void StreamedRead::run() {
-  int64_t end = std::ssize(chunks_);
-  for (const int64_t size : pieces_) {
-    const int64_t begin = end - size;
+  const int64_t layers = std::ssize(layer_first_);
+  const int64_t count = std::ssize(lease_.from);
+  const int64_t layer_bytes = store_.options().chunk_bytes / layers;
+  const int64_t most = std::max<int64_t>(1, kPartBytes / layer_bytes);
+  int64_t group = 1;
+  for (int64_t begin = 0; begin < layers;) {
+    const int64_t end = std::min(layers, begin + group);
+    // Chunk j is loaded by layers [first layer loading it, layers): its part in [begin, end).
+    std::vector<store::LayerPart> parts;
+    int64_t part_layers = 0;
+    for (int64_t j = layer_first_[end - 1]; j < count; ++j) {
+      if (lease_.from[j] == store::kDramTier) continue;
+      int64_t from = begin;
+      while (from < end && layer_first_[from] > j) ++from;
+      parts.push_back({j, static_cast<int32_t>(from), static_cast<int32_t>(end)});
+      part_layers += end - from;
+    }
     const auto start = std::chrono::steady_clock::now();
-    StatusOr<store::StoreLease> lease =
-        store_.acquire(item_, first_ + begin, size, skipped_chunks_);
+    const Status read = store_.read_layers(&lease_, parts);
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     std::scoped_lock lock(mutex_);
-    // Streamed loads are raw: an item re-encoded since its first chunk was pinned cannot be (the
-    // pin keeps its codec), so another codec is a failure like a lost chunk.
-    if (lease.ok() && lease->codec != 0) {
-      store_.release(*lease, 0);
-      lease = internal_error("KV store: a streamed load's item changed its codec");
-    }
-    if (!lease.ok()) {
-      outcome_.status = lease.status();
+    if (!read.ok()) {
+      outcome_.status = read;
+      failed_ = true;
       break;
     }
-    for (int64_t j = 0; j < size; ++j) chunks_[begin + j] = lease->chunks[j];
     outcome_.seconds += seconds;
-    outcome_.chunks += size;
-    outcome_.leases.push_back(*std::move(lease));
+    outcome_.chunks += static_cast<double>(part_layers) / static_cast<double>(layers);
+    layers_read_ = end;
     arrived_.notify_all();
-    end = begin;
+    begin = end;
+    group = std::min(group * 2, most);
   }
   std::scoped_lock lock(mutex_);
-  done_ = true;
+  layers_read_ = layers;
   arrived_.notify_all();
 }
 
-const std::byte* StreamedRead::wait(int64_t j) const {
+const std::byte* StreamedRead::wait(int64_t j, int64_t layer) const {
   std::unique_lock lock(mutex_);
-  arrived_.wait(lock, [&] { return chunks_[j] != nullptr || done_; });
-  return chunks_[j];
+  arrived_.wait(lock, [&] { return layers_read_ > layer; });
+  return failed_ ? nullptr : lease_.lease.chunks[j];
 }
 
 StreamedRead::Outcome StreamedRead::finish() {
   if (thread_.joinable()) thread_.join();
-  return std::exchange(outcome_, {});
+  Outcome outcome = std::exchange(outcome_, {});
+  outcome.lease = lease_.lease;
+  released_ = true;
+  return outcome;
 }
 
 }  // namespace strata::restore

@@ -1,10 +1,10 @@
 // Krul's loads beside the recompute (docs/krul.md): a restoring pass's stored history is read
-// from the store on a thread of its own while the pass runs. The history's blocks are read in
-// pieces in the order the pass's layers load them: layer l loads the blocks from its recompute
-// boundary on, and boundaries never grow with depth, so the first piece is the first layer's
-// blocks, the next one the blocks the second layer adds, and so on. The executor's loader thread
-// waits for a block before the first layer that loads it (executor::ChunkArrivals). Private to the
-// restore coordinator.
+// from the store on a thread of its own while the pass runs, layer by layer. Layer l loads the
+// history's blocks from its recompute boundary on, and boundaries never grow with depth; the
+// thread reads layer 0's part of the chunks it loads, then layer 1's part of those it loads, and
+// so on (KvStore::read_layers: an SSD tier reads just those bytes), a few layers at a time. The
+// executor's loader thread waits for a chunk's layer before copying it into that layer
+// (executor::ChunkArrivals). Private to the restore coordinator.
 #pragma once
 
 #include <condition_variable>
@@ -12,7 +12,6 @@
 #include <cstdint>
 #include <mutex>
 #include <thread>
-#include <utility>
 #include <vector>
 
 #include "strata/common/status.h"
@@ -23,26 +22,26 @@ namespace strata::restore {
 
 class StreamedRead final : public executor::ChunkArrivals {
  public:
-  // Will read chunks [first, first + count) of `item` as matched with `skipped_chunks`
-  // (KvStore::acquire), piece by piece: `pieces` lists each piece's chunk count in reading order,
-  // from the last chunk backwards (they sum to `count`). Chunk first + j is the load's chunk j.
-  StreamedRead(store::KvStore& store, store::ItemId item, int64_t skipped_chunks, int64_t first,
-               int64_t count, std::vector<int64_t> pieces);
-  ~StreamedRead() override;  // joins the thread (the leases it took are released)
+  // Will read the chunks of `lease` that are not whole (KvStore::pin_layers; chunk j of the
+  // lease is the load's chunk j): layer l's part of chunks [layer_first[l], count), where
+  // layer_first (one per layer) does not increase with depth.
+  StreamedRead(store::KvStore& store, store::LayeredLease lease, std::vector<int64_t> layer_first);
+  ~StreamedRead() override;  // joins the thread and releases the lease
   // Starts the reads on a thread of their own (once).
   void start();
   StreamedRead(const StreamedRead&) = delete;
   StreamedRead& operator=(const StreamedRead&) = delete;
 
-  // Thread-safe; blocks until chunk j is read (nullptr: its piece or an earlier one failed).
-  const std::byte* wait(int64_t j) const override;
+  // Thread-safe; blocks until layer `layer` of chunk j is read: the chunk (every layer's bytes at
+  // their place; those not read yet undefined), or nullptr when a read failed.
+  const std::byte* wait(int64_t j, int64_t layer) const override;
 
-  // Waits for the last piece; hands over the leases taken (release them after the pass).
+  // Waits for the reads; hands over the lease (release it after the pass).
   struct Outcome {
-    std::vector<store::StoreLease> leases;
+    store::StoreLease lease;
     Status status;       // the first failure (the item was dropped), or OK
-    double seconds = 0;  // spent acquiring the pieces that succeeded
-    int64_t chunks = 0;  // those pieces' chunks
+    double seconds = 0;  // spent reading the parts that succeeded
+    double chunks = 0;   // their bytes, in whole chunks (every layer of one block)
   };
   Outcome finish();
 
@@ -50,14 +49,13 @@ class StreamedRead final : public executor::ChunkArrivals {
   void run();
 
   store::KvStore& store_;
-  const store::ItemId item_;
-  const int64_t skipped_chunks_;
-  const int64_t first_;
-  const std::vector<int64_t> pieces_;
+  store::LayeredLease lease_;
+  const std::vector<int64_t> layer_first_;
   mutable std::mutex mutex_;
   mutable std::condition_variable arrived_;
-  std::vector<const std::byte*> chunks_;  // null until read
-  bool done_ = false;                     // no more chunks will arrive
+  int64_t layers_read_ = 0;  // layers [0, layers_read_) of every chunk they load are read
+  bool failed_ = false;
+  bool released_ = false;  // the lease was handed over by finish()
   Outcome outcome_;
   std::thread thread_;
 };

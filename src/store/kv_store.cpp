@@ -54,6 +54,9 @@ Status KvStore::start() {
   tiers_.push_back(std::move(dram));
   for (SsdOptions ssd : options_.tiers) {
     ssd.layout_tag = options_.layout_tag;
+    if (ssd.codec == CodecKind::kIdentity) {
+      ssd.segment_bytes = options_.chunk_bytes / options_.chunk_layers;  // read_layers' parts
+    }
     std::vector<RecoveredItem> recovered;
     StatusOr<std::unique_ptr<SsdTier>> tier = SsdTier::open(ssd, &recovered);
     if (!tier.ok() && ssd.required) {
@@ -218,21 +221,27 @@ std::optional<StoreMatch> KvStore::match(std::span<const TokenId> prompt,
   return std::nullopt;
 }
 
-StatusOr<StoreLease> KvStore::acquire(ItemId id, int64_t first, int64_t count,
-                                      int64_t skipped_chunks) {
-  std::unique_lock lock(mutex_);
+StatusOr<KvStore::Item*> KvStore::leasable(ItemId id, int64_t end, int64_t skipped_chunks,
+                                           std::unique_lock<std::mutex>& lock) {
   idle_.wait(lock, [&] { return !items_.contains(id) || !items_.at(id).busy; });
   auto it = items_.find(id);
-  if (it == items_.end() || it->second.doomed || std::ssize(it->second.chunks) < first + count ||
-      !it->second.same_chunks(first + count, skipped_chunks)) {
+  if (it == items_.end() || it->second.doomed || std::ssize(it->second.chunks) < end ||
+      !it->second.same_chunks(end, skipped_chunks)) {
     for (TierCounters& c : counters_) ++c.misses;
-    const bool renumbered = it != items_.end() && !it->second.doomed &&
-                            !it->second.same_chunks(first + count, skipped_chunks);
+    const bool renumbered =
+        it != items_.end() && !it->second.doomed && !it->second.same_chunks(end, skipped_chunks);
     return not_found_error("KV store: conversation item " + std::to_string(id) +
                            (renumbered ? " dropped chunks (token dropping) since it was matched"
                                        : " is no longer stored"));
   }
-  Item& item = it->second;
+  return &it->second;
+}
+
+StatusOr<StoreLease> KvStore::acquire(ItemId id, int64_t first, int64_t count,
+                                      int64_t skipped_chunks) {
+  std::unique_lock lock(mutex_);
+  STRATA_ASSIGN_OR_RETURN(Item * found, leasable(id, first + count, skipped_chunks, lock));
+  Item& item = *found;
   int64_t missing = 0;  // chunks only below DRAM
   for (int64_t i = first; i < first + count; ++i) missing += item.chunks[i].dram == nullptr;
   StoreLease lease{id, {}, kDramTier, item.codec, {}, nullptr};
@@ -286,23 +295,6 @@ std::optional<StoreLease> KvStore::try_acquire_in_dram(ItemId id, int64_t first,
   touch(item);
   record_use(item);
   return lease;
-}
-
-std::optional<ChunkLocation> KvStore::locate(ItemId id, int64_t first, int64_t count,
-                                             int64_t skipped_chunks) const {
-  std::scoped_lock lock(mutex_);
-  auto it = items_.find(id);
-  if (it == items_.end() || it->second.doomed || std::ssize(it->second.chunks) < first + count ||
-      !it->second.same_chunks(first + count, skipped_chunks)) {
-    return std::nullopt;
-  }
-  const Item& item = it->second;
-  ChunkLocation where{item.codec, item.fetched_from};
-  for (int64_t i = first; i < first + count; ++i) {
-    if (item.chunks[i].dram == nullptr)
-      where.farthest = std::max(where.farthest, source_of(item.chunks[i]));
-  }
-  return where;
 }
 
 void KvStore::release(const StoreLease& lease, double load_seconds) {

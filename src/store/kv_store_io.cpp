@@ -292,6 +292,100 @@ Status KvStore::fetch(ItemId id, int64_t first, int64_t count, std::vector<Align
   return Status();
 }
 
+StatusOr<LayeredLease> KvStore::pin_layers(ItemId id, int64_t first, int64_t count,
+                                           int64_t skipped_chunks) {
+  std::unique_lock lock(mutex_);
+  STRATA_ASSIGN_OR_RETURN(Item * found, leasable(id, first + count, skipped_chunks, lock));
+  Item& item = *found;
+  if (item.codec != 0) {
+    return failed_precondition_error("KV store: conversation item " + std::to_string(id) +
+                                     " is encoded; its chunks are read whole");
+  }
+  LayeredLease layered{{id, {}, kDramTier, 0, {}, nullptr}, first, {}};
+  StoreLease& lease = layered.lease;
+  TierIndex farthest = kDramTier;
+  std::array<bool, kMaxTiers> reading{};
+  for (int64_t i = first; i < first + count; ++i) {
+    const Chunk& chunk = item.chunks[i];
+    if (chunk.dram != nullptr) {
+      lease.chunks.push_back(chunk.dram);
+      layered.from.push_back(kDramTier);
+      continue;
+    }
+    const TierIndex t = source_of(chunk);
+    if (t < 0) {  // as fetch() does with it
+      ++stats_.corrupt_chunks;
+      drop_item(id);
+      return data_loss_error("KV store: chunk " + std::to_string(i) + " of item " +
+                             std::to_string(id) + " is only in a failed tier");
+    }
+    if (!lease.direct) lease.direct = std::make_shared<std::vector<AlignedBuffer>>(count);
+    AlignedBuffer& buffer = (*lease.direct)[i - first];
+    buffer = AlignedBuffer(options_.chunk_bytes);
+    lease.chunks.push_back(buffer.data());
+    layered.from.push_back(t);
+    farthest = std::max(farthest, t);
+    reading[t] = true;
+  }
+  if (farthest > kDramTier) {
+    ++counters_[farthest].hits;
+    ++counters_[kDramTier].misses;
+    for (TierIndex t = 1; t < num_tiers(); ++t) counters_[t].loads += reading[t];
+    lease.served_from = farthest;
+  } else {
+    ++counters_[item.fetched_from].hits;
+    lease.served_from = item.fetched_from;
+  }
+  item.fetched_from = kDramTier;
+  ++item.pins;
+  touch(item);
+  record_use(item);
+  return layered;
+}
+
+Status KvStore::read_layers(LayeredLease* layered, std::span<const LayerPart> parts) {
+  const StoreLease& lease = layered->lease;
+  const int64_t layer_bytes = options_.chunk_bytes / options_.chunk_layers;
+  std::array<int64_t, kMaxTiers> bytes{};
+  std::array<double, kMaxTiers> seconds{};
+  Status status;
+  for (const LayerPart& part : parts) {
+    TierIndex& from = layered->from[part.chunk];
+    if (from == kDramTier) continue;
+    const auto index = static_cast<int32_t>(layered->first + part.chunk);
+    AlignedBuffer& buffer = (*lease.direct)[part.chunk];
+    const Clock::time_point start = Clock::now();
+    const Tier& tier = *tiers_[from];
+    if (tier.reads_parts()) {
+      const int64_t offset = part.layer_begin * layer_bytes;
+      const int64_t size = (part.layer_end - part.layer_begin) * layer_bytes;
+      status = tier.get_part(lease.item, index, offset, size, buffer.data() + offset);
+      bytes[from] += size;
+    } else {
+      std::vector<AlignedBuffer> got(1);
+      status = tier.get(lease.item, std::span(&index, 1), got);
+      if (status.ok()) {
+        status = decode(tier.codec(), got[0].bytes(),
+                        {buffer.data(), static_cast<size_t>(options_.chunk_bytes)});
+      }
+      bytes[from] += got[0].size();
+    }
+    seconds[from] += seconds_since(start);
+    if (!status.ok()) break;
+    if (!tier.reads_parts()) from = kDramTier;  // whole now
+  }
+  std::scoped_lock lock(mutex_);
+  for (TierIndex t = 1; t < num_tiers(); ++t) {
+    counters_[t].bytes_out += bytes[t];
+    counters_[t].load_seconds += seconds[t];
+  }
+  if (status.ok()) return status;
+  ++stats_.corrupt_chunks;
+  spdlog::warn("{}; dropping the conversation, its turn is recomputed", status.message());
+  drop_item(lease.item);  // pinned: unreachable now, gone at its release
+  return Status(StatusCode::kDataLoss, status.message());
+}
+
 void KvStore::prefetch(ItemId id) {
   std::unique_lock lock(mutex_);
   TierIndex from = kDramTier;

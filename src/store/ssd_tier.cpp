@@ -12,13 +12,47 @@ namespace {
 
 constexpr uint64_t kMagic = 0x564b415441525453ULL;  // "STRATAKV"
 // 2: variable-size values in extents, a codec; 3: item codecs, records with a sync word;
-// 4: items' skipped chunks (token dropping); 5: items' task family; 6: items' layer pairs (Krul).
-constexpr uint32_t kVersion = 6;
+// 4: items' skipped chunks (token dropping); 5: items' task family; 6: items' layer pairs (Krul);
+// 7: a checksum per segment of a value (partial reads).
+constexpr uint32_t kVersion = 7;
 constexpr uint32_t kSync = 0x4b565453;  // "STVK": where a record starts
 enum RecordType : uint32_t { kHeader = 1, kPut = 2, kDrop = 3 };
 // [u32 sync][u32 payload bytes][u32 type] payload [u64 XXH3-64 of size, type and payload]
 constexpr size_t kFrame = 3 * sizeof(uint32_t), kSum = sizeof(uint64_t);
 constexpr uint32_t kMaxPayload = 1 << 20;
+constexpr uint32_t kMaxSegments = 4096;
+
+// A value's checksums: one per segment of segment_bytes when they divide it evenly (a part of it
+// can be read and checked alone), else one over the whole value.
+std::vector<uint64_t> checksums_of(std::span<const std::byte> value, int64_t segment_bytes) {
+  const auto bytes = static_cast<int64_t>(value.size());
+  int64_t segments = 1;
+  if (segment_bytes > 0 && bytes % segment_bytes == 0 && bytes / segment_bytes <= kMaxSegments) {
+    segments = std::max<int64_t>(bytes / segment_bytes, 1);
+  }
+  const int64_t each = bytes / segments;
+  std::vector<uint64_t> sums;
+  for (int64_t s = 0; s < segments; ++s) {
+    sums.push_back(XXH3_64bits(value.data() + s * each, static_cast<size_t>(each)));
+  }
+  return sums;
+}
+
+// Whether `part` (bytes [offset, offset + part.size()) of a value of `bytes` bytes) matches the
+// checksums of the segments it covers; false also when it does not cover whole segments.
+bool part_matches(std::span<const std::byte> part, int64_t offset, int64_t bytes,
+                  std::span<const uint64_t> checksums) {
+  const int64_t each = bytes / std::ssize(checksums);
+  const auto size = static_cast<int64_t>(part.size());
+  if (each == 0 || offset % each != 0 || size % each != 0) return false;
+  for (int64_t done = 0; done < size; done += each) {
+    if (XXH3_64bits(part.data() + done, static_cast<size_t>(each)) !=
+        checksums[(offset + done) / each]) {
+      return false;
+    }
+  }
+  return true;
+}
 
 class Writer {
  public:
@@ -90,7 +124,7 @@ struct PutRecord {
   int64_t seq = 0;  // its place in the journal (replay only)
   ChunkKey key;
   Placement placement;
-  uint64_t checksum = 0;
+  std::vector<uint64_t> checksums;  // checksums_of(the value)
   ItemRecord item;
 };
 
@@ -101,7 +135,8 @@ void encode_put(const PutRecord& r, std::vector<std::byte>& out) {
   w.put<uint64_t>(r.key.hash.low);
   w.put<uint64_t>(r.key.hash.high);
   w.put<int64_t>(r.placement.bytes);
-  w.put<uint64_t>(r.checksum);
+  w.put<uint32_t>(static_cast<uint32_t>(r.checksums.size()));
+  for (const uint64_t sum : r.checksums) w.put<uint64_t>(sum);
   w.put<uint32_t>(static_cast<uint32_t>(r.placement.extents.size()));
   for (const Extent& e : r.placement.extents) {
     w.put<int64_t>(e.start);
@@ -122,13 +157,18 @@ void encode_put(const PutRecord& r, std::vector<std::byte>& out) {
 }
 
 bool decode_put(Reader& p, PutRecord* r) {
-  uint32_t extents = 0;
+  uint32_t extents = 0, segments = 0;
   uint8_t exact = 0;
   if (!(p.get(&r->key.item) && p.get(&r->key.index) && p.get(&r->key.hash.low) &&
-        p.get(&r->key.hash.high) && p.get(&r->placement.bytes) && p.get(&r->checksum) &&
-        p.get(&extents) && extents <= 4096)) {
+        p.get(&r->key.hash.high) && p.get(&r->placement.bytes) && p.get(&segments) &&
+        segments >= 1 && segments <= kMaxSegments && r->placement.bytes % segments == 0)) {
     return false;
   }
+  r->checksums.resize(segments);
+  for (uint64_t& sum : r->checksums) {
+    if (!p.get(&sum)) return false;
+  }
+  if (!p.get(&extents) || extents > 4096) return false;
   for (uint32_t i = 0; i < extents; ++i) {
     Extent e;
     if (!p.get(&e.start) || !p.get(&e.length)) return false;
@@ -342,7 +382,7 @@ Status SsdTier::recover(std::vector<RecoveredItem>* recovered) {
         break;
       }
       item.chunks.push_back(r.key);
-      values_[id][index] = {r.key.hash, r.placement, r.checksum};
+      values_[id][index] = {r.key.hash, r.placement, r.checksums};
       encode_put(r, out);
     }
     dropped_chunks += std::ssize(pending.chunks) - std::ssize(item.chunks);
@@ -419,7 +459,7 @@ Status SsdTier::put(const ItemRecord& item, const Reservation& reservation,
   Status status;
   for (size_t i = 0; i < keys.size() && status.ok(); ++i) {
     const Placement& p = reservation.placements[i];
-    records.push_back({0, keys[i], p, XXH3_64bits(values[i].data(), values[i].size()), item});
+    records.push_back({0, keys[i], p, checksums_of(values[i], options_.segment_bytes), item});
     // The value's pages, extent by extent (the source is readable up to its footprint).
     int64_t done = 0;
     for (const Extent& e : p.extents) {
@@ -443,44 +483,85 @@ Status SsdTier::put(const ItemRecord& item, const Reservation& reservation,
     return fail(status);
   }
   std::scoped_lock lock(mutex_);
-  for (const PutRecord& r : records) values_[r.key.item][r.key.index] = {r.key.hash, r.placement, r.checksum};
+  for (const PutRecord& r : records) {
+    values_[r.key.item][r.key.index] = {r.key.hash, r.placement, r.checksums};
+  }
+  return Status();
+}
+
+StatusOr<SsdTier::Value> SsdTier::find(ItemId item, int32_t index) const {
+  std::scoped_lock lock(mutex_);
+  if (failed_) return Status(StatusCode::kUnavailable, options_.name + " tier failed");
+  auto it = values_.find(item);
+  if (it != values_.end()) {
+    if (auto v = it->second.find(index); v != it->second.end()) return v->second;
+  }
+  return not_found_error(options_.name + ": chunk " + std::to_string(index) + " of item " +
+                         std::to_string(item) + " is not held");
+}
+
+Status SsdTier::read_pages(const Placement& placement, int64_t first, int64_t count,
+                           std::byte* out) const {
+  int64_t page = 0;  // of the value, where extent e starts
+  for (const Extent& e : placement.extents) {
+    const int64_t from = std::max(first, page), to = std::min(first + count, page + e.length);
+    if (from < to) {
+      const int64_t at = e.start + (from - page);
+      Status read = files_[at / pages_per_file_]->read_at(
+          (at % pages_per_file_) * kIoAlignment,
+          {out + (from - first) * kIoAlignment, static_cast<size_t>((to - from) * kIoAlignment)});
+      if (!read.ok()) return fail(read);
+    }
+    page += e.length;
+  }
   return Status();
 }
 
 Status SsdTier::get(ItemId item, std::span<const int32_t> indices,
                     std::span<AlignedBuffer> out) const {
   std::vector<Value> wanted;
-  {
-    std::scoped_lock lock(mutex_);
-    if (failed_) return Status(StatusCode::kUnavailable, options_.name + " tier failed");
-    auto it = values_.find(item);
-    for (int32_t index : indices) {
-      const auto v = it == values_.end() ? std::map<int32_t, Value>::const_iterator{}
-                                         : it->second.find(index);
-      if (it == values_.end() || v == it->second.end()) {
-        return not_found_error(options_.name + ": chunk " + std::to_string(index) + " of item " +
-                               std::to_string(item) + " is not held");
-      }
-      wanted.push_back(v->second);
-    }
+  for (int32_t index : indices) {
+    STRATA_ASSIGN_OR_RETURN(Value v, find(item, index));
+    wanted.push_back(std::move(v));
   }
   for (size_t i = 0; i < wanted.size(); ++i) {
     const Placement& p = wanted[i].placement;
     out[i] = AlignedBuffer(p.bytes);
-    int64_t done = 0;
-    for (const Extent& e : p.extents) {
-      const int64_t bytes = e.length * kIoAlignment;
-      Status read = files_[e.start / pages_per_file_]->read_at(
-          (e.start % pages_per_file_) * kIoAlignment, {out[i].data() + done, static_cast<size_t>(bytes)});
-      if (!read.ok()) return fail(read);
-      done += bytes;
-    }
-    if (XXH3_64bits(out[i].data(), static_cast<size_t>(p.bytes)) != wanted[i].checksum) {
+    STRATA_RETURN_IF_ERROR(read_pages(p, 0, footprint(p.bytes) / kIoAlignment, out[i].data()));
+    if (!part_matches(out[i].bytes(), 0, p.bytes, wanted[i].checksums)) {
       return data_loss_error("KV store: chunk " + std::to_string(indices[i]) + " of item " +
                              std::to_string(item) + " (" + options_.name + " page " +
                              std::to_string(p.extents[0].start) + ") fails its checksum");
     }
   }
+  return Status();
+}
+
+Status SsdTier::get_part(ItemId item, int32_t index, int64_t offset, int64_t bytes,
+                         std::byte* out) const {
+  STRATA_ASSIGN_OR_RETURN(Value v, find(item, index));
+  const Placement& p = v.placement;
+  const int64_t each = p.bytes / std::ssize(v.checksums);
+  if (offset < 0 || bytes <= 0 || offset + bytes > p.bytes || offset % each != 0 ||
+      bytes % each != 0) {
+    return invalid_argument_error(options_.name + ": bytes [" + std::to_string(offset) + ", " +
+                                  std::to_string(offset + bytes) + ") of chunk " +
+                                  std::to_string(index) + " are not whole checksummed segments");
+  }
+  // The pages holding the part (direct I/O reads whole aligned pages).
+  const int64_t first = offset / kIoAlignment;
+  const int64_t count = round_up_to_page(offset + bytes) / kIoAlignment - first;
+  AlignedBuffer pages(count * kIoAlignment);
+  STRATA_RETURN_IF_ERROR(read_pages(p, first, count, pages.data()));
+  const std::span<const std::byte> part(pages.data() + (offset - first * kIoAlignment),
+                                        static_cast<size_t>(bytes));
+  if (!part_matches(part, offset, p.bytes, v.checksums)) {
+    return data_loss_error("KV store: bytes [" + std::to_string(offset) + ", " +
+                           std::to_string(offset + bytes) + ") of chunk " + std::to_string(index) +
+                           " of item " + std::to_string(item) + " (" + options_.name +
+                           ") fail their checksums");
+  }
+  std::memcpy(out, part.data(), part.size());
   return Status();
 }
 

@@ -42,6 +42,11 @@ StoreOptions StoreOptions::from_config(const StoreConfig& config) {
 Status StoreOptions::validate() const {
   if (chunk_bytes <= 0) return invalid_argument_error("store: chunk size must be positive");
   if (block_size_tokens <= 0) return invalid_argument_error("store: block size must be positive");
+  if (chunk_layers <= 0 || chunk_bytes % chunk_layers != 0) {
+    return invalid_argument_error("store: a chunk's " + std::to_string(chunk_bytes) +
+                                  " bytes do not split into " + std::to_string(chunk_layers) +
+                                  " layers");
+  }
   const int64_t chunk = round_up_to_page(chunk_bytes);
   if (dram_bytes < chunk) {
     return invalid_argument_error("store.dram_bytes must hold at least one chunk (" +

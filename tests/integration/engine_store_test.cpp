@@ -326,10 +326,8 @@ TEST_F(EngineStoreTest, ResumedTurnFromSsdAfterARestartMatchesRecompute) {
 
 // A resumed turn restored from the SSD with its reads beside the pass (partial at 0.5): the
 // recomputing engine's answer, the SSD reported as the tier it loaded from, and its save extends
-// the conversation's item (only the new turn's blocks 13-15 are written). The reads start after
-// the step's save is planned, since a read keeps the item busy and a busy item is not extended;
-// that race is narrow (the reader thread must reach the store first), so this test would not
-// reliably catch the reads starting earlier.
+// the conversation's item (only the new turn's blocks 13-15 are written): the history's chunks
+// are pinned, read by layer ranges into the lease's buffers, and never make the item busy.
 TEST_F(EngineStoreTest, ARestorationReadBesideThePassExtendsItsConversation) {
   test_util::TempDir dir;
   EngineOptions options = options_with(store_options(dir.file("kv")), false);
@@ -445,9 +443,9 @@ TEST_F(EngineStoreTest, ACorruptSsdChunkIsCountedAndTheTurnRecomputed) {
     const EngineStats stats = engine->stats();
     EXPECT_EQ(stats.store_load_failures, 1);
     EXPECT_GE(stats.store->corrupt_chunks, 1);
-    // A failed restoration restored nothing. Read beside the pass, its last chunk was pinned
-    // (one SSD hit) before the read of the others failed during the pass; loaded before it, the
-    // one read of all 13 failed.
+    // A failed restoration restored nothing. Read beside the pass, its chunks were pinned (one
+    // SSD hit) before the read of chunk 8's first layer failed during the pass; loaded before
+    // it, the one read of all 13 failed.
     EXPECT_EQ(stats.partial_restores, 0);
     EXPECT_EQ(stats.store->tier("ssd").hits, mode == store::RestoreMode::kPartial ? 1 : 0);
   }

@@ -62,14 +62,15 @@ struct SequenceChunk {
 };
 
 // Chunks of a load still being read when the pass starts (Krul's restoration: a resumed turn's
-// stored history is read beside its recompute). Implemented by the restore coordinator; the
-// executor calls wait() on its loader thread.
+// stored history is read beside its recompute, layer by layer). Implemented by the restore
+// coordinator; the executor calls wait() on its loader thread.
 class ChunkArrivals {
  public:
   virtual ~ChunkArrivals() = default;
-  // Blocks until chunk j of the load has been read: its bytes (valid during forward()), or nullptr
-  // when the read failed (the pass then lists the sequence in ForwardResult::failed_loads).
-  virtual const std::byte* wait(int64_t j) const = 0;
+  // Blocks until layer `layer` of chunk j of the load has been read: the chunk (valid during
+  // forward(); only the layers read so far are defined), or nullptr when a read failed (the pass
+  // then lists the sequence in ForwardResult::failed_loads).
+  virtual const std::byte* wait(int64_t j, int64_t layer) const = 0;
 };
 
 // KV of whole token blocks that a sequence of the batch loads instead of computing (from the KV
@@ -89,7 +90,7 @@ struct KvLoad {
   // the executor decodes them on the device.
   std::optional<kv::KvFormat> encoding;
   // Set (raw chunks, Executor::streams_loads() only): a null chunks[j] is still being read and
-  // the executor takes it from arrivals->wait(j) before the first layer that loads its block. A
+  // the executor takes each layer l of it from arrivals->wait(j, l) before that layer loads it. A
   // restoring chunk's layer l loads only the history blocks it does not compute.
   std::shared_ptr<const ChunkArrivals> arrivals = {};
 };

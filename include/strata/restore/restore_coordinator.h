@@ -186,9 +186,10 @@ class RestoreCoordinator {
   StatusOr<store::TierIndex> pin_load(Sequence& sequence, const kv::BlockLoad& load,
                                  executor::KvLoad* kv_load);
   // A restoration's load on an executor that streams loads (Executor::streams_loads): pins the
-  // history's last chunk now and reads the others beside the pass (streamed_read.h, started by
-  // plan_copies), a piece per recompute boundary of `rows`; pin_load for an encoded or merged
-  // item. The farthest tier the chunks are read from, or the failure.
+  // history's chunks now (KvStore::pin_layers) and reads those DRAM lacks beside the pass, each
+  // layer's part from that layer's recompute boundary in `rows` on (streamed_read.h, started by
+  // plan_copies); pin_load for an encoded or merged item. The farthest tier the chunks are read
+  // from, or the failure.
   StatusOr<store::TierIndex> stream_load(SeqId seq, Sequence& sequence, const kv::BlockLoad& load,
                                          std::span<const int64_t> rows, executor::KvLoad* kv_load);
   // After the pass (`result` null when it failed): waits for the streamed loads' reads (their

@@ -67,6 +67,9 @@ namespace strata::store {
 struct StoreOptions {
   int64_t chunk_bytes = 0;         // bytes of one chunk (see the data model)
   int32_t block_size_tokens = 16;  // tokens per chunk
+  // Layers a raw chunk holds, each chunk_bytes / chunk_layers bytes (see the data model): what
+  // read_layers() reads one range at a time, and the SSD tiers' checksum segments.
+  int32_t chunk_layers = 1;
   int64_t dram_bytes = 0;          // DRAM tier capacity
   // The tiers below DRAM, nearest first, each with its name, directory, capacity, codec and Env;
   // the store sets their layout_tag. A tier that cannot open is left out with a warning, or fails
@@ -160,12 +163,6 @@ struct StoreMatch {
   TierIndex tier = kDramTier;  // the farthest tier a matched chunk must come from
 };
 
-// Where a load's chunks would come from now (KvStore::locate).
-struct ChunkLocation {
-  int32_t codec = 0;               // the item's (StoreOptions::codecs)
-  TierIndex farthest = kDramTier;  // the farthest tier holding a chunk DRAM lacks
-};
-
 // Chunks pinned for one load; release with KvStore::release().
 struct StoreLease {
   ItemId item = 0;
@@ -177,6 +174,23 @@ struct StoreLease {
   // Chunks read without DRAM room, owned by the lease (chunks point into them): entry i for
   // requested chunk i, empty for those in DRAM.
   std::shared_ptr<std::vector<AlignedBuffer>> direct;
+};
+
+// Raw chunks pinned to be read by layer ranges (KvStore::pin_layers): release `lease` with
+// KvStore::release() when done.
+struct LayeredLease {
+  // chunks[i]: chunk first + i, in DRAM, or a buffer the lease owns that read_layers() fills.
+  StoreLease lease;
+  int64_t first = 0;
+  // Per chunk, the tier read_layers() reads it from; kDramTier: whole already.
+  std::vector<TierIndex> from;
+};
+
+// Layers [layer_begin, layer_end) of chunk `chunk` of a LayeredLease (an index into its chunks).
+struct LayerPart {
+  int64_t chunk = 0;
+  int32_t layer_begin = 0;
+  int32_t layer_end = 0;
 };
 
 // DRAM destinations for the chunks of one save; hand back with commit_save or abort_save.
@@ -251,12 +265,21 @@ class KvStore {
   // Never waits or does I/O: pre-loading uses it.
   std::optional<StoreLease> try_acquire_in_dram(ItemId item, int64_t first, int64_t count,
                                                 int64_t skipped_chunks = 0);
-  // Where chunks [first, first + count) of `item` would be read from now, without reading or
-  // counting anything (nullopt if the item is gone, shorter or changed since it was matched with
-  // `skipped_chunks`): a load whose reads run beside the pass reports its tier up front.
-  std::optional<ChunkLocation> locate(ItemId item, int64_t first, int64_t count,
-                                      int64_t skipped_chunks = 0) const;
   void release(const StoreLease& lease, double load_seconds);
+  // Pins raw chunks [first, first + count) of `item` to be read by layer ranges, without reading
+  // anything: chunks in DRAM are handed over whole, the others get buffers the lease owns that
+  // read_layers() fills (Krul's reads beside the pass: each layer's part of the history just
+  // before the layer that loads it). The read chunks are not copied into DRAM. Counted as
+  // acquire() counts a hit. Errors as acquire(), and FAILED_PRECONDITION (nothing pinned or
+  // counted) for an encoded item: acquire() reads those whole.
+  StatusOr<LayeredLease> pin_layers(ItemId item, int64_t first, int64_t count,
+                                    int64_t skipped_chunks = 0);
+  // Reads `parts` of the lease's chunks from their tiers into its buffers: a tier that reads parts
+  // (Tier::reads_parts: the raw SSD tier) reads only those layers' bytes, checked by their
+  // checksums; another reads the whole chunk the first time (its `from` turns kDramTier).
+  // DATA_LOSS if a part is corrupt or unreadable: the item is dropped and counted, as acquire()
+  // does. One thread at a time per lease.
+  Status read_layers(LayeredLease* lease, std::span<const LayerPart> parts);
 
   // Reserves DRAM for the chunks of `request.chain` not stored yet, extending the session's or
   // the matching content item when its chunks are a prefix of the chain, else a new item. With
@@ -403,6 +426,10 @@ class KvStore {
   // chunk drops the item, counts it and returns DATA_LOSS. *from: the farthest tier read.
   Status fetch(ItemId id, int64_t first, int64_t count, std::vector<AlignedBuffer>* direct,
                TierIndex* from, std::unique_lock<std::mutex>& lock);
+  // The item a lease of chunks [0, end) matched with `skipped_chunks` pins (REQUIRES mutex_ via
+  // `lock`; waits while an I/O thread moves it), or NOT_FOUND counted as a miss in every tier.
+  StatusOr<Item*> leasable(ItemId id, int64_t end, int64_t skipped_chunks,
+                           std::unique_lock<std::mutex>& lock);
   void prefetch(ItemId id);  // REQUIRES the item is busy and mutex_ is not held
   void demote(ItemId id);    // likewise
   // Writes the DRAM chunks of a busy item that tier t lacks into it, encoded by its codec (REQUIRES

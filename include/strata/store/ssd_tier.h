@@ -8,14 +8,15 @@
 //   index.journal  records, each [u32 sync word][u32 payload bytes][u32 type][payload][u64 XXH3-64
 //                  of size, type and payload]: a header (magic, version, page size, file size,
 //                  layout tag, codec; written twice), then PUT (one value is durable: its item,
-//                  chunk, hash, size, checksum, extents and the item's attributes) and DROP (an
+//                  chunk, hash, size, checksums, extents and the item's attributes) and DROP (an
 //                  item's values are gone) records.
 // Crash safety: data is written and synced before its PUT is appended (and synced), and a DROP is
 // synced before its pages are reused. Replay skips a torn or corrupt record to the next sync word
 // that starts a whole record, keeping every good record; a page two surviving PUTs name (their
-// DROP was lost) belongs to the later one; pages no surviving PUT names are free again. get() checks every value against its checksum, so a torn
-// data write is never served. A failed write, sync or journal append fails the tier (available()
-// turns false): the store goes on without it.
+// DROP was lost) belongs to the later one; pages no surviving PUT names are free again. get()
+// checks every value against its checksums (one per segment: SsdOptions::segment_bytes), and
+// get_part() the segments it reads, so a torn data write is never served. A failed write, sync or
+// journal append fails the tier (available() turns false): the store goes on without it.
 #pragma once
 
 #include <map>
@@ -36,6 +37,10 @@ struct SsdOptions {
   bool direct_io = true;
   CodecKind codec = CodecKind::kIdentity;
   Env* env = Env::posix();
+  // Values whose size is a multiple of it get a checksum per segment of this many bytes, so that
+  // get_part() reads and checks whole segments alone (the store sets it to a chunk layer's bytes
+  // for a raw codec); 0: one checksum per value.
+  int64_t segment_bytes = 0;
   // Bytes per second the tier's files move at most, reads and writes together (throttled_env
   // over `env`; an emulated slower disk for measurements); 0: as fast as the disk.
   int64_t bandwidth_limit = 0;
@@ -66,6 +71,9 @@ class SsdTier final : public Tier {
              std::span<const std::span<const std::byte>> values) override;
   Status get(ItemId item, std::span<const int32_t> indices,
              std::span<AlignedBuffer> out) const override;
+  bool reads_parts() const override { return options_.codec == CodecKind::kIdentity; }
+  Status get_part(ItemId item, int32_t index, int64_t offset, int64_t bytes,
+                  std::byte* out) const override;
   bool contains(const ChunkKey& key) const override;
   Status evict(ItemId item) override;
 
@@ -75,10 +83,13 @@ class SsdTier final : public Tier {
   struct Value {
     kv::ChunkHash hash;
     Placement placement;
-    uint64_t checksum = 0;
+    std::vector<uint64_t> checksums;  // one per segment, in order (SsdOptions::segment_bytes)
   };
   explicit SsdTier(const SsdOptions& options, std::vector<Extent> regions);
   Status recover(std::vector<RecoveredItem>* recovered);
+  StatusOr<Value> find(ItemId item, int32_t index) const;  // NOT_FOUND, or UNAVAILABLE if failed
+  // Reads pages [first, first + count) of a value into `out` (aligned); fails the tier on error.
+  Status read_pages(const Placement& placement, int64_t first, int64_t count, std::byte* out) const;
   Status append(std::span<const std::byte> records);  // REQUIRES mutex_ not held
   Status fail(Status status) const;                   // marks the tier failed, returns status
   std::string data_path(int64_t file) const;

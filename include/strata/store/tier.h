@@ -134,6 +134,16 @@ class Tier {
   // DATA_LOSS if one fails its checksum; UNAVAILABLE if the tier failed.
   virtual Status get(ItemId item, std::span<const int32_t> indices,
                      std::span<AlignedBuffer> out) const = 0;
+  // Whether get_part() reads parts of values (raw values checked by segment: the SSD tier).
+  virtual bool reads_parts() const { return false; }
+  // Reads bytes [offset, offset + bytes) of the value of chunk `index` of `item` into `out`,
+  // checked against the checksums of the segments they cover (they must be whole segments:
+  // INVALID_ARGUMENT otherwise). Errors as get(). Only where reads_parts().
+  virtual Status get_part(ItemId item, int32_t index, int64_t offset, int64_t bytes,
+                          std::byte* out) const {
+    (void)item, (void)index, (void)offset, (void)bytes, (void)out;
+    return unimplemented_error(name() + " tier reads whole values only");
+  }
   virtual bool contains(const ChunkKey& key) const = 0;
   // Forgets every value of `item` and frees their room (durably first in a persistent tier).
   virtual Status evict(ItemId item) = 0;

@@ -1,0 +1,197 @@
+// Reads by layer ranges (KvStore::pin_layers, read_layers; SsdTier::get_part): Krul's restoration
+// reads each layer's part of a conversation's chunks just before the layer that loads it. The
+// SSD tier reads only the bytes asked for, checked by the checksum of each layer segment, so a
+// corrupt layer is refused even when the rest of its chunk is good; a tier that cannot read parts
+// (zstd) reads a chunk whole the first time. Chunks of 6000 bytes in 6 layers of 1000: parts do
+// not start on pages, so the tier reads the pages around them.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <vector>
+
+#include "store_test_util.h"
+#include "strata/store/ssd_tier.h"
+
+namespace strata::store {
+namespace {
+
+constexpr int32_t kLayers = 6;
+constexpr int64_t kLayerBytes = kChunkBytes / kLayers;
+
+// DRAM of 4 chunks, a quarter kept free, over one SSD tier: the second 2-chunk item sends the
+// first one down.
+StoreOptions layered(const TempDir& dir, CodecKind codec = CodecKind::kIdentity) {
+  StoreOptions o = options(nullptr, 4);
+  o.chunk_layers = kLayers;
+  o.dram_reserve_fraction = 0.25;
+  o.tiers.push_back({.name = "ssd",
+                     .dir = dir.file("ssd"),
+                     .capacity_bytes = 64 * 8192,
+                     .file_bytes = 16 * 8192,
+                     .codec = codec});
+  return o;
+}
+
+// Whether bytes [begin, end) x kLayerBytes of `chunk` are those of the chunk hashed `h`.
+bool holds_layers(const std::byte* chunk, const kv::ChunkHash& h, int64_t begin, int64_t end) {
+  std::vector<std::byte> want(kChunkBytes);
+  fill(want.data(), h);
+  return std::memcmp(chunk + begin * kLayerBytes, want.data() + begin * kLayerBytes,
+                     static_cast<size_t>((end - begin) * kLayerBytes)) == 0;
+}
+
+// Saves `a` then another item, so that `a` is held by the SSD tier only.
+void save_a_on_the_ssd(KvStore& store, std::span<const TokenId> a) {
+  ASSERT_TRUE(save(store, a).ok());
+  store.wait_idle();
+  ASSERT_TRUE(save(store, tokens(2, 9)).ok());
+  store.wait_idle();
+  ASSERT_EQ(store.find(a, root(), {})->tier, kSsd);
+}
+
+TEST(LayeredReadTest, TheSsdTierReadsOnlyTheLayersAskedFor) {
+  TempDir dir;
+  auto store = KvStore::open(layered(dir)).value();
+  const std::vector<TokenId> a = tokens(1, 9);
+  save_a_on_the_ssd(*store, a);
+  const std::vector<kv::ChunkHash> hashes = chain(a);
+  const std::optional<StoreMatch> m = store->find(a, root(), {});
+  const int64_t before = store->stats().tier("ssd").bytes_out;
+  StatusOr<LayeredLease> lease = store->pin_layers(m->item, 0, 2);
+  ASSERT_TRUE(lease.ok()) << lease.status().to_string();
+  EXPECT_EQ(lease->from, (std::vector<TierIndex>{kSsd, kSsd}));
+  EXPECT_EQ(lease->lease.served_from, kSsd);
+  EXPECT_EQ(store->stats().tier("ssd").bytes_out, before) << "pinning reads nothing";
+  const std::vector<LayerPart> parts = {{0, 2, 4}, {1, 5, 6}, {1, 0, 1}};
+  ASSERT_TRUE(store->read_layers(&*lease, parts).ok());
+  EXPECT_TRUE(holds_layers(lease->lease.chunks[0], hashes[0], 2, 4));
+  EXPECT_TRUE(holds_layers(lease->lease.chunks[1], hashes[1], 5, 6));
+  EXPECT_TRUE(holds_layers(lease->lease.chunks[1], hashes[1], 0, 1));
+  EXPECT_EQ(store->stats().tier("ssd").bytes_out - before, 4 * kLayerBytes);
+  // The rest of the chunks later, into the same buffers: each chunk whole and right.
+  ASSERT_TRUE(
+      store->read_layers(&*lease, std::vector<LayerPart>{{0, 0, 2}, {0, 4, 6}, {1, 1, 5}}).ok());
+  EXPECT_TRUE(holds(lease->lease.chunks[0], hashes[0]));
+  EXPECT_TRUE(holds(lease->lease.chunks[1], hashes[1]));
+  store->release(lease->lease, 0);
+  EXPECT_EQ(store->find(a, root(), {})->tier, kSsd) << "parts read are not copied into DRAM";
+  EXPECT_TRUE(load_and_check(*store, a));
+}
+
+TEST(LayeredReadTest, ChunksInDramAreHandedOverWhole) {
+  TempDir dir;
+  auto store = KvStore::open(layered(dir)).value();
+  const std::vector<TokenId> a = tokens(1, 9);
+  ASSERT_TRUE(save(*store, a).ok());
+  const std::optional<StoreMatch> m = store->find(a, root(), {});
+  StatusOr<LayeredLease> lease = store->pin_layers(m->item, 0, 2);
+  ASSERT_TRUE(lease.ok());
+  EXPECT_EQ(lease->from, (std::vector<TierIndex>{kDramTier, kDramTier}));
+  EXPECT_EQ(lease->lease.served_from, kDramTier);
+  // Nothing to read: parts of whole chunks are skipped.
+  ASSERT_TRUE(store->read_layers(&*lease, std::vector<LayerPart>{{0, 0, 6}}).ok());
+  EXPECT_TRUE(holds(lease->lease.chunks[0], chain(a)[0]));
+  store->release(lease->lease, 0);
+  EXPECT_EQ(store->pin_layers(m->item, 0, 3).status().code(), StatusCode::kNotFound)
+      << "a longer range than the item holds";
+}
+
+TEST(LayeredReadTest, ACorruptLayerIsRefusedAndTheRestOfItsChunkServed) {
+  TempDir dir;
+  const std::vector<TokenId> a = tokens(1, 9);
+  const kv::ChunkHash first = chain(a)[0];
+  {
+    auto store = KvStore::open(layered(dir)).value();
+    save_a_on_the_ssd(*store, a);
+  }
+  // Flip a byte of chunk 0's layer 3 where the tier wrote it (found by its content).
+  std::vector<std::byte> want(kChunkBytes);
+  fill(want.data(), first);
+  const std::string path = dir.file("ssd") + "/data-000.bin";
+  std::vector<char> data;
+  {
+    std::ifstream in(path, std::ios::binary);
+    data.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  auto* pattern = reinterpret_cast<const char*>(want.data()) + 3 * kLayerBytes;
+  const auto at = std::search(data.begin(), data.end(), pattern, pattern + kLayerBytes);
+  ASSERT_NE(at, data.end());
+  {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(at - data.begin() + 10);
+    const char c = static_cast<char>(data[at - data.begin() + 10] ^ 0x5a);
+    f.write(&c, 1);
+  }
+  auto store = KvStore::open(layered(dir)).value();
+  const std::optional<StoreMatch> m = store->find(a, root(), {});
+  ASSERT_TRUE(m.has_value());
+  StatusOr<LayeredLease> lease = store->pin_layers(m->item, 0, 2);
+  ASSERT_TRUE(lease.ok());
+  ASSERT_TRUE(store->read_layers(&*lease, std::vector<LayerPart>{{0, 0, 3}, {0, 4, 6}}).ok())
+      << "the good layers of the chunk";
+  EXPECT_TRUE(holds_layers(lease->lease.chunks[0], first, 0, 3));
+  EXPECT_TRUE(holds_layers(lease->lease.chunks[0], first, 4, 6));
+  EXPECT_EQ(store->read_layers(&*lease, std::vector<LayerPart>{{0, 3, 4}}).code(),
+            StatusCode::kDataLoss);
+  EXPECT_EQ(store->stats().corrupt_chunks, 1);
+  store->release(lease->lease, 0);
+  EXPECT_FALSE(store->find(a, root(), {})) << "its item is dropped";
+}
+
+TEST(LayeredReadTest, ATierThatCannotReadPartsReadsAChunkWholeOnce) {
+  TempDir dir;
+  auto store = KvStore::open(layered(dir, CodecKind::kZstd)).value();
+  const std::vector<TokenId> a = tokens(1, 9);
+  save_a_on_the_ssd(*store, a);
+  const std::optional<StoreMatch> m = store->find(a, root(), {});
+  StatusOr<LayeredLease> lease = store->pin_layers(m->item, 0, 2);
+  ASSERT_TRUE(lease.ok());
+  ASSERT_TRUE(store->read_layers(&*lease, std::vector<LayerPart>{{1, 2, 3}}).ok());
+  EXPECT_EQ(lease->from, (std::vector<TierIndex>{kSsd, kDramTier})) << "chunk 1 is whole now";
+  EXPECT_TRUE(holds(lease->lease.chunks[1], chain(a)[1]));
+  const int64_t read = store->stats().tier("ssd").bytes_out;
+  ASSERT_TRUE(store->read_layers(&*lease, std::vector<LayerPart>{{1, 0, 6}}).ok());
+  EXPECT_EQ(store->stats().tier("ssd").bytes_out, read) << "and not read again";
+  store->release(lease->lease, 0);
+}
+
+TEST(LayeredReadTest, PartsMustBeWholeChecksummedSegments) {
+  TempDir dir;
+  std::vector<RecoveredItem> recovered;
+  auto tier = SsdTier::open({.name = "ssd",
+                             .dir = dir.file("ssd"),
+                             .capacity_bytes = 64 * 8192,
+                             .file_bytes = 16 * 8192,
+                             .segment_bytes = kLayerBytes},
+                            &recovered)
+                  .value();
+  // A value of 6 segments, and one of 5500 bytes (not a multiple: one checksum).
+  const std::vector<int64_t> sizes = {kChunkBytes, 5500};
+  Reservation room = tier->reserve(sizes).value();
+  std::vector<AlignedBuffer> values;
+  std::vector<std::span<const std::byte>> spans;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    AlignedBuffer& v = values.emplace_back(kChunkBytes);
+    fill(v.data(), {i + 1, 7});
+    spans.emplace_back(v.data(), static_cast<size_t>(sizes[i]));
+  }
+  const std::vector<ChunkKey> keys = {{1, 0, {1, 7}}, {1, 1, {2, 7}}};
+  ASSERT_TRUE(tier->put({}, room, keys, spans).ok());
+  std::vector<std::byte> out(kChunkBytes);
+  ASSERT_TRUE(tier->get_part(1, 0, 2 * kLayerBytes, 3 * kLayerBytes, out.data()).ok());
+  EXPECT_EQ(std::memcmp(out.data(), values[0].data() + 2 * kLayerBytes, 3 * kLayerBytes), 0);
+  EXPECT_EQ(tier->get_part(1, 0, kLayerBytes / 2, kLayerBytes, out.data()).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(tier->get_part(1, 0, 5 * kLayerBytes, 2 * kLayerBytes, out.data()).code(),
+            StatusCode::kInvalidArgument);
+  ASSERT_TRUE(tier->get_part(1, 1, 0, 5500, out.data()).ok());
+  EXPECT_EQ(std::memcmp(out.data(), values[1].data(), 5500), 0);
+  EXPECT_EQ(tier->get_part(1, 1, 0, kLayerBytes, out.data()).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(tier->get_part(1, 2, 0, kLayerBytes, out.data()).code(), StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace strata::store
