@@ -356,11 +356,11 @@ Status KvStore::read_layers(LayeredLease* layered, std::span<const LayerPart> pa
     AlignedBuffer& buffer = (*lease.direct)[part.chunk];
     const Clock::time_point start = Clock::now();
     const Tier& tier = *tiers_[from];
+    int64_t read = 0;
     if (tier.reads_parts()) {
       const int64_t offset = part.layer_begin * layer_bytes;
-      const int64_t size = (part.layer_end - part.layer_begin) * layer_bytes;
-      status = tier.get_part(lease.item, index, offset, size, buffer.data() + offset);
-      bytes[from] += size;
+      read = (part.layer_end - part.layer_begin) * layer_bytes;
+      status = tier.get_part(lease.item, index, offset, read, buffer.data() + offset);
     } else {
       std::vector<AlignedBuffer> got(1);
       status = tier.get(lease.item, std::span(&index, 1), got);
@@ -368,10 +368,11 @@ Status KvStore::read_layers(LayeredLease* layered, std::span<const LayerPart> pa
         status = decode(tier.codec(), got[0].bytes(),
                         {buffer.data(), static_cast<size_t>(options_.chunk_bytes)});
       }
-      bytes[from] += got[0].size();
+      read = got[0].size();
     }
+    if (!status.ok()) break;  // counted as fetch() counts a failed read: not at all
+    bytes[from] += read;
     seconds[from] += seconds_since(start);
-    if (!status.ok()) break;
     if (!tier.reads_parts()) from = kDramTier;  // whole now
   }
   std::scoped_lock lock(mutex_);

@@ -160,8 +160,9 @@ bool decode_put(Reader& p, PutRecord* r) {
   uint32_t extents = 0, segments = 0;
   uint8_t exact = 0;
   if (!(p.get(&r->key.item) && p.get(&r->key.index) && p.get(&r->key.hash.low) &&
-        p.get(&r->key.hash.high) && p.get(&r->placement.bytes) && p.get(&segments) &&
-        segments >= 1 && segments <= kMaxSegments && r->placement.bytes % segments == 0)) {
+        p.get(&r->key.hash.high) && p.get(&r->placement.bytes) && r->placement.bytes > 0 &&
+        p.get(&segments) && segments >= 1 && segments <= kMaxSegments &&
+        r->placement.bytes % segments == 0)) {
     return false;
   }
   r->checksums.resize(segments);
