@@ -164,6 +164,8 @@ class EngineClient final : public BenchClient {
                       {"partial_restores", d(stats.partial_restores)},
                       {"restore_history_token_layers", d(stats.restore_history_token_layers)},
                       {"restore_recomputed_token_layers", d(stats.restore_recomputed_token_layers)},
+                      {"restore_pass_seconds", stats.restore_pass_seconds},
+                      {"restore_wait_seconds", stats.restore_wait_seconds},
                       {"pair_maps", d(stats.pair_maps)},
                       {"paired_layers", d(stats.paired_layers)},
                       {"merged_chunks_loaded", d(stats.merged_chunks_loaded)}};

@@ -272,7 +272,10 @@ void TorchExecutor::insert_loaded_layer(StagedLoads& loads, int64_t layer) {
             loads.copy_seconds += copying;
           });
     }
+    const auto waiting = std::chrono::steady_clock::now();
     loads.loader->wait(layer);
+    loads.wait_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - waiting).count();
     blocks = loads.cpu_staging[layer % 2].narrow(0, 0, count);
   }
   const auto start = std::chrono::steady_clock::now();

@@ -604,6 +604,7 @@ StatusOr<ForwardResult> TorchExecutor::run(const ForwardBatch& batch) {
     if (loads.failed[i]) result.failed_loads.push_back(batch.loads[i].seq);
   }
   result.load_copy_seconds = loads.copy_seconds + loads.insert_seconds;
+  result.load_wait_seconds = loads.wait_seconds;
   for (int64_t l = 0; l < num_layers && !loads.sources.empty(); ++l) {
     result.load_copy_bytes += loads.layer_blocks[l] * block_bytes_;
   }

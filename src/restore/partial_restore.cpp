@@ -14,7 +14,8 @@
 
 namespace strata::restore {
 
-std::vector<int64_t> RestoreCoordinator::restoration_plan(int64_t history, int64_t room) const {
+std::vector<int64_t> RestoreCoordinator::restoration_plan(int64_t history, int64_t room,
+                                                          store::TierIndex from) const {
   const int64_t block = kv_.geometry().block_size_tokens;
   const auto layers = static_cast<int32_t>(executor_.config().num_layers);
   kv::krul::RestorePlan plan;
@@ -25,15 +26,19 @@ std::vector<int64_t> RestoreCoordinator::restoration_plan(int64_t history, int64
       plan = kv::krul::fixed_ratio_plan(history, layers, options_.store.recompute_ratio, block);
       break;
     case store::RestoreMode::kKrul: {
-      // Costs per token and layer on this machine: the prefill's, and a stored chunk's pin (a
-      // read from a lower tier included) and copy into the pool. Unmeasured: load everything.
-      if (prefill_seconds_per_token_layer_ <= 0 || load_bytes_per_second_ <= 0) return {};
+      // Costs per token and layer on this machine: the prefill's, and a stored chunk's pin and
+      // read from tier `from` and copy into the pool. Unmeasured: load everything (which
+      // measures them).
+      const double pin = pin_seconds_per_chunk_[from];
+      if (prefill_seconds_per_token_layer_ <= 0 || load_bytes_per_second_ <= 0 || pin <= 0) {
+        return {};
+      }
       const double chunk_layer_bytes =
           static_cast<double>(executor_.kv_chunk_bytes()) / static_cast<double>(layers);
       kv::krul::RestoreCosts costs;
       costs.compute_per_token = prefill_seconds_per_token_layer_;
-      costs.load_per_token = (pin_seconds_per_chunk_ / layers + chunk_layer_bytes / load_bytes_per_second_) /
-                             static_cast<double>(block);
+      costs.load_per_token =
+          (pin / layers + chunk_layer_bytes / load_bytes_per_second_) / static_cast<double>(block);
       costs.merged_load_per_token = costs.load_per_token;
       plan = kv::krul::plan_restore(history, layers, {}, costs, block);
       break;

@@ -339,7 +339,7 @@ StatusOr<store::TierIndex> RestoreCoordinator::stream_load(SeqId seq, Sequence& 
     const bool whole = lease->from[j] == store::kDramTier;
     kv_load->chunks.push_back(whole ? lease->lease.chunks[j] : nullptr);
   }
-  if (tier == store::kDramTier) {  // nothing to read
+  if (std::ranges::find(kv_load->chunks, nullptr) == kv_load->chunks.end()) {  // nothing to read
     step_leases_.push_back(std::move(lease->lease));
     return tier;
   }
@@ -350,7 +350,7 @@ StatusOr<store::TierIndex> RestoreCoordinator::stream_load(SeqId seq, Sequence& 
   auto read = std::make_shared<StreamedRead>(*store_, *std::move(lease), std::move(layer_first));
   kv_load->arrivals = read;
   // Counted as restore() counts a load: the whole history (it starts at block 0).
-  streamed_.push_back({seq, std::move(read), (last + 1) * block, store_->tier_name(tier)});
+  streamed_.push_back({seq, std::move(read), (last + 1) * block, tier});
   return tier;
 }
 
@@ -359,10 +359,11 @@ void RestoreCoordinator::finish_streamed_loads(const executor::ForwardResult* re
     StreamedRead::Outcome outcome = read->finish();
     if (result != nullptr &&
         std::ranges::find(result->failed_loads, seq) == result->failed_loads.end()) {
-      stats_.store_loaded_tokens[tier] += tokens;
+      stats_.store_loaded_tokens[store_->tier_name(tier)] += tokens;
     }
-    if (outcome.chunks > 0)
-      update_average(pin_seconds_per_chunk_, outcome.seconds / outcome.chunks);
+    if (outcome.chunks > 0) {
+      update_average(pin_seconds_per_chunk_[tier], outcome.seconds / outcome.chunks);
+    }
     if (!outcome.status.ok()) {
       spdlog::debug("KV store: sequence {}'s streamed load failed: {}", seq.value,
                     outcome.status.to_string());
@@ -396,7 +397,11 @@ std::vector<LoadedPrefix> RestoreCoordinator::restore(scheduler::ScheduledBatch&
     kv::BlockLoad pinned = load;
     std::vector<int64_t> rows;
     if (load.first_block == 0 && sequence.dropped_tokens == 0) {
-      rows = restoration_plan(load.num_blocks * block, room);
+      const Sequence::StoredPrefix& stored = *sequence.stored;
+      const std::optional<store::TierIndex> from =
+          store_->locate(stored.item, stored.chunks[0], load.num_blocks, stored.skipped_chunks);
+      // (An item gone since: pin_load reports it.)
+      if (from) rows = restoration_plan(load.num_blocks * block, room, *from);
     }
     if (!rows.empty()) {
       pinned.first_block = rows.back() / block;
@@ -430,7 +435,7 @@ std::vector<LoadedPrefix> RestoreCoordinator::restore(scheduler::ScheduledBatch&
     }
     if (pinned.num_blocks > 0 && !kv_load.arrivals) {  // streamed: measured after the pass
       update_average(
-          pin_seconds_per_chunk_,
+          pin_seconds_per_chunk_[*tier],
           std::chrono::duration<double>(std::chrono::steady_clock::now() - pin_start).count() /
               static_cast<double>(pinned.num_blocks));
     }
@@ -590,7 +595,15 @@ void RestoreCoordinator::after_pass(const executor::ForwardBatch& forward,
   for (const executor::KvLoad& load : forward.loads) loaded += std::ssize(load.chunks);
   const int64_t loaded_bytes = result->load_copy_bytes;
   for (const executor::KvSave& save : forward.saves) saved += std::ssize(save.chunks);
-  for (const executor::SequenceChunk& chunk : forward.chunks) tokens += std::ssize(chunk.tokens);
+  bool restoring = false;
+  for (const executor::SequenceChunk& chunk : forward.chunks) {
+    tokens += std::ssize(chunk.tokens);
+    restoring = restoring || chunk.restored_tokens > 0;
+  }
+  if (restoring) {
+    stats_.restore_pass_seconds += seconds;
+    stats_.restore_wait_seconds += result->load_wait_seconds;
+  }
   const std::vector<SeqId>& failed = result->failed_loads;
   for (const executor::KvSave& save : forward.saves) {
     if (std::ranges::find(failed, save.seq) != failed.end()) continue;  // given back below

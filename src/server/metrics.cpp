@@ -233,6 +233,11 @@ void render_store(const engine::EngineStats& engine, std::string* out) {
   single("strata_kv_restore_recomputed_token_layers_total", "counter",
          "Of those, the token-layers recomputed (the rest were loaded).",
          d(engine.restore_recomputed_token_layers));
+  single("strata_kv_restore_pass_seconds_total", "counter",
+         "Time of the forward passes that restored a resumed turn.", engine.restore_pass_seconds);
+  single("strata_kv_restore_wait_seconds_total", "counter",
+         "Of it, the time their layers waited for loaded KV (CPU: the pipeline's bubble).",
+         engine.restore_wait_seconds);
   single("strata_kv_layer_pair_maps_total", "counter",
          "Turns that ended with their conversation's layer pairs chosen (kv_store.layer_pairing).",
          d(engine.pair_maps));

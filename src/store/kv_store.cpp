@@ -297,6 +297,22 @@ std::optional<StoreLease> KvStore::try_acquire_in_dram(ItemId id, int64_t first,
   return lease;
 }
 
+std::optional<TierIndex> KvStore::locate(ItemId id, int64_t first, int64_t count,
+                                         int64_t skipped_chunks) const {
+  std::scoped_lock lock(mutex_);
+  auto it = items_.find(id);
+  if (it == items_.end() || it->second.doomed || std::ssize(it->second.chunks) < first + count ||
+      !it->second.same_chunks(first + count, skipped_chunks)) {
+    return std::nullopt;
+  }
+  const Item& item = it->second;
+  TierIndex farthest = item.fetched_from;
+  for (int64_t i = first; i < first + count; ++i) {
+    if (item.chunks[i].dram == nullptr) farthest = std::max(farthest, source_of(item.chunks[i]));
+  }
+  return farthest;
+}
+
 void KvStore::release(const StoreLease& lease, double load_seconds) {
   {
     std::scoped_lock lock(mutex_);

@@ -351,6 +351,10 @@ TEST_F(EngineStoreTest, ARestorationReadBesideThePassExtendsItsConversation) {
   EXPECT_EQ(stats.partial_restores, 1);
   EXPECT_EQ(stats.loaded_tokens("ssd"), kStoredTokens);
   EXPECT_EQ(stats.store_saved_tokens, 3 * 16);
+  // The restoring pass is timed, and its layers' waits for the reads are a part of it.
+  EXPECT_GT(stats.restore_pass_seconds, 0);
+  EXPECT_GE(stats.restore_wait_seconds, 0);
+  EXPECT_LT(stats.restore_wait_seconds, stats.restore_pass_seconds);
 }
 
 // Cached KV is keyed by the model's content: a copy of the model file elsewhere finds the KV the

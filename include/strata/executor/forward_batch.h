@@ -142,6 +142,10 @@ struct ForwardResult {
   // the load bandwidth that sizes the read buffer and Krul's plans.
   double load_copy_seconds = 0;
   int64_t load_copy_bytes = 0;
+  // CPU: the step thread's time waiting for loaded layers (the loader thread's copies, and the
+  // reads of streamed loads behind them): the bubble a restoration's pipeline is to hide. 0 on
+  // CUDA (the compute stream waits on events, the host does not).
+  double load_wait_seconds = 0;
   double save_seconds = 0;  // host time spent on the batch's saves (likewise)
   // Tensor parallelism: rank 0's time in collectives during the pass (the plan's broadcast, the
   // all-reduces and gathers, waiting for the other ranks included).

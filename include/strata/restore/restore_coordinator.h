@@ -22,6 +22,7 @@
 // Step-loop thread only, except look_up_shared() and end_session() (thread-safe).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -81,6 +82,10 @@ struct RestoreStats {
   int64_t partial_restores = 0;
   int64_t restore_history_token_layers = 0;
   int64_t restore_recomputed_token_layers = 0;
+  // Passes that restored one (a failed load's included): their time, and of it the time their
+  // layers waited for loaded KV (ForwardResult::load_wait_seconds: the pipeline's bubble, CPU).
+  double restore_pass_seconds = 0;
+  double restore_wait_seconds = 0;
   // Krul's layer pairs (kv_store.layer_pairing): turns that ended with their conversation's pairs
   // chosen, the layers those pairs cover (summed), and stored chunks restored from merged pairs.
   int64_t pair_maps = 0;
@@ -198,8 +203,9 @@ class RestoreCoordinator {
   void plan_saves(executor::ForwardBatch& forward);
   // Krul (restore_mode krul or partial, partial_restore.cpp): the rows each layer of a resumed
   // turn recomputes of its `history` stored tokens (non-increasing with depth, whole blocks, at
-  // most `room`); empty: load them all.
-  std::vector<int64_t> restoration_plan(int64_t history, int64_t room) const;
+  // most `room`), Krul's planner costing the loads as reads from tier `from`; empty: load them
+  // all.
+  std::vector<int64_t> restoration_plan(int64_t history, int64_t room, store::TierIndex from) const;
   // Rewrites the chunks of the sequences restore() planned a restoration for: their history
   // joins the pass (SequenceChunk::restored_tokens, computed_rows).
   void plan_restorations(executor::ForwardBatch& forward);
@@ -238,7 +244,7 @@ class RestoreCoordinator {
     SeqId seq;
     std::shared_ptr<StreamedRead> read;
     int64_t tokens = 0;
-    std::string tier;
+    store::TierIndex tier = store::kDramTier;
   };
   std::vector<StreamedLoad> streamed_;
   std::vector<store::ItemId> queue_;            // last queue given to the store
@@ -246,9 +252,10 @@ class RestoreCoordinator {
   // prefill time per token per layer; moving averages.
   double load_bytes_per_second_ = 0;
   double prefill_seconds_per_token_layer_ = 0;
-  // Restorations: the time to pin one stored chunk (a read from a lower tier included; moving
-  // average), and the rows each layer recomputes of the sequences restore() planned this step.
-  double pin_seconds_per_chunk_ = 0;
+  // Restorations: the time to pin one stored chunk and read every layer of it, by the farthest
+  // tier a load read from (moving averages), and the rows each layer recomputes of the sequences
+  // restore() planned this step.
+  std::array<double, store::kMaxTiers> pin_seconds_per_chunk_{};
   std::unordered_map<SeqId, std::vector<int64_t>> restorations_;
   kv::krul::MergedForm merged_form_;                     // the layer-merge codec's
   std::vector<std::vector<std::byte>> unmerged_chunks_;  // this step's (unmerge_load)

@@ -265,6 +265,12 @@ class KvStore {
   // Never waits or does I/O: pre-loading uses it.
   std::optional<StoreLease> try_acquire_in_dram(ItemId item, int64_t first, int64_t count,
                                                 int64_t skipped_chunks = 0);
+  // The farthest tier chunks [first, first + count) of `item` would be read from now (kDramTier:
+  // all in DRAM, or fetched from the shared tier for this load), without reading or counting
+  // anything; nullopt if the item is gone, shorter or changed since it was matched with
+  // `skipped_chunks`. A restoration plans by the cost of reading from there.
+  std::optional<TierIndex> locate(ItemId item, int64_t first, int64_t count,
+                                  int64_t skipped_chunks = 0) const;
   void release(const StoreLease& lease, double load_seconds);
   // Pins raw chunks [first, first + count) of `item` to be read by layer ranges, without reading
   // anything: chunks in DRAM are handed over whole, the others get buffers the lease owns that
