@@ -173,7 +173,8 @@ Status validate_plan(const std::vector<int64_t>& boundary, int64_t tokens,
 void time_plan(RestorePlan& plan, int64_t tokens, const std::vector<LayerPair>& pairs,
                const RestoreCosts& costs) {
   const std::vector<Role> role = roles(static_cast<int32_t>(plan.boundary.size()), pairs);
-  plan.compute_seconds = plan.load_seconds = 0;
+  plan.compute_seconds = costs.other_compute;
+  plan.load_seconds = 0;
   for (size_t l = 0; l < plan.boundary.size(); ++l) {
     plan.compute_seconds += compute_time(plan.boundary[l], costs);
     plan.load_seconds += load_time(role[l], plan.boundary[l], tokens, costs);

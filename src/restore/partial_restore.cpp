@@ -15,7 +15,8 @@
 namespace strata::restore {
 
 std::vector<int64_t> RestoreCoordinator::restoration_plan(int64_t history, int64_t room,
-                                                          store::TierIndex from) const {
+                                                          store::TierIndex from,
+                                                          int64_t other_tokens) const {
   const int64_t block = kv_.geometry().block_size_tokens;
   const auto layers = static_cast<int32_t>(executor_.config().num_layers);
   kv::krul::RestorePlan plan;
@@ -39,6 +40,8 @@ std::vector<int64_t> RestoreCoordinator::restoration_plan(int64_t history, int64
       costs.compute_per_token = prefill_seconds_per_token_layer_;
       costs.load_per_token =
           (pin / layers + chunk_layer_bytes / load_bytes_per_second_) / static_cast<double>(block);
+      costs.other_compute =
+          static_cast<double>(other_tokens * layers) * prefill_seconds_per_token_layer_;
       costs.merged_load_per_token = costs.load_per_token;
       plan = kv::krul::plan_restore(history, layers, {}, costs, block);
       break;
@@ -47,8 +50,11 @@ std::vector<int64_t> RestoreCoordinator::restoration_plan(int64_t history, int64
   // Within the step's room, in whole blocks (a minimum keeps the pyramid).
   const int64_t cap = std::max<int64_t>(room, 0) / block * block;
   for (int64_t& rows : plan.boundary) rows = std::min(rows, cap);
-  // A plan that recomputes nothing is a plain load.
-  if (plan.boundary.empty() || plan.boundary.front() == 0) return {};
+  // A plan that recomputes nothing is a plain load, unless Krul's loads from a lower tier can run
+  // beside the pass's other rows (decision 10).
+  const bool streams = options_.store.restore_mode == store::RestoreMode::kKrul &&
+                       from > store::kDramTier && executor_.streams_loads();
+  if (plan.boundary.empty() || (plan.boundary.front() == 0 && !streams)) return {};
   return plan.boundary;
 }
 

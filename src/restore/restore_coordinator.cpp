@@ -388,8 +388,9 @@ std::vector<LoadedPrefix> RestoreCoordinator::restore(scheduler::ScheduledBatch&
   restorations_.clear();  // a step without a pass applied none
   const int64_t block = kv_.geometry().block_size_tokens;
   // Rows the step's budget leaves for recomputed history.
-  int64_t room = options_.max_batched_tokens;
-  for (const scheduler::ScheduledChunk& chunk : batch.chunks) room -= chunk.num_tokens;
+  int64_t scheduled = 0;
+  for (const scheduler::ScheduledChunk& chunk : batch.chunks) scheduled += chunk.num_tokens;
+  int64_t room = options_.max_batched_tokens - scheduled;
   for (const kv::BlockLoad& load : batch.copies.loads) {
     Sequence& sequence = *sequences_.at(load.seq);
     STRATA_CHECK(sequence.stored.has_value()) << "a load for a sequence without a stored item";
@@ -401,7 +402,7 @@ std::vector<LoadedPrefix> RestoreCoordinator::restore(scheduler::ScheduledBatch&
       const std::optional<store::TierIndex> from =
           store_->locate(stored.item, stored.chunks[0], load.num_blocks, stored.skipped_chunks);
       // (An item gone since: pin_load reports it.)
-      if (from) rows = restoration_plan(load.num_blocks * block, room, *from);
+      if (from) rows = restoration_plan(load.num_blocks * block, room, *from, scheduled);
     }
     if (!rows.empty()) {
       pinned.first_block = rows.back() / block;

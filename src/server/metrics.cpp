@@ -225,9 +225,11 @@ void render_store(const engine::EngineStats& engine, std::string* out) {
   single("strata_kv_store_preloads_total", "counter",
          "Waiting requests whose first layers of stored KV were pre-loaded (the read buffer).",
          d(engine.preloads));
-  single("strata_kv_restore_partial_total", "counter",
-         "Resumed turns that recomputed part of their history (restore_mode krul or partial).",
-         d(engine.partial_restores));
+  single(
+      "strata_kv_restore_partial_total", "counter",
+      "Resumed turns restored beside their pass, recomputing part of their history (restore_mode "
+      "krul or partial).",
+      d(engine.partial_restores));
   single("strata_kv_restore_history_token_layers_total", "counter",
          "Their history's tokens times layers.", d(engine.restore_history_token_layers));
   single("strata_kv_restore_recomputed_token_layers_total", "counter",

@@ -92,11 +92,15 @@ MergedForm merged_form(double share, double retain, int32_t num_layers, int64_t 
 //   recompute of t tokens in one layer   t * compute_per_token + t^2 * attention_per_token2
 //   load of t tokens of one layer        t * load_per_token
 //   load of t tokens of a merged pair    t * merged_load_per_token (both layers' data)
+// and, in the compute stream whatever the plan, `other_compute`: the pass's other rows (the new
+// turn's tokens at every layer, which Strata computes in the restoring pass), beside which the
+// loads run too.
 struct RestoreCosts {
   double compute_per_token = 0;
   double attention_per_token2 = 0;
   double load_per_token = 0;
   double merged_load_per_token = 0;
+  double other_compute = 0;
 };
 
 // A plan: layer l recomputes tokens [0, boundary[l]) and loads [boundary[l], tokens). Recompute

@@ -78,7 +78,8 @@ struct RestoreStats {
   int64_t preloads = 0;    // requests whose first layers were pre-loaded
   int64_t preloaded_layers = 0;  // layers those pre-loads held, summed
   // Resumed turns restored by recomputing part of their history (kv_store.restore_mode krul or
-  // partial), and of their history's token-layers, those recomputed (the rest were loaded).
+  // partial; krul's may recompute none and read all of it beside the pass), and of their
+  // history's token-layers, those recomputed (the rest were loaded).
   int64_t partial_restores = 0;
   int64_t restore_history_token_layers = 0;
   int64_t restore_recomputed_token_layers = 0;
@@ -203,9 +204,10 @@ class RestoreCoordinator {
   void plan_saves(executor::ForwardBatch& forward);
   // Krul (restore_mode krul or partial, partial_restore.cpp): the rows each layer of a resumed
   // turn recomputes of its `history` stored tokens (non-increasing with depth, whole blocks, at
-  // most `room`), Krul's planner costing the loads as reads from tier `from`; empty: load them
-  // all.
-  std::vector<int64_t> restoration_plan(int64_t history, int64_t room, store::TierIndex from) const;
+  // most `room`), Krul's planner costing the loads as reads from tier `from` beside the compute
+  // of the step's `other_tokens` scheduled tokens; empty: load them all before the pass.
+  std::vector<int64_t> restoration_plan(int64_t history, int64_t room, store::TierIndex from,
+                                        int64_t other_tokens) const;
   // Rewrites the chunks of the sequences restore() planned a restoration for: their history
   // joins the pass (SequenceChunk::restored_tokens, computed_rows).
   void plan_restorations(executor::ForwardBatch& forward);

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <numeric>
 #include <random>
 
 namespace strata::kv::krul {
@@ -167,6 +168,23 @@ TEST(KrulPolicyTest, HandComputedPlanAndStorage) {
   EXPECT_EQ(k.boundary, (std::vector<int64_t>{100, 80, 0, 0}));
   EXPECT_DOUBLE_EQ(k.compute_seconds, 180);
   EXPECT_DOUBLE_EQ(k.load_seconds, 180);
+}
+
+// The pass's other rows are on the compute stream: the plan recomputes only what their compute
+// leaves of the loads, and nothing once it covers them all.
+TEST(KrulPolicyTest, OtherComputeInThePassHidesLoadsToo) {
+  RestoreCosts c{1.0, 0.0, 1.5, 1.5};
+  c.other_compute = 100;  // of 600 s to load everything: the balance is 100 + 4x = 1.5 (400 - 4x)
+  RestorePlan p = plan_restore(100, 4, {}, c, 1);
+  ASSERT_TRUE(validate_plan(p.boundary, 100, {}).ok());
+  EXPECT_EQ(std::accumulate(p.boundary.begin(), p.boundary.end(), int64_t{0}), 200);
+  EXPECT_DOUBLE_EQ(p.compute_seconds, 300);
+  EXPECT_DOUBLE_EQ(p.load_seconds, 300);
+  c.other_compute = 600;  // covers every load: nothing is recomputed
+  p = plan_restore(100, 4, {}, c, 1);
+  EXPECT_EQ(p.boundary, (std::vector<int64_t>(4, 0)));
+  EXPECT_DOUBLE_EQ(p.compute_seconds, 600);
+  EXPECT_DOUBLE_EQ(p.load_seconds, 600);
 }
 
 // Every non-increasing boundary vector on the level grid, for the exhaustive comparison.
