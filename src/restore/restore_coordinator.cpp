@@ -345,8 +345,9 @@ StatusOr<store::TierIndex> RestoreCoordinator::stream_load(SeqId seq, Sequence& 
   }
   // Layer l loads the blocks from its recompute boundary on.
   std::vector<int64_t> layer_first;
-  for (const int64_t computed : rows)
+  for (const int64_t computed : rows) {
     layer_first.push_back(std::max(computed / block, first) - first);
+  }
   auto read = std::make_shared<StreamedRead>(*store_, *std::move(lease), std::move(layer_first));
   kv_load->arrivals = read;
   // Counted as restore() counts a load: the whole history (it starts at block 0).
