@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kv_experiment.h"
+#include "strata/common/clock.h"
 #include "strata/executor/executor.h"
 #include "strata/kernels/krul_ops.h"
 #include "strata/kernels/kv_format_ops.h"
@@ -20,11 +21,7 @@ namespace strata::bench {
 namespace {
 
 using kv::krul::LayerPair;
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
+using Clock = SteadyClock;
 
 // The saved chunks as one tensor [chunks, layers, 2 (K, V), Hkv, B, D] (Executor::kv_chunk_bytes'
 // layout) and back.

@@ -11,16 +11,13 @@
 #include <thread>
 
 #include "progress.h"
+#include "strata/common/clock.h"
 
 namespace strata::bench {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
+using Clock = SteadyClock;
 
 // Counts free slots of max_concurrency (unlimited when 0).
 class Slots {

@@ -24,6 +24,7 @@
 
 #include "commands.h"
 #include "loaded_model.h"
+#include "strata/common/clock.h"
 #include "strata/common/hex.h"
 #include "strata/kv/kv_format.h"
 #include "strata/store/env.h"
@@ -62,11 +63,7 @@ AdaptCache chooses among the codecs the profile lists.
                           measured (kv_store.ssd_dir names the SSD tier's directory)
 )";
 
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
+using Clock = SteadyClock;
 
 // Bytes per second of one memcpy of `bytes`, the best of three.
 double dram_bandwidth(int64_t bytes) {

@@ -15,6 +15,7 @@
 #include <optional>
 
 #include "layers.h"
+#include "strata/common/clock.h"
 #include "strata/kernels/krul_ops.h"
 #include "strata/kernels/kv_format_ops.h"
 #include "torch_executor.h"
@@ -266,16 +267,14 @@ void TorchExecutor::insert_loaded_layer(StagedLoads& loads, int64_t layer) {
               }
               const auto start = std::chrono::steady_clock::now();
               std::memcpy(out + j * block_bytes_, source, static_cast<size_t>(block_bytes_));
-              copying +=
-                  std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+              copying += seconds_since(start);
             }
             loads.copy_seconds += copying;
           });
     }
     const auto waiting = std::chrono::steady_clock::now();
     loads.loader->wait(layer);
-    loads.wait_seconds +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - waiting).count();
+    loads.wait_seconds += seconds_since(waiting);
     blocks = loads.cpu_staging[layer % 2].narrow(0, 0, count);
   }
   const auto start = std::chrono::steady_clock::now();
@@ -302,8 +301,7 @@ void TorchExecutor::insert_loaded_layer(StagedLoads& loads, int64_t layer) {
     rotate_keys(blocks, loads.first_positions.narrow(0, 0, count), /*inverse=*/false);
     pool_.base_view().index_copy_(0, loads.destinations[layer].narrow(0, 0, count), blocks);
   }
-  loads.insert_seconds +=
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  loads.insert_seconds += seconds_since(start);
   if (loads.loader) loads.loader->release(layer);
 }
 

@@ -141,8 +141,8 @@ class TorchExecutor final : public Executor {
     // thread spent inserting (ForwardResult::load_copy_seconds).
     double copy_seconds = 0;
     double insert_seconds = 0;
-    double wait_seconds =
-        0;  // the step thread's, for the loader (ForwardResult::load_wait_seconds)
+    // The step thread's waits for the loader (ForwardResult::load_wait_seconds).
+    double wait_seconds = 0;
     // Blocks whose chunks are encoded (KvLoad::encoding), one group per format: their indices
     // into `sources`, and on CUDA their bytes on the device, [num_layers, blocks, block_bytes].
     struct Encoded {

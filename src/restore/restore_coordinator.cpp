@@ -10,6 +10,7 @@
 
 #include "item_codecs.h"
 #include "strata/common/check.h"
+#include "strata/common/clock.h"
 #include "strata/executor/executor.h"
 #include "strata/kv/kv_cache_manager.h"
 #include "strata/kv/prefix_hash.h"
@@ -436,10 +437,8 @@ std::vector<LoadedPrefix> RestoreCoordinator::restore(scheduler::ScheduledBatch&
       continue;
     }
     if (pinned.num_blocks > 0 && !kv_load.arrivals) {  // streamed: measured after the pass
-      update_average(
-          pin_seconds_per_chunk_[*tier],
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - pin_start).count() /
-              static_cast<double>(pinned.num_blocks));
+      update_average(pin_seconds_per_chunk_[*tier],
+                     seconds_since(pin_start) / static_cast<double>(pinned.num_blocks));
     }
     if (!rows.empty()) restorations_[load.seq] = std::move(rows);
     const int64_t tokens = load.num_blocks * block;

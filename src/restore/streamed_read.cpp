@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "strata/common/check.h"
+#include "strata/common/clock.h"
 
 namespace strata::restore {
 namespace {
@@ -54,8 +55,7 @@ void StreamedRead::run() {
     }
     const auto start = std::chrono::steady_clock::now();
     const Status read = store_.read_layers(&lease_, parts);
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double seconds = seconds_since(start);
     std::scoped_lock lock(mutex_);
     if (!read.ok()) {
       outcome_.status = read;

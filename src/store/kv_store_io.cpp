@@ -1,20 +1,18 @@
 // The store's background movement between tiers, on its I/O threads: publication of saves whose
 // copies finish later, demotion out of DRAM, prefetching into it, expiry, and making room.
-#include <algorithm>
-#include <cmath>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <cmath>
+
 #include "strata/common/check.h"
+#include "strata/common/clock.h"
 #include "strata/store/kv_store.h"
 
 namespace strata::store {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
+using Clock = SteadyClock;
 
 }  // namespace
 
