@@ -225,8 +225,7 @@ StatusOr<KvStore::Item*> KvStore::leasable(ItemId id, int64_t end, int64_t skipp
                                            std::unique_lock<std::mutex>& lock) {
   idle_.wait(lock, [&] { return !items_.contains(id) || !items_.at(id).busy; });
   auto it = items_.find(id);
-  if (it == items_.end() || it->second.doomed || std::ssize(it->second.chunks) < end ||
-      !it->second.same_chunks(end, skipped_chunks)) {
+  if (it == items_.end() || !it->second.serves(end, skipped_chunks)) {
     for (TierCounters& c : counters_) ++c.misses;
     const bool renumbered =
         it != items_.end() && !it->second.doomed && !it->second.same_chunks(end, skipped_chunks);
@@ -280,8 +279,7 @@ std::optional<StoreLease> KvStore::try_acquire_in_dram(ItemId id, int64_t first,
   if (it == items_.end()) return std::nullopt;
   Item& item = it->second;
   // The read buffer holds raw layers: encoded items are loaded with their pass.
-  if (item.doomed || item.busy || item.codec != 0 || std::ssize(item.chunks) < first + count ||
-      !item.same_chunks(first + count, skipped_chunks)) {
+  if (item.busy || item.codec != 0 || !item.serves(first + count, skipped_chunks)) {
     return std::nullopt;
   }
   StoreLease lease{id, {}, kDramTier, item.codec, {}, nullptr};
@@ -301,10 +299,7 @@ std::optional<TierIndex> KvStore::locate(ItemId id, int64_t first, int64_t count
                                          int64_t skipped_chunks) const {
   std::scoped_lock lock(mutex_);
   auto it = items_.find(id);
-  if (it == items_.end() || it->second.doomed || std::ssize(it->second.chunks) < first + count ||
-      !it->second.same_chunks(first + count, skipped_chunks)) {
-    return std::nullopt;
-  }
+  if (it == items_.end() || !it->second.serves(first + count, skipped_chunks)) return std::nullopt;
   const Item& item = it->second;
   TierIndex farthest = item.fetched_from;
   for (int64_t i = first; i < first + count; ++i) {

@@ -369,6 +369,10 @@ class KvStore {
     bool same_chunks(int64_t end, int64_t matched_skipped) const {
       return skipped_chunks == matched_skipped || end <= 1;
     }
+    // Whether a load of its chunks [0, end) matched with `matched_skipped` may pin them now.
+    bool serves(int64_t end, int64_t matched_skipped) const {
+      return !doomed && std::ssize(chunks) >= end && same_chunks(end, matched_skipped);
+    }
     // Tokens left out after chunk 0 when its hashes were made.
     int64_t hash_offset(int32_t block) const { return token_offset - skipped_chunks * block; }
     // Hashed from position 0 (exact, or token-dropped from an exact item): found by content.

@@ -1,8 +1,8 @@
 // Reads by layer ranges (KvStore::pin_layers, read_layers; SsdTier::get_part): Krul's restoration
 // reads each layer's part of a conversation's chunks just before the layer that loads it. The
 // SSD tier reads only the bytes asked for, checked by the checksum of each layer segment, so a
-// corrupt layer is refused even when the rest of its chunk is good; a tier that cannot read parts
-// (zstd) reads a chunk whole the first time. Chunks of 6000 bytes in 6 layers of 1000: parts do
+// corrupt layer is refused even when the rest of its chunk is good, a read error drops its item
+// and fails the tier; a tier that cannot read parts (zstd) reads a chunk whole the first time. Chunks of 6000 bytes in 6 layers of 1000: parts do
 // not start on pages, so the tier reads the pages around them.
 #include <gtest/gtest.h>
 
@@ -14,6 +14,7 @@
 
 #include "store_test_util.h"
 #include "strata/store/ssd_tier.h"
+#include "support/fault_env.h"
 
 namespace strata::store {
 namespace {
@@ -23,7 +24,8 @@ constexpr int64_t kLayerBytes = kChunkBytes / kLayers;
 
 // DRAM of 4 chunks, a quarter kept free, over one SSD tier: the second 2-chunk item sends the
 // first one down.
-StoreOptions layered(const TempDir& dir, CodecKind codec = CodecKind::kIdentity) {
+StoreOptions layered(const TempDir& dir, CodecKind codec = CodecKind::kIdentity,
+                     Env* env = Env::posix()) {
   StoreOptions o = options(nullptr, 4);
   o.chunk_layers = kLayers;
   o.dram_reserve_fraction = 0.25;
@@ -31,7 +33,8 @@ StoreOptions layered(const TempDir& dir, CodecKind codec = CodecKind::kIdentity)
                      .dir = dir.file("ssd"),
                      .capacity_bytes = 64 * 8192,
                      .file_bytes = 16 * 8192,
-                     .codec = codec});
+                     .codec = codec,
+                     .env = env});
   return o;
 }
 
@@ -139,6 +142,35 @@ TEST(LayeredReadTest, ACorruptLayerIsRefusedAndTheRestOfItsChunkServed) {
   EXPECT_EQ(store->stats().corrupt_chunks, 1);
   store->release(lease->lease, 0);
   EXPECT_FALSE(store->find(a, root(), {})) << "its item is dropped";
+}
+
+// A read error fails the tier: the part's read drops its item, and an item whose chunks only the
+// failed tier holds is refused at the pin, without touching the disk.
+TEST(LayeredReadTest, AReadErrorDropsTheItemAndAFailedTierPinsNothing) {
+  TempDir dir;
+  test_util::FaultEnv env;
+  auto store = KvStore::open(layered(dir, CodecKind::kIdentity, &env)).value();
+  const std::vector<TokenId> a = tokens(1, 9), b = tokens(2, 9), c = tokens(3, 9);
+  for (const auto& t : {a, b, c}) {  // a and b are demoted: only on the SSD
+    ASSERT_TRUE(save(*store, t).ok());
+    store->wait_idle();
+  }
+  const std::optional<StoreMatch> ma = store->find(a, root(), {}), mb = store->find(b, root(), {});
+  ASSERT_TRUE(ma && mb);
+  ASSERT_EQ(mb->tier, kSsd);
+  StatusOr<LayeredLease> lease = store->pin_layers(ma->item, 0, 2);
+  ASSERT_TRUE(lease.ok());
+  env.inject(test_util::FaultEnv::Fault::kReadError, "data-");
+  EXPECT_EQ(store->read_layers(&*lease, std::vector<LayerPart>{{0, 0, 1}}).code(),
+            StatusCode::kDataLoss);
+  EXPECT_EQ(env.remaining(), 0);
+  EXPECT_FALSE(store->stats().tier("ssd").available);
+  EXPECT_EQ(store->stats().tier("ssd").bytes_out, 0) << "a failed read counts no bytes";
+  store->release(lease->lease, 0);
+  EXPECT_FALSE(store->find(a, root(), {})) << "its item is dropped";
+  EXPECT_EQ(store->pin_layers(mb->item, 0, 2).status().code(), StatusCode::kDataLoss);
+  EXPECT_EQ(store->stats().corrupt_chunks, 2);
+  EXPECT_TRUE(load_and_check(*store, c)) << "DRAM still serves";
 }
 
 TEST(LayeredReadTest, ATierThatCannotReadPartsReadsAChunkWholeOnce) {
