@@ -485,7 +485,9 @@ void RestoreCoordinator::plan_saves(executor::ForwardBatch& forward) {
   const int64_t block = kv_.geometry().block_size_tokens;
   for (const executor::SequenceChunk& chunk : forward.chunks) {
     Sequence& sequence = *sequences_.at(chunk.seq);
-    if (!sequence.saves_kv()) continue;
+    // A sequence off the pool (FreeKV's layers hold its KV) saves no more: its item ends with
+    // the blocks the pool computed, which the pass that moved it saved.
+    if (!sequence.saves_kv() || kv_.is_off_pool(chunk.seq)) continue;
     const std::vector<TokenId>& tokens = kv_.tokens(chunk.seq);
     const int64_t end_block = (chunk.start_position + std::ssize(chunk.tokens)) / block;
     auto hash_up_to = [&](std::vector<kv::ChunkHash>& chain, int64_t blocks) {

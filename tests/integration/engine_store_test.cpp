@@ -324,6 +324,38 @@ TEST_F(EngineStoreTest, ResumedTurnFromSsdAfterARestartMatchesRecompute) {
   EXPECT_FALSE(engine->end_session("conversation"));
 }
 
+// FreeKV with the store: a sequence saves the blocks the pool computes (its prompt's 12 full
+// blocks) and none once it decodes off the pool (its reply completes block 13, which the pool
+// never holds); after a restart the next turn loads them from the SSD and leaves the pool in
+// turn. FreeKV's budget covers the whole context, so its decode equals full attention and the
+// turns are the recomputing engine's.
+TEST_F(EngineStoreTest, FreeKvSavesWhatThePoolComputedAndLoadsIt) {
+  test_util::TempDir dir;
+  EngineOptions options = options_with(store_options(dir.file("kv")), false);
+  options.executor.freekv = {.enabled = true, .page_tokens = 16, .budget_tokens = 512,
+                             .sink_tokens = 32, .window_tokens = 32, .min_context_tokens = 64};
+  constexpr int64_t kPromptBlocks = 200 / 16;
+  {
+    std::unique_ptr<Engine> engine = make_engine(options);
+    ASSERT_TRUE(engine);
+    run_first_turn(*engine, "conversation");
+    const EngineStats stats = engine->stats();
+    EXPECT_GT(stats.freekv.head_steps, 0) << "the first turn did not decode off the pool";
+    EXPECT_EQ(stats.store_saved_tokens, kPromptBlocks * 16);
+  }  // a clean shutdown writes DRAM-only items to SSD
+  std::unique_ptr<Engine> engine = make_engine(options);
+  ASSERT_TRUE(engine);
+  const Turn second = run_turn(*engine, *second_prompt_, "conversation");
+  EXPECT_EQ(second.usage.loaded_prompt_tokens, kPromptBlocks * 16);
+  EXPECT_EQ(second.usage.cached_tier, "ssd");
+  expect_same_as_recompute(*recomputed_second_, second);
+  wait_for(*engine, [](const EngineStats& s) { return s.freekv.sequences == 0; },
+           "FreeKV to end the sequence");
+  const EngineStats stats = engine->stats();
+  EXPECT_GT(stats.freekv.head_steps, 0) << "the resumed turn did not decode off the pool";
+  EXPECT_EQ(stats.store->corrupt_chunks, 0);
+}
+
 // A resumed turn restored from the SSD with its reads beside the pass (partial at 0.5): the
 // recomputing engine's answer, the SSD reported as the tier it loaded from, and its save extends
 // the conversation's item (only the new turn's blocks 13-15 are written): the history's chunks

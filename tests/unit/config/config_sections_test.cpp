@@ -532,7 +532,16 @@ TEST(ConfigSectionsTest, FreeKvErrorsNameTheKey) {
        kInvalid, "set kv_cache.enable_prefix_caching to false"},
       {"with the store", "devices: {device: cpu}\nkv_cache: {enable_prefix_caching: false}\n"
                          "kv_store: {dram_bytes: 1GiB}\nfreekv: {enabled: true}\n",
-       kInvalid, "freekv.enabled does not save to the KV store"},
+       kOk, ""},
+      {"restoring by recompute",
+       "devices: {device: cpu}\nkv_cache: {enable_prefix_caching: false}\n"
+       "kv_store: {dram_bytes: 1GiB, restore_mode: partial}\nfreekv: {enabled: true}\n",
+       kInvalid, "freekv.enabled restores stored KV by loading it; set kv_store.restore_mode"},
+      {"with layer pairs",
+       "devices: {device: cpu}\nkv_cache: {enable_prefix_caching: false}\n"
+       "kv_store: {dram_bytes: 1GiB, layer_pairing: minicache, fixed_codec: layer-merge}\n"
+       "freekv: {enabled: true}\n",
+       kInvalid, "freekv.enabled does not observe attention for layer pairs"},
       {"off, anything goes", "kv_store: {dram_bytes: 1GiB}\nfreekv: {enabled: false}\n", kOk, ""},
       {"on", on + "freekv: {enabled: true}\n", kOk, ""},
   });
