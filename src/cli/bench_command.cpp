@@ -137,6 +137,9 @@ Compare:
   --output-dir DIR        compare.json, compare.md and the plots (default bench-compare)
   --no-plots              skip the PNG plots (ttft_cdf, ttft_by_turn, throughput_vs_rate)
   --plot-python PATH      Python with matplotlib (default: the project's .venv)
+  --warm-store            the runs share kv_store.ssd_dir as it is (not emptied, kept): later
+                          runs load the KV earlier ones stored (a long prompt computed once);
+                          their TTFTs then measure loads, not prefill
 )";
 
 const std::set<std::string>& workload_flag_names() {
@@ -700,7 +703,7 @@ Status bench(const std::vector<std::string>& args) {
     if (mode == "compare") {
       value_flags.insert({"request-rates", "output-dir", "plot-python"});
       repeated.insert({"variant", "peer"});
-      switches.insert("no-plots");
+      switches.insert({"no-plots", "warm-store"});
     }
   } else if (mode == "serve" || mode == "multiturn" || is_quality(mode)) {
     value_flags.insert(endpoint_flag_names().begin(), endpoint_flag_names().end());

@@ -190,6 +190,15 @@ Status bench_compare(const Flags& flags, const std::vector<std::string>& args) {
     STRATA_RETURN_IF_ERROR(d.validate());
     variants.emplace_back(std::move(variant), std::move(d));
   }
+  const bool warm_store = flags.has("warm-store");
+  if (warm_store) {
+    for (const auto& [variant, d] : variants) {
+      if (d.kv_store.ssd_dir.empty()) {
+        return invalid_argument_error("--warm-store: variant " + variant.name +
+                                      " has no kv_store.ssd_dir to share");
+      }
+    }
+  }
   const std::string out_dir = flags.get("output-dir", "bench-compare");
   STRATA_RETURN_IF_ERROR(make_directories(out_dir));  // before any run, not after the last
   // One workload for every run, counted with the model's tokenizer.
@@ -238,12 +247,13 @@ Status bench_compare(const Flags& flags, const std::vector<std::string>& args) {
     for (double rate : rates) {
       // A fresh engine per run: no run inherits another's cached KV, not even the SSD tier's,
       // which survives restarts: each run gets an empty directory inside kv_store.ssd_dir,
-      // removed afterwards.
+      // removed afterwards. With --warm-store every run opens kv_store.ssd_dir itself and
+      // leaves it as it is, so later runs load what earlier ones stored.
       std::fprintf(stderr, "[%s @ %g/s] loading %s ...\n", variant.name.c_str(), rate,
                    d.model.path.c_str());
       config::DeploymentConfig run_config = d;
       std::string ssd_dir;
-      if (!d.kv_store.ssd_dir.empty()) {
+      if (!d.kv_store.ssd_dir.empty() && !warm_store) {
         char suffix[64];
         std::snprintf(suffix, sizeof(suffix), "@%g", rate);
         ssd_dir = d.kv_store.ssd_dir + "/compare-" + variant.name + suffix;

@@ -323,6 +323,33 @@ def main():
                 with open(os.path.join(out, png), "rb") as f:
                     assert f.read(8) == b"\x89PNG\r\n\x1a\n", png
 
+        def test_compare_warm_store():
+            # Each run gets an empty SSD tier unless --warm-store: then the second run loads the
+            # prompts the first stored (its DRAM tier is empty at start, so from the SSD): 4
+            # blocks of 16 tokens of each.
+            def compare(name, *extra, expect_rc=0):
+                out = os.path.join(work, name)
+                done = bench("compare", "--model", args.model, "--dataset-name", "random",
+                             "--random-input-len", "64", "--random-output-len", "2",
+                             "--num-prompts", "2", "--max-concurrency", "1",
+                             "--set", "kv_cache.enable_prefix_caching=false",
+                             "--set", "kv_store.dram_bytes=64MiB", "--set",
+                             "kv_store.ssd_bytes=256MiB", *extra, "--variant", "first",
+                             "--variant", "second", "--output-dir", out, "--no-plots",
+                             "--disable-tqdm", expect_rc=expect_rc)
+                if expect_rc != 0:
+                    return done
+                with open(os.path.join(out, "compare.json")) as f:
+                    return [r["result"]["tier_hit_tokens"]["ssd"] for r in json.load(f)["runs"]]
+            ssd = os.path.join(work, "warm-kv")
+            assert compare("cold", "--set", f"kv_store.ssd_dir={ssd}") == [0, 0]
+            assert not os.path.exists(os.path.join(ssd, "compare-first@inf"))
+            assert compare("warm", "--warm-store", "--set", f"kv_store.ssd_dir={ssd}") == [0, 128]
+            assert os.path.exists(os.path.join(ssd, "index.journal")), os.listdir(ssd)
+            done = compare("no-dir", "--warm-store", "--set", "kv_store.ssd_bytes=0",
+                           expect_rc=2)
+            assert "--warm-store: variant first has no kv_store.ssd_dir" in done.stderr, done.stderr
+
         check("serve: random prompts over OpenAI HTTP", test_serve_random_over_http)
         def test_compare_perplexity_across_variants():
             # The KV block size and the prefill chunking change how the prompt is computed,
@@ -360,6 +387,7 @@ def main():
             assert time.monotonic() - started < 60
 
         check("compare: engine variants and a peer server", test_compare_variants_and_a_peer)
+        check("compare: --warm-store shares the SSD tier", test_compare_warm_store)
         check("ppl: equals HF over HTTP, gRPC and in process",
               test_ppl_matches_hf_over_http_grpc_and_in_process)
         check("longqa: answers scored", test_longqa_scores_answers)
