@@ -10,7 +10,8 @@ store holding the first one's prompt serves the next ones' documents up to their
 
 score: reads a `strata bench compare` compare.json of such a workload and prints, per variant,
 the share of answers that contain the needle's number (the retrieval accuracy), beside the
-token F1 the bench computes, and how many answers equal the reference variant's.
+token F1 the bench computes, how many answers equal the reference variant's, and the mean time
+per output token.
 
     .venv/bin/python bench/niah.py generate --model .cache/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf \
         --context-tokens 32000 --depths 0.75,0.25 --output /var/tmp/niah-32k.jsonl
@@ -70,16 +71,20 @@ def score(args):
     for run in runs:
         answers[run["variant"]] = run["result"]["items"]
     reference = answers.get(args.reference)
-    print("| variant | needle found | token F1 | answers equal to " + args.reference + "'s |")
-    print("|---|---:|---:|---:|")
-    for name, rows in answers.items():
+    print("| variant | needle found | token F1 | answers equal to " + args.reference +
+          "'s | TPOT (ms) |")
+    print("|---|---:|---:|---:|---:|")
+    for run in runs:
+        name, rows = run["variant"], answers[run["variant"]]
+        tpot = run["result"].get("mean_tpot_ms")
         found = sum(1 for r in rows if any(a in (r.get("prediction") or "") for a in r["answers"]))
         f1 = sum(r.get("f1") or 0 for r in rows) / max(1, len(rows))
         same = "-"
         if reference is not None:
             same = sum(1 for r, q in zip(rows, reference) if r.get("prediction") == q.get("prediction"))
             same = f"{same} / {len(rows)}"
-        print(f"| {name} | {found} / {len(rows)} | {f1:.3f} | {same} |")
+        tpot = "-" if tpot is None else f"{tpot:.1f}"
+        print(f"| {name} | {found} / {len(rows)} | {f1:.3f} | {same} | {tpot} |")
 
 
 def main():

@@ -373,17 +373,19 @@ QaScore score_answer(const QaItem& item, std::string_view prediction) {
 Json longqa_metrics(const std::vector<QaItem>& items, const LoadRun& run) {
   Json rows = Json::array();
   Json errors = Json::array();
-  double f1 = 0, rouge = 0, exact = 0, prompt_len = 0, latency = 0, ttft = 0;
-  int64_t completed = 0, multiple_choice = 0, completed_choice = 0;
+  double f1 = 0, rouge = 0, exact = 0, prompt_len = 0, latency = 0, ttft = 0, tpot = 0;
+  int64_t completed = 0, multiple_choice = 0, completed_choice = 0, decoded = 0;
   for (size_t i = 0; i < items.size() && i < run.results.size(); ++i) {
     const QaItem& item = items[i];
     const RequestResult& r = run.results[i];
-    Json row = {{"id", item.id},
-                {"prompt_len", r.prompt_len},
-                {"prediction", r.generated_text},
-                {"answers", item.answers},
-                {"ttft_ms", r.ttft_s * 1e3},
-                {"cached_prompt_tokens", r.cached_prompt_tokens ? Json(*r.cached_prompt_tokens) : Json()}};
+    Json row = {
+        {"id", item.id},
+        {"prompt_len", r.prompt_len},
+        {"prediction", r.generated_text},
+        {"answers", item.answers},
+        {"ttft_ms", r.ttft_s * 1e3},
+        {"output_len", r.output_len},
+        {"cached_prompt_tokens", r.cached_prompt_tokens ? Json(*r.cached_prompt_tokens) : Json()}};
     errors.push_back(r.error);
     multiple_choice += item.multiple_choice ? 1 : 0;
     if (r.success) {
@@ -397,29 +399,37 @@ Json longqa_metrics(const std::vector<QaItem>& items, const LoadRun& run) {
       prompt_len += static_cast<double>(r.prompt_len);
       latency += r.latency_s;
       ttft += r.ttft_s;
+      if (r.output_len > 1) {  // time per output token after the first, as `bench serve`
+        const double t = (r.latency_s - r.ttft_s) / static_cast<double>(r.output_len - 1);
+        row["tpot_ms"] = t * 1e3;
+        tpot += t;
+        ++decoded;
+      }
       ++completed;
       completed_choice += item.multiple_choice ? 1 : 0;
     }
     rows.push_back(std::move(row));
   }
   const double n = std::max<double>(1, static_cast<double>(completed));
-  return Json{{"task", "longqa"},
-              {"num_questions", items.size()},
-              {"completed", completed},
-              {"failed", static_cast<int64_t>(items.size()) - completed},
-              {"f1", f1 / n},
-              {"rouge_l", rouge / n},
-              {"num_multiple_choice", multiple_choice},
-              {"exact_match",
-               completed_choice > 0 ? Json(exact / static_cast<double>(completed_choice)) : Json()},
-              {"mean_prompt_len", prompt_len / n},
-              {"mean_latency_ms", latency / n * 1e3},
-              {"mean_ttft_ms", ttft / n * 1e3},
-              {"duration_s", run.duration_s},
-              {"tier_hit_tokens", run.tier_hit_tokens ? Json(*run.tier_hit_tokens) : Json()},
-              {"store_counters", run.store_counters ? Json(*run.store_counters) : Json()},
-              {"errors", std::move(errors)},
-              {"items", std::move(rows)}};
+  return Json{
+      {"task", "longqa"},
+      {"num_questions", items.size()},
+      {"completed", completed},
+      {"failed", static_cast<int64_t>(items.size()) - completed},
+      {"f1", f1 / n},
+      {"rouge_l", rouge / n},
+      {"num_multiple_choice", multiple_choice},
+      {"exact_match",
+       completed_choice > 0 ? Json(exact / static_cast<double>(completed_choice)) : Json()},
+      {"mean_prompt_len", prompt_len / n},
+      {"mean_latency_ms", latency / n * 1e3},
+      {"mean_ttft_ms", ttft / n * 1e3},
+      {"mean_tpot_ms", decoded > 0 ? Json(tpot / static_cast<double>(decoded) * 1e3) : Json()},
+      {"duration_s", run.duration_s},
+      {"tier_hit_tokens", run.tier_hit_tokens ? Json(*run.tier_hit_tokens) : Json()},
+      {"store_counters", run.store_counters ? Json(*run.store_counters) : Json()},
+      {"errors", std::move(errors)},
+      {"items", std::move(rows)}};
 }
 
 }  // namespace strata::bench

@@ -297,6 +297,19 @@ def main():
             letter = result["items"][0]["prediction"].strip().lstrip("(")[:1]
             assert result["exact_match"] == (1.0 if letter == "B" else 0.0), result["items"][0]
             assert result["items"][1]["exact_match"] is None
+            # Time per output token after the first, of the answers of two tokens or more.
+            tpots = []
+            for item in result["items"]:
+                assert 1 <= item["output_len"] <= 12, item
+                if item["output_len"] > 1:
+                    assert item["tpot_ms"] > 0, item
+                    tpots.append(item["tpot_ms"])
+                else:
+                    assert "tpot_ms" not in item, item
+            if tpots:
+                close(result["mean_tpot_ms"], sum(tpots) / len(tpots), "mean tpot")
+            else:
+                assert result["mean_tpot_ms"] is None, result
 
         def test_compare_variants_and_a_peer():
             out = os.path.join(work, "compare")

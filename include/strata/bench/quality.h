@@ -116,10 +116,11 @@ QaScore score_answer(const QaItem& item, std::string_view prediction);
 // The answers of run_requests() over longqa_request()s of `items`, scored: {"task": "longqa",
 // "num_questions", "completed", "failed", "f1", "rouge_l" (means over completed answers),
 // "num_multiple_choice", "exact_match" (mean over those; null without any), "mean_prompt_len",
-// "mean_latency_ms", "mean_ttft_ms", "duration_s", "tier_hit_tokens" and "store_counters" (the
-// run's, null when the client has none), "errors" (one per question, "" when answered, as
-// vLLM's), "items": [{"id", "prompt_len", "prediction", "answers", "ttft_ms",
-// "cached_prompt_tokens" (null when unknown), "f1", "rouge_l", "exact_match"}]}.
+// "mean_latency_ms", "mean_ttft_ms", "mean_tpot_ms" (over answers of 2 tokens or more; null
+// without any), "duration_s", "tier_hit_tokens" and "store_counters" (the run's, null when the
+// client has none), "errors" (one per question, "" when answered, as vLLM's), "items": [{"id",
+// "prompt_len", "prediction", "answers", "ttft_ms", "output_len", "tpot_ms" (answers of 2 tokens
+// or more), "cached_prompt_tokens" (null when unknown), "f1", "rouge_l", "exact_match"}]}.
 nlohmann::json longqa_metrics(const std::vector<QaItem>& items, const LoadRun& run);
 
 }  // namespace strata::bench
