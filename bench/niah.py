@@ -10,8 +10,10 @@ store holding the first one's prompt serves the next ones' documents up to their
 
 score: reads a `strata bench compare` compare.json of such a workload and prints, per variant,
 the share of answers that contain the needle's number (the retrieval accuracy), beside the
-token F1 the bench computes, how many answers equal the reference variant's, and the mean time
-per output token.
+token F1 the bench computes, how many answers equal the reference variant's, the mean time
+per output token and FreeKV's counters: the share of head steps corrected, the (page, KV head)
+copies per layer step from the host pages and from the other recall buffer, and the share of
+recall time hidden behind compute.
 
     .venv/bin/python bench/niah.py generate --model .cache/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf \
         --context-tokens 32000 --depths 0.75,0.25 --output /var/tmp/niah-32k.jsonl
@@ -72,8 +74,9 @@ def score(args):
         answers[run["variant"]] = run["result"]["items"]
     reference = answers.get(args.reference)
     print("| variant | needle found | token F1 | answers equal to " + args.reference +
-          "'s | TPOT (ms) |")
-    print("|---|---:|---:|---:|---:|")
+          "'s | TPOT (ms) | corrected | (page, head) copies per layer step: host / reused "
+          "| recall hidden |")
+    print("|---|---:|---:|---:|---:|---:|---|---:|")
     for run in runs:
         name, rows = run["variant"], answers[run["variant"]]
         tpot = run["result"].get("mean_tpot_ms")
@@ -84,7 +87,17 @@ def score(args):
             same = sum(1 for r, q in zip(rows, reference) if r.get("prediction") == q.get("prediction"))
             same = f"{same} / {len(rows)}"
         tpot = "-" if tpot is None else f"{tpot:.1f}"
-        print(f"| {name} | {found} / {len(rows)} | {f1:.3f} | {same} | {tpot} |")
+        retrieval = ""
+        counts = run["result"].get("freekv")
+        if counts and counts.get("steps"):
+            steps = counts["steps"]  # layer steps of the retrieval layers
+            retrieval = (f" {100 * counts['corrected_share']:.1f}% | "
+                         f"{counts['recalled_pages'] / steps:.1f} / "
+                         f"{counts['reused_pages'] / steps:.1f} | "
+                         f"{100 * counts['recall_hidden_share']:.0f}% |")
+        else:
+            retrieval = " | | |"
+        print(f"| {name} | {found} / {len(rows)} | {f1:.3f} | {same} | {tpot} |{retrieval}")
 
 
 def main():
