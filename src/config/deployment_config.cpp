@@ -747,16 +747,12 @@ Status DeploymentConfig::validate() const {
           "freekv.enabled takes sequences off the KV pool; set kv_cache.enable_prefix_caching to "
           "false");
     }
-    // With the store, a sequence's prompt blocks are saved while the pool computes them and
-    // loaded as usual; once it leaves the pool nothing more of it is saved.
-    if (kv_store.enabled() && kv_store.restore_mode != store::RestoreMode::kLoad) {
+    // The store saves what the pool computes of a sequence and loads it (docs/freekv.md, 17).
+    if (kv_store.enabled() && (kv_store.restore_mode != store::RestoreMode::kLoad ||
+                               kv_store.layer_pairing != store::LayerPairing::kNone)) {
       return invalid_argument_error(
-          "freekv.enabled restores stored KV by loading it; set kv_store.restore_mode to load");
-    }
-    if (kv_store.enabled() && kv_store.layer_pairing != store::LayerPairing::kNone) {
-      return invalid_argument_error(
-          "freekv.enabled does not observe attention for layer pairs; set "
-          "kv_store.layer_pairing to none");
+          "freekv.enabled restores stored KV by loading it: set kv_store.restore_mode to load "
+          "and kv_store.layer_pairing to none");
     }
   }
   return Status();

@@ -536,12 +536,12 @@ TEST(ConfigSectionsTest, FreeKvErrorsNameTheKey) {
       {"restoring by recompute",
        "devices: {device: cpu}\nkv_cache: {enable_prefix_caching: false}\n"
        "kv_store: {dram_bytes: 1GiB, restore_mode: partial}\nfreekv: {enabled: true}\n",
-       kInvalid, "freekv.enabled restores stored KV by loading it; set kv_store.restore_mode"},
+       kInvalid, "freekv.enabled restores stored KV by loading it: set kv_store.restore_mode"},
       {"with layer pairs",
        "devices: {device: cpu}\nkv_cache: {enable_prefix_caching: false}\n"
        "kv_store: {dram_bytes: 1GiB, layer_pairing: minicache, fixed_codec: layer-merge}\n"
        "freekv: {enabled: true}\n",
-       kInvalid, "freekv.enabled does not observe attention for layer pairs"},
+       kInvalid, "and kv_store.layer_pairing to none"},
       {"off, anything goes", "kv_store: {dram_bytes: 1GiB}\nfreekv: {enabled: false}\n", kOk, ""},
       {"on", on + "freekv: {enabled: true}\n", kOk, ""},
   });
