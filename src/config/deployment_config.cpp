@@ -747,12 +747,11 @@ Status DeploymentConfig::validate() const {
           "freekv.enabled takes sequences off the KV pool; set kv_cache.enable_prefix_caching to "
           "false");
     }
-    // The store saves what the pool computes of a sequence and loads it (docs/freekv.md, 17).
     if (kv_store.enabled() && (kv_store.restore_mode != store::RestoreMode::kLoad ||
                                kv_store.layer_pairing != store::LayerPairing::kNone)) {
       return invalid_argument_error(
           "freekv.enabled restores stored KV by loading it: set kv_store.restore_mode to load "
-          "and kv_store.layer_pairing to none");
+          "and kv_store.layer_pairing to none (docs/freekv.md, decision 17)");
     }
   }
   return Status();
