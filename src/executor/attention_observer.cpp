@@ -2,7 +2,6 @@
 
 #include <ATen/ATen.h>
 
-#include <algorithm>
 #include <utility>
 
 #include "strata/common/check.h"
@@ -18,10 +17,13 @@ AttentionObserver::AttentionObserver(int32_t num_layers, int32_t num_heads,
 void AttentionObserver::observe(SeqId seq, int64_t layer, const at::Tensor& q, at::Tensor keys,
                                 int64_t start, double scale, int64_t stride) {
   STRATA_CHECK(observes_rows(start, q.size(0), stride)) << "no row of the chunk is observed";
-  if (start == 0 && layer == 0) states_.erase(seq);
+  if (start == 0 && layer == 0) forget(seq);
   auto [it, added] = states_.try_emplace(seq);
   State& state = it->second;
-  if (added) state.stats = kv::krul::AttentionStats(num_layers_, num_heads_);
+  if (added) {
+    state.turn = next_turn_++;
+    state.stats = kv::krul::AttentionStats(num_layers_, num_heads_);
+  }
   const int64_t n = q.size(0);
   if (n == 1) {
     if (layer == 0) state.decode_rows.clear();
@@ -32,44 +34,18 @@ void AttentionObserver::observe(SeqId seq, int64_t layer, const at::Tensor& q, a
     state.decode_rows.push_back(kernels::aten::krul_attention_rows(q, keys, start, scale));
     return;
   }
-  const int64_t first = first_row(start, stride);
-  if (layer == 0) state.prompt.push_back({{}, start, start + n, first, stride, 0, scale});
-  PromptChunk& chunk = state.prompt.back();
-  STRATA_CHECK(chunk.start == start && std::ssize(chunk.q) == layer)
-      << "attention of layer " << layer << " at " << start << " observed out of order";
-  chunk.q.push_back(q.slice(0, first - start, n, stride).clone());
-  if (std::ssize(state.keys) <= layer) state.keys.resize(static_cast<size_t>(layer) + 1);
-  state.keys[static_cast<size_t>(layer)] = std::move(keys);
-}
-
-int64_t AttentionObserver::reduce_prompt(State& state, int64_t rows) {
-  int64_t done = 0;
-  while (done < rows && !state.prompt.empty()) {
-    PromptChunk& chunk = state.prompt.front();
-    const int64_t n = chunk.q.front().size(0);
-    const int64_t take = std::min({kRowBlock, rows - done, n - chunk.reduced});
-    const int64_t first = chunk.first + chunk.reduced * chunk.stride;
-    std::vector<at::Tensor> layer_rows;
-    layer_rows.reserve(chunk.q.size());
-    for (size_t l = 0; l < chunk.q.size(); ++l) {
-      // rows first, first + stride, ... over the chunk's keys, zero beyond each row's position
-      layer_rows.push_back(kernels::aten::krul_attention_rows(
-          chunk.q[l].narrow(0, chunk.reduced, take), state.keys[l].narrow(0, 0, chunk.end), first,
-          chunk.scale, chunk.stride));
-    }
-    const at::Tensor lengths =
-        at::arange(first + 1, first + 1 + take * chunk.stride, chunk.stride, at::kLong);
-    kernels::aten::krul_accumulate(at::stack(layer_rows), lengths, state.stats);
-    chunk.reduced += take;
-    done += take;
-    if (chunk.reduced == n) state.prompt.pop_front();
+  PromptRows& chunk = state.prompt;
+  if (layer == 0) {
+    chunk = {{}, first_row(start, stride), stride, start + n, scale};
+    state.keys.clear();
   }
-  if (state.prompt.empty()) state.keys.clear();
-  return done;
+  STRATA_CHECK(chunk.end == start + n && std::ssize(chunk.q) == layer)
+      << "attention of layer " << layer << " at " << start << " observed out of order";
+  chunk.q.push_back(q.slice(0, chunk.first - start, n, stride).clone());
+  state.keys.push_back(std::move(keys));
 }
 
 void AttentionObserver::after_pass(kernels::KernelBackend backend) {
-  int64_t budget = kPromptRowsPerPass;
   for (auto& [seq, state] : states_) {
     if (std::ssize(state.decode_rows) == num_layers_) {
       const at::Tensor rows = at::stack(state.decode_rows);  // [layers, heads, 1, t]
@@ -89,7 +65,15 @@ void AttentionObserver::after_pass(kernels::KernelBackend backend) {
       }
     }
     state.decode_rows.clear();
-    if (budget > 0) budget -= reduce_prompt(state, budget);
+    if (std::ssize(state.prompt.q) == num_layers_) {
+      // The reducer's thread reads host memory (on CUDA: one copy per pass, after its compute).
+      for (at::Tensor& q : state.prompt.q) q = q.cpu();
+      for (at::Tensor& k : state.keys) k = k.cpu();
+      if (!reducer_) reducer_ = std::make_unique<PromptReducer>(num_layers_, num_heads_);
+      reducer_->submit(state.turn, std::move(state.prompt), std::move(state.keys));
+    }
+    state.prompt = {};
+    state.keys.clear();
   }
 }
 
@@ -120,11 +104,18 @@ std::optional<kv::krul::AttentionStats> AttentionObserver::take(SeqId seq) {
   auto it = states_.find(seq);
   if (it == states_.end()) return std::nullopt;
   State& state = it->second;
-  while (!state.prompt.empty()) reduce_prompt(state, INT64_MAX);
   fold_device_rows(state);
   std::optional<kv::krul::AttentionStats> stats = std::move(state.stats);
+  if (reducer_) stats->add(reducer_->take(state.turn));
   states_.erase(it);
   return stats;
+}
+
+void AttentionObserver::forget(SeqId seq) {
+  auto it = states_.find(seq);
+  if (it == states_.end()) return;
+  if (reducer_) reducer_->drop(it->second.turn);
+  states_.erase(it);
 }
 
 }  // namespace strata::executor

@@ -4,37 +4,35 @@
 // (kv::krul::AttentionStats), without ever holding [heads, s, s] of one layer, let alone all.
 //
 // The two paths of the paper, split by rows (squared distances add up over rows):
-//   prompt rows   a chunk of n > 1 queries keeps copies of its queries [n, H, D] and of the keys
-//                 [end, Hkv, D] it attends to, per layer (one copy of the keys serves every
-//                 pending chunk); after each pass at most
-//                 kPromptRowsPerPass of those rows are turned into attention rows of every
-//                 layer (blocks of kRowBlock rows: [layers, H, rows, end] at a time) and reduced.
-//                 The paper reduces them on CPU threads beside the GPU's decoding; a CPU engine has
-//                 no idle thread (the step thread is the only one that runs libtorch), so the
-//                 reduction is spread over the passes that follow, a bounded slice each.
+//   prompt rows   a chunk of n > 1 queries keeps copies of its sampled queries [rows, H, D] and
+//                 of the keys [end, Hkv, D] it attends to, per layer; after the pass they are
+//                 handed (in host memory) to a PromptReducer, whose thread turns them into
+//                 attention rows of every layer and reduces them while the step thread goes on
+//                 (prompt_reducer.h: the paper's CPU threads beside decoding).
 //   decode rows   a chunk of one query turns into each layer's attention row [H, 1, t] as the
 //                 layer runs (its keys are not kept); once the pass has run every layer, the
 //                 rows of all layers are reduced together, then dropped. On the CPU into the
 //                 float64 statistics (krul_accumulate); on CUDA (device_accumulators) into
 //                 compensated float32 accumulators on the device (kernels::krul_accumulate_rows:
 //                 Strata's kernel where the start-up self-check passed it), folded into the
-//                 statistics at take(), so a decode step's rows stay on the device (prompt rows are
-//                 reduced through the host as on the CPU).
+//                 statistics at take(), so a decode step's rows stay on the device.
 // Only the rows at positions that are multiples of a chunk's stride are observed
 // (SequenceChunk::observe_row_stride, kv_store.krul_row_stride: docs/krul.md decision 9): a
 // prompt chunk keeps copies of those queries only, and a decode step at another position is not
 // observed at all (observes_rows: the executor does not even gather its keys).
-// take() reduces whatever is pending and hands the statistics over.
+// take() adds the prompt rows' statistics (reducing here what the thread has not) and hands the
+// statistics over.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
-#include <deque>
+#include <memory>
 #include <optional>
 #include <unordered_map>
 #include <vector>
 
+#include "prompt_reducer.h"
 #include "strata/common/ids.h"
 #include "strata/kernels/kernel_selection.h"
 #include "strata/kv/krul_policy.h"
@@ -56,40 +54,28 @@ class AttentionObserver {
   // statistics over.
   void observe(SeqId seq, int64_t layer, const at::Tensor& q, at::Tensor keys, int64_t start,
                double scale, int64_t stride);
-  // After a pass: the decode rows it observed (on CUDA by `backend`), and a slice of the pending
-  // prompt rows.
+  // After a pass: the decode rows it observed are reduced (on CUDA by `backend`), its prompt
+  // chunks handed to the reducer's thread.
   void after_pass(kernels::KernelBackend backend);
   // The sequence's statistics with every observed row reduced (nullopt if none was observed);
   // the sequence is forgotten.
   std::optional<kv::krul::AttentionStats> take(SeqId seq);
-  void forget(SeqId seq) { states_.erase(seq); }
+  void forget(SeqId seq);
+  // Prompt rows handed to the reducer and not reduced yet (tests).
+  int64_t pending_prompt_rows() const { return reducer_ ? reducer_->pending_rows() : 0; }
 
  private:
-  static constexpr int64_t kRowBlock = 16;  // prompt rows turned into attention rows at once
-  // Prompt rows reduced after each pass: one block. On SmolLM2 a block costs 9-29 ms on 2 cores
-  // for prompts of 300-930 tokens (up to half a decode step), so a prompt is reduced over as
-  // many decode steps as it has blocks.
-  static constexpr int64_t kPromptRowsPerPass = kRowBlock;
-
   // The first position from `start` on that is a multiple of `stride`.
   static int64_t first_row(int64_t start, int64_t stride) {
     return (start + stride - 1) / stride * stride;
   }
 
-  struct PromptChunk {          // copies of one prefill chunk's observed queries, per layer
-    std::vector<at::Tensor> q;  // [rows, H, D]: positions first, first + stride, ...
-    int64_t start = 0;          // the chunk's positions are [start, end)
-    int64_t end = 0;
-    int64_t first = 0;
-    int64_t stride = 1;
-    int64_t reduced = 0;  // rows of the chunk already reduced
-    double scale = 1.0;
-  };
   struct State {
-    kv::krul::AttentionStats stats;
-    std::deque<PromptChunk> prompt;
-    // Per layer, the keys [0, end) of the latest prompt chunk: a prefix of them serves every
-    // earlier chunk still pending.
+    uint64_t turn = 0;               // the reducer's key for this turn's prompt rows
+    kv::krul::AttentionStats stats;  // of the decode rows
+    // This pass's prompt chunk, if it observed one: its sampled queries and, per layer, the keys
+    // [0, end) they attend to.
+    PromptRows prompt;
     std::vector<at::Tensor> keys;
     // This pass's decode row [H, 1, t] of each layer observed so far.
     std::vector<at::Tensor> decode_rows;
@@ -99,8 +85,6 @@ class AttentionObserver {
     int64_t device_rows = 0;
   };
 
-  // Reduces up to `rows` pending prompt rows of a state; returns how many it reduced.
-  int64_t reduce_prompt(State& state, int64_t rows);
   // Adds the device accumulators' totals to the statistics and clears them.
   void fold_device_rows(State& state) const;
 
@@ -108,6 +92,8 @@ class AttentionObserver {
   int32_t num_heads_;
   bool device_accumulators_;
   std::unordered_map<SeqId, State> states_;
+  uint64_t next_turn_ = 1;
+  std::unique_ptr<PromptReducer> reducer_;  // started with the first prompt chunk observed
 };
 
 }  // namespace strata::executor

@@ -3,13 +3,17 @@
 // take) give the statistics of the host path (krul_accumulate into float64), over a prompt chunk
 // and decode steps of growing length, for two sequences at once; a sequence restarted at
 // position 0 starts over. Observing every third row (kv_store.krul_row_stride) over prompt chunks
-// and decode steps gives the statistics of those rows reduced one at a time.
+// and decode steps gives the statistics of those rows reduced one at a time. Prompt rows are
+// reduced by the reducer's thread while no call is made (take finds nothing left), and a turn
+// forgotten or started over while its rows are queued leaves nothing of them behind.
 #include "attention_observer.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
+#include <thread>
 
 #include "strata/kernels/krul_ops.h"
 
@@ -65,7 +69,12 @@ TEST(AttentionObserverTest, DeviceAccumulatorsGiveTheHostPathsStatistics) {
   run_turn(again, SeqId{3}, 4, 9);
   run_turn(again, SeqId{3}, 2, 10);
   run_turn(fresh, SeqId{3}, 2, 10);
-  EXPECT_EQ(again.take(SeqId{3})->squared, fresh.take(SeqId{3})->squared);
+  const std::vector<double> restarted = again.take(SeqId{3})->squared;
+  const std::vector<double> first = fresh.take(SeqId{3})->squared;
+  ASSERT_EQ(restarted.size(), first.size());
+  for (size_t i = 0; i < first.size(); ++i) {
+    EXPECT_NEAR(restarted[i], first[i], 1e-9 * std::abs(first[i])) << i;
+  }
 }
 
 TEST(AttentionObserverTest, StridedRowsGiveTheStatisticsOfThoseRows) {
@@ -108,6 +117,92 @@ TEST(AttentionObserverTest, StridedRowsGiveTheStatisticsOfThoseRows) {
   for (size_t i = 0; i < want.squared.size(); ++i) {
     EXPECT_NEAR(got->squared[i], want.squared[i], 1e-5 * std::abs(want.squared[i]) + 1e-9) << i;
   }
+}
+
+// The statistics of every row of a prompt of `n` tokens and `steps` decode steps, one row at a
+// time (the reference).
+kv::krul::AttentionStats rows_one_by_one(const at::Tensor& q, const at::Tensor& k, int64_t n) {
+  kv::krul::AttentionStats want(kLayers, kHeads);
+  for (int64_t p = 0; p < n; ++p) {
+    std::vector<at::Tensor> rows;
+    for (int64_t l = 0; l < kLayers; ++l) {
+      rows.push_back(kernels::aten::krul_attention_rows(q[l].slice(0, p, p + 1),
+                                                        k[l].slice(0, 0, p + 1), p, 0.35));
+    }
+    kernels::aten::krul_accumulate(at::stack(rows), at::full({1}, p + 1, at::kLong), want);
+  }
+  return want;
+}
+
+// Whether the observer's pending prompt rows reach 0 within a minute, without a call to it.
+bool drained(const AttentionObserver& observer) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (observer.pending_prompt_rows() > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return observer.pending_prompt_rows() == 0;
+}
+
+TEST(AttentionObserverTest, PromptRowsAreReducedBesideThePasses) {
+  constexpr int64_t kPrompt = 96;  // two chunks of 48: six blocks of 16 rows
+  at::manual_seed(12);
+  const at::Tensor q = at::randn({kLayers, kPrompt, kHeads, kDim});
+  const at::Tensor k = at::randn({kLayers, kPrompt, kKvHeads, kDim});
+  AttentionObserver observer(kLayers, kHeads);
+  for (int64_t start : {int64_t{0}, int64_t{48}}) {
+    for (int64_t l = 0; l < kLayers; ++l) {
+      observer.observe(SeqId{1}, l, q[l].slice(0, start, start + 48), k[l].slice(0, 0, start + 48),
+                       start, 0.35, 1);
+    }
+    if (start == 0) {
+      EXPECT_EQ(observer.pending_prompt_rows(), 0) << "handed over after the pass";
+    }
+    observer.after_pass(kernels::KernelBackend::kStrata);
+  }
+  // Nothing is called meanwhile: the reducer's thread reduces every row.
+  EXPECT_TRUE(drained(observer)) << "the reducer's thread did not reduce the rows";
+  const kv::krul::AttentionStats want = rows_one_by_one(q, k, kPrompt);
+  const std::optional<kv::krul::AttentionStats> got = observer.take(SeqId{1});
+  ASSERT_TRUE(got);
+  EXPECT_EQ(got->observed, want.observed);
+  for (int32_t l = 0; l < kLayers; ++l) {
+    EXPECT_NEAR(got->edge_mass[l], want.edge_mass[l], 1e-5 * want.edge_mass[l]) << "layer " << l;
+  }
+  for (size_t i = 0; i < want.squared.size(); ++i) {
+    EXPECT_NEAR(got->squared[i], want.squared[i], 1e-5 * std::abs(want.squared[i]) + 1e-9) << i;
+  }
+}
+
+TEST(AttentionObserverTest, ForgottenOrRestartedTurnsLeaveNoQueuedRows) {
+  constexpr int64_t kPrompt = 200, kChunk = 40;
+  at::manual_seed(13);
+  const at::Tensor q = at::randn({kLayers, kPrompt, kHeads, kDim});
+  const at::Tensor k = at::randn({kLayers, kPrompt, kKvHeads, kDim});
+  const auto observe_prompt = [&](AttentionObserver& o, SeqId seq, int64_t n) {
+    for (int64_t start = 0; start < n; start += kChunk) {
+      for (int64_t l = 0; l < kLayers; ++l) {
+        o.observe(seq, l, q[l].slice(0, start, start + kChunk), k[l].slice(0, 0, start + kChunk),
+                  start, 0.35, 1);
+      }
+      o.after_pass(kernels::KernelBackend::kStrata);
+    }
+  };
+  AttentionObserver observer(kLayers, kHeads);
+  observe_prompt(observer, SeqId{1}, kPrompt);
+  observe_prompt(observer, SeqId{2}, kPrompt);
+  observer.forget(SeqId{1});
+  EXPECT_FALSE(observer.take(SeqId{1}));
+  // Sequence 2 starts over with a shorter prompt while its first one may still be queued: its
+  // statistics are those of the second prompt alone.
+  observe_prompt(observer, SeqId{2}, 2 * kChunk);
+  const kv::krul::AttentionStats want = rows_one_by_one(q, k, 2 * kChunk);
+  const std::optional<kv::krul::AttentionStats> got = observer.take(SeqId{2});
+  ASSERT_TRUE(got);
+  EXPECT_EQ(got->observed, want.observed);
+  for (size_t i = 0; i < want.squared.size(); ++i) {
+    EXPECT_NEAR(got->squared[i], want.squared[i], 1e-5 * std::abs(want.squared[i]) + 1e-9) << i;
+  }
+  EXPECT_TRUE(drained(observer)) << "dropped rows stay pending";
 }
 
 }  // namespace
