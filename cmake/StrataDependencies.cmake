@@ -19,6 +19,14 @@ if(NOT STRATA_FUZZ)  # the fuzz build's modules use neither libtorch nor CUDA
   # Without this, Caffe2's CMake tries to detect the GPUs of the build machine (there may be none).
   set(TORCH_CUDA_ARCH_LIST "8.0;9.0" CACHE STRING "CUDA archs torch's CMake helpers target")
   find_package(Torch REQUIRED)
+  # The OpenMP runtime the wheel's libtorch_cpu runs its intra-op threads on, linked by path so
+  # that one runtime serves both: a thread of ours sets its own OpenMP thread count with it
+  # (at::set_num_threads would also change the count every later thread starts with).
+  find_library(STRATA_TORCH_GOMP NAMES libgomp.so.1 PATHS "${TORCH_INSTALL_PREFIX}/lib"
+               NO_DEFAULT_PATH)
+  if(NOT STRATA_TORCH_GOMP)
+    message(FATAL_ERROR "no libgomp.so.1 beside libtorch in ${TORCH_INSTALL_PREFIX}/lib")
+  endif()
 endif()
 
 find_package(Threads REQUIRED)

@@ -4,11 +4,12 @@
 // every layer and adds their statistics up, while the step thread goes on computing passes. This
 // is the paper's "prompt rows reduced on CPU threads while decoding continues".
 //
-// The thread runs at the lowest scheduling priority (nice 19), so on a CPU engine it takes the
-// cycles the step thread leaves idle instead of competing with its intra-op threads for the same
-// cores (a second thread at equal priority doubled decode latency on 2 cores); on a CUDA engine
-// the host's cores are idle while the device computes. Whatever is left when the statistics are
-// needed (take) is reduced on the calling thread.
+// The thread runs at the lowest scheduling priority (nice 19) and on one core (its own OpenMP
+// thread count of 1), so on a CPU engine it takes the cycles the step thread leaves idle instead
+// of competing with its intra-op threads for the same cores (a team of its own at nice 19
+// preempted theirs at barriers and doubled SmolLM2's decode step); on a CUDA engine the host's
+// cores are idle while the device computes. Whatever is left when the statistics are needed
+// (take) is reduced on the calling thread.
 //
 // Work is keyed by an id per observed turn (AttentionObserver's), so a turn that is forgotten or
 // started over drops its queued chunks and never receives the result of one being reduced.
