@@ -5,6 +5,8 @@
 # long prompt is computed once.
 #
 #   bench/freekv_long_context.sh niah 16k|32k    needles at 75% and 25% of a 16K / 32K haystack
+#   bench/freekv_long_context.sh multikey 16k|32k K   K keyed needles in one 16K / 32K document,
+#                                                a question for each (one long prefill in all)
 #   bench/freekv_long_context.sh steps 16k|32k   decode steps again over the stored prompts (run
 #                                                niah first), 2 threads and 1 thread
 #   bench/freekv_long_context.sh bamboo N        BAMBOO paperqa_16k, the first N questions
@@ -52,6 +54,16 @@ case $mode in
       --max-output-len 24 --output-dir "$out"
     .venv/bin/python bench/niah.py score "$out/compare.json" --reference full
     ;;
+  multikey)
+    tokens=$([ "$arg" = 16k ] && echo 16000 || echo 32000)
+    data=$work/niah-$arg-keys.jsonl out=$work/niah-keys-out-$arg
+    rm -rf "$work/niah-$arg-keys-kv"
+    .venv/bin/python bench/niah.py generate --model "$model" --context-tokens "$tokens" \
+      --keys "$3" --output "$data"
+    compare "niah-$arg-keys" --dataset-path "$data" --max-input-len $((tokens + 600)) \
+      --max-output-len 24 --output-dir "$out"
+    .venv/bin/python bench/niah.py score "$out/compare.json" --reference full
+    ;;
   bamboo)
     rm -rf "$work/bamboo-kv"
     compare bamboo --dataset-path ../shared/data/longctx/bamboo/paperqa_16k.jsonl.xz \
@@ -63,7 +75,7 @@ case $mode in
       --num-prompts "$arg" --max-input-len 16000 --max-output-len 64 --output-dir "$work/leval-out"
     ;;
   *)
-    echo "usage: $0 niah|steps 16k|32k, or bamboo|leval N" >&2
+    echo "usage: $0 niah|steps 16k|32k, multikey 16k|32k K, or bamboo|leval N" >&2
     exit 2
     ;;
 esac

@@ -7,6 +7,10 @@ tokens of the served model's tokenizer, with a needle sentence carrying a random
 inserted at each --depths fraction of it (RULER's "special magic number" needle). Every record
 shares the haystack, so records sorted by decreasing depth share their longest prefixes: a KV
 store holding the first one's prompt serves the next ones' documents up to their needles.
+With --keys K (RULER's multi-key variant) one document holds K needles, each a number for its own
+key word, at depths (i + 1/2) / K, and record i asks for key i's number: the other K - 1 needles
+are distractors, and every record has the same document, so a KV store holding the first prompt
+serves the whole document to the others (one long prefill for K questions).
 
 score: reads a `strata bench compare` compare.json of such a workload and prints, per variant,
 the share of answers that contain the needle's number (the retrieval accuracy), beside the
@@ -17,6 +21,8 @@ recall time hidden behind compute.
 
     .venv/bin/python bench/niah.py generate --model .cache/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf \
         --context-tokens 32000 --depths 0.75,0.25 --output /var/tmp/niah-32k.jsonl
+    .venv/bin/python bench/niah.py generate --model ... --context-tokens 16000 --keys 16 \
+        --output /var/tmp/niah-16k-keys.jsonl
     .venv/bin/python bench/niah.py score docs/results/cpu-freekv-niah/compare.json --reference full
 """
 
@@ -27,10 +33,23 @@ import random
 import sys
 
 QUESTION = "What is the special magic number mentioned in the document?"
+# --keys: RULER's multi-key needles, keyed by words no essay sentence pairs with a number.
+KEYS = ("amber", "falcon", "harbor", "violet", "quartz", "meadow", "lantern", "glacier",
+        "saffron", "compass", "orchid", "ember", "tundra", "cobalt", "willow", "marble",
+        "cinder", "juniper", "beacon", "thistle", "canyon", "pepper", "nimbus", "garnet",
+        "hazel", "onyx", "prairie", "sparrow", "topaz", "velvet", "zephyr", "walnut")
 
 
 def needle(number):
     return f" The special magic number is: {number}. Remember it. "
+
+
+def keyed_needle(key, number):
+    return f" One of the special magic numbers for {key} is: {number}. "
+
+
+def keyed_question(key):
+    return f"What is the special magic number for {key} mentioned in the document?"
 
 
 def load_tokenizer(model):
@@ -52,6 +71,8 @@ def generate(args):
         ids = tokenizer.encode(text, add_special_tokens=False)
     ids = ids[: args.context_tokens]
     rng = random.Random(args.seed)
+    if args.keys:
+        return generate_keyed(args, tokenizer, ids, rng)
     depths = sorted((float(d) for d in args.depths.split(",")), reverse=True)
     with open(args.output, "w", encoding="utf-8") as out:
         for depth in depths:
@@ -64,6 +85,25 @@ def generate(args):
                       "answer": str(number)}
             out.write(json.dumps(record) + "\n")
     print(f"{len(depths)} records of {len(ids)} haystack tokens -> {args.output}")
+
+
+def generate_keyed(args, tokenizer, ids, rng):
+    if not 1 <= args.keys <= len(KEYS):
+        sys.exit(f"--keys must be in [1, {len(KEYS)}]")
+    numbers = rng.sample(range(1_000_000, 10_000_000), args.keys)
+    cuts = [round((i + 0.5) / args.keys * len(ids)) for i in range(args.keys)]
+    pieces, begin = [], 0
+    for key, number, cut in zip(KEYS, numbers, cuts):
+        pieces += [tokenizer.decode(ids[begin:cut]), keyed_needle(key, number)]
+        begin = cut
+    content = "".join(pieces) + tokenizer.decode(ids[begin:])
+    with open(args.output, "w", encoding="utf-8") as out:
+        for i, (key, number) in enumerate(zip(KEYS, numbers)):
+            record = {"id": f"key-{key}-depth-{(i + 0.5) / args.keys:g}", "content": content,
+                      "question": keyed_question(key), "answer": str(number)}
+            out.write(json.dumps(record) + "\n")
+    print(f"{args.keys} records, one document of {len(ids)} haystack tokens and {args.keys} "
+          f"needles -> {args.output}")
 
 
 def score(args):
@@ -108,6 +148,8 @@ def main():
     g.add_argument("--haystack", default="../shared/data/needle_haystack/PaulGrahamEssays")
     g.add_argument("--context-tokens", type=int, required=True, help="haystack tokens per record")
     g.add_argument("--depths", default="0.75,0.25", help="needle positions, fractions of the haystack")
+    g.add_argument("--keys", type=int, default=0,
+                   help="K keyed needles in one document, a question for each (replaces --depths)")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--output", required=True)
     s = sub.add_parser("score")
