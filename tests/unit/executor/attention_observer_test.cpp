@@ -77,6 +77,35 @@ TEST(AttentionObserverTest, DeviceAccumulatorsGiveTheHostPathsStatistics) {
   }
 }
 
+// The statistics of the rows at positions 0, stride, 2 stride, ... < n, one row at a time (the
+// reference).
+kv::krul::AttentionStats rows_one_by_one(const at::Tensor& q, const at::Tensor& k, int64_t n,
+                                         int64_t stride = 1) {
+  kv::krul::AttentionStats want(kLayers, kHeads);
+  for (int64_t p = 0; p < n; p += stride) {
+    std::vector<at::Tensor> rows;
+    for (int64_t l = 0; l < kLayers; ++l) {
+      rows.push_back(kernels::aten::krul_attention_rows(q[l].slice(0, p, p + 1),
+                                                        k[l].slice(0, 0, p + 1), p, 0.35));
+    }
+    kernels::aten::krul_accumulate(at::stack(rows), at::full({1}, p + 1, at::kLong), want);
+  }
+  return want;
+}
+
+// `got` has the rows of `want`, and its sums within float tolerance.
+void expect_stats_near(const std::optional<kv::krul::AttentionStats>& got,
+                       const kv::krul::AttentionStats& want) {
+  ASSERT_TRUE(got);
+  EXPECT_EQ(got->observed, want.observed);
+  for (int32_t l = 0; l < kLayers; ++l) {
+    EXPECT_NEAR(got->edge_mass[l], want.edge_mass[l], 1e-5 * want.edge_mass[l]) << "layer " << l;
+  }
+  for (size_t i = 0; i < want.squared.size(); ++i) {
+    EXPECT_NEAR(got->squared[i], want.squared[i], 1e-5 * std::abs(want.squared[i]) + 1e-9) << i;
+  }
+}
+
 TEST(AttentionObserverTest, StridedRowsGiveTheStatisticsOfThoseRows) {
   constexpr int64_t kStride = 3, kTotal = 21;
   at::manual_seed(11);
@@ -99,39 +128,7 @@ TEST(AttentionObserverTest, StridedRowsGiveTheStatisticsOfThoseRows) {
     observer.after_pass(kernels::KernelBackend::kStrata);
   }
   EXPECT_EQ(observed_passes, 5);
-  kv::krul::AttentionStats want(kLayers, kHeads);
-  for (int64_t p = 0; p < kTotal; p += kStride) {
-    std::vector<at::Tensor> rows;
-    for (int64_t l = 0; l < kLayers; ++l) {
-      rows.push_back(kernels::aten::krul_attention_rows(q[l].slice(0, p, p + 1),
-                                                        k[l].slice(0, 0, p + 1), p, 0.35));
-    }
-    kernels::aten::krul_accumulate(at::stack(rows), at::full({1}, p + 1, at::kLong), want);
-  }
-  const std::optional<kv::krul::AttentionStats> got = observer.take(SeqId{1});
-  ASSERT_TRUE(got);
-  EXPECT_EQ(got->observed, want.observed);
-  for (int32_t l = 0; l < kLayers; ++l) {
-    EXPECT_NEAR(got->edge_mass[l], want.edge_mass[l], 1e-5 * want.edge_mass[l]) << "layer " << l;
-  }
-  for (size_t i = 0; i < want.squared.size(); ++i) {
-    EXPECT_NEAR(got->squared[i], want.squared[i], 1e-5 * std::abs(want.squared[i]) + 1e-9) << i;
-  }
-}
-
-// The statistics of every row of a prompt of `n` tokens and `steps` decode steps, one row at a
-// time (the reference).
-kv::krul::AttentionStats rows_one_by_one(const at::Tensor& q, const at::Tensor& k, int64_t n) {
-  kv::krul::AttentionStats want(kLayers, kHeads);
-  for (int64_t p = 0; p < n; ++p) {
-    std::vector<at::Tensor> rows;
-    for (int64_t l = 0; l < kLayers; ++l) {
-      rows.push_back(kernels::aten::krul_attention_rows(q[l].slice(0, p, p + 1),
-                                                        k[l].slice(0, 0, p + 1), p, 0.35));
-    }
-    kernels::aten::krul_accumulate(at::stack(rows), at::full({1}, p + 1, at::kLong), want);
-  }
-  return want;
+  expect_stats_near(observer.take(SeqId{1}), rows_one_by_one(q, k, kTotal, kStride));
 }
 
 // Whether the observer's pending prompt rows reach 0 within a minute, without a call to it.
@@ -161,16 +158,7 @@ TEST(AttentionObserverTest, PromptRowsAreReducedBesideThePasses) {
   }
   // Nothing is called meanwhile: the reducer's thread reduces every row.
   EXPECT_TRUE(drained(observer)) << "the reducer's thread did not reduce the rows";
-  const kv::krul::AttentionStats want = rows_one_by_one(q, k, kPrompt);
-  const std::optional<kv::krul::AttentionStats> got = observer.take(SeqId{1});
-  ASSERT_TRUE(got);
-  EXPECT_EQ(got->observed, want.observed);
-  for (int32_t l = 0; l < kLayers; ++l) {
-    EXPECT_NEAR(got->edge_mass[l], want.edge_mass[l], 1e-5 * want.edge_mass[l]) << "layer " << l;
-  }
-  for (size_t i = 0; i < want.squared.size(); ++i) {
-    EXPECT_NEAR(got->squared[i], want.squared[i], 1e-5 * std::abs(want.squared[i]) + 1e-9) << i;
-  }
+  expect_stats_near(observer.take(SeqId{1}), rows_one_by_one(q, k, kPrompt));
 }
 
 TEST(AttentionObserverTest, ForgottenOrRestartedTurnsLeaveNoQueuedRows) {
@@ -195,13 +183,7 @@ TEST(AttentionObserverTest, ForgottenOrRestartedTurnsLeaveNoQueuedRows) {
   // Sequence 2 starts over with a shorter prompt while its first one may still be queued: its
   // statistics are those of the second prompt alone.
   observe_prompt(observer, SeqId{2}, 2 * kChunk);
-  const kv::krul::AttentionStats want = rows_one_by_one(q, k, 2 * kChunk);
-  const std::optional<kv::krul::AttentionStats> got = observer.take(SeqId{2});
-  ASSERT_TRUE(got);
-  EXPECT_EQ(got->observed, want.observed);
-  for (size_t i = 0; i < want.squared.size(); ++i) {
-    EXPECT_NEAR(got->squared[i], want.squared[i], 1e-5 * std::abs(want.squared[i]) + 1e-9) << i;
-  }
+  expect_stats_near(observer.take(SeqId{2}), rows_one_by_one(q, k, 2 * kChunk));
   EXPECT_TRUE(drained(observer)) << "dropped rows stay pending";
 }
 
