@@ -33,12 +33,12 @@ case $kind in
     # libtorch's intra-op pool (OpenMP) is not instrumented: its workers' hand-offs are invisible
     # to TSan. One intra-op thread keeps every ATen op on the calling thread.
     export OMP_NUM_THREADS=1
-    select=(-R "engine|store|redis|scheduler|server|session|kv_cache|block_pool|restore|http_connections|layer_loader|freekv")
+    select=(-R "engine|store|redis|scheduler|server|session|kv_cache|block_pool|restore|http_connections|layer_loader|freekv|attention_observer")
     # Only what those tests run: a TSan build of everything (emulator, benchmarks, model tests)
     # takes over an hour on 2 cores.
     targets=(--target strata engine_test engine_store_test scheduler_test kv_store_test
              kv_store_codecs_test redis_tier_test session_store_test kv_cache_manager_test
-             block_pool_test layer_loader_test freekv_layer_test)
+             block_pool_test layer_loader_test freekv_layer_test attention_observer_test)
     ;;
   *) echo "unknown sanitizer $kind" >&2; exit 2 ;;
 esac
