@@ -35,9 +35,14 @@ compare() {  # compare NAME FLAGS...: the four variants (and any more in FLAGS) 
     --set freekv.budget_tokens=2048 --set freekv.min_context_tokens=4096 \
     "${variants[@]}" "$@" --no-plots --disable-tqdm
 }
+needles() {  # needles NAME DATA OUT: the variants over DATA's needle prompts on NAME's store, scored
+  compare "$1" --dataset-path "$2" --max-input-len $((tokens + 600)) --max-output-len 24 \
+    --output-dir "$3"
+  .venv/bin/python bench/niah.py score "$3/compare.json" --reference full
+}
+tokens=$([ "$arg" = 16k ] && echo 16000 || echo 32000)  # niah, steps and multikey
 case $mode in
   niah | steps)
-    tokens=$([ "$arg" = 16k ] && echo 16000 || echo 32000)
     data=$work/niah-$arg.jsonl
     if [ "$mode" = niah ]; then
       rm -rf "$work/niah-$arg-kv"
@@ -50,19 +55,14 @@ case $mode in
                  --variant 'synchronous-1t:freekv.enabled=true,freekv.tau=2,devices.cpu_threads=1')
       out=$work/niah-steps-$arg
     fi
-    compare "niah-$arg" --dataset-path "$data" --max-input-len $((tokens + 600)) \
-      --max-output-len 24 --output-dir "$out"
-    .venv/bin/python bench/niah.py score "$out/compare.json" --reference full
+    needles "niah-$arg" "$data" "$out"
     ;;
   multikey)
-    tokens=$([ "$arg" = 16k ] && echo 16000 || echo 32000)
-    data=$work/niah-$arg-keys.jsonl out=$work/niah-keys-out-$arg
+    data=$work/niah-$arg-keys.jsonl
     rm -rf "$work/niah-$arg-keys-kv"
     .venv/bin/python bench/niah.py generate --model "$model" --context-tokens "$tokens" \
-      --keys "$3" --output "$data"
-    compare "niah-$arg-keys" --dataset-path "$data" --max-input-len $((tokens + 600)) \
-      --max-output-len 24 --output-dir "$out"
-    .venv/bin/python bench/niah.py score "$out/compare.json" --reference full
+      --keys "${3:?multikey needs the number of keys}" --output "$data"
+    needles "niah-$arg-keys" "$data" "$work/niah-keys-out-$arg"
     ;;
   bamboo)
     rm -rf "$work/bamboo-kv"
