@@ -103,11 +103,11 @@ void AttentionObserver::fold_device_rows(State& state) const {
 std::optional<kv::krul::AttentionStats> AttentionObserver::take(SeqId seq) {
   auto it = states_.find(seq);
   if (it == states_.end()) return std::nullopt;
-  State& state = it->second;
+  State state = std::move(it->second);
+  states_.erase(it);  // forgotten even when a reduction below throws
   fold_device_rows(state);
   std::optional<kv::krul::AttentionStats> stats = std::move(state.stats);
   if (reducer_) stats->add(reducer_->take(state.turn));
-  states_.erase(it);
   return stats;
 }
 

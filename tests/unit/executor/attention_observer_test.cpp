@@ -5,7 +5,8 @@
 // position 0 starts over. Observing every third row (kv_store.krul_row_stride) over prompt chunks
 // and decode steps gives the statistics of those rows reduced one at a time. Prompt rows are
 // reduced by the reducer's thread while no call is made (take finds nothing left), and a turn
-// forgotten or started over while its rows are queued leaves nothing of them behind.
+// forgotten or started over while its rows are queued leaves nothing of them behind; a reduction
+// that fails on the thread fails take(), on the caller's thread, and the process goes on.
 #include "attention_observer.h"
 
 #include <ATen/ATen.h>
@@ -185,6 +186,30 @@ TEST(AttentionObserverTest, ForgottenOrRestartedTurnsLeaveNoQueuedRows) {
   observe_prompt(observer, SeqId{2}, 2 * kChunk);
   expect_stats_near(observer.take(SeqId{2}), rows_one_by_one(q, k, 2 * kChunk));
   EXPECT_TRUE(drained(observer)) << "dropped rows stay pending";
+}
+
+TEST(AttentionObserverTest, AReductionThatFailsOnTheThreadFailsTake) {
+  at::manual_seed(14);
+  const at::Tensor q = at::randn({kLayers, 32, kHeads, kDim});
+  const at::Tensor k = at::randn({kLayers, 32, kKvHeads, kDim});
+  AttentionObserver observer(kLayers, kHeads);
+  for (int64_t l = 0; l < kLayers; ++l) {
+    // Keys for 8 positions where the chunk's rows attend to 32: reducing them throws.
+    observer.observe(SeqId{1}, l, q[l], k[l].narrow(0, 0, 8), 0, 0.35, 1);
+  }
+  observer.after_pass(kernels::KernelBackend::kStrata);
+  // The thread takes the chunk up at once; give it the time to fail on it.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  EXPECT_EQ(observer.pending_prompt_rows(), 32) << "a failed chunk is still pending";
+  EXPECT_THROW(observer.take(SeqId{1}), c10::Error);
+  EXPECT_FALSE(observer.take(SeqId{1})) << "a turn whose reduction failed is forgotten";
+  // The thread goes on serving other turns.
+  for (int64_t l = 0; l < kLayers; ++l) {
+    observer.observe(SeqId{2}, l, q[l], k[l], 0, 0.35, 1);
+  }
+  observer.after_pass(kernels::KernelBackend::kStrata);
+  EXPECT_TRUE(drained(observer));
+  expect_stats_near(observer.take(SeqId{2}), rows_one_by_one(q, k, 32));
 }
 
 }  // namespace
