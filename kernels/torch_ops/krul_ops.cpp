@@ -49,6 +49,16 @@ void krul_accumulate(const at::Tensor& rows, const at::Tensor& lengths,
     stats.edge_mass[static_cast<size_t>(l)] += m[l];
     stats.observed[static_cast<size_t>(l)] += heads * r;
   }
+  if (stats.num_kv_heads > 0) {
+    // H2O's score: [layers, kv heads, group, r, t] summed over the group and the rows.
+    const at::Tensor received = rows.to(at::kFloat)
+                                    .reshape({layers, stats.num_kv_heads, -1, t})
+                                    .sum(2)
+                                    .permute({2, 0, 1})
+                                    .contiguous()
+                                    .cpu();  // [t, layers, kv heads]
+    stats.add_token_mass({received.data_ptr<float>(), static_cast<size_t>(received.numel())});
+  }
   // Per head, the Gram matrix of the layers' flattened rows, [heads, layers, layers], in float32
   // (BLAS: float64 was 25x slower on the CPU) over rows centred on their mean across layers:
   // distances do not move, and the norms shrink to the scale of the distances, so
@@ -286,6 +296,33 @@ at::Tensor krul_unmerge_chunks(const at::Tensor& merged, const kv::krul::MergedF
     }
   }
   return out;
+}
+
+at::Tensor h2o_keep_chunks(const at::Tensor& chunks, const at::Tensor& mass, int64_t kept) {
+  TORCH_CHECK(chunks.dim() == 6 && chunks.size(2) == 2, "h2o_keep_chunks: chunks ", chunks.sizes());
+  const int64_t n = chunks.size(0), layers = chunks.size(1), heads = chunks.size(3);
+  const int64_t block = chunks.size(4), d = chunks.size(5);
+  TORCH_CHECK(kept >= 1 && kept <= n, "h2o_keep_chunks: ", kept, " of ", n, " chunks");
+  TORCH_CHECK(mass.dim() == 3 && mass.size(1) == layers && mass.size(2) == heads,
+              "h2o_keep_chunks: mass ", mass.sizes(), " for ", layers, " layers, ", heads,
+              " KV heads");
+  const int64_t total = n * block, keep = kept * block, recent = keep / 2;
+  // [layers, heads, total]: each (layer, head)'s received attention, 0 where none was observed.
+  at::Tensor score = at::zeros({total, layers, heads}, mass.options().dtype(at::kFloat));
+  const int64_t observed = std::min(total, mass.size(0));
+  score.narrow(0, 0, observed).copy_(mass.narrow(0, 0, observed));
+  score = score.permute({1, 2, 0});
+  const at::Tensor heavy =
+      std::get<1>(at::topk(score.narrow(2, 0, total - recent), keep - recent, /*dim=*/2));
+  const at::Tensor window =
+      at::arange(total - recent, total, heavy.options()).expand({layers, heads, recent});
+  const at::Tensor index = std::get<0>(at::sort(at::cat({heavy, window}, 2), 2));  // [L, H, keep]
+  // [layers, 2, heads, total, d]: the tokens of every chunk in order.
+  const at::Tensor tokens =
+      chunks.permute({1, 2, 3, 0, 4, 5}).reshape({layers, 2, heads, total, d});
+  const at::Tensor picked = tokens.gather(
+      3, index.to(chunks.device()).unsqueeze(1).unsqueeze(4).expand({layers, 2, heads, keep, d}));
+  return picked.view({layers, 2, heads, kept, block, d}).permute({3, 0, 1, 2, 4, 5}).contiguous();
 }
 
 }  // namespace strata::kernels::aten

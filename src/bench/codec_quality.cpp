@@ -67,6 +67,8 @@ StatusOr<CodecQualityResult> measure_codec_quality(executor::Executor& executor,
   std::vector<std::pair<std::string, Restored>> restored;
   restored.push_back({"none", {saved, std::nullopt, history_ids, 0}});
   for (const store::KnownItemCodec& codec : store::kItemCodecs) {
+    // H2O chooses by the attention a served turn observed, which this experiment does not run.
+    if (codec.heavy_hitters) continue;
     Restored r;
     if (codec.kivi_bits > 0) {
       r.encoding = kv::kivi_format(codec.kivi_bits);

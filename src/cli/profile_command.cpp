@@ -369,10 +369,11 @@ Status profile(const std::vector<std::string>& args) {
     std::fprintf(stderr, "layer-merge: decode %.3g ns per raw byte\n", decode * 1e9);
     out["codecs"].push_back(codec);
   }
-  // Token dropping decodes nothing (kept chunks load raw): its profile is its quality alone.
+  // Token dropping decodes nothing (kept chunks load raw): its profile is its quality alone. (H2O
+  // is a fixed baseline: it needs each turn's observed attention.)
   for (const store::KnownItemCodec& known : store::kItemCodecs) {
     const std::string name(known.name);
-    if (known.keep_fraction < 1 && qualities.contains(name)) {
+    if (known.keep_fraction < 1 && !known.heavy_hitters && qualities.contains(name)) {
       nlohmann::json codec = {{"name", name}, {"decode_seconds_per_byte", 0.0}};
       codec.update(qualities[name]);
       out["codecs"].push_back(codec);

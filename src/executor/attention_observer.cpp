@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <utility>
 
 #include "strata/common/check.h"
@@ -10,9 +11,12 @@
 
 namespace strata::executor {
 
-AttentionObserver::AttentionObserver(int32_t num_layers, int32_t num_heads,
+AttentionObserver::AttentionObserver(int32_t num_layers, int32_t num_heads, int32_t num_kv_heads,
                                      bool device_accumulators)
-    : num_layers_(num_layers), num_heads_(num_heads), device_accumulators_(device_accumulators) {}
+    : num_layers_(num_layers),
+      num_heads_(num_heads),
+      num_kv_heads_(num_kv_heads),
+      device_accumulators_(device_accumulators) {}
 
 void AttentionObserver::observe(SeqId seq, int64_t layer, const at::Tensor& q, at::Tensor keys,
                                 int64_t start, double scale, int64_t stride) {
@@ -22,7 +26,7 @@ void AttentionObserver::observe(SeqId seq, int64_t layer, const at::Tensor& q, a
   State& state = it->second;
   if (added) {
     state.turn = next_turn_++;
-    state.stats = kv::krul::AttentionStats(num_layers_, num_heads_);
+    state.stats = kv::krul::AttentionStats(num_layers_, num_heads_, num_kv_heads_);
   }
   const int64_t n = q.size(0);
   if (n == 1) {
@@ -60,6 +64,23 @@ void AttentionObserver::after_pass(kernels::KernelBackend backend) {
                                       at::full({1}, t, rows.options().dtype(at::kLong)),
                                       state.device_squared, state.device_edge, backend);
         ++state.device_rows;
+        // H2O's score: [layers, kv heads, group, t] summed over the group.
+        const at::Tensor received = rows.to(at::kFloat)
+                                        .reshape({num_layers_, num_kv_heads_, -1, t})
+                                        .sum(2)
+                                        .permute({2, 0, 1});
+        if (!state.device_mass.defined() || state.device_mass.size(0) < t) {
+          at::Tensor grown =
+              at::zeros({std::max<int64_t>(t, 2 * state.device_tokens), num_layers_, num_kv_heads_},
+                        received.options());
+          if (state.device_tokens > 0) {
+            grown.narrow(0, 0, state.device_tokens)
+                .copy_(state.device_mass.narrow(0, 0, state.device_tokens));
+          }
+          state.device_mass = grown;
+        }
+        state.device_mass.narrow(0, 0, t).add_(received);
+        state.device_tokens = std::max(state.device_tokens, t);
       } else {
         kernels::aten::krul_accumulate(rows, at::full({1}, t, at::kLong), state.stats);
       }
@@ -69,7 +90,9 @@ void AttentionObserver::after_pass(kernels::KernelBackend backend) {
       // The reducer's thread reads host memory (on CUDA: one copy per pass, after its compute).
       for (at::Tensor& q : state.prompt.q) q = q.cpu();
       for (at::Tensor& k : state.keys) k = k.cpu();
-      if (!reducer_) reducer_ = std::make_unique<PromptReducer>(num_layers_, num_heads_);
+      if (!reducer_) {
+        reducer_ = std::make_unique<PromptReducer>(num_layers_, num_heads_, num_kv_heads_);
+      }
       reducer_->submit(state.turn, std::move(state.prompt), std::move(state.keys));
     }
     state.prompt = {};
@@ -78,6 +101,12 @@ void AttentionObserver::after_pass(kernels::KernelBackend backend) {
 }
 
 void AttentionObserver::fold_device_rows(State& state) const {
+  if (state.device_tokens > 0) {
+    const at::Tensor mass = state.device_mass.narrow(0, 0, state.device_tokens).cpu().contiguous();
+    state.stats.add_token_mass({mass.data_ptr<float>(), static_cast<size_t>(mass.numel())});
+    state.device_mass.zero_();
+    state.device_tokens = 0;
+  }
   if (state.device_rows == 0) return;
   const auto total = [](const at::Tensor& acc) {
     return (acc.select(-1, 0).to(at::kDouble) - acc.select(-1, 1).to(at::kDouble)).cpu();

@@ -1,7 +1,8 @@
 // Krul's attention statistics in the executor (docs/krul.md; private to the executor): for each
-// sequence whose chunks ask for them (SequenceChunk::observe_attention), the per-layer I-R mass
-// and the per-head squared distances between every pair of layers' attention rows
-// (kv::krul::AttentionStats), without ever holding [heads, s, s] of one layer, let alone all.
+// sequence whose chunks ask for them (SequenceChunk::observe_attention), the per-layer I-R mass,
+// the per-head squared distances between every pair of layers' attention rows and the attention
+// each token received per layer and KV head (H2O's score) (kv::krul::AttentionStats), without
+// ever holding [heads, s, s] of one layer, let alone all.
 //
 // The two paths of the paper, split by rows (squared distances add up over rows):
 //   prompt rows   a chunk of n > 1 queries keeps copies of its sampled queries [rows, H, D] and
@@ -14,8 +15,9 @@
 //                 rows of all layers are reduced together, then dropped. On the CPU into the
 //                 float64 statistics (krul_accumulate); on CUDA (device_accumulators) into
 //                 compensated float32 accumulators on the device (kernels::krul_accumulate_rows:
-//                 Strata's kernel where the start-up self-check passed it), folded into the
-//                 statistics at take(), so a decode step's rows stay on the device.
+//                 Strata's kernel where the start-up self-check passed it), and the tokens'
+//                 received attention into a float32 tensor there, folded into the statistics at
+//                 take(), so a decode step's rows stay on the device.
 // Only the rows at positions that are multiples of a chunk's stride are observed
 // (SequenceChunk::observe_row_stride, kv_store.krul_row_stride: docs/krul.md decision 9): a
 // prompt chunk keeps copies of those queries only, and a decode step at another position is not
@@ -41,7 +43,8 @@ namespace strata::executor {
 
 class AttentionObserver {
  public:
-  AttentionObserver(int32_t num_layers, int32_t num_heads, bool device_accumulators = false);
+  AttentionObserver(int32_t num_layers, int32_t num_heads, int32_t num_kv_heads,
+                    bool device_accumulators = false);
 
   // Whether a chunk of n queries at positions [start, start + n) has rows to observe: those
   // whose position is a multiple of `stride` (kv_store.krul_row_stride).
@@ -81,8 +84,9 @@ class AttentionObserver {
     std::vector<at::Tensor> decode_rows;
     // CUDA: decode rows accumulated on the device (kernels::krul_accumulate_rows' squared
     // [1, L, L, H, 2] and edge_mass [1, L, 2]) since the last fold into `stats`, and how many.
-    at::Tensor device_squared, device_edge;
-    int64_t device_rows = 0;
+    // The received attention [capacity, L, Hkv] (tokens [0, device_tokens) summed so far).
+    at::Tensor device_squared, device_edge, device_mass;
+    int64_t device_rows = 0, device_tokens = 0;
   };
 
   // Adds the device accumulators' totals to the statistics and clears them.
@@ -90,6 +94,7 @@ class AttentionObserver {
 
   int32_t num_layers_;
   int32_t num_heads_;
+  int32_t num_kv_heads_;
   bool device_accumulators_;
   std::unordered_map<SeqId, State> states_;
   uint64_t next_turn_ = 1;

@@ -483,4 +483,42 @@ Status TorchExecutor::convert_merged(const kv::krul::MergedForm& form,
   return Status();
 }
 
+Status TorchExecutor::keep_heavy_hitters(std::span<const float> token_mass,
+                                         std::span<const std::byte* const> in,
+                                         std::span<std::byte* const> out) const {
+  const int64_t layers = kv_geometry_.num_layers, heads = config_.num_kv_heads;
+  const int64_t block = kv_geometry_.block_size_tokens, dim = config_.head_dim;
+  const int64_t bytes = kv_chunk_bytes();
+  if (bytes != layers * 2 * heads * block * dim * static_cast<int64_t>(at::elementSize(dtype_))) {
+    return failed_precondition_error(
+        "H2O keeps chunks in the compute dtype, not a quantized pool's");
+  }
+  if (token_mass.size() % static_cast<size_t>(layers * heads) != 0 || out.empty() ||
+      out.size() > in.size()) {
+    return invalid_argument_error("H2O: " + std::to_string(token_mass.size()) +
+                                  " token mass values for " + std::to_string(layers) + "x" +
+                                  std::to_string(heads) + ", " + std::to_string(in.size()) +
+                                  " chunks kept as " + std::to_string(out.size()));
+  }
+  try {
+    const auto n = static_cast<int64_t>(in.size());
+    at::Tensor chunks = at::empty({n, bytes}, at::kByte);
+    auto* base = static_cast<std::byte*>(chunks.data_ptr());
+    for (int64_t i = 0; i < n; ++i)
+      std::memcpy(base + i * bytes, in[i], static_cast<size_t>(bytes));
+    const auto tokens = static_cast<int64_t>(token_mass.size()) / (layers * heads);
+    const at::Tensor mass =
+        at::from_blob(const_cast<float*>(token_mass.data()), {tokens, layers, heads}, at::kFloat);
+    const at::Tensor kept = kernels::aten::h2o_keep_chunks(
+        chunks.view(dtype_).view({n, layers, 2, heads, block, dim}), mass, std::ssize(out));
+    const auto* result = static_cast<const std::byte*>(kept.data_ptr());
+    for (size_t j = 0; j < out.size(); ++j) {
+      std::memcpy(out[j], result + static_cast<int64_t>(j) * bytes, static_cast<size_t>(bytes));
+    }
+  } catch (const std::exception& e) {
+    return internal_error(std::string("keeping H2O's heavy hitters: ") + e.what());
+  }
+  return Status();
+}
+
 }  // namespace strata::executor

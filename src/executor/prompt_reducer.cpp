@@ -40,8 +40,11 @@ void reduce_prompt_rows(const PromptRows& rows, const std::vector<at::Tensor>& k
   }
 }
 
-PromptReducer::PromptReducer(int32_t num_layers, int32_t num_heads)
-    : num_layers_(num_layers), num_heads_(num_heads), thread_([this] { loop(); }) {}
+PromptReducer::PromptReducer(int32_t num_layers, int32_t num_heads, int32_t num_kv_heads)
+    : num_layers_(num_layers),
+      num_heads_(num_heads),
+      num_kv_heads_(num_kv_heads),
+      thread_([this] { loop(); }) {}
 
 PromptReducer::~PromptReducer() {
   {
@@ -56,7 +59,7 @@ void PromptReducer::submit(uint64_t turn, PromptRows rows, std::vector<at::Tenso
   {
     std::lock_guard lock(mutex_);
     auto [it, added] = turns_.try_emplace(turn);
-    if (added) it->second.stats = kv::krul::AttentionStats(num_layers_, num_heads_);
+    if (added) it->second.stats = kv::krul::AttentionStats(num_layers_, num_heads_, num_kv_heads_);
     pending_rows_ += rows.rows();
     it->second.queued.push_back(std::move(rows));
     it->second.keys = std::move(keys);
@@ -72,7 +75,7 @@ kv::krul::AttentionStats PromptReducer::take(uint64_t turn) {
     return it == turns_.end() || !it->second.running;
   });
   auto it = turns_.find(turn);
-  if (it == turns_.end()) return kv::krul::AttentionStats(num_layers_, num_heads_);
+  if (it == turns_.end()) return kv::krul::AttentionStats(num_layers_, num_heads_, num_kv_heads_);
   Turn left = std::move(it->second);
   turns_.erase(it);
   for (const PromptRows& rows : left.queued) pending_rows_ -= rows.rows();
@@ -114,7 +117,7 @@ void PromptReducer::loop() {
     const std::vector<at::Tensor> keys = it->second.keys;
     it->second.running = true;
     lock.unlock();
-    kv::krul::AttentionStats stats(num_layers_, num_heads_);
+    kv::krul::AttentionStats stats(num_layers_, num_heads_, num_kv_heads_);
     bool reduced = true;
     try {
       reduce_prompt_rows(rows, keys, stats);

@@ -47,7 +47,7 @@ void reduce_prompt_rows(const PromptRows& rows, const std::vector<at::Tensor>& k
 
 class PromptReducer {
  public:
-  PromptReducer(int32_t num_layers, int32_t num_heads);
+  PromptReducer(int32_t num_layers, int32_t num_heads, int32_t num_kv_heads);
   ~PromptReducer();
   PromptReducer(const PromptReducer&) = delete;
   PromptReducer& operator=(const PromptReducer&) = delete;
@@ -75,6 +75,7 @@ class PromptReducer {
 
   const int32_t num_layers_;
   const int32_t num_heads_;
+  const int32_t num_kv_heads_;  // of the statistics' token mass (kv::krul::AttentionStats)
   mutable std::mutex mutex_;
   std::condition_variable work_;  // a chunk was queued, or stop
   std::condition_variable done_;  // the thread finished a chunk

@@ -316,6 +316,10 @@ class TensorParallelExecutor final : public Executor {
                            std::span<std::byte* const> out) const override {
     return merge_kv_chunks(form, pairs, in, out);
   }
+  Status keep_heavy_hitters(std::span<const float>, std::span<const std::byte* const>,
+                            std::span<std::byte* const>) const override {
+    return unimplemented_error("the store's lossy codecs are not served with tensor parallelism");
+  }
   void drop_preload(SeqId) override {}  // pre-loads are not sent to the ranks
   void end_sequence(SeqId) override {}  // no per-sequence state besides the pool
   std::optional<kv::krul::AttentionStats> take_attention_stats(SeqId) override {

@@ -170,6 +170,7 @@ Status TorchExecutor::load(const model::ModelSource& source) {
     // Krul's decode rows stay on the device (AttentionObserver).
     attention_observer_ = AttentionObserver(static_cast<int32_t>(config_.num_layers),
                                             static_cast<int32_t>(config_.num_heads),
+                                            static_cast<int32_t>(config_.num_kv_heads),
                                             /*device_accumulators=*/true);
   } else if (options_.cpu_threads > 0) {
     at::set_num_threads(options_.cpu_threads);

@@ -56,7 +56,8 @@ class TorchExecutor final : public Executor {
         options_(options),
         shard_(std::move(shard)),
         attention_observer_(static_cast<int32_t>(config_.num_layers),
-                            static_cast<int32_t>(config_.num_heads)) {}
+                            static_cast<int32_t>(config_.num_heads),
+                            static_cast<int32_t>(config_.num_kv_heads)) {}
 
   Status load(const model::ModelSource& source);
 
@@ -82,6 +83,8 @@ class TorchExecutor final : public Executor {
                          const std::vector<kv::krul::LayerPair>& pairs,
                          std::span<const std::byte* const> in,
                          std::span<std::byte* const> out) const override;
+  Status keep_heavy_hitters(std::span<const float> token_mass, std::span<const std::byte* const> in,
+                            std::span<std::byte* const> out) const override;
   Status unmerge_kv_chunks(const kv::krul::MergedForm& form,
                            const std::vector<kv::krul::LayerPair>& pairs,
                            std::span<const std::byte* const> in,

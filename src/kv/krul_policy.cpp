@@ -10,13 +10,23 @@
 
 namespace strata::kv::krul {
 
-AttentionStats::AttentionStats(int32_t layers, int32_t heads)
+AttentionStats::AttentionStats(int32_t layers, int32_t heads, int32_t kv_heads)
     : num_layers(layers),
       num_heads(heads),
+      num_kv_heads(kv_heads),
       edge_mass(static_cast<size_t>(layers), 0.0),
       observed(static_cast<size_t>(layers), 0),
       squared(static_cast<size_t>(layers) * layers * heads, 0.0) {
-  STRATA_CHECK(layers > 0 && heads > 0) << layers << " layers, " << heads << " heads";
+  STRATA_CHECK(layers > 0 && heads > 0 && kv_heads >= 0 && (kv_heads == 0 || heads % kv_heads == 0))
+      << layers << " layers, " << heads << " heads, " << kv_heads << " KV heads";
+}
+
+void AttentionStats::add_token_mass(std::span<const float> mass) {
+  STRATA_CHECK(num_kv_heads > 0 &&
+               mass.size() % (static_cast<size_t>(num_layers) * num_kv_heads) == 0)
+      << "token mass of " << mass.size() << " values for " << num_layers << "x" << num_kv_heads;
+  if (mass.size() > token_mass.size()) token_mass.resize(mass.size(), 0.0F);
+  for (size_t i = 0; i < mass.size(); ++i) token_mass[i] += mass[i];
 }
 
 double AttentionStats::edge_share(int32_t layer) const {
@@ -34,9 +44,11 @@ double AttentionStats::distance(int32_t a, int32_t b) const {
 }
 
 void AttentionStats::add(const AttentionStats& other) {
-  STRATA_CHECK(other.num_layers == num_layers && other.num_heads == num_heads)
-      << "statistics of " << other.num_layers << "x" << other.num_heads << " added to "
-      << num_layers << "x" << num_heads;
+  STRATA_CHECK(other.num_layers == num_layers && other.num_heads == num_heads &&
+               other.num_kv_heads == num_kv_heads)
+      << "statistics of " << other.num_layers << "x" << other.num_heads << "x" << other.num_kv_heads
+      << " added to " << num_layers << "x" << num_heads << "x" << num_kv_heads;
+  if (num_kv_heads > 0) add_token_mass(other.token_mass);
   for (size_t l = 0; l < edge_mass.size(); ++l) {
     edge_mass[l] += other.edge_mass[l];
     observed[l] += other.observed[l];

@@ -111,6 +111,8 @@ StatusOr<std::vector<std::optional<kv::KvFormat>>> configure_item_codecs(
   for (const store::KnownItemCodec& known : store::kItemCodecs) {
     // The layer merge needs the conversations' layer pairs.
     if (known.layer_merge && store_config.layer_pairing == store::LayerPairing::kNone) continue;
+    // H2O is a fixed baseline (its turns' attention is observed only then), not AdaptCache's.
+    if (known.heavy_hitters && config.fixed_codec != known.name) continue;
     std::optional<kv::KvFormat> format;
     if (known.kivi_bits > 0) format = kv::kivi_format(known.kivi_bits);
     formats.push_back(format);
@@ -119,6 +121,7 @@ StatusOr<std::vector<std::optional<kv::KvFormat>>> configure_item_codecs(
                                               : known.layer_merge ? executor.kv_chunk_bytes(form)
                                                                   : executor.kv_chunk_bytes(),
                                .keep_fraction = known.keep_fraction,
+                               .heavy_hitters = known.heavy_hitters,
                                .merged_pairs = known.layer_merge ? form.pairs : 0,
                                .task_quality = {}});
   }
@@ -138,6 +141,9 @@ StatusOr<std::vector<std::optional<kv::KvFormat>>> configure_item_codecs(
     STRATA_RETURN_IF_ERROR(read_profile(config.profile, model_fingerprint, options));
   }
   const executor::Executor* e = &executor;
+  options->keep_heavy_hitters =
+      [e](std::span<const float> mass, std::span<const std::byte* const> in,
+          std::span<std::byte* const> out) { return e->keep_heavy_hitters(mass, in, out); };
   // Index-aligned with the store's codecs, "none" first: whether each merges layers.
   std::vector<bool> merges = {false};
   for (const store::ItemCodec& codec : options->codecs) merges.push_back(codec.merged_pairs > 0);

@@ -85,7 +85,8 @@ void RestoreCoordinator::count_restoration(const executor::SequenceChunk& chunk,
       sign * std::accumulate(chunk.computed_rows.begin(), chunk.computed_rows.end(), int64_t{0});
 }
 
-std::vector<kv::krul::LayerPair> RestoreCoordinator::choose_layer_pairs(SeqId seq) {
+std::vector<kv::krul::LayerPair> RestoreCoordinator::choose_layer_pairs(
+    const std::optional<kv::krul::AttentionStats>& stats) {
   const auto layers = static_cast<int32_t>(executor_.config().num_layers);
   std::vector<kv::krul::LayerPair> pairs;
   switch (options_.store.layer_pairing) {
@@ -96,7 +97,6 @@ std::vector<kv::krul::LayerPair> RestoreCoordinator::choose_layer_pairs(SeqId se
       pairs = kv::krul::adjacent_pairs(layers - 2 * merged_form_.pairs, layers - 1);
       break;
     case store::LayerPairing::kKrul: {
-      const std::optional<kv::krul::AttentionStats> stats = executor_.take_attention_stats(seq);
       if (!stats) return {};
       pairs = kv::krul::select_pairs(
           *stats, kv::krul::initial_recent_layers(*stats, options_.store.krul_gamma),

@@ -74,6 +74,9 @@ struct RestoreCoordinator::Sequence {
     int64_t skipped_chunks = 0;  // the item's when matched: token dropping since renumbers chunks
   };
   std::optional<StoredPrefix> stored;
+  // The whole chunks of the item it restores (StoreMatch::whole_chunks: H2O's), which its save
+  // passes on; 0 once it recomputes them.
+  int64_t whole_chunks = 0;
   // Its stored chunks, pinned while it waits because the executor pre-loaded their first layers.
   std::optional<store::StoreLease> preloaded;
   // KvStore::num_publications() when it last looked its prompt up; a failed load stops lookups.
@@ -240,7 +243,9 @@ void RestoreCoordinator::attach(SeqId seq, Sequence& sequence, const store::Stor
   // Truncation only grows, in whole blocks: the sequence's block j >= 1 is the item's chunk
   // j + shift.
   const int64_t shift = (sequence.dropped_tokens - stored_drop) / kv_.geometry().block_size_tokens;
-  if (shift < 0 || match.num_chunks == 0) return;
+  // Whole chunks are valid together only: not with some of them left out.
+  if (shift < 0 || match.num_chunks == 0 || (shift > 0 && match.whole_chunks > 0)) return;
+  sequence.whole_chunks = match.whole_chunks;
   Sequence::StoredPrefix stored{match.item, {0}, match.skipped_chunks};
   for (int64_t chunk = 1 + shift; chunk < match.num_chunks; ++chunk) stored.chunks.push_back(chunk);
   kv_.set_external_prefix(seq, std::ssize(stored.chunks),
@@ -383,6 +388,7 @@ std::vector<LoadedPrefix> RestoreCoordinator::restore(scheduler::ScheduledBatch&
   for (SeqId seq : batch.preempted) {
     Sequence& sequence = *sequences_.at(seq);
     sequence.stored.reset();
+    sequence.whole_chunks = 0;
     if (kv_.is_swapped(seq) || !kv_.tables(seq).empty() || !sequence.may_look_up_again()) continue;
     look_up_again(seq, sequence);
   }
@@ -421,6 +427,7 @@ std::vector<LoadedPrefix> RestoreCoordinator::restore(scheduler::ScheduledBatch&
       tier = pin_load(sequence, pinned, &kv_load);
     } else {
       sequence.stored.reset();  // every block recomputed
+      sequence.whole_chunks = 0;
     }
     if (!tier.ok()) {
       // The chunks vanished or failed their checksums (the store dropped the item): compute the
@@ -431,6 +438,7 @@ std::vector<LoadedPrefix> RestoreCoordinator::restore(scheduler::ScheduledBatch&
           pinned.num_blocks, tier.status().to_string());
       scheduler_.restart(load.seq);
       sequence.load_failed = true;
+      sequence.whole_chunks = 0;
       std::erase_if(batch.chunks,
                     [&](const scheduler::ScheduledChunk& c) { return c.seq == load.seq; });
       ++stats_.store_load_failures;
@@ -471,8 +479,13 @@ void RestoreCoordinator::plan_copies(executor::ForwardBatch& forward) {
   for (const StreamedLoad& load : streamed_) load.read->start();
 }
 
+bool RestoreCoordinator::observes_attention() const {
+  return options_.store.layer_pairing == store::LayerPairing::kKrul ||
+         store::heavy_hitter_codec(options_.store.adaptcache.fixed_codec);
+}
+
 void RestoreCoordinator::observe_attention(executor::ForwardBatch& forward) {
-  if (options_.store.layer_pairing != store::LayerPairing::kKrul) return;
+  if (!observes_attention()) return;
   for (executor::SequenceChunk& chunk : forward.chunks) {
     // A restoration's layers compute different rows: its pass is not observed (its decode steps
     // are).
@@ -508,7 +521,8 @@ void RestoreCoordinator::plan_saves(executor::ForwardBatch& forward) {
       hash_up_to(saving.chain, std::ssize(tokens) / block);
       StatusOr<store::SaveTicket> ticket = store_->begin_save(
           {sequence.info.session, sequence.dropped_tokens == 0, sequence.dropped_tokens,
-           saving.chain, sequence.links ? sequence.links->skipped_chunks : 0, sequence.info.task});
+           saving.chain, sequence.links ? sequence.links->skipped_chunks : 0, sequence.info.task,
+           sequence.whole_chunks});
       if (!ticket.ok()) continue;
       saving.ticket = *std::move(ticket);
       saving.short_of_room = std::ssize(saving.ticket.destinations) <
@@ -629,6 +643,7 @@ void RestoreCoordinator::after_pass(const executor::ForwardBatch& forward,
     end_save(sequence, /*publish=*/false);
     scheduler_.restart(seq);
     sequence.load_failed = true;
+    sequence.whole_chunks = 0;
     ++stats_.store_load_failures;
   }
   // Moving averages that size the read buffer.
@@ -699,9 +714,18 @@ void RestoreCoordinator::commit_written(Sequence& sequence, bool last) {
 void RestoreCoordinator::finish(SeqId seq, bool publish) {
   auto it = sequences_.find(seq);
   if (it == sequences_.end()) return;
-  if (publish && it->second->saving && options_.store.layer_pairing != store::LayerPairing::kNone) {
-    // This turn's pairs replace the item's (none: it stays unmerged).
-    store_->set_layer_pairs(it->second->saving->ticket.item, choose_layer_pairs(seq));
+  if (publish && it->second->saving) {
+    const store::ItemId item = it->second->saving->ticket.item;
+    std::optional<kv::krul::AttentionStats> stats;
+    if (observes_attention()) stats = executor_.take_attention_stats(seq);
+    if (options_.store.layer_pairing != store::LayerPairing::kNone) {
+      // This turn's pairs replace the item's (none: it stays unmerged).
+      store_->set_layer_pairs(item, choose_layer_pairs(stats));
+    }
+    if (stats && stats->num_kv_heads > 0 &&
+        store::heavy_hitter_codec(options_.store.adaptcache.fixed_codec)) {
+      store_->set_token_mass(item, std::move(stats->token_mass));
+    }
   }
   end_save(*it->second, publish);
   release_preload(seq, *it->second);

@@ -176,9 +176,11 @@ std::optional<StoreMatch> KvStore::match(std::span<const TokenId> prompt,
   const int64_t block = options_.block_size_tokens;
   const int64_t n = std::ssize(prompt);
   // The leading `chunks` of `item` a load can read (none held only by a failed tier), and the
-  // farthest tier it would read them from; nullopt when not even the first is readable.
+  // farthest tier it would read them from; nullopt when not even the first is readable, or not
+  // all of its whole chunks.
   auto match_of = [&](const Item& item, int64_t chunks) -> std::optional<StoreMatch> {
-    StoreMatch m{item.id, 0, item.token_offset, item.exact, item.skipped_chunks, kDramTier};
+    StoreMatch m{item.id,          0, item.token_offset, item.exact, item.skipped_chunks, kDramTier,
+                 item.whole_chunks};
     for (; m.num_chunks < chunks; ++m.num_chunks) {
       const Chunk& c = item.chunks[m.num_chunks];
       if (c.dram != nullptr) continue;
@@ -186,7 +188,7 @@ std::optional<StoreMatch> KvStore::match(std::span<const TokenId> prompt,
       if (t < 0) break;
       m.tier = std::max(m.tier, t);
     }
-    if (m.num_chunks == 0) return std::nullopt;
+    if (m.num_chunks == 0 || m.num_chunks < item.whole_chunks) return std::nullopt;
     return m;
   };
   if (!session.empty()) {
@@ -342,6 +344,7 @@ StatusOr<SaveTicket> KvStore::begin_save(const SaveRequest& request) {
     return !item.busy && item.pending.empty() && item.continued_saves == 0 && item.codec == 0 &&
            item.exact == request.exact && item.token_offset == request.token_offset &&
            item.skipped_chunks == request.skipped_chunks &&
+           item.whole_chunks == request.whole_chunks &&
            (item.session.empty() || item.session == request.session) && is_prefix(item);
   };
   Item* target = nullptr;
@@ -400,6 +403,7 @@ StatusOr<SaveTicket> KvStore::begin_save(const SaveRequest& request) {
     item.exact = request.exact;
     item.token_offset = request.token_offset;
     item.skipped_chunks = request.skipped_chunks;
+    item.whole_chunks = request.whole_chunks;
     item.stored_at = ++clock_;
     ticket.item = item.id;
     target = &items_.emplace(item.id, std::move(item)).first->second;

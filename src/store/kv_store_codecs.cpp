@@ -159,8 +159,9 @@ KvStore::Decision KvStore::codec_decision() {
 }
 
 bool KvStore::mergeable(const Item& item, int32_t codec) const {
-  const int32_t pairs = options_.codecs[codec].merged_pairs;
-  return pairs == 0 || std::ssize(item.layer_pairs) == pairs;
+  const ItemCodec& c = options_.codecs[codec];
+  if (c.heavy_hitters) return !item.token_mass.empty();
+  return c.merged_pairs == 0 || std::ssize(item.layer_pairs) == c.merged_pairs;
 }
 
 void KvStore::set_layer_pairs(ItemId id, std::vector<kv::krul::LayerPair> pairs) {
@@ -169,6 +170,14 @@ void KvStore::set_layer_pairs(ItemId id, std::vector<kv::krul::LayerPair> pairs)
   if (it == items_.end() || options_.codecs[it->second.codec].merged_pairs > 0) return;
   it->second.layer_pairs = std::move(pairs);
   work_.notify_all();  // a fixed layer merge may apply now
+}
+
+void KvStore::set_token_mass(ItemId id, std::vector<float> mass) {
+  std::scoped_lock lock(mutex_);
+  auto it = items_.find(id);
+  if (it == items_.end()) return;
+  it->second.token_mass = std::move(mass);
+  work_.notify_all();  // a fixed H2O codec may apply now
 }
 
 void KvStore::evict(ItemId id) {
@@ -188,14 +197,18 @@ void KvStore::transcode(ItemId id, int32_t codec) {
   const int32_t from = item.codec;
   const ItemCodec& to = options_.codecs[codec];
   // Token dropping keeps chunk 0 (the attention sinks) and the last kept - 1 chunks (the window)
-  // as they are; a quantizing codec re-encodes every chunk.
+  // as they are; a quantizing codec re-encodes every chunk; H2O reads every chunk and writes the
+  // kept ones.
   const int64_t n = std::ssize(item.chunks);
   const int64_t kept = kept_chunks(to.keep_fraction, n + item.skipped_chunks);
   const int64_t dropped = n - std::min(n, kept);
   std::vector<const std::byte*> in;
   for (int64_t i = 0; i < n; ++i) {
-    if (i == 0 || i > dropped) in.push_back(item.chunks[i].dram);
+    if (i == 0 || i > dropped || to.heavy_hitters) in.push_back(item.chunks[i].dram);
   }
+  const std::vector<float> mass =
+      to.heavy_hitters ? std::move(item.token_mass) : std::vector<float>();
+  item.token_mass.clear();
   const bool whole = std::ranges::none_of(in, [](const std::byte* p) { return p == nullptr; });
   const std::vector<kv::krul::LayerPair> pairs = item.layer_pairs;
   const int64_t bytes = to.chunk_bytes;
@@ -204,8 +217,10 @@ void KvStore::transcode(ItemId id, int32_t codec) {
   std::vector<std::byte*> out;
   if (status.ok()) {
     lock.unlock();  // the item is busy: its DRAM copy stays while the bytes are read
-    for (size_t i = 0; i < in.size(); ++i) out.push_back(encoded.emplace_back(bytes).data());
-    if (to.keep_fraction < 1) {
+    for (int64_t i = 0; i < n - dropped; ++i) out.push_back(encoded.emplace_back(bytes).data());
+    if (to.heavy_hitters) {
+      status = options_.keep_heavy_hitters(mass, in, out);
+    } else if (to.keep_fraction < 1) {
       for (size_t i = 0; i < in.size(); ++i) std::memcpy(out[i], in[i], static_cast<size_t>(bytes));
     } else {
       status = options_.transcode(from, codec, pairs, in, out);
@@ -243,6 +258,8 @@ void KvStore::transcode(ItemId id, int32_t codec) {
     now.exact = false;
     if (now.content_indexed(options_.block_size_tokens)) reindex(id, links);
   }
+  // H2O chose every kept chunk's tokens over all of them: only a match of them all is valid.
+  if (to.heavy_hitters) now.whole_chunks = std::ssize(now.chunks);
   std::optional<Reservation> room =
       dram_->reserve(std::vector<int64_t>(now.chunks.size(), bytes));
   if (!room) {  // the old copy's room went to a save meanwhile

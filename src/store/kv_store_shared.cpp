@@ -42,6 +42,7 @@ bool KvStore::adopt_item(TierIndex t, const RecoveredItem& r) {
     item.task = std::max(0, options_.adaptcache.task_index(r.attributes.task));
     item.codec = static_cast<int32_t>(codec - options_.codecs.begin());
     item.layer_pairs = r.attributes.layer_pairs;
+    item.whole_chunks = r.attributes.whole_chunks;
     ++stats_.codec_items[item.codec];
     item.stored_at = item.last_access = ++clock_;
     item.touched = std::chrono::steady_clock::now();
@@ -70,9 +71,10 @@ std::optional<ItemId> KvStore::write_through_candidate() const {
   for (const auto& [id, item] : items_) {
     const int64_t n = std::ssize(item.chunks);
     // A token-dropped item stays on this replica: the shared tier indexes chains without gaps;
-    // so does a merged one (its layer pairs are not in the shared records).
+    // so do a merged one and one with whole chunks (H2O's), whose layer pairs and whole chunks
+    // the shared records do not carry.
     if (item.busy || item.doomed || !item.pending.empty() || n == 0 || item.shared_written >= n ||
-        item.held[shared_] == n || item.skipped_chunks > 0 ||
+        item.held[shared_] == n || item.skipped_chunks > 0 || item.whole_chunks > 0 ||
         options_.codecs[item.codec].merged_pairs > 0) {
       continue;
     }

@@ -108,7 +108,8 @@ std::optional<RecoveredItem> parse_session_record(std::string_view text, const s
                      .codec = codec == "none" ? std::string() : codec,
                      .skipped_chunks = 0,
                      .task = {},
-                     .layer_pairs = {}};
+                     .layer_pairs = {},
+                     .whole_chunks = 0};
   for (int64_t i = 0; i < n; ++i) {
     kv::ChunkHash h;
     if (!(in >> word) || !parse_hash(word, &h)) return std::nullopt;

@@ -1,4 +1,5 @@
 // StoreOptions: built from a deployment's kv_store section, and checked before the store opens.
+#include <algorithm>
 #include <string>
 
 #include "strata/store/kv_store.h"
@@ -125,6 +126,10 @@ Status StoreOptions::validate() const {
   }
   if (codecs.size() > 1 && !transcode) {
     return invalid_argument_error("store: lossy codecs need a transcode function");
+  }
+  if (std::ranges::any_of(codecs, [](const ItemCodec& c) { return c.heavy_hitters; }) &&
+      !keep_heavy_hitters) {
+    return invalid_argument_error("store: an H2O codec needs a keep_heavy_hitters function");
   }
   if (fixed_codec < 0 || fixed_codec >= std::ssize(codecs) || (fixed_codec > 0 && adaptcache.enabled)) {
     return invalid_argument_error("store: fixed_codec names no codec, or is set beside adaptcache");

@@ -1,6 +1,6 @@
 // The store's lossy codecs with the engine on the real default model, float32 on the CPU
-// (label: model): KIVI (AdaptCache), the task families of AdaptCache's profile, and Krul's layer
-// merge of a conversation's layer pairs.
+// (label: model): KIVI (AdaptCache), the task families of AdaptCache's profile, Krul's layer
+// merge of a conversation's layer pairs, and H2O's heavy hitters (Krul's H2O baseline).
 #include "engine_store_fixture.h"
 
 namespace strata::engine {
@@ -204,6 +204,44 @@ TEST_F(EngineStoreTest, ResumedTurnsFromMergedLayerPairsDriftWithTheLayersPaired
       *recomputed_second_, resumed_with_codec("layer-merge", dir.file("kv"), true, {},
                                               pairing(store::LayerPairing::kMiniCache, 0.15)));
   EXPECT_NEAR(after_restart, three, 1e-6) << "the SSD served other bytes or pairs than DRAM did";
+}
+
+// H2O (fixed_codec h2o-0.5): the attention the first turn observed chooses, per layer and KV
+// head, the half of its stored tokens the item keeps (the recent half of those and the heaviest
+// hitters of the rest); the resumed turn loads 7 of the 13 stored blocks as its history, the
+// dropped tokens neither loaded nor recomputed, and answers with log-probabilities that drift from
+// recomputing's. Its own item keeps those 7 chunks valid only together: a prompt that shares only
+// part of that history finds nothing.
+TEST_F(EngineStoreTest, ResumedTurnsFromH2oHeavyHittersLoadTheKeptHalf) {
+  store::StoreConfig store = store_options("");
+  store.adaptcache.fixed_codec = "h2o-0.5";
+  std::unique_ptr<Engine> engine = make_engine(options_with(store, false));
+  ASSERT_TRUE(engine);
+  run_first_turn(*engine, "conversation");
+  wait_for(
+      *engine, [](const EngineStats& s) { return s.store->transcodes >= 1; }, "H2O's selection");
+  const Turn h2o = run_turn(*engine, *second_prompt_, "conversation");
+  EXPECT_EQ(h2o.usage.loaded_prompt_tokens, 7 * 16);
+  const double h2o_error = mean_logprob_error(*recomputed_second_, h2o);
+  const double streaming_error = mean_logprob_error(*recomputed_second_, [] {
+    store::StoreConfig s = store_options("");
+    s.adaptcache.fixed_codec = "streaming-0.5";
+    std::unique_ptr<Engine> e = make_engine(options_with(s, false));
+    run_first_turn(*e, "conversation");
+    wait_for(
+        *e, [](const EngineStats& st) { return st.store->transcodes >= 1; }, "token dropping");
+    return run_turn(*e, *second_prompt_, "conversation");
+  }());
+  std::printf("mean |logprob - recompute|: h2o-0.5 %.4f, streaming-0.5 %.4f\n", h2o_error,
+              streaming_error);
+  EXPECT_GT(h2o_error, 1e-4) << "keeping half the tokens changed nothing";
+  // The second turn's item starts with the 7 kept chunks: its first block alone matches nothing.
+  wait_for(
+      *engine, [](const EngineStats& s) { return s.store->items >= 1 && s.num_running == 0; },
+      "the second turn's save");
+  const std::vector<TokenId> part(second_prompt_->begin(), second_prompt_->begin() + 40);
+  const Turn partial = run_turn(*engine, part, "conversation");
+  EXPECT_EQ(partial.usage.loaded_prompt_tokens, 0);
 }
 
 }  // namespace

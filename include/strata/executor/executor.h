@@ -181,6 +181,15 @@ class Executor {
                                    const std::vector<kv::krul::LayerPair>& pairs,
                                    std::span<const std::byte* const> in,
                                    std::span<std::byte* const> out) const = 0;
+  // H2O's stored form (the store's h2o codecs, Krul's H2O baseline): the n raw chunks in[i] of a
+  // conversation -> the out.size() <= n chunks each (layer, KV head) keeps
+  // (kernels::aten::h2o_keep_chunks over token_mass, kv::krul::AttentionStats::token_mass of this
+  // model). In libtorch on the calling thread, on the host. INVALID_ARGUMENT for a token mass of
+  // another shape, FAILED_PRECONDITION for chunks not in the compute dtype (a quantized pool),
+  // INTERNAL if libtorch fails.
+  virtual Status keep_heavy_hitters(std::span<const float> token_mass,
+                                    std::span<const std::byte* const> in,
+                                    std::span<std::byte* const> out) const = 0;
   // Forgets a sequence's pre-loaded layers (ForwardBatch::preloads) that no pass will use.
   virtual void drop_preload(SeqId seq) = 0;
   // Forgets what the executor keeps of a sequence besides the pool (LeanKV's pages and window):

@@ -31,7 +31,9 @@ at::Tensor krul_attention_rows(const at::Tensor& q, const at::Tensor& k, int64_t
 // the first and the last max(1, floor(0.1 * length)) positions of each row (each position once)
 // goes to edge_mass, and for every pair of layers and head the squared distance of their rows to
 // squared (float32 Gram products of rows centred across layers, summed in float64:
-// ||a - b||^2 = ||a||^2 + ||b||^2 - 2 a.b, clamped at 0).
+// ||a - b||^2 = ||a||^2 + ||b||^2 - 2 a.b, clamped at 0). With stats.num_kv_heads > 0, also each
+// of the t keys' received probability, summed over the rows and each KV head's query heads, to
+// token_mass.
 void krul_accumulate(const at::Tensor& rows, const at::Tensor& lengths,
                      kv::krul::AttentionStats& stats);
 
@@ -89,5 +91,16 @@ at::Tensor krul_unmerge_chunks(const at::Tensor& merged, const kv::krul::MergedF
                                const std::vector<kv::krul::LayerPair>& pairs, int64_t layers,
                                int64_t num_kv_heads, int64_t block, int64_t d,
                                c10::ScalarType dtype);
+
+// H2O's stored form (Krul's H2O baseline, the store's h2o codecs; docs/krul.md decision 11):
+// chunks [n, layers, 2 (K, V), num_kv_heads, block, d] (the store's chunk layout) in any dtype and
+// mass float32 [tokens, layers, num_kv_heads], the attention each token received
+// (kv::krul::AttentionStats::token_mass; a token past `tokens` counts 0, mass past n * block is
+// ignored). Of the n * block tokens each (layer, KV head) keeps kept * block (kept <= n): the
+// last floor(half) of them (the recent window) and the heavy hitters, the ones with the most
+// received attention among the others (ties: either). Returns [kept, layers, 2, num_kv_heads,
+// block, d]: the (layer, KV head)'s j-th kept token, in position order, at chunk j / block, slot
+// j % block.
+at::Tensor h2o_keep_chunks(const at::Tensor& chunks, const at::Tensor& mass, int64_t kept);
 
 }  // namespace strata::kernels::aten

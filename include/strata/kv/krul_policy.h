@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "strata/common/status.h"
@@ -21,15 +22,21 @@ namespace strata::kv::krul {
 //                       first and the last 10% of the row's context (at least one token each)
 //   observed[l]         number of (row, query head) terms in edge_mass[l]
 //   squared[(i*L+j)*H+h] for i > j: sum over rows of ||A_i[h, r, :] - A_j[h, r, :]||^2
+//   token_mass          with num_kv_heads > 0, float [tokens, L, num_kv_heads]: the probability
+//                       each token received, summed over the rows and the KV head's query heads
+//                       (H2O's accumulated attention, the heavy-hitter score); tokens: the most
+//                       keys a batch of observed rows was given (a later token received nothing)
 struct AttentionStats {
   int32_t num_layers = 0;
   int32_t num_heads = 0;
+  int32_t num_kv_heads = 0;  // 0: no token mass
   std::vector<double> edge_mass;
   std::vector<int64_t> observed;
   std::vector<double> squared;
+  std::vector<float> token_mass;
 
   AttentionStats() = default;
-  AttentionStats(int32_t layers, int32_t heads);
+  AttentionStats(int32_t layers, int32_t heads, int32_t kv_heads = 0);
   double& squared_at(int32_t deep, int32_t shallow, int32_t head) {
     return squared[(static_cast<size_t>(deep) * num_layers + shallow) * num_heads + head];
   }
@@ -40,6 +47,11 @@ struct AttentionStats {
   double edge_share(int32_t layer) const;
   // D_ij of the paper: the mean over heads of the per-head Euclidean distance (order-free).
   double distance(int32_t a, int32_t b) const;
+  int64_t tokens() const {
+    return num_kv_heads > 0 ? std::ssize(token_mass) / (num_layers * num_kv_heads) : 0;
+  }
+  // Adds `mass` float [tokens, L, num_kv_heads] (of any number of tokens) to token_mass.
+  void add_token_mass(std::span<const float> mass);
   // Adds another accumulation of the same shape (the prompt's and the decode rows').
   void add(const AttentionStats& other);
 };

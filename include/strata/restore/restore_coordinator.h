@@ -213,12 +213,15 @@ class RestoreCoordinator {
   void plan_restorations(executor::ForwardBatch& forward);
   // Adds a restoring chunk to the counters (sign 1), or takes it out (-1: its load failed).
   void count_restoration(const executor::SequenceChunk& chunk, int64_t sign);
-  // Krul's layer pairs: the chunks whose attention the pairs are chosen from
-  // (kv_store.layer_pairing krul: every chunk of a sequence that saves, but a restoration's);
-  // the pairs of a sequence's conversation at its turn's end (empty without pairing); a merged
-  // load's chunks restored to raw ones in buffers kept until after_pass (partial_restore.cpp).
+  // Krul's layer pairs and H2O's heavy hitters: whether attention is observed
+  // (kv_store.layer_pairing krul, or an H2O fixed codec); the chunks observed (every chunk of a
+  // sequence that saves, but a restoration's); the pairs of a sequence's conversation at its
+  // turn's end from the attention its turn observed (empty without pairing); a merged load's
+  // chunks restored to raw ones in buffers kept until after_pass (partial_restore.cpp).
+  bool observes_attention() const;
   void observe_attention(executor::ForwardBatch& forward);
-  std::vector<kv::krul::LayerPair> choose_layer_pairs(SeqId seq);
+  std::vector<kv::krul::LayerPair> choose_layer_pairs(
+      const std::optional<kv::krul::AttentionStats>& stats);
   Status unmerge_load(const store::StoreLease& lease, std::span<const std::byte*> chunks);
   void plan_preload(executor::ForwardBatch& forward);
   // Read-buffer layers for a request loading `chunks` chunks and computing `new_tokens`.

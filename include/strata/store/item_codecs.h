@@ -4,7 +4,9 @@
 // sinks, and the most recent chunks, the window, kept raw; the middle dropped), which the store's
 // I/O threads apply in DRAM and which every tier then holds (a tier's own codec, zstd, applies on
 // top), or Krul's layer merge (each of the conversation's layer pairs, chosen at its turn end,
-// stored once as one merged KV: docs/krul.md). Loads hand KIVI chunks to the executor, which
+// stored once as one merged KV: docs/krul.md), or H2O (each layer and KV head keeps the tokens
+// that received the most attention over the conversation's turn, and the recent half: Krul's H2O
+// baseline, docs/krul.md decision 11). Loads hand KIVI chunks to the executor, which
 // decodes them on the device, so only the encoded bytes cross to it; merged chunks are restored
 // to raw ones on the host first; a token-dropped item is loaded like a truncated one (its keys,
 // stored before RoPE, are rotated to contiguous positions).
@@ -35,6 +37,7 @@ struct KnownItemCodec {
   int kivi_bits = 0;           // KIVI at this many bits, or 0
   double keep_fraction = 1.0;  // token dropping: the share of chunks kept, or 1
   bool layer_merge = false;    // Krul's merged layer pairs
+  bool heavy_hitters = false;  // H2O: keep_fraction of the tokens, chosen per layer and KV head
 };
 inline constexpr KnownItemCodec kItemCodecs[] = {
     {"kivi-8", 8, 1.0},
@@ -44,9 +47,18 @@ inline constexpr KnownItemCodec kItemCodecs[] = {
     {"streaming-0.25", 0, 0.25},
     {"streaming-0.1", 0, 0.1},
     {"layer-merge", 0, 1.0, true},
+    {"h2o-0.5", 0, 0.5, false, true},
+    {"h2o-0.25", 0, 0.25, false, true},
 };
 inline constexpr std::string_view kItemCodecChoices =
-    "none, kivi-8, kivi-4, kivi-2, streaming-0.5, streaming-0.25, streaming-0.1 or layer-merge";
+    "none, kivi-8, kivi-4, kivi-2, streaming-0.5, streaming-0.25, streaming-0.1, layer-merge, "
+    "h2o-0.5 or h2o-0.25";
+
+// Whether `name` is one of the H2O codecs (KnownItemCodec::heavy_hitters).
+inline bool heavy_hitter_codec(std::string_view name) {
+  return std::ranges::any_of(
+      kItemCodecs, [&](const KnownItemCodec& c) { return c.heavy_hitters && c.name == name; });
+}
 
 struct ItemCodec {
   std::string name;         // "none", "kivi-4", "streaming-0.25": persisted with the values
@@ -55,8 +67,12 @@ struct ItemCodec {
   // It serves items of no task family; task_quality below those of a family.
   double quality = 1.0;
   double decode_seconds_per_byte = 0;  // restoring one raw byte (the profile)
-  // Token dropping: the share of an item's chunks kept (kept_chunks); 1 for the other codecs.
+  // Token dropping and H2O: the share of an item's chunks kept (kept_chunks); 1 for the others.
   double keep_fraction = 1.0;
+  // H2O: the kept chunks hold every layer and KV head's heavy hitters and recent tokens
+  // (KeepHeavyHitters), chosen over the whole item; the item takes it only with the attention
+  // its conversation's last turn observed (Item::token_mass).
+  bool heavy_hitters = false;
   // Layer merge: the layer pairs each chunk merges (an item takes it only when its conversation
   // has that many: Item::layer_pairs); 0 for the other codecs.
   int32_t merged_pairs = 0;
@@ -81,6 +97,13 @@ inline int64_t kept_chunks(double keep_fraction, int64_t original) {
 using Transcode =
     std::function<Status(int32_t from, int32_t to, const std::vector<kv::krul::LayerPair>& pairs,
                          std::span<const std::byte* const> in, std::span<std::byte* const> out)>;
+
+// H2O's stored form of an item's n raw chunks in[i] -> out.size() kept chunks, chosen by
+// token_mass, the attention each of its tokens received (kv::krul::AttentionStats::token_mass).
+// Set by the executor (Executor::keep_heavy_hitters); called on the store's I/O threads.
+using KeepHeavyHitters =
+    std::function<Status(std::span<const float> token_mass, std::span<const std::byte* const> in,
+                         std::span<std::byte* const> out)>;
 
 struct AdaptCacheOptions {
   bool enabled = false;

@@ -94,6 +94,7 @@ struct StoreOptions {
   // baselines); adaptcache.enabled: each item's codec and tier by utility.
   std::vector<ItemCodec> codecs;
   Transcode transcode;
+  KeepHeavyHitters keep_heavy_hitters;  // needed by a heavy_hitters codec
   int32_t fixed_codec = 0;
   AdaptCacheOptions adaptcache;
 
@@ -161,6 +162,8 @@ struct StoreMatch {
   // Of those, the chunks token dropping removed since its hashes were made (the data model).
   int64_t skipped_chunks = 0;
   TierIndex tier = kDramTier;  // the farthest tier a matched chunk must come from
+  // The item's whole_chunks: a save of the sequence that loads them passes them on (SaveRequest).
+  int64_t whole_chunks = 0;
 };
 
 // Chunks pinned for one load; release with KvStore::release().
@@ -212,6 +215,9 @@ struct SaveRequest {
   std::vector<kv::ChunkHash> chain;
   int64_t skipped_chunks = 0;
   int32_t task = 0;  // the request's task family (AdaptCacheOptions::task_index)
+  // Leading chunks that are only valid together (the sequence restored them from an H2O item:
+  // StoreMatch::whole_chunks): a match must cover them all.
+  int64_t whole_chunks = 0;
 };
 
 class KvStore {
@@ -314,6 +320,11 @@ class KvStore {
   // layer-merge codec merges them; a later turn's pairs replace them, none leave it unmerged).
   // Ignored for an item gone or already merged.
   void set_layer_pairs(ItemId item, std::vector<kv::krul::LayerPair> pairs);
+  // H2O: the attention each token of the conversation `item` holds received over its turn
+  // (kv::krul::AttentionStats::token_mass, [tokens, layers, KV heads]), set at the turn's end: a
+  // heavy-hitter codec keeps the tokens it chooses by it (once; a later turn sets it again).
+  // Ignored for an item gone.
+  void set_token_mass(ItemId item, std::vector<float> mass);
   // The items the waiting jobs will load, head first: drives prefetching and eviction.
   void set_queue(std::vector<ItemId> queue);
   // Drops the session's item; false if there is none.
@@ -340,6 +351,10 @@ class KvStore {
     int32_t codec = 0;                    // of every chunk, in every tier
     int32_t task = 0;                     // its requests' task family (AdaptCacheOptions::tasks)
     std::vector<kv::krul::LayerPair> layer_pairs;  // its conversation's (set_layer_pairs)
+    std::vector<float> token_mass;  // its last turn's, until a heavy-hitter codec used it
+    // Its leading chunks that only a match of them all may load (H2O chose their tokens over
+    // all of them; ItemRecord::whole_chunks).
+    int64_t whole_chunks = 0;
     adaptcache::ReuseCount reuse;         // loads and saves, decayed (AdaptCache's Freq)
     std::vector<Chunk> chunks;            // published chunks
     std::array<int64_t, kMaxTiers> held{};  // of those, held by each tier
@@ -360,14 +375,14 @@ class KvStore {
       return {session,        exact,
               token_offset,   codec == 0 ? std::string() : o.codecs[codec].name,
               skipped_chunks, task == 0 ? std::string() : o.adaptcache.tasks[task - 1],
-              layer_pairs};
+              layer_pairs,    whole_chunks};
     }
     // The chain link chunk i carries.
     int64_t link(int64_t i) const { return i == 0 ? 0 : i + skipped_chunks; }
     // Whether its first `end` chunks are those a match made with `matched_skipped` named: token
     // dropping since then renumbered every chunk but chunk 0.
     bool same_chunks(int64_t end, int64_t matched_skipped) const {
-      return skipped_chunks == matched_skipped || end <= 1;
+      return skipped_chunks == matched_skipped || (end <= 1 && whole_chunks == 0);
     }
     // Whether a load of its chunks [0, end) matched with `matched_skipped` may pin them now.
     bool serves(int64_t end, int64_t matched_skipped) const {

@@ -66,6 +66,9 @@ struct ItemRecord {
   // Krul's layer pairs of its conversation, chosen at its last turn's end (what the layer-merge
   // codec merges); empty: none chosen.
   std::vector<kv::krul::LayerPair> layer_pairs;
+  // Its leading chunks that are only valid together (H2O chose their tokens over all of them): a
+  // match must cover them all; 0: any leading chunks.
+  int64_t whole_chunks = 0;
 };
 
 // A stored chunk: chunk `index` of `item`, with its content hash.

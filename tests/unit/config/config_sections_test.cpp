@@ -312,7 +312,7 @@ TEST(ConfigSectionsTest, KvStoreOverrides) {
        "GiB, TiB, KB, MB, GB or TB), got 'null'"},
       {"kv_store.fixed_codec", "kivi-3",
        "kv_store.fixed_codec must be none, kivi-8, kivi-4, kivi-2, streaming-0.5, streaming-0.25, "
-       "streaming-0.1 or layer-merge, got 'kivi-3'"},
+       "streaming-0.1, layer-merge, h2o-0.5 or h2o-0.25, got 'kivi-3'"},
       {"kv_store.layer_pairing", "pairs",
        "kv_store.layer_pairing: expected one of none, krul, minicache, got 'pairs'"},
       {"kv_store.layer_share", "0", "kv_store.layer_share must be in (0, 1], got 0"},
@@ -340,7 +340,8 @@ TEST(ConfigSectionsTest, KvStoreOverrides) {
        "recompute_ratio, layer_pairing, layer_share, krul_gamma, krul_row_stride, merge_retain, "
        "adaptcache, fixed_codec, adaptcache_alpha, adaptcache_half_life_seconds, "
        "adaptcache_profile, remote_address, remote_username, remote_password_env, "
-       "remote_database, remote_bytes, remote_max_item_bytes, remote_timeout_ms, remote_retry_ms, remote_ttl_seconds, "
+       "remote_database, remote_bytes, remote_max_item_bytes, remote_timeout_ms, remote_retry_ms, "
+       "remote_ttl_seconds, "
        "remote_codec"},
       {"kv_store", "1",
        "'kv_store' is a section; override one of its keys: dram_bytes, ssd_dir, ssd_bytes, "

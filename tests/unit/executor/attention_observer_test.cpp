@@ -6,7 +6,8 @@
 // and decode steps gives the statistics of those rows reduced one at a time. Prompt rows are
 // reduced by the reducer's thread while no call is made (take finds nothing left), and a turn
 // forgotten or started over while its rows are queued leaves nothing of them behind; a reduction
-// that fails on the thread fails take(), on the caller's thread, and the process goes on.
+// that fails on the thread fails take(), on the caller's thread, and the process goes on. The
+// attention each token received (H2O's score) equals a sum over whole causal attention matrices.
 #include "attention_observer.h"
 
 #include <ATen/ATen.h>
@@ -43,7 +44,8 @@ void run_turn(AttentionObserver& observer, SeqId seq, int64_t steps, uint64_t se
 }
 
 TEST(AttentionObserverTest, DeviceAccumulatorsGiveTheHostPathsStatistics) {
-  AttentionObserver host(kLayers, kHeads), device(kLayers, kHeads, /*device_accumulators=*/true);
+  AttentionObserver host(kLayers, kHeads, kKvHeads),
+      device(kLayers, kHeads, kKvHeads, /*device_accumulators=*/true);
   for (AttentionObserver* o : {&host, &device}) {
     run_turn(*o, SeqId{1}, 5, 7);
     run_turn(*o, SeqId{2}, 3, 8);
@@ -63,10 +65,14 @@ TEST(AttentionObserverTest, DeviceAccumulatorsGiveTheHostPathsStatistics) {
       largest = std::max(largest, want->squared[i]);
     }
     EXPECT_GT(largest, 0.0);
+    ASSERT_EQ(got->token_mass.size(), want->token_mass.size());
+    for (size_t i = 0; i < want->token_mass.size(); ++i) {
+      EXPECT_NEAR(got->token_mass[i], want->token_mass[i], 1e-5) << i;
+    }
     EXPECT_FALSE(device.take(seq)) << "taken statistics are forgotten";
   }
   // A chunk at position 0 starts the statistics over: a second turn equals a fresh one.
-  AttentionObserver again(kLayers, kHeads, true), fresh(kLayers, kHeads, true);
+  AttentionObserver again(kLayers, kHeads, kKvHeads, true), fresh(kLayers, kHeads, kKvHeads, true);
   run_turn(again, SeqId{3}, 4, 9);
   run_turn(again, SeqId{3}, 2, 10);
   run_turn(fresh, SeqId{3}, 2, 10);
@@ -82,7 +88,7 @@ TEST(AttentionObserverTest, DeviceAccumulatorsGiveTheHostPathsStatistics) {
 // reference).
 kv::krul::AttentionStats rows_one_by_one(const at::Tensor& q, const at::Tensor& k, int64_t n,
                                          int64_t stride = 1) {
-  kv::krul::AttentionStats want(kLayers, kHeads);
+  kv::krul::AttentionStats want(kLayers, kHeads, kKvHeads);
   for (int64_t p = 0; p < n; p += stride) {
     std::vector<at::Tensor> rows;
     for (int64_t l = 0; l < kLayers; ++l) {
@@ -105,6 +111,26 @@ void expect_stats_near(const std::optional<kv::krul::AttentionStats>& got,
   for (size_t i = 0; i < want.squared.size(); ++i) {
     EXPECT_NEAR(got->squared[i], want.squared[i], 1e-5 * std::abs(want.squared[i]) + 1e-9) << i;
   }
+  ASSERT_EQ(got->token_mass.size(), want.token_mass.size());
+  for (size_t i = 0; i < want.token_mass.size(); ++i) {
+    EXPECT_NEAR(got->token_mass[i], want.token_mass[i], 1e-5) << i;
+  }
+}
+
+// H2O's score straight from the whole causal attention matrices: [n, L, Hkv], each token's
+// probability from the rows at multiples of `stride`, summed over them and a KV head's query
+// heads.
+at::Tensor received_attention(const at::Tensor& q, const at::Tensor& k, int64_t n, int64_t stride) {
+  const int64_t group = kHeads / kKvHeads;
+  std::vector<at::Tensor> layers;
+  for (int64_t l = 0; l < kLayers; ++l) {
+    const at::Tensor keys = k[l].narrow(0, 0, n).repeat_interleave(group, 1);  // [n, H, D]
+    at::Tensor scores = at::einsum("phd,thd->hpt", {q[l].narrow(0, 0, n), keys}) * 0.35;
+    scores = scores.masked_fill(at::ones({n, n}, at::kBool).triu(1), -INFINITY);
+    const at::Tensor rows = at::softmax(scores, -1).slice(1, 0, n, stride);  // [H, rows, n]
+    layers.push_back(rows.sum(1).view({kKvHeads, group, n}).sum(1));         // [Hkv, n]
+  }
+  return at::stack(layers).permute({2, 0, 1}).contiguous();
 }
 
 TEST(AttentionObserverTest, StridedRowsGiveTheStatisticsOfThoseRows) {
@@ -112,7 +138,7 @@ TEST(AttentionObserverTest, StridedRowsGiveTheStatisticsOfThoseRows) {
   at::manual_seed(11);
   const at::Tensor q = at::randn({kLayers, kTotal, kHeads, kDim});
   const at::Tensor k = at::randn({kLayers, kTotal, kKvHeads, kDim});
-  AttentionObserver observer(kLayers, kHeads);
+  AttentionObserver observer(kLayers, kHeads, kKvHeads);
   // Prompt chunks [0, 7) (rows 0, 3, 6), [7, 8) (none), [8, 12) (row 9), then decode steps
   // 12-20 (rows 12, 15, 18): what the executor hands over (observes_rows).
   const std::vector<std::pair<int64_t, int64_t>> chunks = {{0, 7}, {7, 8}, {8, 12}};
@@ -129,7 +155,18 @@ TEST(AttentionObserverTest, StridedRowsGiveTheStatisticsOfThoseRows) {
     observer.after_pass(kernels::KernelBackend::kStrata);
   }
   EXPECT_EQ(observed_passes, 5);
-  expect_stats_near(observer.take(SeqId{1}), rows_one_by_one(q, k, kTotal, kStride));
+  const std::optional<kv::krul::AttentionStats> got = observer.take(SeqId{1});
+  expect_stats_near(got, rows_one_by_one(q, k, kTotal, kStride));
+  // The last observed row, at 18, reaches tokens [0, 19); tokens 19 and 20 received nothing.
+  const at::Tensor want = received_attention(q, k, kTotal, kStride);
+  EXPECT_EQ(want.narrow(0, 19, 2).abs().sum().item<float>(), 0.0F);
+  ASSERT_EQ(got->tokens(), 19);
+  const at::Tensor mass = at::from_blob(const_cast<float*>(got->token_mass.data()),
+                                        {19, kLayers, kKvHeads}, at::kFloat);
+  EXPECT_TRUE(at::allclose(mass, want.narrow(0, 0, 19), 1e-5, 1e-5))
+      << (mass - want.narrow(0, 0, 19)).abs().max().item<float>();
+  // Every observed row's probability is counted once: 7 rows, each summing to 1, per query head.
+  EXPECT_NEAR(mass.sum().item<double>(), 7.0 * kLayers * kHeads, 1e-3);
 }
 
 // Whether the observer's pending prompt rows reach 0 within a minute, without a call to it.
@@ -146,7 +183,7 @@ TEST(AttentionObserverTest, PromptRowsAreReducedBesideThePasses) {
   at::manual_seed(12);
   const at::Tensor q = at::randn({kLayers, kPrompt, kHeads, kDim});
   const at::Tensor k = at::randn({kLayers, kPrompt, kKvHeads, kDim});
-  AttentionObserver observer(kLayers, kHeads);
+  AttentionObserver observer(kLayers, kHeads, kKvHeads);
   for (int64_t start : {int64_t{0}, int64_t{48}}) {
     for (int64_t l = 0; l < kLayers; ++l) {
       observer.observe(SeqId{1}, l, q[l].slice(0, start, start + 48), k[l].slice(0, 0, start + 48),
@@ -176,7 +213,7 @@ TEST(AttentionObserverTest, ForgottenOrRestartedTurnsLeaveNoQueuedRows) {
       o.after_pass(kernels::KernelBackend::kStrata);
     }
   };
-  AttentionObserver observer(kLayers, kHeads);
+  AttentionObserver observer(kLayers, kHeads, kKvHeads);
   observe_prompt(observer, SeqId{1}, kPrompt);
   observe_prompt(observer, SeqId{2}, kPrompt);
   observer.forget(SeqId{1});
@@ -192,7 +229,7 @@ TEST(AttentionObserverTest, AReductionThatFailsOnTheThreadFailsTake) {
   at::manual_seed(14);
   const at::Tensor q = at::randn({kLayers, 32, kHeads, kDim});
   const at::Tensor k = at::randn({kLayers, 32, kKvHeads, kDim});
-  AttentionObserver observer(kLayers, kHeads);
+  AttentionObserver observer(kLayers, kHeads, kKvHeads);
   for (int64_t l = 0; l < kLayers; ++l) {
     // Keys for 8 positions where the chunk's rows attend to 32: reducing them throws.
     observer.observe(SeqId{1}, l, q[l], k[l].narrow(0, 0, 8), 0, 0.35, 1);

@@ -1,12 +1,16 @@
 // Krul's libtorch operations (kernels/krul_ops.h): attention rows, the split statistics against
 // an offline computation over whole attention matrices, MiniCache's merge, and the store's merged
-// form of whole chunks against the merge of each chunk's pairs one by one.
+// form of whole chunks against the merge of each chunk's pairs one by one; H2O's stored form
+// against a plain selection per layer and KV head.
 #include "strata/kernels/krul_ops.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <numeric>
+#include <vector>
 
 namespace strata::kernels::aten {
 namespace {
@@ -243,6 +247,42 @@ TEST(KrulOpsTest, MergedChunksRestoreWhatEachPairsMergeRestores) {
   EXPECT_THROW(krul_merge_chunks(same, two, {{2, 4, 0.0}, {0, 1, 0.0}}), c10::Error);
   EXPECT_THROW(krul_unmerge_chunks(raw, two, {{0, 1, 0.0}, {2, 3, 0.0}}, 4, 2, 8, 16, at::kFloat),
                c10::Error);
+}
+
+TEST(KrulOpsTest, H2oKeepsTheRecentHalfAndTheHeaviestOthersInOrder) {
+  constexpr int64_t kChunks = 5, kLayers = 3, kHeads = 2, kBlock = 4, kDim = 3, kKept = 3;
+  constexpr int64_t kTotal = kChunks * kBlock, kKeep = kKept * kBlock, kRecent = kKeep / 2;
+  at::manual_seed(5);
+  // Every value names its token, so the output shows which tokens were kept.
+  const at::Tensor chunks = at::randn({kChunks, kLayers, 2, kHeads, kBlock, kDim});
+  // Masses for the first 12 tokens only: tokens 12 and 13, candidates too, were never observed (0).
+  const at::Tensor mass = at::rand({12, kLayers, kHeads});
+  const at::Tensor got = h2o_keep_chunks(chunks, mass, kKept);
+  ASSERT_EQ(got.sizes(), (std::vector<int64_t>{kKept, kLayers, 2, kHeads, kBlock, kDim}));
+  for (int64_t l = 0; l < kLayers; ++l) {
+    for (int64_t h = 0; h < kHeads; ++h) {
+      // The reference: the heaviest kKeep - kRecent of tokens [0, kTotal - kRecent), then the
+      // window, sorted by position.
+      std::vector<int64_t> order(kTotal - kRecent);
+      std::iota(order.begin(), order.end(), 0);
+      const auto score = [&](int64_t t) { return t < 12 ? mass[t][l][h].item<float>() : 0.0F; };
+      std::sort(order.begin(), order.end(),
+                [&](int64_t a, int64_t b) { return score(a) > score(b); });
+      std::vector<int64_t> kept(order.begin(), order.begin() + (kKeep - kRecent));
+      for (int64_t t = kTotal - kRecent; t < kTotal; ++t) kept.push_back(t);
+      std::sort(kept.begin(), kept.end());
+      for (int64_t j = 0; j < kKeep; ++j) {
+        const int64_t t = kept[static_cast<size_t>(j)];
+        for (int64_t kv = 0; kv < 2; ++kv) {
+          EXPECT_TRUE(at::equal(got[j / kBlock][l][kv][h][j % kBlock],
+                                chunks[t / kBlock][l][kv][h][t % kBlock]))
+              << "layer " << l << " head " << h << " kept token " << j << " (token " << t << ")";
+        }
+      }
+    }
+  }
+  // All chunks kept: every token, in order.
+  EXPECT_TRUE(at::equal(h2o_keep_chunks(chunks, mass, kChunks), chunks));
 }
 
 }  // namespace

@@ -9,7 +9,9 @@
 // keeps an item's first chunk and its most recent ones, found by content or session at their
 // chain links, across a restart, and a save that continues the links rolls forward. Krul's
 // layer merge applies only to conversations with their layer pairs, which the transcoder and
-// loads receive and the SSD journal keeps.
+// loads receive and the SSD journal keeps. H2O applies only to conversations with their token
+// mass, and its kept chunks (and a later turn's item resuming them) load only all together,
+// which the SSD journal keeps.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -553,6 +555,92 @@ TEST(KvStoreCodecsTest, AdaptCacheMergesOnlyConversationsWithTheirLayerPairs) {
   }
   EXPECT_GT(merged, 0);
   EXPECT_EQ(store->stats().codec_items[1], merged);
+}
+
+// "h2o-0.5" with a stand-in for the executor's selection: kept chunk j is chunk n - 1 - j of the
+// item, and *mass_seen the token mass it was given.
+StoreOptions with_h2o(StoreOptions o, std::vector<float>* mass_seen) {
+  o.codecs = {{.name = "h2o-0.5",
+               .chunk_bytes = kChunkBytes,
+               .keep_fraction = 0.5,
+               .heavy_hitters = true,
+               .task_quality = {}}};
+  o.transcode = [](int32_t, int32_t, const std::vector<kv::krul::LayerPair>&,
+                   std::span<const std::byte* const>, std::span<std::byte* const>) {
+    return internal_error("H2O re-encodes nothing");
+  };
+  o.keep_heavy_hitters = [mass_seen](std::span<const float> mass,
+                                     std::span<const std::byte* const> in,
+                                     std::span<std::byte* const> out) {
+    mass_seen->assign(mass.begin(), mass.end());
+    for (size_t j = 0; j < out.size(); ++j) std::memcpy(out[j], in[in.size() - 1 - j], kChunkBytes);
+    return Status();
+  };
+  o.fixed_codec = 1;
+  return o;
+}
+
+TEST(KvStoreCodecsTest, H2oKeepsChunksChosenByTheTurnsAttentionLoadedOnlyAllTogether) {
+  TempDir dir;
+  std::vector<float> seen;
+  const StoreOptions o = with_h2o(options(&dir, 32, 64), &seen);
+  const std::vector<TokenId> conv = tokens(8, 41);  // 10 full blocks of 4
+  const std::vector<kv::ChunkHash> links = chain(conv);
+  ItemId item = 0;
+  {
+    auto store = KvStore::open(o).value();
+    ASSERT_TRUE(save(*store, conv, "s").ok());
+    store->wait_idle();
+    EXPECT_EQ(store->stats().transcodes, 0) << "no token mass yet: the item stays raw";
+    const std::optional<StoreMatch> before = store->find(conv, root(), "s");
+    ASSERT_TRUE(before);
+    item = before->item;
+    store->set_token_mass(item, {1, 2, 3});
+    store->wait_idle();
+    EXPECT_EQ(store->stats().transcodes, 1);
+    EXPECT_EQ(seen, (std::vector<float>{1, 2, 3}));
+    // A match made before H2O chose the tokens loads nothing, not even its first chunk.
+    EXPECT_EQ(store->acquire(item, 0, 1, /*skipped_chunks=*/0).status().code(),
+              StatusCode::kNotFound);
+  }  // a clean shutdown writes it to the SSD, whole chunks with it
+  auto store = KvStore::open(o).value();
+  for (const std::string session : {"s", ""}) {
+    const std::optional<StoreMatch> m = store->find(conv, root(), session);
+    ASSERT_TRUE(m) << "session '" << session << "'";
+    EXPECT_EQ(m->item, item);
+    EXPECT_EQ(m->num_chunks, 5);
+    EXPECT_EQ(m->whole_chunks, 5);
+    EXPECT_EQ(m->token_offset, 5 * kBlock);
+    EXPECT_FALSE(m->exact);
+    StatusOr<StoreLease> lease = store->acquire(m->item, 0, 5, m->skipped_chunks);
+    ASSERT_TRUE(lease.ok()) << lease.status().to_string();
+    for (int64_t j = 0; j < 5; ++j) EXPECT_TRUE(holds(lease->chunks[j], links[9 - j])) << j;
+    store->release(*lease, 0);
+  }
+  // A prompt reaching only some of its links (streaming's would match 3 chunks) matches nothing.
+  EXPECT_FALSE(store->find(std::span<const TokenId>(conv).first(33), root(), "s"));
+  EXPECT_FALSE(store->find(std::span<const TokenId>(conv).first(33), root(), {}));
+  // The next turn resumes it: its item's first 5 chunks are those, valid only together too.
+  const std::vector<TokenId> next = tokens(8, 61);
+  SaveRequest request{"s", false, 5 * kBlock, {}, 5, 0, /*whole_chunks=*/5};
+  std::vector<kv::ChunkHash> full = chain(next);
+  request.chain.push_back(full[0]);
+  request.chain.insert(request.chain.end(), full.begin() + 6, full.end());  // links 6..14
+  StatusOr<SaveTicket> ticket = store->begin_save(request);
+  ASSERT_TRUE(ticket.ok()) << ticket.status().to_string();
+  for (size_t i = 0; i < ticket->destinations.size(); ++i) {
+    fill(ticket->destinations[i], request.chain[ticket->first_chunk + i]);
+  }
+  store->commit_save(*std::move(ticket), nullptr, 0);
+  std::optional<StoreMatch> m = store->find(next, root(), "s");
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->num_chunks, 10);
+  EXPECT_EQ(m->whole_chunks, 5);
+  m = store->find(std::span<const TokenId>(next).first(45), root(), "s");  // links 0, 6..10
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->num_chunks, 6);
+  EXPECT_FALSE(store->find(std::span<const TokenId>(next).first(33), root(), "s"))
+      << "4 of its 5 whole chunks";
 }
 
 TEST(KvStoreCodecsTest, OptionsAreValidated) {
