@@ -15,7 +15,9 @@
 // A token-dropping codec (StreamingLLM) drops s middle chunks of an item: d grows by s*B and the
 // kept chunks keep their hashes, so chunk i >= 1 carries link i + s of the chain its hashes were
 // made on (skipped_chunks). An item whose hashes were made from position 0 (d == s*B) stays
-// findable by content: the prompt's chain matches its kept chunks at their links.
+// findable by content: the prompt's chain matches its kept chunks at their links. H2O's codecs
+// drop chunks the same way but fill the kept ones with tokens chosen over the whole item, so its
+// leading whole_chunks are valid only together: a match must cover them all.
 //
 // Tiers (store/tier.h): host DRAM first (DramTier: loads are read and saves written there by the
 // device), then the tiers StoreOptions::tiers lists, nearest first (SsdTier; a remote tier
