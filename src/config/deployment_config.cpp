@@ -12,9 +12,8 @@
 namespace strata::config {
 namespace {
 
-// One key of a section and its own constraint (nullptr: every value of its type is valid).
-// The tables below are the list of keys: config_keys(), validate_key() and each section's
-// validate() all read them.
+// One key of a section and its own constraint (nullptr: every value of its type is valid). The
+// tables below list the keys: config_keys(), validate_key() and each validate() read them.
 template <typename Section>
 struct KeyCheck {
   std::string_view key;
@@ -748,10 +747,11 @@ Status DeploymentConfig::validate() const {
           "false");
     }
     if (kv_store.enabled() && (kv_store.restore_mode != store::RestoreMode::kLoad ||
-                               kv_store.layer_pairing != store::LayerPairing::kNone)) {
+                               kv_store.layer_pairing != store::LayerPairing::kNone ||
+                               store::heavy_hitter_codec(kv_store.adaptcache.fixed_codec))) {
       return invalid_argument_error(
-          "freekv.enabled restores stored KV by loading it: set kv_store.restore_mode to load "
-          "and kv_store.layer_pairing to none (docs/freekv.md, decision 17)");
+          "freekv.enabled restores stored KV by loading it: set kv_store.restore_mode to load, "
+          "kv_store.layer_pairing to none and no h2o fixed_codec (docs/freekv.md, decision 17)");
     }
   }
   return Status();

@@ -488,8 +488,9 @@ Status TorchExecutor::keep_heavy_hitters(std::span<const float> token_mass,
                                          std::span<std::byte* const> out) const {
   const int64_t layers = kv_geometry_.num_layers, heads = config_.num_kv_heads;
   const int64_t block = kv_geometry_.block_size_tokens, dim = config_.head_dim;
-  const int64_t bytes = kv_chunk_bytes();
-  if (bytes != layers * 2 * heads * block * dim * static_cast<int64_t>(at::elementSize(dtype_))) {
+  const int64_t layer_bytes =
+      2 * heads * block * dim * static_cast<int64_t>(at::elementSize(dtype_));
+  if (kv_chunk_bytes() != layers * layer_bytes) {
     return failed_precondition_error(
         "H2O keeps chunks in the compute dtype, not a quantized pool's");
   }
@@ -502,18 +503,26 @@ Status TorchExecutor::keep_heavy_hitters(std::span<const float> token_mass,
   }
   try {
     const auto n = static_cast<int64_t>(in.size());
-    at::Tensor chunks = at::empty({n, bytes}, at::kByte);
-    auto* base = static_cast<std::byte*>(chunks.data_ptr());
-    for (int64_t i = 0; i < n; ++i)
-      std::memcpy(base + i * bytes, in[i], static_cast<size_t>(bytes));
     const auto tokens = static_cast<int64_t>(token_mass.size()) / (layers * heads);
     const at::Tensor mass =
         at::from_blob(const_cast<float*>(token_mass.data()), {tokens, layers, heads}, at::kFloat);
-    const at::Tensor kept = kernels::aten::h2o_keep_chunks(
-        chunks.view(dtype_).view({n, layers, 2, heads, block, dim}), mass, std::ssize(out));
-    const auto* result = static_cast<const std::byte*>(kept.data_ptr());
-    for (size_t j = 0; j < out.size(); ++j) {
-      std::memcpy(out[j], result + static_cast<int64_t>(j) * bytes, static_cast<size_t>(bytes));
+    // A layer at a time (each layer and head chooses its own tokens): the host memory this takes
+    // beside the store's is a few copies of one layer of the item, not of all of it.
+    at::Tensor layer = at::empty({n, layer_bytes}, at::kByte);
+    auto* base = static_cast<std::byte*>(layer.data_ptr());
+    for (int64_t l = 0; l < layers; ++l) {
+      for (int64_t i = 0; i < n; ++i) {
+        std::memcpy(base + i * layer_bytes, in[i] + l * layer_bytes,
+                    static_cast<size_t>(layer_bytes));
+      }
+      const at::Tensor kept =
+          kernels::aten::h2o_keep_chunks(layer.view(dtype_).view({n, 1, 2, heads, block, dim}),
+                                         mass.narrow(1, l, 1), std::ssize(out));
+      const auto* result = static_cast<const std::byte*>(kept.data_ptr());
+      for (size_t j = 0; j < out.size(); ++j) {
+        std::memcpy(out[j] + l * layer_bytes, result + static_cast<int64_t>(j) * layer_bytes,
+                    static_cast<size_t>(layer_bytes));
+      }
     }
   } catch (const std::exception& e) {
     return internal_error(std::string("keeping H2O's heavy hitters: ") + e.what());

@@ -235,6 +235,7 @@ void RestoreCoordinator::forked(SeqId parent, SeqId child) {
   sequence->lookup_at = store_->num_publications();
   sequence->dropped_tokens = from.dropped_tokens;
   sequence->links = from.links;
+  sequence->whole_chunks = from.whole_chunks;  // it shares the parent's restored blocks
   sequences_[child] = std::move(sequence);
 }
 
@@ -388,7 +389,7 @@ std::vector<LoadedPrefix> RestoreCoordinator::restore(scheduler::ScheduledBatch&
   for (SeqId seq : batch.preempted) {
     Sequence& sequence = *sequences_.at(seq);
     sequence.stored.reset();
-    sequence.whole_chunks = 0;
+    if (!kv_.is_swapped(seq)) sequence.whole_chunks = 0;  // a swapped one keeps its KV
     if (kv_.is_swapped(seq) || !kv_.tables(seq).empty() || !sequence.may_look_up_again()) continue;
     look_up_again(seq, sequence);
   }

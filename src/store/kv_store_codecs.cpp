@@ -175,7 +175,8 @@ void KvStore::set_layer_pairs(ItemId id, std::vector<kv::krul::LayerPair> pairs)
 void KvStore::set_token_mass(ItemId id, std::vector<float> mass) {
   std::scoped_lock lock(mutex_);
   auto it = items_.find(id);
-  if (it == items_.end()) return;
+  // Only a raw item takes an H2O codec (kept here outside the DRAM budget until it does).
+  if (it == items_.end() || it->second.codec != 0) return;
   it->second.token_mass = std::move(mass);
   work_.notify_all();  // a fixed H2O codec may apply now
 }
@@ -218,9 +219,9 @@ void KvStore::transcode(ItemId id, int32_t codec) {
   if (status.ok()) {
     lock.unlock();  // the item is busy: its DRAM copy stays while the bytes are read
     for (int64_t i = 0; i < n - dropped; ++i) out.push_back(encoded.emplace_back(bytes).data());
-    if (to.heavy_hitters) {
+    if (to.heavy_hitters && dropped > 0) {
       status = options_.keep_heavy_hitters(mass, in, out);
-    } else if (to.keep_fraction < 1) {
+    } else if (to.keep_fraction < 1) {  // token dropping, or H2O keeping every token
       for (size_t i = 0; i < in.size(); ++i) std::memcpy(out[i], in[i], static_cast<size_t>(bytes));
     } else {
       status = options_.transcode(from, codec, pairs, in, out);
@@ -259,7 +260,7 @@ void KvStore::transcode(ItemId id, int32_t codec) {
     if (now.content_indexed(options_.block_size_tokens)) reindex(id, links);
   }
   // H2O chose every kept chunk's tokens over all of them: only a match of them all is valid.
-  if (to.heavy_hitters) now.whole_chunks = std::ssize(now.chunks);
+  if (to.heavy_hitters && dropped > 0) now.whole_chunks = std::ssize(now.chunks);
   std::optional<Reservation> room =
       dram_->reserve(std::vector<int64_t>(now.chunks.size(), bytes));
   if (!room) {  // the old copy's room went to a save meanwhile

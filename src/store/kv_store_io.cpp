@@ -141,8 +141,10 @@ bool KvStore::write_down(ItemId id, TierIndex t, std::unique_lock<std::mutex>& l
   if (!usable(t)) return false;
   Tier& tier = *tiers_[t];
   const Item& item = items_.at(id);
-  // The shared tier's records carry neither skipped chunks nor layer pairs: such items stay here.
-  if (t == shared_ && (item.skipped_chunks > 0 || options_.codecs[item.codec].merged_pairs > 0)) {
+  // The shared tier's records carry neither skipped chunks, layer pairs nor whole chunks: such
+  // items stay here.
+  if (t == shared_ && (item.skipped_chunks > 0 || item.whole_chunks > 0 ||
+                       options_.codecs[item.codec].merged_pairs > 0)) {
     return false;
   }
   std::vector<ChunkKey> keys;

@@ -208,10 +208,11 @@ TEST_F(EngineStoreTest, ResumedTurnsFromMergedLayerPairsDriftWithTheLayersPaired
 
 // H2O (fixed_codec h2o-0.5): the attention the first turn observed chooses, per layer and KV
 // head, the half of its stored tokens the item keeps (the recent half of those and the heaviest
-// hitters of the rest); the resumed turn loads 7 of the 13 stored blocks as its history, the
-// dropped tokens neither loaded nor recomputed, and answers with log-probabilities that drift from
-// recomputing's. Its own item keeps those 7 chunks valid only together: a prompt that shares only
-// part of that history finds nothing.
+// hitters of the rest): 7 of its 13 chunks, the first and those at links 7-12 of its chain. A
+// prompt that reaches links 0-9 only (its first 170 tokens) loads nothing (4 of the 7 chunks hold
+// tokens chosen over all 13 blocks); the resumed turn loads the 7 as its history, the dropped
+// tokens neither loaded nor recomputed, and answers with log-probabilities that drift from
+// recomputing's.
 TEST_F(EngineStoreTest, ResumedTurnsFromH2oHeavyHittersLoadTheKeptHalf) {
   store::StoreConfig store = store_options("");
   store.adaptcache.fixed_codec = "h2o-0.5";
@@ -220,6 +221,8 @@ TEST_F(EngineStoreTest, ResumedTurnsFromH2oHeavyHittersLoadTheKeptHalf) {
   run_first_turn(*engine, "conversation");
   wait_for(
       *engine, [](const EngineStats& s) { return s.store->transcodes >= 1; }, "H2O's selection");
+  const std::vector<TokenId> part(second_prompt_->begin(), second_prompt_->begin() + 170);
+  EXPECT_EQ(run_turn(*engine, part, "").usage.loaded_prompt_tokens, 0);
   const Turn h2o = run_turn(*engine, *second_prompt_, "conversation");
   EXPECT_EQ(h2o.usage.loaded_prompt_tokens, 7 * 16);
   const double h2o_error = mean_logprob_error(*recomputed_second_, h2o);
@@ -230,18 +233,14 @@ TEST_F(EngineStoreTest, ResumedTurnsFromH2oHeavyHittersLoadTheKeptHalf) {
     run_first_turn(*e, "conversation");
     wait_for(
         *e, [](const EngineStats& st) { return st.store->transcodes >= 1; }, "token dropping");
+    // Token dropping keeps a prefix of the chain's links: the same partial prompt loads 4.
+    const std::vector<TokenId> part(second_prompt_->begin(), second_prompt_->begin() + 170);
+    EXPECT_EQ(run_turn(*e, part, "").usage.loaded_prompt_tokens, 4 * 16);
     return run_turn(*e, *second_prompt_, "conversation");
   }());
   std::printf("mean |logprob - recompute|: h2o-0.5 %.4f, streaming-0.5 %.4f\n", h2o_error,
               streaming_error);
   EXPECT_GT(h2o_error, 1e-4) << "keeping half the tokens changed nothing";
-  // The second turn's item starts with the 7 kept chunks: its first block alone matches nothing.
-  wait_for(
-      *engine, [](const EngineStats& s) { return s.store->items >= 1 && s.num_running == 0; },
-      "the second turn's save");
-  const std::vector<TokenId> part(second_prompt_->begin(), second_prompt_->begin() + 40);
-  const Turn partial = run_turn(*engine, part, "conversation");
-  EXPECT_EQ(partial.usage.loaded_prompt_tokens, 0);
 }
 
 }  // namespace

@@ -2,9 +2,12 @@
 // transformers' eager attention matrices on the default model (tests/reference/krul_reference.py):
 // the prompt observed over several chunks and reduced over the passes that follow, then one
 // decode row per step; the split result equals the offline one, over every row and over the rows
-// at multiples of 4 (kv_store.krul_row_stride).
+// at multiples of 4 (kv_store.krul_row_stride). H2O's stored form of whole chunks, kept a layer
+// at a time by the executor, equals the selection over the whole chunks at once.
+#include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -12,6 +15,8 @@
 
 #include "paged_runner.h"
 #include "strata/executor/executor.h"
+#include "strata/kernels/krul_ops.h"
+#include "strata/kernels/kv_format_ops.h"
 #include "strata/kv/krul_policy.h"
 #include "strata/model/model_source.h"
 
@@ -148,6 +153,31 @@ TEST_F(KrulExecutorTest, ObservationNeedsTheBasePages) {
   ASSERT_FALSE(result.ok());
   EXPECT_NE(result.status().message().find("base pages"), std::string::npos)
       << result.status().to_string();
+}
+
+TEST_F(KrulExecutorTest, HeavyHittersKeptLayerByLayerEqualTheWholeSelection) {
+  const kv::KvGeometry& g = executor_->kv_geometry();
+  const int64_t n = 5, kept = 3, bytes = executor_->kv_chunk_bytes();
+  at::manual_seed(3);
+  const at::Tensor chunks =
+      at::randn({n, g.num_layers, 2, g.num_kv_heads, g.block_size_tokens, g.head_dim})
+          .to(kernels::aten::scalar_type(executor_->dtype()));
+  ASSERT_EQ(chunks.numel() * chunks.element_size(), n * bytes);
+  // The mass of 70 of the 80 tokens: the last 10 were not observed.
+  const at::Tensor mass = at::rand({70, g.num_layers, g.num_kv_heads});
+  std::vector<const std::byte*> in;
+  for (int64_t i = 0; i < n; ++i) in.push_back(static_cast<const std::byte*>(chunks[i].data_ptr()));
+  at::Tensor got = at::zeros_like(chunks.narrow(0, 0, kept));
+  std::vector<std::byte*> out;
+  for (int64_t j = 0; j < kept; ++j) out.push_back(static_cast<std::byte*>(got[j].data_ptr()));
+  ASSERT_TRUE(
+      executor_
+          ->keep_heavy_hitters({mass.data_ptr<float>(), static_cast<size_t>(mass.numel())}, in, out)
+          .ok());
+  EXPECT_TRUE(at::equal(got, kernels::aten::h2o_keep_chunks(chunks, mass, kept)));
+  // A mass of another shape is refused.
+  EXPECT_EQ(executor_->keep_heavy_hitters({mass.data_ptr<float>(), 7}, in, out).code(),
+            StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -502,8 +502,8 @@ TEST(ConfigSectionsTest, FreeKvErrorsNameTheKey) {
        "freekv.window_tokens must be whole pages of freekv.page_tokens, got 500"},
       {"budget below sink and window", on + "freekv: {budget_tokens: 1000}\n", kInvalid,
        "freekv.budget_tokens (1000) must be at least freekv.sink_tokens + freekv.window_tokens"},
-      {"streamingllm", on + "freekv: {enabled: true, budget_tokens: 1024, min_context_tokens: 2048}\n",
-       kOk, ""},
+      {"streamingllm",
+       on + "freekv: {enabled: true, budget_tokens: 1024, min_context_tokens: 2048}\n", kOk, ""},
       {"tau", on + "freekv: {tau: 3}\n", kInvalid, "freekv.tau must be in [-1, 2], got 3"},
       {"method", on + "freekv: {method: quest}\n", kInvalid,
        "freekv.method: expected one of retrieval, h2o, got 'quest'"},
@@ -516,23 +516,28 @@ TEST(ConfigSectionsTest, FreeKvErrorsNameTheKey) {
        "freekv.host_bytes must be >= 1MiB"},
       {"threshold", on + "freekv: {min_context_tokens: 1000}\n", kInvalid,
        "freekv.min_context_tokens (1000) must be at least freekv.budget_tokens (2048)"},
-      {"on cuda", "devices: {device: cuda}\nkv_store: {dram_bytes: 0}\n"
-                  "kv_cache: {enable_prefix_caching: false}\nfreekv: {enabled: true}\n",
+      {"on cuda",
+       "devices: {device: cuda}\nkv_store: {dram_bytes: 0}\n"
+       "kv_cache: {enable_prefix_caching: false}\nfreekv: {enabled: true}\n",
        kOk, ""},
       {"with leankv", on + "leankv: {enabled: true}\nfreekv: {enabled: true}\n", kInvalid,
        "freekv.enabled and leankv.enabled exclude each other"},
-      {"two ranks", "devices: {device: cpu, tensor_parallel_size: 2}\nkv_store: {dram_bytes: 0}\n"
-                    "kv_cache: {enable_prefix_caching: false}\nfreekv: {enabled: true}\n",
+      {"two ranks",
+       "devices: {device: cpu, tensor_parallel_size: 2}\nkv_store: {dram_bytes: 0}\n"
+       "kv_cache: {enable_prefix_caching: false}\nfreekv: {enabled: true}\n",
        kInvalid, "freekv.enabled serves one rank for now"},
-      {"page format", "devices: {device: cpu}\nkv_store: {dram_bytes: 0}\n"
-                      "kv_cache: {enable_prefix_caching: false, page_format: int8/token64}\n"
-                      "freekv: {enabled: true}\n",
+      {"page format",
+       "devices: {device: cpu}\nkv_store: {dram_bytes: 0}\n"
+       "kv_cache: {enable_prefix_caching: false, page_format: int8/token64}\n"
+       "freekv: {enabled: true}\n",
        kInvalid, "freekv.enabled reads the compute dtype's pages"},
-      {"prefix caching", "devices: {device: cpu}\nkv_store: {dram_bytes: 0}\n"
-                         "freekv: {enabled: true}\n",
+      {"prefix caching",
+       "devices: {device: cpu}\nkv_store: {dram_bytes: 0}\n"
+       "freekv: {enabled: true}\n",
        kInvalid, "set kv_cache.enable_prefix_caching to false"},
-      {"with the store", "devices: {device: cpu}\nkv_cache: {enable_prefix_caching: false}\n"
-                         "kv_store: {dram_bytes: 1GiB}\nfreekv: {enabled: true}\n",
+      {"with the store",
+       "devices: {device: cpu}\nkv_cache: {enable_prefix_caching: false}\n"
+       "kv_store: {dram_bytes: 1GiB}\nfreekv: {enabled: true}\n",
        kOk, ""},
       {"restoring by recompute",
        "devices: {device: cpu}\nkv_cache: {enable_prefix_caching: false}\n"
@@ -542,7 +547,11 @@ TEST(ConfigSectionsTest, FreeKvErrorsNameTheKey) {
        "devices: {device: cpu}\nkv_cache: {enable_prefix_caching: false}\n"
        "kv_store: {dram_bytes: 1GiB, layer_pairing: minicache, fixed_codec: layer-merge}\n"
        "freekv: {enabled: true}\n",
-       kInvalid, "and kv_store.layer_pairing to none"},
+       kInvalid, "kv_store.layer_pairing to none"},
+      {"with H2O's codec",
+       "devices: {device: cpu}\nkv_cache: {enable_prefix_caching: false}\n"
+       "kv_store: {dram_bytes: 1GiB, fixed_codec: h2o-0.5}\nfreekv: {enabled: true}\n",
+       kInvalid, "no h2o fixed_codec"},
       {"off, anything goes", "kv_store: {dram_bytes: 1GiB}\nfreekv: {enabled: false}\n", kOk, ""},
       {"on", on + "freekv: {enabled: true}\n", kOk, ""},
   });

@@ -257,6 +257,35 @@ TEST(SharedTierTest, AnotherStoreLoadsWhatOneStoredAndReportsTheRemoteTier) {
   EXPECT_EQ(b->stats().shared_found, 2);
 }
 
+// An item whose leading chunks are valid only together (a turn resumed from H2O's kept chunks,
+// SaveRequest::whole_chunks) stays on its replica: the shared records do not carry whole chunks,
+// so another replica could match some of them. Neither write-through nor the shutdown's flush
+// sends it; a raw item beside it is written through.
+TEST(SharedTierTest, AnItemWithWholeChunksStaysOffTheSharedTier) {
+  RedisServer server;
+  {
+    std::unique_ptr<KvStore> a = KvStore::open(shared_options(server)).value();
+    const std::vector<TokenId> resumed = tokens(8, 4 * kBlock + 1);
+    SaveRequest request{"s", false, 0, chain(resumed), 0, 0, /*whole_chunks=*/2};
+    StatusOr<SaveTicket> ticket = a->begin_save(request);
+    ASSERT_TRUE(ticket.ok()) << ticket.status().to_string();
+    for (size_t i = 0; i < ticket->destinations.size(); ++i) {
+      fill(ticket->destinations[i], request.chain[i]);
+    }
+    a->commit_save(*std::move(ticket), nullptr, 0);
+    ASSERT_TRUE(save(*a, tokens(9, 3 * kBlock + 1)).ok());
+    a->wait_idle();
+    EXPECT_EQ(a->stats().tier("remote").chunks, 3) << "only the raw item is written through";
+  }  // a clean shutdown flushes DRAM-only items down
+  std::unique_ptr<KvStore> b = KvStore::open(shared_options(server)).value();
+  const std::vector<TokenId> resumed = tokens(8, 4 * kBlock + 1);
+  b->look_up_shared(resumed, root(), "s");
+  EXPECT_FALSE(b->find(resumed, root(), "s").has_value());
+  const std::vector<TokenId> raw = tokens(9, 3 * kBlock + 1);
+  b->look_up_shared(raw, root(), {});
+  EXPECT_TRUE(b->find(raw, root(), {}).has_value()) << "the raw item is shared";
+}
+
 TEST(SharedTierTest, CorruptRemoteValueIsRecomputedNotServed) {
   RedisServer server;
   std::unique_ptr<KvStore> a = KvStore::open(shared_options(server)).value();
