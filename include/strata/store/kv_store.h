@@ -325,7 +325,7 @@ class KvStore {
   // H2O: the attention each token of the conversation `item` holds received over its turn
   // (kv::krul::AttentionStats::token_mass, [tokens, layers, KV heads]), set at the turn's end: a
   // heavy-hitter codec keeps the tokens it chooses by it (once; a later turn sets it again).
-  // Ignored for an item gone.
+  // Ignored for an item gone or already encoded.
   void set_token_mass(ItemId item, std::vector<float> mass);
   // The items the waiting jobs will load, head first: drives prefetching and eviction.
   void set_queue(std::vector<ItemId> queue);
