@@ -26,6 +26,12 @@ at::Tensor krul_attention_rows(const at::Tensor& q, const at::Tensor& k, int64_t
   return at::softmax(logits.masked_fill(keys > positions, -INFINITY), -1);
 }
 
+at::Tensor krul_token_mass(const at::Tensor& rows, int64_t num_kv_heads) {
+  const int64_t layers = rows.size(0), t = rows.size(3);
+  // [layers, kv heads, group * r, t] summed over the group's heads and the rows.
+  return rows.to(at::kFloat).reshape({layers, num_kv_heads, -1, t}).sum(2).permute({2, 0, 1});
+}
+
 void krul_accumulate(const at::Tensor& rows, const at::Tensor& lengths,
                      kv::krul::AttentionStats& stats) {
   const int64_t layers = rows.size(0), heads = rows.size(1), r = rows.size(2), t = rows.size(3);
@@ -50,13 +56,7 @@ void krul_accumulate(const at::Tensor& rows, const at::Tensor& lengths,
     stats.observed[static_cast<size_t>(l)] += heads * r;
   }
   if (stats.num_kv_heads > 0) {
-    // H2O's score: [layers, kv heads, group, r, t] summed over the group and the rows.
-    const at::Tensor received = rows.to(at::kFloat)
-                                    .reshape({layers, stats.num_kv_heads, -1, t})
-                                    .sum(2)
-                                    .permute({2, 0, 1})
-                                    .contiguous()
-                                    .cpu();  // [t, layers, kv heads]
+    const at::Tensor received = krul_token_mass(rows, stats.num_kv_heads).contiguous().cpu();
     stats.add_token_mass({received.data_ptr<float>(), static_cast<size_t>(received.numel())});
   }
   // Per head, the Gram matrix of the layers' flattened rows, [heads, layers, layers], in float32

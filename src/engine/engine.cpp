@@ -58,7 +58,11 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<model::ModelSou
 }
 
 Status Engine::start_on_step_thread() {
-  STRATA_ASSIGN_OR_RETURN(executor_, executor::Executor::create(*source_, options_.executor));
+  executor::ExecutorOptions executor_options = options_.executor;
+  executor_options.observe_token_mass =
+      options_.kv_store.enabled() &&
+      store::heavy_hitter_codec(options_.kv_store.adaptcache.fixed_codec);
+  STRATA_ASSIGN_OR_RETURN(executor_, executor::Executor::create(*source_, executor_options));
   executor_->init_calling_thread();
   // The fingerprint keeps cached KV of different models (or weights) apart, wherever they live.
   model_fingerprint_ = source_->content_fingerprint();

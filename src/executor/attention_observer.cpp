@@ -64,23 +64,7 @@ void AttentionObserver::after_pass(kernels::KernelBackend backend) {
                                       at::full({1}, t, rows.options().dtype(at::kLong)),
                                       state.device_squared, state.device_edge, backend);
         ++state.device_rows;
-        // H2O's score: [layers, kv heads, group, t] summed over the group.
-        const at::Tensor received = rows.to(at::kFloat)
-                                        .reshape({num_layers_, num_kv_heads_, -1, t})
-                                        .sum(2)
-                                        .permute({2, 0, 1});
-        if (!state.device_mass.defined() || state.device_mass.size(0) < t) {
-          at::Tensor grown =
-              at::zeros({std::max<int64_t>(t, 2 * state.device_tokens), num_layers_, num_kv_heads_},
-                        received.options());
-          if (state.device_tokens > 0) {
-            grown.narrow(0, 0, state.device_tokens)
-                .copy_(state.device_mass.narrow(0, 0, state.device_tokens));
-          }
-          state.device_mass = grown;
-        }
-        state.device_mass.narrow(0, 0, t).add_(received);
-        state.device_tokens = std::max(state.device_tokens, t);
+        if (num_kv_heads_ > 0) add_device_mass(state, rows);
       } else {
         kernels::aten::krul_accumulate(rows, at::full({1}, t, at::kLong), state.stats);
       }
@@ -98,6 +82,23 @@ void AttentionObserver::after_pass(kernels::KernelBackend backend) {
     state.prompt = {};
     state.keys.clear();
   }
+}
+
+void AttentionObserver::add_device_mass(State& state, const at::Tensor& rows) const {
+  const at::Tensor received = kernels::aten::krul_token_mass(rows, num_kv_heads_);  // [t, L, Hkv]
+  const int64_t t = received.size(0);
+  if (!state.device_mass.defined() || state.device_mass.size(0) < t) {
+    at::Tensor grown =
+        at::zeros({std::max<int64_t>(t, 2 * state.device_tokens), num_layers_, num_kv_heads_},
+                  received.options());
+    if (state.device_tokens > 0) {
+      grown.narrow(0, 0, state.device_tokens)
+          .copy_(state.device_mass.narrow(0, 0, state.device_tokens));
+    }
+    state.device_mass = grown;
+  }
+  state.device_mass.narrow(0, 0, t).add_(received);
+  state.device_tokens = std::max(state.device_tokens, t);
 }
 
 void AttentionObserver::fold_device_rows(State& state) const {

@@ -1,8 +1,9 @@
 // Krul's attention statistics in the executor (docs/krul.md; private to the executor): for each
 // sequence whose chunks ask for them (SequenceChunk::observe_attention), the per-layer I-R mass,
-// the per-head squared distances between every pair of layers' attention rows and the attention
-// each token received per layer and KV head (H2O's score) (kv::krul::AttentionStats), without
-// ever holding [heads, s, s] of one layer, let alone all.
+// the per-head squared distances between every pair of layers' attention rows and, built with
+// num_kv_heads > 0 (ExecutorOptions::observe_token_mass), the attention each token received per
+// layer and KV head (H2O's score) (kv::krul::AttentionStats), without ever holding [heads, s, s]
+// of one layer, let alone all.
 //
 // The two paths of the paper, split by rows (squared distances add up over rows):
 //   prompt rows   a chunk of n > 1 queries keeps copies of its sampled queries [rows, H, D] and
@@ -89,6 +90,8 @@ class AttentionObserver {
     int64_t device_rows = 0, device_tokens = 0;
   };
 
+  // Adds a decode step's rows [L, H, 1, t] to the device's token mass, grown to t tokens.
+  void add_device_mass(State& state, const at::Tensor& rows) const;
   // Adds the device accumulators' totals to the statistics and clears them.
   void fold_device_rows(State& state) const;
 

@@ -168,10 +168,10 @@ Status TorchExecutor::load(const model::ModelSource& source) {
     }
     device_ = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device_choice_.index));
     // Krul's decode rows stay on the device (AttentionObserver).
-    attention_observer_ = AttentionObserver(static_cast<int32_t>(config_.num_layers),
-                                            static_cast<int32_t>(config_.num_heads),
-                                            static_cast<int32_t>(config_.num_kv_heads),
-                                            /*device_accumulators=*/true);
+    attention_observer_ = AttentionObserver(
+        static_cast<int32_t>(config_.num_layers), static_cast<int32_t>(config_.num_heads),
+        static_cast<int32_t>(options_.observe_token_mass ? config_.num_kv_heads : 0),
+        /*device_accumulators=*/true);
   } else if (options_.cpu_threads > 0) {
     at::set_num_threads(options_.cpu_threads);
   }

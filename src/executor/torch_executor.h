@@ -55,9 +55,9 @@ class TorchExecutor final : public Executor {
         config_(std::move(config)),
         options_(options),
         shard_(std::move(shard)),
-        attention_observer_(static_cast<int32_t>(config_.num_layers),
-                            static_cast<int32_t>(config_.num_heads),
-                            static_cast<int32_t>(config_.num_kv_heads)) {}
+        attention_observer_(
+            static_cast<int32_t>(config_.num_layers), static_cast<int32_t>(config_.num_heads),
+            static_cast<int32_t>(options.observe_token_mass ? config_.num_kv_heads : 0)) {}
 
   Status load(const model::ModelSource& source);
 

@@ -133,6 +133,7 @@ RestoreCoordinator::RestoreCoordinator(const RestoreOptions& options, executor::
                                        kv::KvCacheManager& kv, scheduler::Scheduler& scheduler,
                                        uint64_t model_fingerprint)
     : options_(options),
+      heavy_hitters_(store::heavy_hitter_codec(options.store.adaptcache.fixed_codec)),
       executor_(executor),
       kv_(kv),
       scheduler_(scheduler),
@@ -481,8 +482,7 @@ void RestoreCoordinator::plan_copies(executor::ForwardBatch& forward) {
 }
 
 bool RestoreCoordinator::observes_attention() const {
-  return options_.store.layer_pairing == store::LayerPairing::kKrul ||
-         store::heavy_hitter_codec(options_.store.adaptcache.fixed_codec);
+  return options_.store.layer_pairing == store::LayerPairing::kKrul || heavy_hitters_;
 }
 
 void RestoreCoordinator::observe_attention(executor::ForwardBatch& forward) {
@@ -723,8 +723,7 @@ void RestoreCoordinator::finish(SeqId seq, bool publish) {
       // This turn's pairs replace the item's (none: it stays unmerged).
       store_->set_layer_pairs(item, choose_layer_pairs(stats));
     }
-    if (stats && stats->num_kv_heads > 0 &&
-        store::heavy_hitter_codec(options_.store.adaptcache.fixed_codec)) {
+    if (stats && stats->num_kv_heads > 0 && heavy_hitters_) {
       store_->set_token_mass(item, std::move(stats->token_mass));
     }
   }

@@ -60,6 +60,9 @@ struct ExecutorOptions : DevicesConfig, KernelsConfig, KvCacheConfig {
   std::vector<int32_t> kv_head_groups;
   LeanKvConfig leankv;
   FreeKvConfig freekv;  // not with leankv
+  // Krul's attention observation also sums the attention each token receives (H2O's score,
+  // kv::krul::AttentionStats::token_mass): set by the engine for an H2O fixed codec.
+  bool observe_token_mass = false;
   // Tensor parallelism (docs/tensor-parallelism.md): this process's rank in a group of
   // tensor_parallel_size ranks (borrowed; outlives the executor). Rank 0's executor runs the
   // engine's passes on every rank; the others run serve_tensor_parallel_rank(). Null: one rank.

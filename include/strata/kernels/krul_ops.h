@@ -34,6 +34,10 @@ at::Tensor krul_attention_rows(const at::Tensor& q, const at::Tensor& k, int64_t
 // ||a - b||^2 = ||a||^2 + ||b||^2 - 2 a.b, clamped at 0). With stats.num_kv_heads > 0, also each
 // of the t keys' received probability, summed over the rows and each KV head's query heads, to
 // token_mass.
+// H2O's score of rows float32 [num_layers, num_heads, r, t]: float32 [t, num_layers,
+// num_kv_heads], each key's probability summed over the rows and its KV head's query heads, on
+// the rows' device.
+at::Tensor krul_token_mass(const at::Tensor& rows, int64_t num_kv_heads);
 void krul_accumulate(const at::Tensor& rows, const at::Tensor& lengths,
                      kv::krul::AttentionStats& stats);
 

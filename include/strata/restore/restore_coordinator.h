@@ -234,6 +234,7 @@ class RestoreCoordinator {
   void publish_queue();
 
   RestoreOptions options_;
+  bool heavy_hitters_ = false;  // an H2O fixed codec: each turn's token mass goes to the store
   executor::Executor& executor_;
   kv::KvCacheManager& kv_;
   scheduler::Scheduler& scheduler_;

@@ -71,6 +71,18 @@ TEST(AttentionObserverTest, DeviceAccumulatorsGiveTheHostPathsStatistics) {
     }
     EXPECT_FALSE(device.take(seq)) << "taken statistics are forgotten";
   }
+  // Built without KV heads (no H2O codec) an observer keeps no token mass, and the same rest.
+  for (const bool device : {false, true}) {
+    AttentionObserver with(kLayers, kHeads, kKvHeads, device), without(kLayers, kHeads, 0, device);
+    run_turn(with, SeqId{4}, 3, 12);
+    run_turn(without, SeqId{4}, 3, 12);
+    const std::optional<kv::krul::AttentionStats> a = with.take(SeqId{4}),
+                                                  b = without.take(SeqId{4});
+    ASSERT_TRUE(a && b);
+    EXPECT_FALSE(a->token_mass.empty());
+    EXPECT_TRUE(b->token_mass.empty());
+    EXPECT_EQ(a->squared, b->squared);
+  }
   // A chunk at position 0 starts the statistics over: a second turn equals a fresh one.
   AttentionObserver again(kLayers, kHeads, kKvHeads, true), fresh(kLayers, kHeads, kKvHeads, true);
   run_turn(again, SeqId{3}, 4, 9);
