@@ -168,7 +168,10 @@ class EngineClient final : public BenchClient {
                       {"restore_wait_seconds", stats.restore_wait_seconds},
                       {"pair_maps", d(stats.pair_maps)},
                       {"paired_layers", d(stats.paired_layers)},
-                      {"merged_chunks_loaded", d(stats.merged_chunks_loaded)}};
+                      {"merged_chunks_loaded", d(stats.merged_chunks_loaded)},
+                      {"suffix_turns", d(stats.suffix_turns)},
+                      {"suffix_dropped_chunk_layers", d(stats.suffix_dropped_chunk_layers)},
+                      {"suffix_recomputes", d(stats.suffix_recomputes)}};
     // Which codecs the store chose (AdaptCache's mix): re-encodings into each lossy codec.
     for (size_t c = 1; c < s.codec_names.size(); ++c) {
       counters["transcodes_" + s.codec_names[c]] = d(s.codec_transcodes[c]);

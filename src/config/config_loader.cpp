@@ -443,6 +443,7 @@ Status read_kv_store(Context& ctx, const YAML::Node& node, KvStoreSection& out) 
                      out.restore_mode);
   }));
   STRATA_RETURN_IF_ERROR(m.get("recompute_ratio", into(ctx, out.recompute_ratio)));
+  STRATA_RETURN_IF_ERROR(m.get("stored_suffix", into(ctx, out.stored_suffix)));
   STRATA_RETURN_IF_ERROR(m.get("layer_pairing", [&](const YAML::Node& n, const std::string& k) {
     return read_enum(ctx, n, k,
                      {LayerPairing::kNone, LayerPairing::kKrul, LayerPairing::kMiniCache},

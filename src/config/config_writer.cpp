@@ -102,6 +102,7 @@ std::string to_yaml(const DeploymentConfig& config) {
   emit_plain(out, "read_buffer_layers", std::to_string(store.read_buffer_layers));
   emit_name(out, "restore_mode", config_name(store.restore_mode));
   emit_plain(out, "recompute_ratio", format_double(store.recompute_ratio));
+  emit_plain(out, "stored_suffix", store.stored_suffix ? "true" : "false");
   emit_name(out, "layer_pairing", config_name(store.layer_pairing));
   emit_plain(out, "layer_share", format_double(store.layer_share));
   emit_plain(out, "krul_gamma", format_double(store.krul_gamma));

@@ -156,6 +156,7 @@ const KeyCheck<KvStoreSection> kKvStoreKeys[] = {
      [](const KvStoreSection& k) {
        return number_in("kv_store.recompute_ratio", k.recompute_ratio, 0, 1);
      }},
+    {"kv_store.stored_suffix", nullptr},
     {"kv_store.layer_pairing", nullptr},
     {"kv_store.layer_share",
      [](const KvStoreSection& k) {
@@ -511,6 +512,14 @@ Status KvStoreSection::validate() const {
     return invalid_argument_error(
         "kv_store.fixed_codec layer-merge needs kv_store.layer_pairing krul or minicache");
   }
+  if (stored_suffix && (restore_mode != store::RestoreMode::kKrul || adaptcache.enabled ||
+                        adaptcache.fixed_codec != "none" || layer_pairing != LayerPairing::kNone ||
+                        remote.enabled())) {
+    return invalid_argument_error(
+        "kv_store.stored_suffix stores what Krul's restoration loads: it needs "
+        "kv_store.restore_mode krul, fixed_codec none, adaptcache false, layer_pairing none and "
+        "no remote_address (docs/krul.md decision 12)");
+  }
   return Status();
 }
 
@@ -601,11 +610,11 @@ Status DeploymentConfig::validate() const {
   }
   if (kv_store.enabled() && devices.tensor_parallel_size > 1 &&
       (kv_store.adaptcache.enabled || kv_store.adaptcache.fixed_codec != "none" ||
-       kv_store.layer_pairing != LayerPairing::kNone)) {
+       kv_store.layer_pairing != LayerPairing::kNone || kv_store.stored_suffix)) {
     return invalid_argument_error(
-        "the KV store's lossy codecs (kv_store.adaptcache, fixed_codec, layer_pairing) are not "
-        "served with tensor parallelism yet; set devices.tensor_parallel_size to 1 or turn them "
-        "off");
+        "the KV store's lossy codecs and stored suffix (kv_store.adaptcache, fixed_codec, "
+        "layer_pairing, stored_suffix) are not served with tensor parallelism yet; set "
+        "devices.tensor_parallel_size to 1 or turn them off");
   }
   if (leankv.enabled) {
     if (devices.device.kind == DeviceKind::kCuda) {

@@ -194,8 +194,10 @@ void time_plan(RestorePlan& plan, int64_t tokens, const std::vector<LayerPair>& 
 }
 
 RestorePlan plan_restore(int64_t tokens, int32_t num_layers, const std::vector<LayerPair>& pairs,
-                         const RestoreCosts& costs, int64_t granularity) {
+                         const RestoreCosts& costs, int64_t granularity,
+                         std::span<const int64_t> floor) {
   STRATA_CHECK(tokens >= 0 && num_layers > 0 && granularity > 0);
+  STRATA_CHECK(floor.empty() || std::ssize(floor) == num_layers);
   const std::vector<Role> role = roles(num_layers, pairs);
   std::vector<int64_t> level;  // the boundaries a layer may take
   for (int64_t n = 0; n < tokens; n += granularity) level.push_back(n);
@@ -218,9 +220,11 @@ RestorePlan plan_restore(int64_t tokens, int32_t num_layers, const std::vector<L
           run = l == 0 ? 0.0 : best[k];
           arg = static_cast<uint32_t>(k);
         }
+        const bool allowed = floor.empty() || level[k] >= std::min(floor[l], tokens);
         const double own =
-            compute_time(level[k], costs) +
-            lambda * load_time(role[static_cast<size_t>(l)], level[k], tokens, costs);
+            allowed ? compute_time(level[k], costs) +
+                          lambda * load_time(role[static_cast<size_t>(l)], level[k], tokens, costs)
+                    : std::numeric_limits<double>::infinity();
         next[k] = run + own;
         from[static_cast<size_t>(l)][k] = arg;
       }

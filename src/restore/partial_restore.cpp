@@ -1,7 +1,8 @@
 // Krul in the restore coordinator (docs/krul.md): the restoration of a resumed turn
 // (restoration_plan, plan_restorations: each layer recomputes a prefix of the stored history,
-// never longer than the layer above's, and loads the rest, in the same pass as the new turn), and
-// the conversation's layer pairs (choose_layer_pairs: chosen at each turn's end; unmerge_load:
+// never longer than the layer above's, and loads the rest, in the same pass as the new turn), the
+// stored suffix (store_suffix at each turn's end, recompute_floor at the next), and the
+// conversation's layer pairs (choose_layer_pairs: chosen at each turn's end; unmerge_load:
 // chunks the layer-merge codec stored, restored for their load).
 
 #include <algorithm>
@@ -16,13 +17,15 @@ namespace strata::restore {
 
 std::vector<int64_t> RestoreCoordinator::restoration_plan(int64_t history, int64_t room,
                                                           store::TierIndex from,
-                                                          int64_t other_tokens) const {
+                                                          int64_t other_tokens,
+                                                          std::span<const int64_t> floor) const {
   const int64_t block = kv_.geometry().block_size_tokens;
   const auto layers = static_cast<int32_t>(executor_.config().num_layers);
   kv::krul::RestorePlan plan;
   switch (options_.store.restore_mode) {
     case store::RestoreMode::kLoad:
-      return {};
+      plan.boundary.assign(floor.begin(), floor.end());
+      break;
     case store::RestoreMode::kPartial:
       plan = kv::krul::fixed_ratio_plan(history, layers, options_.store.recompute_ratio, block);
       break;
@@ -32,7 +35,8 @@ std::vector<int64_t> RestoreCoordinator::restoration_plan(int64_t history, int64
       // measures them).
       const double pin = pin_seconds_per_chunk_[from];
       if (prefill_seconds_per_token_layer_ <= 0 || load_bytes_per_second_ <= 0 || pin <= 0) {
-        return {};
+        plan.boundary.assign(floor.begin(), floor.end());
+        break;
       }
       const double chunk_layer_bytes =
           static_cast<double>(executor_.kv_chunk_bytes()) / static_cast<double>(layers);
@@ -43,19 +47,60 @@ std::vector<int64_t> RestoreCoordinator::restoration_plan(int64_t history, int64
       costs.other_compute =
           static_cast<double>(other_tokens * layers) * prefill_seconds_per_token_layer_;
       costs.merged_load_per_token = costs.load_per_token;
-      plan = kv::krul::plan_restore(history, layers, {}, costs, block);
+      plan = kv::krul::plan_restore(history, layers, {}, costs, block, floor);
       break;
     }
   }
-  // Within the step's room, in whole blocks (a minimum keeps the pyramid).
+  // Within the step's room, in whole blocks (a minimum keeps the pyramid), but never below the
+  // floor of a stored suffix (a maximum of two non-increasing sequences is one).
   const int64_t cap = std::max<int64_t>(room, 0) / block * block;
-  for (int64_t& rows : plan.boundary) rows = std::min(rows, cap);
+  for (size_t l = 0; l < plan.boundary.size(); ++l) {
+    plan.boundary[l] = std::min(plan.boundary[l], cap);
+    if (!floor.empty()) plan.boundary[l] = std::max(plan.boundary[l], std::min(floor[l], history));
+  }
   // A plan that recomputes nothing is a plain load, unless Krul's loads from a lower tier can run
   // beside the pass's other rows (decision 10).
   const bool streams = options_.store.restore_mode == store::RestoreMode::kKrul &&
                        from > store::kDramTier && executor_.streams_loads();
   if (plan.boundary.empty() || (plan.boundary.front() == 0 && !streams)) return {};
   return plan.boundary;
+}
+
+std::vector<int64_t> RestoreCoordinator::recompute_floor(
+    std::span<const int32_t> first_layers) const {
+  if (first_layers.empty()) return {};
+  const int64_t block = kv_.geometry().block_size_tokens;
+  std::vector<int64_t> floor(static_cast<size_t>(executor_.config().num_layers), 0);
+  for (int64_t j = std::ssize(first_layers); j-- > 0;) {
+    // Layers [0, first_layers[j]) recompute block j, and so every block before it.
+    for (int32_t l = 0; l < first_layers[j]; ++l) {
+      floor[l] = std::max(floor[l], (j + 1) * block);
+    }
+  }
+  return floor;
+}
+
+void RestoreCoordinator::store_suffix(store::ItemId item, int64_t chunks) {
+  const int64_t block = kv_.geometry().block_size_tokens;
+  // Idle conversations move to the nearest tier below DRAM: the plan costs reads from there.
+  const store::TierIndex tier = store_->num_tiers() > 1 ? 1 : store::kDramTier;
+  const std::vector<int64_t> rows =
+      restoration_plan(chunks * block, options_.max_batched_tokens / 2, tier, 0);
+  // Chunk k is loaded by the layers whose boundary lies at or before it; one recomputed by every
+  // layer still keeps its last (the store keeps at least one layer of a chunk).
+  const auto last_layer = static_cast<int32_t>(executor_.config().num_layers - 1);
+  std::vector<int32_t> first_layers(static_cast<size_t>(chunks), 0);
+  int64_t dropped = 0;
+  for (int64_t k = 0; k < chunks; ++k) {
+    const auto loaders_after = static_cast<int32_t>(
+        std::ranges::count_if(rows, [&](int64_t boundary) { return boundary > k * block; }));
+    first_layers[k] = std::min(loaders_after, last_layer);
+    dropped += first_layers[k];
+  }
+  store_->set_stored_layers(item, std::move(first_layers));
+  if (dropped == 0) return;
+  ++stats_.suffix_turns;
+  stats_.suffix_dropped_chunk_layers += dropped;
 }
 
 void RestoreCoordinator::plan_restorations(executor::ForwardBatch& forward) {

@@ -45,6 +45,21 @@ uint64_t layout_tag(uint64_t model_fingerprint, const kv::KvFormat& format,
   return XXH3_64bits(text, static_cast<size_t>(n));
 }
 
+// Whether chunks of a load from block `first_block` on, keeping layers from first_layers[i] on
+// (store::StoreLease::first_layers; empty: all), hold every layer that loads them: block b is
+// loaded by the layers whose recompute boundary in `rows` lies at or before it (all when `rows`
+// is empty).
+bool reads_stored_layers(std::span<const int32_t> first_layers, int64_t first_block,
+                         std::span<const int64_t> rows, int64_t block) {
+  for (int64_t i = 0; i < std::ssize(first_layers); ++i) {
+    const int64_t start = (first_block + i) * block;
+    const auto first_loader =
+        std::ranges::count_if(rows, [&](int64_t boundary) { return boundary > start; });
+    if (first_layers[i] > first_loader) return false;
+  }
+  return true;
+}
+
 // Exponential moving average, 0 until the first sample.
 void update_average(double& average, double sample) {
   constexpr double kWeight = 0.2;  // of the newest sample
@@ -279,8 +294,35 @@ void RestoreCoordinator::before_schedule() {
   }
 }
 
-StatusOr<store::TierIndex> RestoreCoordinator::pin_load(Sequence& sequence, const kv::BlockLoad& load,
-                                                   executor::KvLoad* kv_load) {
+void RestoreCoordinator::recompute(SeqId seq, Sequence& sequence,
+                                   scheduler::ScheduledBatch& batch) {
+  scheduler_.restart(seq);
+  sequence.stored.reset();
+  sequence.load_failed = true;
+  sequence.whole_chunks = 0;
+  std::erase_if(batch.chunks, [&](const scheduler::ScheduledChunk& c) { return c.seq == seq; });
+}
+
+bool RestoreCoordinator::stores_suffix(const Sequence& sequence, const kv::BlockLoad& load) const {
+  const Sequence::StoredPrefix& stored = *sequence.stored;
+  const int64_t end = load.first_block + load.num_blocks;
+  for (int64_t j = load.first_block; j < end;) {  // by runs of consecutive chunks
+    int64_t run = 1;
+    while (j + run < end && stored.chunks[j + run] == stored.chunks[j] + run) ++run;
+    std::vector<int32_t> first_layers;
+    if (store_->locate(stored.item, stored.chunks[j], run, stored.skipped_chunks, &first_layers) &&
+        !first_layers.empty()) {
+      return true;
+    }
+    j += run;
+  }
+  return false;
+}
+
+StatusOr<store::TierIndex> RestoreCoordinator::pin_load(Sequence& sequence,
+                                                        const kv::BlockLoad& load,
+                                                        std::span<const int64_t> rows,
+                                                        executor::KvLoad* kv_load) {
   const Sequence::StoredPrefix stored = *std::move(sequence.stored);
   sequence.stored.reset();
   std::vector<store::StoreLease> pinned;
@@ -309,6 +351,12 @@ StatusOr<store::TierIndex> RestoreCoordinator::pin_load(Sequence& sequence, cons
     // Pinned leases of one item share its codec (the store re-encodes only unpinned items).
     kv_load->encoding = codec_formats_[lease->codec];
     const size_t at = kv_load->chunks.size();
+    if (!reads_stored_layers(lease->first_layers, j, rows, kv_.geometry().block_size_tokens)) {
+      store_->release(*lease, 0);
+      for (const store::StoreLease& held : pinned) store_->release(held, 0);
+      return not_found_error("KV store: conversation item " + std::to_string(stored.item) +
+                             " keeps fewer layers than its load reads (changed since planned)");
+    }
     kv_load->chunks.insert(kv_load->chunks.end(), lease->chunks.begin(), lease->chunks.end());
     pinned.push_back(*std::move(lease));
     if (!pinned.back().layer_pairs.empty()) {
@@ -337,10 +385,16 @@ StatusOr<store::TierIndex> RestoreCoordinator::stream_load(SeqId seq, Sequence& 
   StatusOr<store::LayeredLease> lease =
       store_->pin_layers(stored.item, stored.chunks[first], load.num_blocks, stored.skipped_chunks);
   if (!lease.ok() && lease.status().code() == StatusCode::kFailedPrecondition) {
-    return pin_load(sequence, load, kv_load);  // encoded or merged: decoded whole, on the pass
+    return pin_load(sequence, load, rows, kv_load);  // encoded or merged: decoded whole
   }
   sequence.stored.reset();
   if (!lease.ok()) return lease.status();
+  if (!reads_stored_layers(lease->lease.first_layers, first, rows, block)) {
+    store_->release(lease->lease, 0);
+    return not_found_error(
+        "KV store: conversation item " + std::to_string(lease->lease.item) +
+        " keeps fewer layers than its restoration reads (changed since planned)");
+  }
   const store::TierIndex tier = lease->lease.served_from;
   kv_load->chunks.clear();
   for (int64_t j = 0; j < load.num_blocks; ++j) {
@@ -409,10 +463,20 @@ std::vector<LoadedPrefix> RestoreCoordinator::restore(scheduler::ScheduledBatch&
     std::vector<int64_t> rows;
     if (load.first_block == 0 && sequence.dropped_tokens == 0) {
       const Sequence::StoredPrefix& stored = *sequence.stored;
-      const std::optional<store::TierIndex> from =
-          store_->locate(stored.item, stored.chunks[0], load.num_blocks, stored.skipped_chunks);
+      std::vector<int32_t> first_layers;
+      const std::optional<store::TierIndex> from = store_->locate(
+          stored.item, stored.chunks[0], load.num_blocks, stored.skipped_chunks, &first_layers);
       // (An item gone since: pin_load reports it.)
-      if (from) rows = restoration_plan(load.num_blocks * block, room, *from, scheduled);
+      if (from) {
+        rows = restoration_plan(load.num_blocks * block, room, *from, scheduled,
+                                recompute_floor(first_layers));
+      }
+    } else if (stores_suffix(sequence, load)) {
+      // Its first blocks are in the pool (the prefix cache), so its history cannot be restored
+      // from position 0 and a plain load would read layers the stored suffix left out.
+      recompute(load.seq, sequence, batch);
+      ++stats_.suffix_recomputes;
+      continue;
     }
     if (!rows.empty()) {
       pinned.first_block = rows.back() / block;
@@ -426,7 +490,7 @@ std::vector<LoadedPrefix> RestoreCoordinator::restore(scheduler::ScheduledBatch&
         !sequence.preloaded) {
       tier = stream_load(load.seq, sequence, pinned, rows, &kv_load);
     } else if (pinned.num_blocks > 0) {
-      tier = pin_load(sequence, pinned, &kv_load);
+      tier = pin_load(sequence, pinned, rows, &kv_load);
     } else {
       sequence.stored.reset();  // every block recomputed
       sequence.whole_chunks = 0;
@@ -438,11 +502,7 @@ std::vector<LoadedPrefix> RestoreCoordinator::restore(scheduler::ScheduledBatch&
           "KV store: a resumed prompt's load of {} stored blocks failed ({}); it is "
           "recomputed",
           pinned.num_blocks, tier.status().to_string());
-      scheduler_.restart(load.seq);
-      sequence.load_failed = true;
-      sequence.whole_chunks = 0;
-      std::erase_if(batch.chunks,
-                    [&](const scheduler::ScheduledChunk& c) { return c.seq == load.seq; });
+      recompute(load.seq, sequence, batch);
       ++stats_.store_load_failures;
       continue;
     }
@@ -725,6 +785,9 @@ void RestoreCoordinator::finish(SeqId seq, bool publish) {
     }
     if (stats && stats->num_kv_heads > 0 && heavy_hitters_) {
       store_->set_token_mass(item, std::move(stats->token_mass));
+    }
+    if (options_.store.stored_suffix && it->second->dropped_tokens == 0) {
+      store_suffix(item, std::ssize(it->second->saving->chain));
     }
   }
   end_save(*it->second, publish);

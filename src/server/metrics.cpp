@@ -250,6 +250,17 @@ void render_store(const engine::EngineStats& engine, std::string* out) {
   single("strata_kv_merged_chunks_loaded_total", "counter",
          "Stored chunks loaded from merged layer pairs (the layer-merge codec).",
          d(engine.merged_chunks_loaded));
+  single("strata_kv_suffix_turns_total", "counter",
+         "Turns that ended with their conversation's chunks set to keep only the layers its "
+         "restoration loads (kv_store.stored_suffix).",
+         d(engine.suffix_turns));
+  single("strata_kv_suffix_dropped_chunk_layers_total", "counter",
+         "The leading layers those chunks leave out below DRAM (chunks x layers, summed).",
+         d(engine.suffix_dropped_chunk_layers));
+  single("strata_kv_suffix_recomputes_total", "counter",
+         "Resumed turns that recomputed their prompt because a stored suffix could not be "
+         "restored from position 0 (its first blocks were in the prefix cache).",
+         d(engine.suffix_recomputes));
   single("strata_kv_store_preloaded_layers_total", "counter",
          "Layers those pre-loads held, summed (over preloads: the mean read-buffer size).",
          d(engine.preloaded_layers));

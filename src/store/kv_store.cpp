@@ -111,6 +111,14 @@ KvStore::~KvStore() {
   if (saved > 0) spdlog::info("KV store: {} conversations persisted below DRAM", saved);
 }
 
+std::vector<int32_t> KvStore::first_layers_of(const Item& item, int64_t first, int64_t count) {
+  const auto begin = item.chunks.begin() + first, end = begin + count;
+  if (std::none_of(begin, end, [](const Chunk& c) { return c.first_layer > 0; })) return {};
+  std::vector<int32_t> layers;
+  for (auto c = begin; c != end; ++c) layers.push_back(c->first_layer);
+  return layers;
+}
+
 void KvStore::set_held(Item& item, int64_t index, TierIndex t, bool held) {
   Chunk& c = item.chunks[index];
   const uint32_t bit = 1u << t;
@@ -245,7 +253,7 @@ StatusOr<StoreLease> KvStore::acquire(ItemId id, int64_t first, int64_t count,
   Item& item = *found;
   int64_t missing = 0;  // chunks only below DRAM
   for (int64_t i = first; i < first + count; ++i) missing += item.chunks[i].dram == nullptr;
-  StoreLease lease{id, {}, kDramTier, item.codec, {}, nullptr};
+  StoreLease lease{id, {}, kDramTier, item.codec, {}, nullptr, {}};
   if (missing > 0) {
     ++item.pins;  // not a reclaim victim itself
     const bool room = reclaim_clean_dram(missing);
@@ -271,6 +279,7 @@ StatusOr<StoreLease> KvStore::acquire(ItemId id, int64_t first, int64_t count,
     const std::byte* dram = now.chunks[i].dram;
     lease.chunks.push_back(dram != nullptr ? dram : (*lease.direct)[i - first].data());
   }
+  lease.first_layers = first_layers_of(now, first, count);
   return lease;
 }
 
@@ -280,11 +289,13 @@ std::optional<StoreLease> KvStore::try_acquire_in_dram(ItemId id, int64_t first,
   auto it = items_.find(id);
   if (it == items_.end()) return std::nullopt;
   Item& item = it->second;
-  // The read buffer holds raw layers: encoded items are loaded with their pass.
-  if (item.busy || item.codec != 0 || !item.serves(first + count, skipped_chunks)) {
+  // The read buffer holds raw layers: encoded items are loaded with their pass, and so are
+  // stored suffixes (only their restoration's plan knows which layers a load may read).
+  if (item.busy || item.codec != 0 || !item.serves(first + count, skipped_chunks) ||
+      !first_layers_of(item, first, count).empty()) {
     return std::nullopt;
   }
-  StoreLease lease{id, {}, kDramTier, item.codec, {}, nullptr};
+  StoreLease lease{id, {}, kDramTier, item.codec, {}, nullptr, {}};
   for (int64_t i = first; i < first + count; ++i) {
     if (item.chunks[i].dram == nullptr) return std::nullopt;
     lease.chunks.push_back(item.chunks[i].dram);
@@ -298,11 +309,13 @@ std::optional<StoreLease> KvStore::try_acquire_in_dram(ItemId id, int64_t first,
 }
 
 std::optional<TierIndex> KvStore::locate(ItemId id, int64_t first, int64_t count,
-                                         int64_t skipped_chunks) const {
+                                         int64_t skipped_chunks,
+                                         std::vector<int32_t>* first_layers) const {
   std::scoped_lock lock(mutex_);
   auto it = items_.find(id);
   if (it == items_.end() || !it->second.serves(first + count, skipped_chunks)) return std::nullopt;
   const Item& item = it->second;
+  if (first_layers != nullptr) *first_layers = first_layers_of(item, first, count);
   TierIndex farthest = item.fetched_from;
   for (int64_t i = first; i < first + count; ++i) {
     if (item.chunks[i].dram == nullptr) farthest = std::max(farthest, source_of(item.chunks[i]));
@@ -478,7 +491,7 @@ void KvStore::publish(const SaveTicket& ticket, double write_seconds) {
   std::vector<std::span<const std::byte>> values;  // in place: the device wrote them
   for (int64_t i = 0; i < n; ++i) {
     const auto index = static_cast<int32_t>(item.chunks.size());
-    keys.push_back({item.id, index, item.pending[i]});
+    keys.push_back({item.id, index, item.pending[i], 0});
     values.emplace_back(ticket.destinations[i], static_cast<size_t>(options_.chunk_bytes));
     item.chunks.push_back({item.pending[i], 0, ticket.destinations[i]});
     set_held(item, index, kDramTier, true);

@@ -160,6 +160,7 @@ KvStore::Decision KvStore::codec_decision() {
 
 bool KvStore::mergeable(const Item& item, int32_t codec) const {
   const ItemCodec& c = options_.codecs[codec];
+  if (codec != 0 && item.suffix()) return false;  // its leading layers are not all its KV
   if (c.heavy_hitters) return !item.token_mass.empty();
   return c.merged_pairs == 0 || std::ssize(item.layer_pairs) == c.merged_pairs;
 }
@@ -179,6 +180,17 @@ void KvStore::set_token_mass(ItemId id, std::vector<float> mass) {
   if (it == items_.end() || it->second.codec != 0) return;
   it->second.token_mass = std::move(mass);
   work_.notify_all();  // a fixed H2O codec may apply now
+}
+
+void KvStore::set_stored_layers(ItemId id, std::vector<int32_t> first_layers) {
+  std::scoped_lock lock(mutex_);
+  auto it = items_.find(id);
+  if (it == items_.end() || it->second.codec != 0) return;
+  for (int32_t& layer : first_layers) layer = std::clamp(layer, 0, options_.chunk_layers - 1);
+  if (std::ranges::all_of(first_layers, [](int32_t layer) { return layer == 0; })) {
+    first_layers.clear();
+  }
+  it->second.stored_layers = std::move(first_layers);
 }
 
 void KvStore::evict(ItemId id) {
@@ -275,7 +287,7 @@ void KvStore::transcode(ItemId id, int32_t codec) {
   std::vector<ChunkKey> keys;
   std::vector<std::span<const std::byte>> values;
   for (int64_t i = 0; i < std::ssize(now.chunks); ++i) {
-    keys.push_back({id, static_cast<int32_t>(i), now.chunks[i].hash});
+    keys.push_back({id, static_cast<int32_t>(i), now.chunks[i].hash, 0});
     values.push_back(encoded[i].bytes());
   }
   STRATA_CHECK(dram_->put(now.record(options_), *room, keys, values).ok());

@@ -140,31 +140,43 @@ bool KvStore::make_room(TierIndex t, int64_t bytes, ItemId exclude) {
 bool KvStore::write_down(ItemId id, TierIndex t, std::unique_lock<std::mutex>& lock) {
   if (!usable(t)) return false;
   Tier& tier = *tiers_[t];
-  const Item& item = items_.at(id);
-  // The shared tier's records carry neither skipped chunks, layer pairs nor whole chunks: such
-  // items stay here.
-  if (t == shared_ && (item.skipped_chunks > 0 || item.whole_chunks > 0 ||
+  Item& item = items_.at(id);
+  // The shared tier's records carry neither skipped chunks, layer pairs, whole chunks nor
+  // stored suffixes: such items stay here.
+  if (t == shared_ && (item.skipped_chunks > 0 || item.whole_chunks > 0 || item.suffix() ||
                        options_.codecs[item.codec].merged_pairs > 0)) {
     return false;
   }
   std::vector<ChunkKey> keys;
   std::vector<std::span<const std::byte>> values;
+  int64_t dram_bytes = 0;
   for (int64_t i = 0; i < std::ssize(item.chunks); ++i) {
-    const Chunk& c = item.chunks[i];
+    Chunk& c = item.chunks[i];
     if ((c.tiers & (1u << t)) != 0 || c.dram == nullptr) continue;
-    keys.push_back({id, static_cast<int32_t>(i), c.hash});
-    values.emplace_back(c.dram, static_cast<size_t>(value_bytes(item)));
+    // A chunk's first write below DRAM fixes the layers every copy below keeps.
+    if ((c.tiers & ~(1u << kDramTier)) == 0 && i < std::ssize(item.stored_layers)) {
+      c.first_layer = std::max(c.first_layer, item.stored_layers[i]);
+    }
+    keys.push_back({id, static_cast<int32_t>(i), c.hash, c.first_layer});
+    const int64_t offset = suffix_offset(c);
+    values.emplace_back(c.dram + offset, static_cast<size_t>(value_bytes(item) - offset));
+    dram_bytes += value_bytes(item) - offset;
   }
   if (keys.empty()) return item.held[t] == std::ssize(item.chunks);
   const ItemRecord record = item.record(options_);
-  // Encoded off the lock (the item is busy: its DRAM copy stays), into page-aligned buffers.
+  // Encoded off the lock (the item is busy: its DRAM copy stays), into page-aligned buffers; a
+  // stored suffix is copied into one (the tier reads whole pages from the value's start).
   std::vector<AlignedBuffer> encoded;
   const Clock::time_point start = Clock::now();
-  if (tier.codec() != CodecKind::kIdentity) {
+  if (tier.codec() != CodecKind::kIdentity || item.suffix()) {
     lock.unlock();
     std::vector<std::byte> out;
     for (std::span<const std::byte>& v : values) {
-      STRATA_CHECK(encode(tier.codec(), v, &out).ok());
+      if (tier.codec() == CodecKind::kIdentity) {
+        out.assign(v.begin(), v.end());
+      } else {
+        STRATA_CHECK(encode(tier.codec(), v, &out).ok());
+      }
       AlignedBuffer& b = encoded.emplace_back(std::ssize(out));
       std::copy(out.begin(), out.end(), b.data());
       v = b.bytes();
@@ -192,7 +204,7 @@ bool KvStore::write_down(ItemId id, TierIndex t, std::unique_lock<std::mutex>& l
     stored += std::ssize(values[j]);
   }
   counters_[t].bytes_in += stored;
-  counters_[kDramTier].bytes_out += std::ssize(keys) * value_bytes(now);
+  counters_[kDramTier].bytes_out += dram_bytes;
   counters_[t].save_seconds += seconds;
   ++counters_[t].saves;
   return now.held[t] == std::ssize(now.chunks);
@@ -204,10 +216,12 @@ Status KvStore::fetch(ItemId id, int64_t first, int64_t count, std::vector<Align
   const int64_t chunk_bytes = value_bytes(item);
   // The chunks DRAM lacks, grouped by the nearest usable tier holding them.
   std::vector<std::vector<int32_t>> wanted(tiers_.size());
+  std::vector<int64_t> offsets(static_cast<size_t>(count));  // where each one's value goes
   int64_t missing = 0;
   Status status;
   for (int64_t i = first; i < first + count; ++i) {
     if (item.chunks[i].dram != nullptr) continue;
+    offsets[i - first] = suffix_offset(item.chunks[i]);
     const TierIndex t = source_of(item.chunks[i]);
     if (t < 0) {
       status = Status(StatusCode::kUnavailable, "KV store: chunk " + std::to_string(i) +
@@ -238,10 +252,12 @@ Status KvStore::fetch(ItemId id, int64_t first, int64_t count, std::vector<Align
     status = tiers_[t]->get(id, wanted[t], got);
     for (size_t j = 0; status.ok() && j < got.size(); ++j) {
       read_bytes[t] += got[j].size();
+      // A stored suffix fills the chunk's tail (its leading layers are left as they are).
+      const int64_t offset = offsets[wanted[t][j] - first];
       std::span<std::byte> raw;
       if (direct != nullptr) {
         AlignedBuffer& slot = (*direct)[wanted[t][j] - first];
-        if (tiers_[t]->codec() == CodecKind::kIdentity) {  // the read buffer is the chunk
+        if (tiers_[t]->codec() == CodecKind::kIdentity && offset == 0) {  // the buffer is the chunk
           if (got[j].size() != chunk_bytes) {
             status = data_loss_error(
                 "KV store: a chunk of conversation item " + std::to_string(id) + " holds " +
@@ -255,10 +271,10 @@ Status KvStore::fetch(ItemId id, int64_t first, int64_t count, std::vector<Align
         raw = {slot.data(), static_cast<size_t>(chunk_bytes)};
       } else {
         raw = {dram_->address(room->placements[keys.size()]), static_cast<size_t>(chunk_bytes)};
-        keys.push_back({id, wanted[t][j], {}});
+        keys.push_back({id, wanted[t][j], {}, 0});
         values.emplace_back(raw.data(), raw.size());
       }
-      status = decode(tiers_[t]->codec(), got[j].bytes(), raw);
+      status = decode(tiers_[t]->codec(), got[j].bytes(), raw.subspan(static_cast<size_t>(offset)));
     }
     read_chunks[t] = std::ssize(wanted[t]);
     read_seconds[t] = seconds_since(start);
@@ -275,7 +291,10 @@ Status KvStore::fetch(ItemId id, int64_t first, int64_t count, std::vector<Align
     return Status(StatusCode::kDataLoss, status.message());
   }
   if (room) {
-    for (ChunkKey& key : keys) key.hash = now.chunks[key.index].hash;
+    for (ChunkKey& key : keys) {
+      key.hash = now.chunks[key.index].hash;
+      key.first_layer = now.chunks[key.index].first_layer;
+    }
     STRATA_CHECK(dram_->put(now.record(options_), *room, keys, values).ok());
     for (size_t j = 0; j < keys.size(); ++j) {
       now.chunks[keys[j].index].dram = const_cast<std::byte*>(values[j].data());
@@ -301,7 +320,7 @@ StatusOr<LayeredLease> KvStore::pin_layers(ItemId id, int64_t first, int64_t cou
     return failed_precondition_error("KV store: conversation item " + std::to_string(id) +
                                      " is encoded; its chunks are read whole");
   }
-  LayeredLease layered{{id, {}, kDramTier, 0, {}, nullptr}, first, {}};
+  LayeredLease layered{{id, {}, kDramTier, 0, {}, nullptr, {}}, first, {}};
   StoreLease& lease = layered.lease;
   TierIndex farthest = kDramTier;
   std::array<bool, kMaxTiers> reading{};
@@ -327,6 +346,7 @@ StatusOr<LayeredLease> KvStore::pin_layers(ItemId id, int64_t first, int64_t cou
     farthest = std::max(farthest, t);
     reading[t] = true;
   }
+  lease.first_layers = first_layers_of(item, first, count);
   if (farthest > kDramTier) {
     ++counters_[farthest].hits;
     ++counters_[kDramTier].misses;
@@ -356,17 +376,26 @@ Status KvStore::read_layers(LayeredLease* layered, std::span<const LayerPart> pa
     AlignedBuffer& buffer = (*lease.direct)[part.chunk];
     const Clock::time_point start = Clock::now();
     const Tier& tier = *tiers_[from];
+    // A stored suffix's value starts at its first layer.
+    const int32_t first_layer = lease.first_layers.empty() ? 0 : lease.first_layers[part.chunk];
+    const int64_t stored = first_layer * layer_bytes;
     int64_t read = 0;
-    if (tier.reads_parts()) {
+    if (part.layer_begin < first_layer) {
+      status =
+          internal_error("KV store: a read of layers from " + std::to_string(part.layer_begin) +
+                         " of conversation item " + std::to_string(lease.item) +
+                         ", whose chunk keeps layers from " + std::to_string(first_layer));
+    } else if (tier.reads_parts()) {
       const int64_t offset = part.layer_begin * layer_bytes;
       read = (part.layer_end - part.layer_begin) * layer_bytes;
-      status = tier.get_part(lease.item, index, offset, read, buffer.data() + offset);
+      status = tier.get_part(lease.item, index, offset - stored, read, buffer.data() + offset);
     } else {
       std::vector<AlignedBuffer> got(1);
       status = tier.get(lease.item, std::span(&index, 1), got);
       if (status.ok()) {
-        status = decode(tier.codec(), got[0].bytes(),
-                        {buffer.data(), static_cast<size_t>(options_.chunk_bytes)});
+        status =
+            decode(tier.codec(), got[0].bytes(),
+                   {buffer.data() + stored, static_cast<size_t>(options_.chunk_bytes - stored)});
       }
       read = got[0].size();
     }

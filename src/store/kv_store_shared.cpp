@@ -51,10 +51,13 @@ bool KvStore::adopt_item(TierIndex t, const RecoveredItem& r) {
   }
   // An item another tier recovered too keeps the chunks both agree on.
   for (const ChunkKey& key : r.chunks) {
+    // A stored suffix is a raw chunk's tail of whole layers.
+    if (key.first_layer > 0 && (item.codec != 0 || key.first_layer >= options_.chunk_layers)) break;
     if (key.index < std::ssize(item.chunks)) {
-      if (item.chunks[key.index].hash != key.hash) break;
+      const Chunk& known = item.chunks[key.index];
+      if (known.hash != key.hash || known.first_layer != key.first_layer) break;
     } else if (key.index == std::ssize(item.chunks)) {
-      item.chunks.push_back({key.hash, 0, nullptr});
+      item.chunks.push_back({key.hash, 0, nullptr, key.first_layer});
       if (item.content_indexed(options_.block_size_tokens)) index_chunk(item, key.index);
       published_chunks_ += 1;
       published_items_ += item.chunks.size() == 1 ? 1 : 0;
@@ -71,11 +74,11 @@ std::optional<ItemId> KvStore::write_through_candidate() const {
   for (const auto& [id, item] : items_) {
     const int64_t n = std::ssize(item.chunks);
     // A token-dropped item stays on this replica: the shared tier indexes chains without gaps;
-    // so do a merged one and one with whole chunks (H2O's), whose layer pairs and whole chunks
-    // the shared records do not carry.
+    // so do a merged one, one with whole chunks (H2O's) and a stored suffix (Krul's), whose
+    // layer pairs, whole chunks and first layers the shared records do not carry.
     if (item.busy || item.doomed || !item.pending.empty() || n == 0 || item.shared_written >= n ||
         item.held[shared_] == n || item.skipped_chunks > 0 || item.whole_chunks > 0 ||
-        options_.codecs[item.codec].merged_pairs > 0) {
+        item.suffix() || options_.codecs[item.codec].merged_pairs > 0) {
       continue;
     }
     bool in_dram = true;  // what the shared tier lacks is read from DRAM

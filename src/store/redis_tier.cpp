@@ -170,7 +170,7 @@ Status RedisTier::get(ItemId item, std::span<const int32_t> indices,
     record = it->second.record;
     for (int32_t i : indices) {
       if (i >= std::ssize(it->second.hashes)) return not_found_error("remote tier: chunk not indexed");
-      keys.push_back({item, i, it->second.hashes[i]});
+      keys.push_back({item, i, it->second.hashes[i], 0});
     }
   }
   std::vector<std::string> names;

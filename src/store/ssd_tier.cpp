@@ -13,8 +13,9 @@ namespace {
 constexpr uint64_t kMagic = 0x564b415441525453ULL;  // "STRATAKV"
 // 2: variable-size values in extents, a codec; 3: item codecs, records with a sync word;
 // 4: items' skipped chunks (token dropping); 5: items' task family; 6: items' layer pairs (Krul);
-// 7: a checksum per segment of a value (partial reads); 8: items' whole chunks (H2O).
-constexpr uint32_t kVersion = 8;
+// 7: a checksum per segment of a value (partial reads); 8: items' whole chunks (H2O); 9: a
+// value's first layer (Krul's stored suffix).
+constexpr uint32_t kVersion = 9;
 constexpr uint32_t kSync = 0x4b565453;  // "STVK": where a record starts
 enum RecordType : uint32_t { kHeader = 1, kPut = 2, kDrop = 3 };
 // [u32 sync][u32 payload bytes][u32 type] payload [u64 XXH3-64 of size, type and payload]
@@ -154,6 +155,7 @@ void encode_put(const PutRecord& r, std::vector<std::byte>& out) {
     w.put<int32_t>(pair.deep);
   }
   w.put<int64_t>(r.item.whole_chunks);
+  w.put<int32_t>(r.key.first_layer);
   w.finish(kPut, out);
 }
 
@@ -191,6 +193,7 @@ bool decode_put(Reader& p, PutRecord* r) {
     }
   }
   if (!p.get(&r->item.whole_chunks) || r->item.whole_chunks < 0) return false;
+  if (!p.get(&r->key.first_layer) || r->key.first_layer < 0) return false;
   r->item.exact = exact != 0;
   return true;
 }

@@ -1,6 +1,7 @@
-// The store's lossy codecs with the engine on the real default model, float32 on the CPU
-// (label: model): KIVI (AdaptCache), the task families of AdaptCache's profile, Krul's layer
-// merge of a conversation's layer pairs, and H2O's heavy hitters (Krul's H2O baseline).
+// The store's lossy codecs and stored forms with the engine on the real default model, float32 on
+// the CPU (label: model): KIVI (AdaptCache), the task families of AdaptCache's profile, Krul's
+// layer merge of a conversation's layer pairs, H2O's heavy hitters (Krul's H2O baseline), and
+// Krul's stored suffix.
 #include "engine_store_fixture.h"
 
 namespace strata::engine {
@@ -241,6 +242,79 @@ TEST_F(EngineStoreTest, ResumedTurnsFromH2oHeavyHittersLoadTheKeptHalf) {
   std::printf("mean |logprob - recompute|: h2o-0.5 %.4f, streaming-0.5 %.4f\n", h2o_error,
               streaming_error);
   EXPECT_GT(h2o_error, 1e-4) << "keeping half the tokens changed nothing";
+}
+
+// Krul's stored suffix: a conversation's chunks keep on the SSD only the layers its turn-end plan
+// loads. With the SSD paced to 1 MB/s reading costs far more than recomputing, so the plan
+// recomputes most of the history in every layer (a chunk keeps at least its last layer). The
+// next turn, after a restart, recomputes at least what the chunks left out, reads only the
+// layers they kept, and gives the recomputing engine's answer. A turn whose first blocks are in
+// the pool's prefix cache cannot restore from position 0: it recomputes its prompt.
+TEST_F(EngineStoreTest, AStoredSuffixIsRestoredByRecomputingTheLayersItLeftOut) {
+  test_util::TempDir dir;
+  EngineOptions options = options_with(store_options(dir.file("kv")), false);
+  options.kv_store.restore_mode = store::RestoreMode::kKrul;
+  options.kv_store.stored_suffix = true;
+  options.kv_store.ssd_bandwidth_limit = int64_t{1} << 20;
+  constexpr int64_t kLayers = 30, kLayerBytes = kChunkBytes / kLayers, kChunks = kStoredTokens / 16;
+  const std::vector<TokenId> warm = wikitext(30000, 40);
+  std::vector<TokenId> warm_again = warm;
+  {
+    std::unique_ptr<Engine> engine = make_engine(options);
+    ASSERT_TRUE(engine);
+    const Turn first = run_turn(*engine, warm, "warm");
+    warm_again.insert(warm_again.end(), first.tokens.begin(), first.tokens.end());
+    warm_again.push_back(warm.front());
+    wait_for_saves(*engine, 1);
+    EXPECT_EQ(engine->stats().suffix_turns, 0) << "nothing was measured yet";
+  }                     // a clean shutdown writes it whole to the SSD
+  int64_t dropped = 0;  // chunk-layers the conversation's chunks leave out
+  {
+    std::unique_ptr<Engine> engine = make_engine(options);
+    ASSERT_TRUE(engine);
+    // Restoring "warm" from the SSD measures the reads the plans cost.
+    EXPECT_EQ(run_turn(*engine, warm_again, "warm").usage.cached_tier, "ssd");
+    wait_for_saves(*engine, 1);
+    EXPECT_TRUE(engine->end_session("warm"));
+    const EngineStats before = engine->stats();
+    run_first_turn(*engine, "conversation");
+    wait_for(
+        *engine, [&](const EngineStats& s) { return s.suffix_turns > before.suffix_turns; },
+        "the conversation's suffix");
+    dropped = engine->stats().suffix_dropped_chunk_layers - before.suffix_dropped_chunk_layers;
+    EXPECT_GT(dropped, kChunks * kLayers / 2) << "reads are slow: most is recomputed";
+    EXPECT_LE(dropped, kChunks * (kLayers - 1));
+  }  // the shutdown writes each chunk's kept layers only
+  const int64_t kept_bytes = (kChunks * kLayers - dropped) * kLayerBytes;
+  options.executor.enable_prefix_caching = true;
+  {
+    std::unique_ptr<Engine> engine = make_engine(options);
+    ASSERT_TRUE(engine);
+    const store::TierStats ssd = engine->stats().store->tier("ssd");
+    EXPECT_EQ(ssd.raw_bytes, kChunks * kChunkBytes);
+    EXPECT_EQ(ssd.used_bytes, kept_bytes);
+    const Turn second = run_turn(*engine, *second_prompt_, "conversation");
+    expect_same_as_recompute(*recomputed_second_, second);
+    EXPECT_EQ(second.usage.loaded_prompt_tokens, kStoredTokens);
+    EXPECT_EQ(second.usage.cached_tier, "ssd");
+    const EngineStats stats = engine->stats();
+    EXPECT_EQ(stats.partial_restores, 1);
+    // Nothing measured yet: the plan is the floor, which reads exactly the kept layers.
+    EXPECT_GE(stats.restore_recomputed_token_layers, dropped * 16);
+    EXPECT_EQ(stats.store->tier("ssd").bytes_out, kept_bytes);
+    EXPECT_EQ(stats.store->corrupt_chunks, 0);
+  }
+  std::unique_ptr<Engine> engine = make_engine(options);
+  ASSERT_TRUE(engine);
+  // Three blocks of the history restored (by content) leave them in the prefix cache.
+  const std::vector<TokenId> start(history_->begin(), history_->begin() + 60);
+  EXPECT_EQ(run_turn(*engine, start, "").usage.loaded_prompt_tokens, 3 * 16);
+  const Turn again = run_turn(*engine, *second_prompt_, "conversation");
+  expect_same_as_recompute(*recomputed_second_, again);
+  EXPECT_EQ(again.usage.loaded_prompt_tokens, 0);
+  const EngineStats stats = engine->stats();
+  EXPECT_EQ(stats.suffix_recomputes, 1);
+  EXPECT_EQ(stats.store_load_failures, 0);
 }
 
 }  // namespace

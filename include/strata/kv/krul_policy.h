@@ -137,9 +137,12 @@ void time_plan(RestorePlan& plan, int64_t tokens, const std::vector<LayerPair>& 
 // The bubble-free plan: non-increasing boundaries on multiples of `granularity` tokens (the
 // last block may be partial) minimizing max(compute, load). Exact for the weighted sums
 // compute + lambda * load (a dynamic program over layers and boundaries), with lambda searched
-// for the crossing; the better of the two plans around it is returned.
+// for the crossing; the better of the two plans around it is returned. `floor` (empty, or one
+// per layer): layer l recomputes at least floor[l] tokens (a stored suffix lacks the rest's KV);
+// the plan is then the best of those that respect it.
 RestorePlan plan_restore(int64_t tokens, int32_t num_layers, const std::vector<LayerPair>& pairs,
-                         const RestoreCosts& costs, int64_t granularity);
+                         const RestoreCosts& costs, int64_t granularity,
+                         std::span<const int64_t> floor = {});
 
 // The fixed-ratio plan (the PRE baseline, and Krul without sharing): every layer recomputes the
 // first round(ratio * tokens) tokens, on `granularity`.

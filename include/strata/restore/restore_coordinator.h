@@ -92,6 +92,14 @@ struct RestoreStats {
   int64_t pair_maps = 0;
   int64_t paired_layers = 0;
   int64_t merged_chunks_loaded = 0;
+  // Krul's stored suffix (kv_store.stored_suffix): turns that ended with their conversation's
+  // chunks set to keep only the layers its restoration loads, the leading layers so left out
+  // (chunks x layers, summed over those turns), and resumed turns that recomputed their whole
+  // prompt because a stored suffix could not be restored (its first blocks were in the pool's
+  // prefix cache, so the history was not restored from position 0).
+  int64_t suffix_turns = 0;
+  int64_t suffix_dropped_chunk_layers = 0;
+  int64_t suffix_recomputes = 0;
 
   int64_t loaded_tokens(std::string_view tier) const {
     auto it = store_loaded_tokens.find(tier);
@@ -188,9 +196,16 @@ class RestoreCoordinator {
   // Looks a sequence's current tokens up again, attaching an exact match.
   void look_up_again(SeqId seq, Sequence& sequence);
   void attach(SeqId seq, Sequence& sequence, const store::StoreMatch& match);
-  // Pins a load's chunks; the farthest tier read, or the failure.
+  // The sequence's load cannot be made: it goes back to waiting to compute its whole prompt (and
+  // looks nothing up again), its chunk leaves `batch`.
+  void recompute(SeqId seq, Sequence& sequence, scheduler::ScheduledBatch& batch);
+  // Whether a chunk `load` reads keeps fewer than every layer (a stored suffix).
+  bool stores_suffix(const Sequence& sequence, const kv::BlockLoad& load) const;
+  // Pins a load's chunks; the farthest tier read, or the failure (also when a chunk lacks the
+  // layers that load it under `rows`, a restoration's, or all of them when empty: a stored suffix
+  // changed since it was planned).
   StatusOr<store::TierIndex> pin_load(Sequence& sequence, const kv::BlockLoad& load,
-                                 executor::KvLoad* kv_load);
+                                      std::span<const int64_t> rows, executor::KvLoad* kv_load);
   // A restoration's load on an executor that streams loads (Executor::streams_loads): pins the
   // history's chunks now (KvStore::pin_layers) and reads those DRAM lacks beside the pass, each
   // layer's part from that layer's recompute boundary in `rows` on (streamed_read.h, started by
@@ -205,9 +220,20 @@ class RestoreCoordinator {
   // Krul (restore_mode krul or partial, partial_restore.cpp): the rows each layer of a resumed
   // turn recomputes of its `history` stored tokens (non-increasing with depth, whole blocks, at
   // most `room`), Krul's planner costing the loads as reads from tier `from` beside the compute
-  // of the step's `other_tokens` scheduled tokens; empty: load them all before the pass.
+  // of the step's `other_tokens` scheduled tokens; empty: load them all before the pass. A
+  // stored suffix's `floor` (recompute_floor; empty: none) is recomputed at least, even beyond
+  // `room`.
   std::vector<int64_t> restoration_plan(int64_t history, int64_t room, store::TierIndex from,
-                                        int64_t other_tokens) const;
+                                        int64_t other_tokens,
+                                        std::span<const int64_t> floor = {}) const;
+  // The rows each layer must recompute of a history whose chunks from block 0 keep layers from
+  // `first_layers` on (store::StoreLease::first_layers): up to the end of the last chunk lacking
+  // the layer. Empty for empty `first_layers`.
+  std::vector<int64_t> recompute_floor(std::span<const int32_t> first_layers) const;
+  // Krul's stored suffix at a turn's end: the conversation's `chunks` chunks in `item` keep only
+  // the layers a restoration from the nearest tier below DRAM would load (its plan now, at most
+  // half the step's tokens recomputed).
+  void store_suffix(store::ItemId item, int64_t chunks);
   // Rewrites the chunks of the sequences restore() planned a restoration for: their history
   // joins the pass (SequenceChunk::restored_tokens, computed_rows).
   void plan_restorations(executor::ForwardBatch& forward);

@@ -17,7 +17,10 @@
 // made on (skipped_chunks). An item whose hashes were made from position 0 (d == s*B) stays
 // findable by content: the prompt's chain matches its kept chunks at their links. H2O's codecs
 // drop chunks the same way but fill the kept ones with tokens chosen over the whole item, so its
-// leading whole_chunks are valid only together: a match must cover them all.
+// leading whole_chunks are valid only together: a match must cover them all. Krul's stored
+// suffix: a raw chunk may keep only its layers [first_layer, chunk_layers) below DRAM (the layers
+// a restoration loads rather than recomputes; set_stored_layers); a load of it must leave its
+// other layers unread.
 //
 // Tiers (store/tier.h): host DRAM first (DramTier: loads are read and saves written there by the
 // device), then the tiers StoreOptions::tiers lists, nearest first (SsdTier; a remote tier
@@ -36,6 +39,7 @@
 // Thread-safe. Loads pin an item (lease) so it cannot move or vanish while its chunks are read.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -179,6 +183,9 @@ struct StoreLease {
   // Chunks read without DRAM room, owned by the lease (chunks point into them): entry i for
   // requested chunk i, empty for those in DRAM.
   std::shared_ptr<std::vector<AlignedBuffer>> direct;
+  // Per requested chunk, its first stored layer (ChunkKey::first_layer) when one is > 0, else
+  // empty: the chunk's bytes of the layers before it are not its KV.
+  std::vector<int32_t> first_layers;
 };
 
 // Raw chunks pinned to be read by layer ranges (KvStore::pin_layers): release `lease` with
@@ -276,9 +283,11 @@ class KvStore {
   // The farthest tier chunks [first, first + count) of `item` would be read from now (kDramTier:
   // all in DRAM, or fetched from the shared tier for this load), without reading or counting
   // anything; nullopt if the item is gone, shorter or changed since it was matched with
-  // `skipped_chunks`. A restoration plans by the cost of reading from there.
+  // `skipped_chunks`. A restoration plans by the cost of reading from there. With `first_layers`,
+  // also each chunk's first stored layer (ChunkKey::first_layer), which the plan must respect.
   std::optional<TierIndex> locate(ItemId item, int64_t first, int64_t count,
-                                  int64_t skipped_chunks = 0) const;
+                                  int64_t skipped_chunks = 0,
+                                  std::vector<int32_t>* first_layers = nullptr) const;
   void release(const StoreLease& lease, double load_seconds);
   // Pins raw chunks [first, first + count) of `item` to be read by layer ranges, without reading
   // anything: chunks in DRAM are handed over whole, the others get buffers the lease owns that
@@ -327,6 +336,14 @@ class KvStore {
   // heavy-hitter codec keeps the tokens it chooses by it (once; a later turn sets it again).
   // Ignored for an item gone or already encoded.
   void set_token_mass(ItemId item, std::vector<float> mass);
+  // Krul's stored suffix (docs/krul.md decision 12): chunk i of the raw item keeps only its
+  // layers [first_layers[i], chunk_layers) once written below DRAM: the layers its conversation's
+  // turn-end restoration plan loads (the others it recomputes). Set at each turn's end; a chunk's
+  // first layer is fixed when it is first written below DRAM (its DRAM copy keeps every layer
+  // until then) and only ever rises. Values are clamped to [0, chunk_layers - 1]; chunks past the
+  // vector keep every layer. Such an item takes no lossy codec and stays off the shared tier.
+  // Ignored for an item gone or encoded.
+  void set_stored_layers(ItemId item, std::vector<int32_t> first_layers);
   // The items the waiting jobs will load, head first: drives prefetching and eviction.
   void set_queue(std::vector<ItemId> queue);
   // Drops the session's item; false if there is none.
@@ -343,6 +360,7 @@ class KvStore {
     kv::ChunkHash hash;
     uint32_t tiers = 0;         // bit t: tier t holds it
     std::byte* dram = nullptr;  // its DRAM copy, with bit kDramTier
+    int32_t first_layer = 0;    // ChunkKey::first_layer of every copy below DRAM (and of this)
   };
   struct Item {
     ItemId id = 0;
@@ -357,6 +375,9 @@ class KvStore {
     // Its leading chunks that only a match of them all may load (H2O chose their tokens over
     // all of them; ItemRecord::whole_chunks).
     int64_t whole_chunks = 0;
+    // Krul's stored suffix: the first layer each chunk keeps once written below DRAM
+    // (set_stored_layers); empty: every layer.
+    std::vector<int32_t> stored_layers;
     adaptcache::ReuseCount reuse;         // loads and saves, decayed (AdaptCache's Freq)
     std::vector<Chunk> chunks;            // published chunks
     std::array<int64_t, kMaxTiers> held{};  // of those, held by each tier
@@ -395,6 +416,11 @@ class KvStore {
     // Hashed from position 0 (exact, or token-dropped from an exact item): found by content.
     bool content_indexed(int32_t block) const { return hash_offset(block) == 0; }
     bool only_in(TierIndex t) const;
+    // Whether its chunks keep (or will keep) fewer than every layer below DRAM.
+    bool suffix() const {
+      return !stored_layers.empty() ||
+             std::ranges::any_of(chunks, [](const Chunk& c) { return c.first_layer > 0; });
+    }
   };
   enum class Action { kNone, kPrefetch, kDemote, kTranscode, kEvict, kWriteThrough };
   struct Decision {
@@ -447,6 +473,11 @@ class KvStore {
   void record_use(Item& item);  // REQUIRES mutex_
   void evict(ItemId id);        // AdaptCache's evict option (REQUIRES mutex_): counted, dropped
   int64_t value_bytes(const Item& item) const { return options_.codecs[item.codec].chunk_bytes; }
+  // Bytes of one layer of a raw chunk, and where a chunk's stored bytes start in it.
+  int64_t layer_bytes() const { return options_.chunk_bytes / options_.chunk_layers; }
+  int64_t suffix_offset(const Chunk& chunk) const { return chunk.first_layer * layer_bytes(); }
+  // Chunks [first, first + count)'s first layers (StoreLease::first_layers): empty when all are 0.
+  static std::vector<int32_t> first_layers_of(const Item& item, int64_t first, int64_t count);
   // Reads chunks [first, first + count) of a busy item that DRAM lacks from the nearest lower
   // tier holding each (`lock` holds mutex_ and is released during the I/O), decoding them into
   // DRAM room reserved now, or into `direct` buffers when that is given. Clears busy; on a bad

@@ -105,6 +105,9 @@ struct StoreConfig {
   int32_t read_buffer_layers = -1;
   RestoreMode restore_mode = RestoreMode::kLoad;
   double recompute_ratio = 0.25;  // kPartial: the share of the history every layer recomputes
+  // kKrul: Krul's stored form (docs/krul.md decision 12): each stored chunk keeps below DRAM only
+  // the layers the conversation's turn-end restoration plan loads (the others it recomputes).
+  bool stored_suffix = false;
   LayerPairing layer_pairing = LayerPairing::kNone;
   double layer_share = 0.5;    // of all layers, paired (Krul's P/N)
   double krul_gamma = 0.65;    // the I-R detector's threshold on the edge share (kKrul)

@@ -71,11 +71,14 @@ struct ItemRecord {
   int64_t whole_chunks = 0;
 };
 
-// A stored chunk: chunk `index` of `item`, with its content hash.
+// A stored chunk: chunk `index` of `item`, with its content hash. A raw chunk below DRAM may hold
+// only its layers [first_layer, chunk_layers) (Krul's stored suffix: its value is those layers'
+// bytes, the chunk's tail); 0: every layer (StoreOptions::chunk_layers, docs/krul.md).
 struct ChunkKey {
   ItemId item = 0;
   int32_t index = 0;
   kv::ChunkHash hash;
+  int32_t first_layer = 0;
 };
 
 // An item a persistent tier held when it opened, or a shared tier found: chunks 0..n-1 in order.

@@ -251,8 +251,22 @@ TEST(ConfigLoaderTest, ValidationErrorsNameTheKeyAndItsPosition) {
       {"lossy codecs with tensor parallelism",
        "devices: {tensor_parallel_size: 2}\nkv_store: {dram_bytes: 1GiB, fixed_codec: kivi-4}\n",
        kInvalid,
-       "the KV store's lossy codecs (kv_store.adaptcache, fixed_codec, layer_pairing) are not "
-       "served with tensor parallelism yet"},
+       "the KV store's lossy codecs and stored suffix (kv_store.adaptcache, fixed_codec, "
+       "layer_pairing, stored_suffix) are not served with tensor parallelism yet"},
+      {"stored suffix with tensor parallelism",
+       "devices: {tensor_parallel_size: 2}\nkv_store: {dram_bytes: 1GiB, restore_mode: krul, "
+       "stored_suffix: true}\n",
+       kInvalid, "stored_suffix) are not served with tensor parallelism yet"},
+      {"stored suffix", "kv_store: {dram_bytes: 1GiB, restore_mode: krul, stored_suffix: true}\n",
+       kOk, ""},
+      {"stored suffix without krul's restoration",
+       "kv_store: {dram_bytes: 1GiB, restore_mode: partial, stored_suffix: true}\n", kInvalid,
+       "kv_store.stored_suffix stores what Krul's restoration loads: it needs "
+       "kv_store.restore_mode krul"},
+      {"stored suffix with a lossy codec",
+       "kv_store: {dram_bytes: 1GiB, restore_mode: krul, stored_suffix: true, fixed_codec: "
+       "kivi-4}\n",
+       kInvalid, "kv_store.stored_suffix stores what Krul's restoration loads"},
       {"minicache's layer merge",
        "kv_store: {dram_bytes: 1GiB, fixed_codec: layer-merge, layer_pairing: minicache}\n", kOk,
        ""},

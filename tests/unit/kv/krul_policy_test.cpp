@@ -233,6 +233,49 @@ TEST(KrulPolicyTest, PlanIsWithinOneStepOfTheExhaustiveOptimum) {
   }
 }
 
+// A stored suffix lacks the KV before each layer's floor: the plan recomputes at least that, and
+// is still the best such plan within one step.
+TEST(KrulPolicyTest, PlansRecomputeAtLeastAStoredSuffixsFloorNearTheOptimumAboveIt) {
+  std::mt19937 rng(12);
+  std::uniform_real_distribution<double> u(0.1, 2.0);
+  int64_t binding = 0;  // trials where the floor changed the plan
+  for (int trial = 0; trial < 60; ++trial) {
+    const int32_t layers = 2 + static_cast<int32_t>(rng() % 4);
+    const int64_t tokens = 3 + static_cast<int64_t>(rng() % 6);
+    const RestoreCosts c{u(rng), u(rng) * 0.05, u(rng), 0};
+    std::vector<int64_t> floor(static_cast<size_t>(layers));
+    for (int32_t l = 0; l < layers; ++l) {
+      const int64_t above = l == 0 ? tokens : floor[l - 1];
+      floor[l] = static_cast<int64_t>(rng() % static_cast<uint64_t>(above + 1));
+    }
+    std::vector<int64_t> level;
+    for (int64_t n = 0; n <= tokens; ++n) level.push_back(n);
+    double optimum = 1e300;
+    std::vector<int64_t> cur;
+    enumerate(layers, level, cur, [&](const std::vector<int64_t>& b) {
+      for (int32_t l = 0; l < layers; ++l) {
+        if (b[l] < floor[l]) return;
+      }
+      RestorePlan p{b, 0, 0};
+      time_plan(p, tokens, {}, c);
+      optimum = std::min(optimum, std::max(p.compute_seconds, p.load_seconds));
+    });
+    const double step = std::max(
+        c.compute_per_token + (2.0 * static_cast<double>(tokens) + 1) * c.attention_per_token2,
+        c.load_per_token);
+    const RestorePlan p = plan_restore(tokens, layers, {}, c, 1, floor);
+    ASSERT_TRUE(validate_plan(p.boundary, tokens, {}).ok());
+    for (int32_t l = 0; l < layers; ++l) {
+      EXPECT_GE(p.boundary[l], floor[l]) << "trial " << trial << " layer " << l;
+    }
+    const double got = std::max(p.compute_seconds, p.load_seconds);
+    EXPECT_GE(got, optimum - 1e-9);
+    EXPECT_LE(got, optimum + step) << "trial " << trial;
+    binding += plan_restore(tokens, layers, {}, c, 1).boundary != p.boundary;
+  }
+  EXPECT_GT(binding, 10) << "the floors must constrain the plans in many trials";
+}
+
 TEST(KrulPolicyTest, PlansAreOnTheGranularityAndPyramidShaped) {
   // Attention makes recompute dearer per token the longer the prefix: still non-increasing.
   RestoreCosts c{1e-4, 1e-7, 2e-4, 2.2e-4};

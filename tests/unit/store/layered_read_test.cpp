@@ -2,8 +2,9 @@
 // reads each layer's part of a conversation's chunks just before the layer that loads it. The
 // SSD tier reads only the bytes asked for, checked by the checksum of each layer segment, so a
 // corrupt layer is refused even when the rest of its chunk is good, a read error drops its item
-// and fails the tier; a tier that cannot read parts (zstd) reads a chunk whole the first time. Chunks of 6000 bytes in 6 layers of 1000: parts do
-// not start on pages, so the tier reads the pages around them.
+// and fails the tier; a tier that cannot read parts (zstd) reads a chunk whole the first time.
+// Chunks of 6000 bytes in 6 layers of 1000: parts do not start on pages, so the tier reads the
+// pages around them. Krul's stored suffix: chunks keeping only their last layers below DRAM.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -224,6 +225,85 @@ TEST(LayeredReadTest, PartsMustBeWholeChecksummedSegments) {
   EXPECT_EQ(tier->get_part(1, 1, 0, kLayerBytes, out.data()).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(tier->get_part(1, 2, 0, kLayerBytes, out.data()).code(), StatusCode::kNotFound);
 }
+
+// Krul's stored suffix (KvStore::set_stored_layers): once written below DRAM, chunk i keeps only
+// its layers [first_layers[i], 6). Its loads read those layers right from the SSD (by parts, or
+// whole into DRAM), raw or zstd, after a restart too; a read of a layer it left out is refused.
+class StoredSuffixTest : public testing::TestWithParam<CodecKind> {
+ protected:
+  // Saves `a` with first layers {4, 2}, then sends it down to the SSD tier; its item.
+  ItemId store_a_suffix(KvStore& store, std::span<const TokenId> a) {
+    EXPECT_TRUE(save(store, a).ok());
+    store.wait_idle();
+    const ItemId item = store.find(a, root(), {})->item;
+    store.set_stored_layers(item, {4, 2, 5});  // the third chunk does not exist
+    std::vector<int32_t> first_layers;
+    EXPECT_TRUE(store.locate(item, 0, 2, 0, &first_layers));
+    EXPECT_TRUE(first_layers.empty()) << "DRAM keeps every layer until the chunks go below";
+    EXPECT_TRUE(save(store, tokens(2, 9)).ok());
+    store.wait_idle();
+    EXPECT_EQ(store.find(a, root(), {})->tier, kSsd);
+    return item;
+  }
+};
+
+TEST_P(StoredSuffixTest, ChunksKeepTheirLayersFromTheirFirstOnBelowDram) {
+  TempDir dir;
+  const std::vector<TokenId> a = tokens(1, 9);
+  const std::vector<kv::ChunkHash> hashes = chain(a);
+  {
+    auto store = KvStore::open(layered(dir, GetParam())).value();
+    const ItemId item = store_a_suffix(*store, a);
+    if (GetParam() == CodecKind::kIdentity) {
+      EXPECT_EQ(store->stats().tier("ssd").bytes_in, (2 + 4) * kLayerBytes) << "of 12 layers";
+    }
+    store->set_stored_layers(item, {0, 0});  // too late: written below, the chunks keep theirs
+  }
+  auto store = KvStore::open(layered(dir, GetParam())).value();  // the journal keeps them
+  const std::optional<StoreMatch> m = store->find(a, root(), {});
+  ASSERT_TRUE(m && m->num_chunks == 2);
+  std::vector<int32_t> first_layers;
+  ASSERT_TRUE(store->locate(m->item, 0, 2, 0, &first_layers));
+  EXPECT_EQ(first_layers, (std::vector<int32_t>{4, 2}));
+  StatusOr<LayeredLease> parts = store->pin_layers(m->item, 0, 2);
+  ASSERT_TRUE(parts.ok()) << parts.status().to_string();
+  EXPECT_EQ(parts->lease.first_layers, (std::vector<int32_t>{4, 2}));
+  ASSERT_TRUE(store->read_layers(&*parts, std::vector<LayerPart>{{0, 5, 6}, {1, 2, 4}}).ok());
+  ASSERT_TRUE(store->read_layers(&*parts, std::vector<LayerPart>{{0, 4, 5}, {1, 4, 6}}).ok());
+  EXPECT_TRUE(holds_layers(parts->lease.chunks[0], hashes[0], 4, 6));
+  EXPECT_TRUE(holds_layers(parts->lease.chunks[1], hashes[1], 2, 6));
+  store->release(parts->lease, 0);
+  StatusOr<StoreLease> whole = store->acquire(m->item, 0, 2);  // read into DRAM
+  ASSERT_TRUE(whole.ok()) << whole.status().to_string();
+  EXPECT_EQ(whole->first_layers, (std::vector<int32_t>{4, 2}));
+  EXPECT_TRUE(holds_layers(whole->chunks[0], hashes[0], 4, 6));
+  EXPECT_TRUE(holds_layers(whole->chunks[1], hashes[1], 2, 6));
+  store->release(*whole, 0);
+  EXPECT_FALSE(store->try_acquire_in_dram(m->item, 0, 2))
+      << "the read buffer pre-loads every layer of a chunk";
+  first_layers.clear();
+  ASSERT_TRUE(store->locate(m->item, 1, 1, 0, &first_layers));
+  EXPECT_EQ(first_layers, (std::vector<int32_t>{2})) << "DRAM's copy came from the SSD";
+}
+
+TEST_P(StoredSuffixTest, AReadOfALayerTheChunkLeftOutIsRefused) {
+  TempDir dir;
+  auto store = KvStore::open(layered(dir, GetParam())).value();
+  const std::vector<TokenId> a = tokens(1, 9);
+  const ItemId item = store_a_suffix(*store, a);
+  StatusOr<LayeredLease> lease = store->pin_layers(item, 0, 2);
+  ASSERT_TRUE(lease.ok());
+  EXPECT_EQ(store->read_layers(&*lease, std::vector<LayerPart>{{1, 1, 6}}).code(),
+            StatusCode::kDataLoss);
+  store->release(lease->lease, 0);
+  EXPECT_FALSE(store->find(a, root(), {})) << "dropped, as a corrupt chunk's item is";
+}
+
+INSTANTIATE_TEST_SUITE_P(Codecs, StoredSuffixTest,
+                         testing::Values(CodecKind::kIdentity, CodecKind::kZstd),
+                         [](const testing::TestParamInfo<CodecKind>& info) {
+                           return info.param == CodecKind::kIdentity ? "Raw" : "Zstd";
+                         });
 
 }  // namespace
 }  // namespace strata::store
