@@ -176,6 +176,12 @@ class EngineClient final : public BenchClient {
     for (size_t c = 1; c < s.codec_names.size(); ++c) {
       counters["transcodes_" + s.codec_names[c]] = d(s.codec_transcodes[c]);
     }
+    // What each tier holds at the end, as stored and before its codecs and suffixes.
+    for (const store::TierStats& tier : s.tiers) {
+      counters[tier.name + "_used_bytes"] = d(tier.used_bytes);
+      counters[tier.name + "_raw_bytes"] = d(tier.raw_bytes);
+      counters[tier.name + "_bytes_in"] = d(tier.bytes_in);
+    }
     return counters;
   }
 
