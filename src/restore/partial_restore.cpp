@@ -80,13 +80,12 @@ std::vector<int64_t> RestoreCoordinator::recompute_floor(
   return floor;
 }
 
-void RestoreCoordinator::store_suffix(store::ItemId item, int64_t chunks, int64_t new_tokens) {
+void RestoreCoordinator::store_suffix(store::ItemId item, int64_t chunks) {
   const int64_t block = kv_.geometry().block_size_tokens;
-  // Idle conversations move to the nearest tier below DRAM: the plan costs reads from there, in
-  // a pass that also computes a next turn as long as this one's new tokens (decision 12).
+  // Idle conversations move to the nearest tier below DRAM: the plan costs reads from there.
   const store::TierIndex tier = store_->num_tiers() > 1 ? 1 : store::kDramTier;
   const std::vector<int64_t> rows =
-      restoration_plan(chunks * block, options_.max_batched_tokens - new_tokens, tier, new_tokens);
+      restoration_plan(chunks * block, options_.max_batched_tokens / 2, tier, 0);
   // Chunk k is loaded by the layers whose boundary lies at or before it; one recomputed by every
   // layer still keeps its last (the store keeps at least one layer of a chunk).
   const auto last_layer = static_cast<int32_t>(executor_.config().num_layers - 1);

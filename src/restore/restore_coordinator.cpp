@@ -96,9 +96,6 @@ struct RestoreCoordinator::Sequence {
   std::optional<store::StoreLease> preloaded;
   // KvStore::num_publications() when it last looked its prompt up; a failed load stops lookups.
   int64_t lookup_at = 0;
-  // Prompt tokens its stored match left to compute: what Krul's stored suffix expects the
-  // conversation's next turn to bring (store_suffix).
-  int64_t new_tokens = 0;
   bool load_failed = false;
   // This turn's save (CachedAttention's asynchronous saving): each token block is copied out layer
   // by layer by the forward pass that completes it (blocks already resident when the save starts,
@@ -222,7 +219,6 @@ std::optional<store::StoreMatch> RestoreCoordinator::look_up(SeqId seq,
     match = store_->find(prompt, root(sequence->info.tenant), sequence->info.session);
   }
   const int64_t block = kv_.geometry().block_size_tokens;
-  sequence->new_tokens = std::ssize(prompt) - (match ? match->num_chunks * block : 0);
   // (More than chunk 0 matched: the prompt holds the links up to the seed's.)
   if (match && match->num_chunks > 1 && match->skipped_chunks > 0 &&
       match->token_offset == match->skipped_chunks * block) {
@@ -791,7 +787,7 @@ void RestoreCoordinator::finish(SeqId seq, bool publish) {
       store_->set_token_mass(item, std::move(stats->token_mass));
     }
     if (options_.store.stored_suffix && it->second->dropped_tokens == 0) {
-      store_suffix(item, std::ssize(it->second->saving->chain), it->second->new_tokens);
+      store_suffix(item, std::ssize(it->second->saving->chain));
     }
   }
   end_save(*it->second, publish);

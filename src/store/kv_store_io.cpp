@@ -156,6 +156,7 @@ bool KvStore::write_down(ItemId id, TierIndex t, std::unique_lock<std::mutex>& l
     // A chunk's first write below DRAM fixes the layers every copy below keeps.
     if ((c.tiers & ~(1u << kDramTier)) == 0 && i < std::ssize(item.stored_layers)) {
       c.first_layer = std::max(c.first_layer, item.stored_layers[i]);
+      item.suffix_chunks = item.suffix_chunks || c.first_layer > 0;
     }
     keys.push_back({id, static_cast<int32_t>(i), c.hash, c.first_layer});
     const int64_t offset = suffix_offset(c);

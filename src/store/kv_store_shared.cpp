@@ -58,6 +58,7 @@ bool KvStore::adopt_item(TierIndex t, const RecoveredItem& r) {
       if (known.hash != key.hash || known.first_layer != key.first_layer) break;
     } else if (key.index == std::ssize(item.chunks)) {
       item.chunks.push_back({key.hash, 0, nullptr, key.first_layer});
+      item.suffix_chunks = item.suffix_chunks || key.first_layer > 0;
       if (item.content_indexed(options_.block_size_tokens)) index_chunk(item, key.index);
       published_chunks_ += 1;
       published_items_ += item.chunks.size() == 1 ? 1 : 0;

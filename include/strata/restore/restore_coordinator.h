@@ -231,9 +231,9 @@ class RestoreCoordinator {
   // the layer. Empty for empty `first_layers`.
   std::vector<int64_t> recompute_floor(std::span<const int32_t> first_layers) const;
   // Krul's stored suffix at a turn's end: the conversation's `chunks` chunks in `item` keep only
-  // the layers a restoration from the nearest tier below DRAM would load beside a next turn of
-  // `new_tokens` tokens (its plan now, in the room such a turn leaves).
-  void store_suffix(store::ItemId item, int64_t chunks, int64_t new_tokens);
+  // the layers a restoration from the nearest tier below DRAM would load (its plan now, at most
+  // half the step's tokens recomputed).
+  void store_suffix(store::ItemId item, int64_t chunks);
   // Rewrites the chunks of the sequences restore() planned a restoration for: their history
   // joins the pass (SequenceChunk::restored_tokens, computed_rows).
   void plan_restorations(executor::ForwardBatch& forward);

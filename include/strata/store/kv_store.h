@@ -39,7 +39,6 @@
 // Thread-safe. Loads pin an item (lease) so it cannot move or vanish while its chunks are read.
 #pragma once
 
-#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -376,8 +375,9 @@ class KvStore {
     // all of them; ItemRecord::whole_chunks).
     int64_t whole_chunks = 0;
     // Krul's stored suffix: the first layer each chunk keeps once written below DRAM
-    // (set_stored_layers); empty: every layer.
+    // (set_stored_layers); empty: every layer. And whether a chunk's first layer is > 0.
     std::vector<int32_t> stored_layers;
+    bool suffix_chunks = false;
     adaptcache::ReuseCount reuse;         // loads and saves, decayed (AdaptCache's Freq)
     std::vector<Chunk> chunks;            // published chunks
     std::array<int64_t, kMaxTiers> held{};  // of those, held by each tier
@@ -417,10 +417,7 @@ class KvStore {
     bool content_indexed(int32_t block) const { return hash_offset(block) == 0; }
     bool only_in(TierIndex t) const;
     // Whether its chunks keep (or will keep) fewer than every layer below DRAM.
-    bool suffix() const {
-      return !stored_layers.empty() ||
-             std::ranges::any_of(chunks, [](const Chunk& c) { return c.first_layer > 0; });
-    }
+    bool suffix() const { return !stored_layers.empty() || suffix_chunks; }
   };
   enum class Action { kNone, kPrefetch, kDemote, kTranscode, kEvict, kWriteThrough };
   struct Decision {
