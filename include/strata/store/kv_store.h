@@ -337,11 +337,11 @@ class KvStore {
   void set_token_mass(ItemId item, std::vector<float> mass);
   // Krul's stored suffix (docs/krul.md decision 12): chunk i of the raw item keeps only its
   // layers [first_layers[i], chunk_layers) once written below DRAM: the layers its conversation's
-  // turn-end restoration plan loads (the others it recomputes). Set at each turn's end; a chunk's
-  // first layer is fixed when it is first written below DRAM (its DRAM copy keeps every layer
-  // until then) and only ever rises. Values are clamped to [0, chunk_layers - 1]; chunks past the
-  // vector keep every layer. Such an item takes no lossy codec and stays off the shared tier.
-  // Ignored for an item gone or encoded.
+  // turn-end restoration plan loads (the others it recomputes). Set at each turn's end (the last
+  // call wins); a chunk's first layer is fixed when it is first written below DRAM (its DRAM copy
+  // keeps every layer until then) and never changes after. Values are clamped to
+  // [0, chunk_layers - 1]; chunks past the vector keep every layer. Such an item takes no lossy
+  // codec and stays off the shared tier. Ignored for an item gone or encoded.
   void set_stored_layers(ItemId item, std::vector<int32_t> first_layers);
   // The items the waiting jobs will load, head first: drives prefetching and eviction.
   void set_queue(std::vector<ItemId> queue);
