@@ -303,22 +303,6 @@ void RestoreCoordinator::recompute(SeqId seq, Sequence& sequence,
   std::erase_if(batch.chunks, [&](const scheduler::ScheduledChunk& c) { return c.seq == seq; });
 }
 
-bool RestoreCoordinator::stores_suffix(const Sequence& sequence, const kv::BlockLoad& load) const {
-  const Sequence::StoredPrefix& stored = *sequence.stored;
-  const int64_t end = load.first_block + load.num_blocks;
-  for (int64_t j = load.first_block; j < end;) {  // by runs of consecutive chunks
-    int64_t run = 1;
-    while (j + run < end && stored.chunks[j + run] == stored.chunks[j] + run) ++run;
-    std::vector<int32_t> first_layers;
-    if (store_->locate(stored.item, stored.chunks[j], run, stored.skipped_chunks, &first_layers) &&
-        !first_layers.empty()) {
-      return true;
-    }
-    j += run;
-  }
-  return false;
-}
-
 StatusOr<store::TierIndex> RestoreCoordinator::pin_load(Sequence& sequence,
                                                         const kv::BlockLoad& load,
                                                         std::span<const int64_t> rows,
@@ -461,17 +445,22 @@ std::vector<LoadedPrefix> RestoreCoordinator::restore(scheduler::ScheduledBatch&
     // A restoration recomputes the history's first blocks at every layer: they are not loaded.
     kv::BlockLoad pinned = load;
     std::vector<int64_t> rows;
-    if (load.first_block == 0 && sequence.dropped_tokens == 0) {
+    // An untruncated prompt's blocks are consecutive chunks of its item (a truncated one's item,
+    // made by truncation, never keeps a stored suffix).
+    std::vector<int32_t> first_layers;
+    std::optional<store::TierIndex> from;
+    if (sequence.dropped_tokens == 0) {
       const Sequence::StoredPrefix& stored = *sequence.stored;
-      std::vector<int32_t> first_layers;
-      const std::optional<store::TierIndex> from = store_->locate(
-          stored.item, stored.chunks[0], load.num_blocks, stored.skipped_chunks, &first_layers);
+      from = store_->locate(stored.item, stored.chunks[load.first_block], load.num_blocks,
+                            stored.skipped_chunks, &first_layers);
+    }
+    if (load.first_block == 0 && sequence.dropped_tokens == 0) {
       // (An item gone since: pin_load reports it.)
       if (from) {
         rows = restoration_plan(load.num_blocks * block, room, *from, scheduled,
                                 recompute_floor(first_layers));
       }
-    } else if (stores_suffix(sequence, load)) {
+    } else if (!first_layers.empty()) {
       // Its first blocks are in the pool (the prefix cache), so its history cannot be restored
       // from position 0 and a plain load would read layers the stored suffix left out.
       recompute(load.seq, sequence, batch);

@@ -173,13 +173,12 @@ bool KvStore::write_down(ItemId id, TierIndex t, std::unique_lock<std::mutex>& l
     lock.unlock();
     std::vector<std::byte> out;
     for (std::span<const std::byte>& v : values) {
-      if (tier.codec() == CodecKind::kIdentity) {
-        out.assign(v.begin(), v.end());
-      } else {
+      if (tier.codec() != CodecKind::kIdentity) {
         STRATA_CHECK(encode(tier.codec(), v, &out).ok());
+        v = out;
       }
-      AlignedBuffer& b = encoded.emplace_back(std::ssize(out));
-      std::copy(out.begin(), out.end(), b.data());
+      AlignedBuffer& b = encoded.emplace_back(std::ssize(v));
+      std::copy(v.begin(), v.end(), b.data());
       v = b.bytes();
     }
     lock.lock();

@@ -199,8 +199,6 @@ class RestoreCoordinator {
   // The sequence's load cannot be made: it goes back to waiting to compute its whole prompt (and
   // looks nothing up again), its chunk leaves `batch`.
   void recompute(SeqId seq, Sequence& sequence, scheduler::ScheduledBatch& batch);
-  // Whether a chunk `load` reads keeps fewer than every layer (a stored suffix).
-  bool stores_suffix(const Sequence& sequence, const kv::BlockLoad& load) const;
   // Pins a load's chunks; the farthest tier read, or the failure (also when a chunk lacks the
   // layers that load it under `rows`, a restoration's, or all of them when empty: a stored suffix
   // changed since it was planned).
