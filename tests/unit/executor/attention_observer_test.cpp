@@ -124,8 +124,10 @@ void expect_stats_near(const std::optional<kv::krul::AttentionStats>& got,
     EXPECT_NEAR(got->squared[i], want.squared[i], 1e-5 * std::abs(want.squared[i]) + 1e-9) << i;
   }
   ASSERT_EQ(got->token_mass.size(), want.token_mass.size());
+  // Float32 sums of up to hundreds of rows, added in the order the reducer thread took them.
   for (size_t i = 0; i < want.token_mass.size(); ++i) {
-    EXPECT_NEAR(got->token_mass[i], want.token_mass[i], 1e-5) << i;
+    EXPECT_NEAR(got->token_mass[i], want.token_mass[i], 1e-5 * std::abs(want.token_mass[i]) + 1e-6)
+        << i;
   }
 }
 
