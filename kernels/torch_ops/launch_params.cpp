@@ -135,6 +135,43 @@ LeanKvWriteParams leankv_write_params(at::Tensor& pool, const kv::leankv::PageFo
   return params;
 }
 
+LeanKvSettleParams leankv_settle_params(at::Tensor& pool, const kv::leankv::PageFormat& format,
+                                        const at::Tensor& tables, at::Tensor& token_counts,
+                                        const at::Tensor& entries, const at::Tensor& lengths,
+                                        const at::Tensor& candidate,
+                                        const kv::leankv::Thresholds& thresholds,
+                                        at::Tensor& actions, at::Tensor& amounts,
+                                        const at::Tensor& key, const at::Tensor& value,
+                                        const at::Tensor& acc, const at::Tensor& position) {
+  LeanKvSettleParams params;
+  params.pool = pool.data_ptr<uint8_t>();
+  params.page_bytes = format.page_bytes();
+  params.tables = tables.data_ptr<int32_t>();
+  params.token_counts = token_counts.data_ptr<int32_t>();
+  params.table_width = tables.size(1);
+  params.high = format.segments(kv::leankv::Precision::kHigh);
+  params.low = format.segments(kv::leankv::Precision::kLow);
+  params.high_bits = format.bits(kv::leankv::Precision::kHigh);
+  params.low_bits = format.bits(kv::leankv::Precision::kLow);
+  params.entries = entries.data_ptr<int32_t>();
+  params.num_entries = entries.size(0);
+  if (lengths.defined()) params.lengths = lengths.data_ptr<int64_t>();
+  if (candidate.defined()) params.candidate = candidate.data_ptr<float>();
+  params.alpha_high = static_cast<float>(thresholds.alpha_high);
+  params.alpha_low = static_cast<float>(thresholds.alpha_low);
+  params.actions = actions.data_ptr<int32_t>();
+  params.amounts = amounts.defined() ? amounts.data_ptr<int32_t>() : nullptr;
+  if (key.defined()) {
+    params.key = key.data_ptr();
+    params.value = value.data_ptr();
+    params.acc = acc.data_ptr<float>();
+    params.position = position.data_ptr<int32_t>();
+    params.head_dim = key.size(1);
+    params.kind = dtype_of(key);
+  }
+  return params;
+}
+
 namespace {
 
 KvTensorCoding tensor_coding(const kv::TensorFormat& f, int64_t region_offset, int64_t heads,

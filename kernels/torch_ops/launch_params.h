@@ -8,6 +8,7 @@
 
 #include "strata/kernels/ops.h"
 #include "strata/kv/kv_format.h"
+#include "strata/kv/leankv_decision.h"
 
 namespace at {
 class Tensor;
@@ -44,6 +45,18 @@ LeanKvWriteParams leankv_write_params(at::Tensor& pool, const kv::leankv::PageFo
                                       const at::Tensor& slot, const at::Tensor& key,
                                       const at::Tensor& value, const at::Tensor& acc,
                                       const at::Tensor& position);
+
+// LeanKV's decode step (leankv_ops.h's leankv_settle_plan / leankv_settle_apply shapes,
+// contiguous): actions [m, 3] and amounts [m, 2] int32 are the plan's outputs; the candidates'
+// key, value, acc and position may be undefined for the plan.
+LeanKvSettleParams leankv_settle_params(at::Tensor& pool, const kv::leankv::PageFormat& format,
+                                        const at::Tensor& tables, at::Tensor& token_counts,
+                                        const at::Tensor& entries, const at::Tensor& lengths,
+                                        const at::Tensor& candidate,
+                                        const kv::leankv::Thresholds& thresholds,
+                                        at::Tensor& actions, at::Tensor& amounts,
+                                        const at::Tensor& key, const at::Tensor& value,
+                                        const at::Tensor& acc, const at::Tensor& position);
 
 // blocks: [n, 2, num_kv_heads, block_size, head_dim] contiguous; bytes: [n, block_bytes] uint8
 // contiguous; `format` an integer K and V format (kv::validate'd).

@@ -4,12 +4,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <span>
 #include <tuple>
 #include <utility>
 #include <vector>
 
 #include "strata/kernels/aten_ops.h"
 #include "strata/kernels/kv_format_ops.h"
+#include "strata/kv/leankv_policy.h"
 
 namespace strata::kernels::aten {
 namespace {
@@ -70,6 +72,11 @@ at::Tensor dequantize(const at::Tensor& data, const at::Tensor& params, int32_t 
 // A 1-D tensor's elements as byte rows [n, element size].
 at::Tensor as_bytes(const at::Tensor& t) {
   return t.contiguous().view(at::kByte).view({t.size(0), static_cast<int64_t>(t.element_size())});
+}
+
+// Rows of width bytes of the pool at flat byte indices idx [n, width], as [n, width] bytes.
+at::Tensor take_rows(const at::Tensor& pool, const at::Tensor& idx) {
+  return pool.view({-1}).index_select(0, idx.reshape({-1})).view(idx.sizes());
 }
 
 void write_acc(at::Tensor& pool, const PageFormat& format, Precision precision,
@@ -253,6 +260,127 @@ at::Tensor leankv_decode_attention(const at::Tensor& q, at::Tensor& pool, const 
                        .index_add(0, window_source, received.index_select(0, window_at))
                        .view(window_acc.sizes()));
   return out.view({num_seqs, heads, d}).to(q.scalar_type());
+}
+
+std::pair<at::Tensor, at::Tensor> leankv_settle_plan(
+    const at::Tensor& pool, const PageFormat& format, const at::Tensor& tables,
+    const at::Tensor& token_counts, const at::Tensor& entries, const at::Tensor& lengths,
+    const at::Tensor& candidate, const kv::leankv::Thresholds& thresholds) {
+  const int64_t m = entries.size(0), pb = format.page_bytes();
+  const at::Tensor length = lengths.to(pool.device(), at::kLong);
+  const at::Tensor counts =
+      token_counts.to(at::kCPU, at::kLong).index_select(0, entries.to(at::kCPU, at::kLong));
+  // Every stored token's score, per precision, entry after entry (leankv_token_slots' order).
+  at::Tensor scores[2];
+  for (const Precision p : {Precision::kHigh, Precision::kLow}) {
+    const auto [page, slot] = leankv_token_slots(format, p, tables, token_counts, entries);
+    const PageSegments& s = format.segments(p);
+    const at::Tensor acc =
+        take_rows(pool, row_indices(page, slot, pb, s.scores, 4)).view(at::kFloat);
+    const at::Tensor position =
+        take_rows(pool, row_indices(page, slot, pb, s.positions, 4)).view(at::kInt);
+    const at::Tensor length_of =
+        at::repeat_interleave(length, counts.select(1, static_cast<int64_t>(p)).to(pool.device()));
+    const at::Tensor later = (length_of - 1 - position.view({-1}).to(at::kLong)).to(at::kFloat);
+    scores[static_cast<int>(p)] = (acc.view({-1}) / later).to(at::kCPU).contiguous();
+  }
+  const at::Tensor length_host = length.to(at::kCPU);
+  const at::Tensor candidate_host = candidate.to(at::kCPU, at::kFloat).contiguous();
+  at::Tensor actions = at::empty({m, 3}, at::kInt), amounts = at::zeros({m, 2}, at::kInt);
+  int64_t offset[2] = {0, 0};
+  for (int64_t i = 0; i < m; ++i) {
+    std::span<const float> tier[2];
+    int64_t n[2];
+    for (int p = 0; p < 2; ++p) {
+      n[p] = counts[i][p].item<int64_t>();
+      tier[p] = {scores[p].data_ptr<float>() + offset[p], static_cast<size_t>(n[p])};
+      offset[p] += n[p];
+    }
+    const kv::leankv::DecodeAction a =
+        kv::leankv::decode_step(candidate_host.data_ptr<float>()[i], tier[0], tier[1],
+                                length_host.data_ptr<int64_t>()[i], thresholds);
+    int32_t* act = actions.data_ptr<int32_t>() + 3 * i;
+    act[0] = static_cast<int32_t>(a.candidate);
+    act[1] = a.victim;
+    act[2] = static_cast<int32_t>(a.victim_to);
+    if (a.candidate == kv::leankv::Tier::kPruned) continue;
+    // The section that takes a token: the candidate's without a victim, the low one for a
+    // demoted victim (a pruned victim's cell is taken by the candidate).
+    int grows = -1;
+    if (a.victim < 0) grows = a.candidate == kv::leankv::Tier::kHigh ? 0 : 1;
+    if (a.victim >= 0 && a.victim_to == kv::leankv::Tier::kLow) grows = 1;
+    if (grows >= 0 && n[grows] % format.tokens_per_page(static_cast<Precision>(grows)) == 0) {
+      amounts.data_ptr<int32_t>()[2 * i + grows] = 1;
+    }
+  }
+  return {actions.to(entries.device()), amounts.to(entries.device())};
+}
+
+void leankv_settle_apply(at::Tensor& pool, const PageFormat& format, const at::Tensor& tables,
+                         at::Tensor& token_counts, const at::Tensor& entries,
+                         const at::Tensor& actions, const at::Tensor& key, const at::Tensor& value,
+                         const at::Tensor& acc, const at::Tensor& position) {
+  const int64_t m = entries.size(0), w = tables.size(1);
+  if (m == 0) return;
+  const at::Tensor table = tables.to(at::kCPU, at::kInt).contiguous();
+  at::Tensor counts = token_counts.to(at::kCPU, at::kInt).contiguous();
+  const at::Tensor entry = entries.to(at::kCPU, at::kInt).contiguous();
+  const at::Tensor act = actions.to(at::kCPU, at::kInt).contiguous();
+  auto cell = [&](int32_t e, Precision p, int64_t i) {
+    const int64_t per_page = format.tokens_per_page(p);
+    const int64_t column = p == Precision::kHigh ? i / per_page : w - 1 - i / per_page;
+    return std::pair<int64_t, int64_t>{table.data_ptr<int32_t>()[e * w + column], i % per_page};
+  };
+  // Demoted victims are read before any candidate takes their cells.
+  std::vector<int64_t> victim_page, victim_slot;
+  for (int64_t i = 0; i < m; ++i) {
+    const int32_t* a = act.data_ptr<int32_t>() + 3 * i;
+    if (a[1] < 0 || a[2] != static_cast<int32_t>(kv::leankv::Tier::kLow)) continue;
+    const auto [page, slot] = cell(entry.data_ptr<int32_t>()[i], Precision::kHigh, a[1]);
+    victim_page.push_back(page);
+    victim_slot.push_back(slot);
+  }
+  const auto [victim_k, victim_v, victim_acc, victim_position] = leankv_read_tokens(
+      pool, format, Precision::kHigh, at::tensor(victim_page, at::kLong).to(pool.device()),
+      at::tensor(victim_slot, at::kLong).to(pool.device()));
+  // Per precision: the cells written, and which rows: candidate i (>= 0) or victim -1 - j.
+  std::vector<int64_t> page[2], slot[2], row[2];
+  int64_t victim = 0;
+  for (int64_t i = 0; i < m; ++i) {
+    const int32_t* a = act.data_ptr<int32_t>() + 3 * i;
+    if (a[0] == static_cast<int32_t>(kv::leankv::Tier::kPruned)) continue;
+    const int32_t e = entry.data_ptr<int32_t>()[i];
+    int32_t* count = counts.data_ptr<int32_t>() + 2 * e;
+    const int to = a[0];
+    const auto target = a[1] >= 0 ? cell(e, static_cast<Precision>(to), a[1])
+                                  : cell(e, static_cast<Precision>(to), count[to]++);
+    page[to].push_back(target.first);
+    slot[to].push_back(target.second);
+    row[to].push_back(i);
+    if (a[1] >= 0 && a[2] == static_cast<int32_t>(kv::leankv::Tier::kLow)) {
+      const auto moved = cell(e, Precision::kLow, count[1]++);
+      page[1].push_back(moved.first);
+      slot[1].push_back(moved.second);
+      row[1].push_back(-1 - victim++);
+    }
+  }
+  // Candidates' rows and victims' rows side by side (float32: exact for every input dtype).
+  const at::Tensor rows_k = at::cat({key.to(at::kFloat), victim_k});
+  const at::Tensor rows_v = at::cat({value.to(at::kFloat), victim_v});
+  const at::Tensor rows_acc = at::cat({acc.to(at::kFloat), victim_acc});
+  const at::Tensor rows_position = at::cat({position.to(at::kInt), victim_position});
+  for (const Precision p : {Precision::kHigh, Precision::kLow}) {
+    const int q = static_cast<int>(p);
+    if (page[q].empty()) continue;
+    std::vector<int64_t> index;
+    for (const int64_t r : row[q]) index.push_back(r >= 0 ? r : m + (-1 - r));
+    const at::Tensor rows = at::tensor(index, at::kLong).to(pool.device());
+    leankv_write_tokens(pool, format, p, at::tensor(page[q], at::kLong).to(pool.device()),
+                        at::tensor(slot[q], at::kLong).to(pool.device()),
+                        rows_k.index_select(0, rows), rows_v.index_select(0, rows),
+                        rows_acc.index_select(0, rows), rows_position.index_select(0, rows));
+  }
+  if (!counts.is_same(token_counts)) token_counts.copy_(counts);
 }
 
 }  // namespace strata::kernels::aten

@@ -29,15 +29,6 @@ struct Writes {
   std::vector<int64_t> page, slot;
   std::vector<at::Tensor> key, value, acc, position;
 
-  void add(std::pair<int64_t, int64_t> cell, const at::Tensor& k, const at::Tensor& v,
-           const at::Tensor& a, const at::Tensor& p) {
-    page.push_back(cell.first);
-    slot.push_back(cell.second);
-    key.push_back(k);
-    value.push_back(v);
-    acc.push_back(a);
-    position.push_back(p);
-  }
   void flush(at::Tensor& pages, const kv::leankv::PageFormat& format, Precision precision) const {
     if (page.empty()) return;
     kernels::aten::leankv_write_tokens(pages, format, precision, long_tensor(page),
@@ -111,22 +102,6 @@ std::pair<int64_t, int64_t> LeanKvRuntime::token_cell(int32_t entry, Precision p
   const int64_t per_page = format_.tokens_per_page(p);
   const int64_t column = p == Precision::kHigh ? i / per_page : width_ - 1 - i / per_page;
   return {tables_.data_ptr<int32_t>()[entry * width_ + column], i % per_page};
-}
-
-float* LeanKvRuntime::window_acc_at(int64_t layer, int32_t slot, int64_t head, int64_t cell) {
-  return window_acc_.data_ptr<float>() +
-         ((layer * config_.max_sequences + slot) * num_kv_heads_ + head) * capacity_ + cell;
-}
-
-float* LeanKvRuntime::acc_at(int64_t page, int64_t slot, Precision p) {
-  return reinterpret_cast<float*>(pages_.data_ptr<uint8_t>() + page * format_.page_bytes() +
-                                  format_.segments(p).scores) +
-         slot;
-}
-
-int32_t LeanKvRuntime::position_at(int64_t page, int64_t slot, Precision p) const {
-  return reinterpret_cast<const int32_t*>(pages_.data_ptr<uint8_t>() + page * format_.page_bytes() +
-                                          format_.segments(p).positions)[slot];
 }
 
 void LeanKvRuntime::observe_prompt(SeqId seq, int64_t layer, const at::Tensor& q,
@@ -290,106 +265,48 @@ at::Tensor LeanKvRuntime::attend(std::span<const SeqId> seqs, std::span<const in
 
 Status LeanKvRuntime::settle(std::span<const SeqId> seqs, std::span<const int64_t> positions,
                              int64_t layer) {
-  // Decisions first (reading accumulators), then the step's pages in one allocation, then the
-  // writes (demoted victims read before any candidate may take their cells).
-  struct Move {
-    int32_t slot = 0, entry = 0;
-    int64_t head = 0, candidate = 0;  // the candidate's position
-    kv::leankv::DecodeAction action;
-    int64_t victim_index = -1;  // in the candidate's section
-  };
-  std::vector<Move> moves;
-  std::vector<int32_t> needy, needs;
-  int32_t* token_counts = token_counts_.data_ptr<int32_t>();
+  // The entries whose window a token leaves, and that token (the candidate) in the window.
+  std::vector<int32_t> entries, candidates;
+  std::vector<int64_t> lengths, acc_cells, key_rows, value_rows;
+  std::vector<size_t> seq_of;
   for (size_t i = 0; i < seqs.size(); ++i) {
-    const int64_t length = positions[i] + 1;
-    if (length <= config_.window) continue;  // nobody leaves the window yet
+    if (positions[i] + 1 <= config_.window) continue;  // nobody leaves the window yet
     const int32_t slot = slots_.at(seqs[i]);
-    const int64_t candidate = positions[i] - config_.window;
+    const int64_t candidate = positions[i] - config_.window, cell = candidate % capacity_;
     for (int64_t h = 0; h < num_kv_heads_; ++h) {
-      Move move;
-      move.slot = slot;
-      move.entry = entry(slot, layer, h);
-      move.head = h;
-      move.candidate = candidate;
-      std::vector<float> scores[2];
-      for (const Precision p : {Precision::kHigh, Precision::kLow}) {
-        for (int64_t t = 0; t < token_counts[2 * move.entry + static_cast<int>(p)]; ++t) {
-          const auto [page, cell] = token_cell(move.entry, p, t);
-          const int64_t later = length - 1 - position_at(page, cell, p);
-          scores[static_cast<int>(p)].push_back(*acc_at(page, cell, p) / static_cast<float>(later));
-        }
-      }
-      const float candidate_acc = *window_acc_at(layer, slot, h, candidate % capacity_);
-      move.action = kv::leankv::decode_step(candidate_acc / static_cast<float>(config_.window),
-                                            scores[0], scores[1], length, thresholds_);
-      if (move.action.candidate == Tier::kPruned) {
-        ++pruned_[seqs[i]];
-        continue;
-      }
-      // The section that grows (the candidate's when it has no victim, the low one when a
-      // demoted victim moves there) needs a page when its pages are full.
-      const bool demote = move.action.victim >= 0 && move.action.victim_to == Tier::kLow;
-      const Precision grows =
-          move.action.victim < 0
-              ? (move.action.candidate == Tier::kHigh ? Precision::kHigh : Precision::kLow)
-              : Precision::kLow;
-      if (move.action.victim < 0 || demote) {
-        const int64_t count = token_counts[2 * move.entry + static_cast<int>(grows)];
-        if (count % format_.tokens_per_page(grows) == 0) {
-          needy.push_back(move.entry);
-          needs.push_back(grows == Precision::kHigh);
-          needs.push_back(grows == Precision::kLow);
-        }
-      }
-      if (move.action.victim >= 0 && move.action.victim_to == Tier::kPruned) ++pruned_[seqs[i]];
-      moves.push_back(move);
+      entries.push_back(entry(slot, layer, h));
+      candidates.push_back(static_cast<int32_t>(candidate));
+      lengths.push_back(positions[i] + 1);
+      acc_cells.push_back((slot * num_kv_heads_ + h) * capacity_ + cell);
+      key_rows.push_back(((slot * 2 + 0) * num_kv_heads_ + h) * capacity_ + cell);
+      value_rows.push_back(((slot * 2 + 1) * num_kv_heads_ + h) * capacity_ + cell);
+      seq_of.push_back(i);
     }
   }
-  if (!needy.empty()) {
-    kv::leankv::allocate_pages(manager(), {needy.data(), needs.data(), std::ssize(needy)});
-    if (const int64_t short_by = shortfall(); short_by > 0) {
-      return resource_exhausted_error("leankv: the page pool lacks " + std::to_string(short_by) +
-                                      " pages for a decode step");
-    }
+  if (entries.empty()) return Status();
+  const int64_t m = std::ssize(entries);
+  const at::Tensor entry_ids = at::tensor(entries, at::kInt);
+  const at::Tensor acc = window_acc_[layer].view({-1}).index_select(0, long_tensor(acc_cells));
+  const at::Tensor score = acc / at::full_like(acc, static_cast<float>(config_.window));
+  const auto [actions, amounts] = kernels::aten::leankv_settle_plan(
+      pages_, format_, tables_, token_counts_, entry_ids, long_tensor(lengths), score, thresholds_);
+  const int32_t* action = actions.data_ptr<int32_t>();
+  for (int64_t i = 0; i < m; ++i) {
+    const bool candidate_pruned = action[3 * i] == static_cast<int32_t>(Tier::kPruned);
+    const bool victim_pruned =
+        action[3 * i + 1] >= 0 && action[3 * i + 2] == static_cast<int32_t>(Tier::kPruned);
+    pruned_[seqs[seq_of[i]]] += candidate_pruned + victim_pruned;
   }
-  // Demoted victims, dequantized from their high cells.
-  std::vector<int64_t> victim_pages, victim_cells;
-  for (const Move& move : moves) {
-    if (move.action.victim >= 0 && move.action.victim_to == Tier::kLow) {
-      const auto [page, cell] = token_cell(move.entry, Precision::kHigh, move.action.victim);
-      victim_pages.push_back(page);
-      victim_cells.push_back(cell);
-    }
+  kv::leankv::allocate_pages(manager(), {entries.data(), amounts.data_ptr<int32_t>(), m});
+  if (const int64_t short_by = shortfall(); short_by > 0) {
+    return resource_exhausted_error("leankv: the page pool lacks " + std::to_string(short_by) +
+                                    " pages for a decode step");
   }
-  at::Tensor victim_k, victim_v, victim_acc, victim_position;
-  if (!victim_pages.empty()) {
-    std::tie(victim_k, victim_v, victim_acc, victim_position) = kernels::aten::leankv_read_tokens(
-        pages_, format_, Precision::kHigh, long_tensor(victim_pages), long_tensor(victim_cells));
-  }
-  Writes writes[2];
-  int64_t demoted = 0;
-  for (const Move& move : moves) {
-    const Precision to = move.action.candidate == Tier::kHigh ? Precision::kHigh : Precision::kLow;
-    int32_t* count = token_counts + 2 * move.entry;
-    const int64_t cell = move.candidate % capacity_;
-    const at::Tensor window = window_[layer][move.slot];
-    const std::pair<int64_t, int64_t> target =
-        move.action.victim >= 0 ? token_cell(move.entry, to, move.action.victim)
-                                : token_cell(move.entry, to, count[static_cast<int>(to)]++);
-    writes[static_cast<int>(to)].add(target, window[0][move.head].narrow(0, cell, 1),
-                                     window[1][move.head].narrow(0, cell, 1),
-                                     window_acc_[layer][move.slot][move.head].narrow(0, cell, 1),
-                                     at::full({1}, move.candidate, at::kInt));
-    if (move.action.victim >= 0 && move.action.victim_to == Tier::kLow) {
-      writes[1].add(token_cell(move.entry, Precision::kLow, count[1]++),
-                    victim_k.narrow(0, demoted, 1), victim_v.narrow(0, demoted, 1),
-                    victim_acc.narrow(0, demoted, 1), victim_position.narrow(0, demoted, 1));
-      ++demoted;
-    }
-  }
-  writes[0].flush(pages_, format_, Precision::kHigh);
-  writes[1].flush(pages_, format_, Precision::kLow);
+  const at::Tensor rows = window_[layer].view({-1, head_dim_});
+  kernels::aten::leankv_settle_apply(pages_, format_, tables_, token_counts_, entry_ids, actions,
+                                     rows.index_select(0, long_tensor(key_rows)),
+                                     rows.index_select(0, long_tensor(value_rows)), acc,
+                                     at::tensor(candidates, at::kInt));
   return Status();
 }
 

@@ -69,7 +69,8 @@ class LeanKvRuntime {
   at::Tensor attend(std::span<const SeqId> seqs, std::span<const int64_t> positions, int64_t layer,
                     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale);
   // After attend() of the layer: the token leaving each window goes through Algorithm 1, per KV
-  // head. RESOURCE_EXHAUSTED when the page pool runs out.
+  // head (kernels::aten::leankv_settle_plan, the step's pages, leankv_settle_apply: the contract
+  // of the CUDA kernels). RESOURCE_EXHAUSTED when the page pool runs out.
   Status settle(std::span<const SeqId> seqs, std::span<const int64_t> positions, int64_t layer);
 
   // Forgets a sequence (finished, aborted or restarted): its pages return to the ring.
@@ -93,11 +94,7 @@ class LeanKvRuntime {
   }
   // (page, slot) of token i of an entry's section.
   std::pair<int64_t, int64_t> token_cell(int32_t entry, kv::leankv::Precision p, int64_t i) const;
-  float* acc_at(int64_t page, int64_t slot, kv::leankv::Precision p);
-  // The accumulator of a window cell (host memory; window_acc_ is contiguous).
-  float* window_acc_at(int64_t layer, int32_t slot, int64_t head, int64_t cell);
   int64_t shortfall() const { return counters_.data_ptr<int64_t>()[kv::leankv::kShortfall]; }
-  int32_t position_at(int64_t page, int64_t slot, kv::leankv::Precision p) const;
 
   LeanKvConfig config_;
   kv::leankv::Thresholds thresholds_;

@@ -5,11 +5,11 @@
 namespace strata::kv::leankv {
 namespace {
 
-// Index of the lowest score (the first on ties), or -1 for none.
-int32_t argmin(std::span<const float> scores) {
-  int32_t best = -1;
+// The lowest score (the first on ties).
+TierMinimum minimum(std::span<const float> scores) {
+  TierMinimum best;
   for (size_t i = 0; i < scores.size(); ++i) {
-    if (best < 0 || scores[i] < scores[best]) best = static_cast<int32_t>(i);
+    if (best.index < 0 || scores[i] < best.score) best = {scores[i], static_cast<int32_t>(i)};
   }
   return best;
 }
@@ -36,25 +36,8 @@ void prompt_tiers(std::span<const float> scores, const Thresholds& t, std::span<
 DecodeAction decode_step(float candidate, std::span<const float> high, std::span<const float> low,
                          int64_t length, const Thresholds& t) {
   STRATA_CHECK(length >= 1) << "length " << length;
-  const double t_high = t.alpha_high / static_cast<double>(length);
-  const double t_low = t.alpha_low / static_cast<double>(length);
-  DecodeAction action;
-  if (candidate >= t_high) {
-    action.candidate = Tier::kHigh;
-    const int32_t v = argmin(high);
-    if (v >= 0 && high[v] < t_high) {
-      action.victim = v;
-      action.victim_to = high[v] >= t_low ? Tier::kLow : Tier::kPruned;
-    }
-  } else if (candidate >= t_low) {
-    action.candidate = Tier::kLow;
-    const int32_t v = argmin(low);
-    if (v >= 0 && low[v] < t_low) {
-      action.victim = v;
-      action.victim_to = Tier::kPruned;
-    }
-  }
-  return action;
+  return decide(candidate, minimum(high), minimum(low), length, static_cast<float>(t.alpha_high),
+                static_cast<float>(t.alpha_low));
 }
 
 }  // namespace strata::kv::leankv

@@ -8,6 +8,7 @@
 #include <tuple>
 #include <utility>
 
+#include "strata/kv/leankv_decision.h"
 #include "strata/kv/leankv_page_format.h"
 
 namespace at {
@@ -66,5 +67,33 @@ at::Tensor leankv_decode_attention(const at::Tensor& q, at::Tensor& pool,
                                    const at::Tensor& token_counts, const at::Tensor& entries,
                                    const at::Tensor& window, const at::Tensor& window_lens,
                                    at::Tensor& window_acc, double scale);
+
+// LeanKV's decode step for one layer (Algorithm 1, kv/leankv_decision.h): m entries, each the
+// (sequence, KV head) of a sequence whose window a token leaves, in two halves around the page
+// manager's allocation (kv::leankv::allocate_pages with `entries` and the plan's amounts).
+//   entries    [m] int32, distinct; lengths [m] int64: each sequence's tokens, the new one
+//              included; candidate [m] float32: the leaving token's score (accumulator / window)
+// leankv_settle_plan reads each entry's stored tokens' accumulators and positions (score =
+// acc / (length - 1 - position), float32) and returns
+//   actions    [m, 3] int32: candidate's tier, victim's index in the candidate's tier or -1, the
+//              victim's tier (kv::leankv::Tier values; DecodeAction)
+//   amounts    [m, 2] int32: pages the entry's growing section needs (high, low): one when the
+//              section that takes a token (the candidate's without a victim, the low one for a
+//              demoted victim) has filled its last page, else none.
+std::pair<at::Tensor, at::Tensor> leankv_settle_plan(
+    const at::Tensor& pool, const kv::leankv::PageFormat& format, const at::Tensor& tables,
+    const at::Tensor& token_counts, const at::Tensor& entries, const at::Tensor& lengths,
+    const at::Tensor& candidate, const kv::leankv::Thresholds& thresholds);
+
+// leankv_settle_apply carries the actions out once the pages are there: a demoted victim is
+// dequantized from its high cell and requantized at the end of the low section; the candidate
+// (key, value [m, d] any float dtype; acc [m] float32; position [m] int32) is quantized into its
+// victim's cell, or at the end of its tier's section without one; a pruned candidate is dropped.
+// token_counts grow with the appended tokens.
+void leankv_settle_apply(at::Tensor& pool, const kv::leankv::PageFormat& format,
+                         const at::Tensor& tables, at::Tensor& token_counts,
+                         const at::Tensor& entries, const at::Tensor& actions,
+                         const at::Tensor& key, const at::Tensor& value, const at::Tensor& acc,
+                         const at::Tensor& position);
 
 }  // namespace strata::kernels::aten

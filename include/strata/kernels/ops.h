@@ -197,6 +197,44 @@ struct LeanKvWriteParams {
 
 void launch_leankv_write_tokens(const LeanKvWriteParams& params, cudaStream_t stream);
 
+// LeanKV's decode step, Algorithm 1 for one layer: kernels::aten::leankv_settle_plan's and
+// leankv_settle_apply's contracts (leankv_ops.h), bit-identical, one block per entry (plan) and
+// one warp per entry (apply). Between them the page manager allocates the plan's amounts
+// (launch_leankv_allocate). Every pointer is device memory.
+//   pool, tables [num_entries, table_width], token_counts [num_entries, 2] as for the decode
+//   entries [m] int32 (distinct); lengths [m] int64; candidate [m] float32
+//   actions [m, 3] int32 and amounts [m, 2] int32: written by the plan, read by the apply
+//   key, value [m, head_dim] `kind` (float32, float16 or bfloat16); acc [m] float32;
+//   position [m] int32: the candidates (apply)
+struct LeanKvSettleParams {
+  unsigned char* pool = nullptr;
+  int64_t page_bytes = 0;
+  const int32_t* tables = nullptr;
+  int32_t* token_counts = nullptr;
+  int64_t table_width = 0;
+  kv::leankv::PageSegments high;
+  kv::leankv::PageSegments low;
+  kv::leankv::PrecisionBits high_bits;
+  kv::leankv::PrecisionBits low_bits;
+  const int32_t* entries = nullptr;
+  const int64_t* lengths = nullptr;
+  const float* candidate = nullptr;
+  float alpha_high = 1.0f;  // kv::leankv::Thresholds' (float32, as decide() takes them)
+  float alpha_low = 0.02f;
+  int32_t* actions = nullptr;
+  int32_t* amounts = nullptr;
+  const void* key = nullptr;
+  const void* value = nullptr;
+  const float* acc = nullptr;
+  const int32_t* position = nullptr;
+  int64_t num_entries = 0;  // m
+  int64_t head_dim = 0;     // 64 or 128 (apply)
+  DType kind = DType::kBFloat16;
+};
+
+void launch_leankv_settle_plan(const LeanKvSettleParams& params, cudaStream_t stream);
+void launch_leankv_settle_apply(const LeanKvSettleParams& params, cudaStream_t stream);
+
 // ---------------------------------------------------------------------------------------------
 // Whole KV blocks to and from an integer page format (kv/kv_format.h): kernels::aten's
 // pack_kv_blocks / unpack_kv_blocks contract (kv_format_ops.h), bit-identical, for int8 / int4 /

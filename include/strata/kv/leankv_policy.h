@@ -21,15 +21,9 @@
 #include <cstdint>
 #include <span>
 
+#include "strata/kv/leankv_decision.h"
+
 namespace strata::kv::leankv {
-
-enum class Tier : int8_t { kHigh = 0, kLow = 1, kPruned = 2, kWindow = 3 };
-
-struct Thresholds {
-  double alpha_high = 1.0;  // high precision when score >= alpha_high / length
-  double alpha_low = 0.02;  // low precision when score >= alpha_low / length; pruned below
-  int32_t window = 64;      // most recent tokens kept in full precision (>= 1)
-};
 
 // Prompt phase: the tier of every token of a prompt of n = scores.size() tokens from its scores
 // (scores[p] = score(p) above; the last token's is not read). The last `window` tokens are
@@ -38,18 +32,7 @@ struct Thresholds {
 void prompt_tiers(std::span<const float> scores, const Thresholds& thresholds,
                   std::span<Tier> tiers);
 
-// What one decode step does to one head's tiers (Algorithm 1).
-struct DecodeAction {
-  Tier candidate = Tier::kPruned;  // where the candidate goes (kHigh, kLow or kPruned)
-  int32_t victim = -1;             // index in the candidate's tier (its scores span), or -1
-  Tier victim_to = Tier::kPruned;  // kLow (demoted from high) or kPruned
-};
-
-// Algorithm 1 for a sequence of `length` tokens (the new one included), with thresholds
-// T_h = alpha_high / length and T_l = alpha_low / length. high / low: scores of the tokens now in
-// each tier; candidate: the candidate's score. The victim is the least significant token of the
-// candidate's tier (lowest index on ties); from high it is demoted when its score is in
-// [T_l, T_h) and pruned below T_l, from low it is pruned below T_l, and otherwise stays.
+// decide() over the scores of the tokens now in each tier.
 DecodeAction decode_step(float candidate, std::span<const float> high, std::span<const float> low,
                          int64_t length, const Thresholds& thresholds);
 
