@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <exception>
@@ -11,6 +12,7 @@
 #include "strata/kernels/freekv_ops.h"
 #include "strata/kernels/krul_ops.h"
 #include "strata/kernels/kv_format_ops.h"
+#include "strata/kernels/leankv_ops.h"
 
 namespace strata::kernels {
 namespace {
@@ -129,6 +131,104 @@ AttentionBatch attention_batch(const SelfCheckShape& shape, at::Generator& gen) 
   b.seq_lens = at::tensor(lens, at::kInt).to(shape.device);
   b.cu_q_lens = at::tensor(cu, at::kInt).to(shape.device);
   return b;
+}
+
+// LeanKV: two sequences' entries (one per KV head) compressed into K8V4 / K4V2 pages of 16 tokens
+// (each allocates as if every token were high, keeps one high and one low page, and its tokens are
+// written), then a decode step over them: attention over the pages and a window (compared within
+// the dtype's tolerance), and Algorithm 1's plan, the step's pages and the apply (the pool's
+// bytes, the page manager's state, the counts and the actions compared exactly).
+OpCheck check_leankv(const KernelOpTable& strata, const KernelOpTable& reference,
+                     const SelfCheckShape& shape, at::Generator& gen, double tol) {
+  using kv::leankv::Precision;
+  const int64_t kv = shape.num_kv_heads, d = shape.head_dim, seqs = 2, n = seqs * kv;
+  const StatusOr<kv::leankv::PageFormat> format =
+      kv::leankv::PageFormat::create(d, {8, 4}, {4, 2}, 16);
+  if (!format.ok()) {
+    OpCheck c;
+    c.op = KernelOp::kLeanKv;
+    c.detail = "LeanKV's pages refuse this head_dim: " + format.status().message();
+    return c;
+  }
+  const kv::leankv::PageFormat& f = *format;
+  const auto on = [&](at::ScalarType t) {
+    return at::TensorOptions().dtype(t).device(shape.device);
+  };
+  const int64_t pages = 4 * n + 8, width = 6, capacity = 8,
+                t_low = f.tokens_per_page(Precision::kLow);
+  std::vector<int32_t> conservative, keep, counts_of;
+  for (int64_t e = 0; e < n; ++e) {
+    conservative.insert(conservative.end(), {static_cast<int32_t>(2 + e % 2), 0});
+    keep.insert(keep.end(), {1, 1});
+    counts_of.insert(counts_of.end(), {static_cast<int32_t>(5 + e % 11),
+                                       static_cast<int32_t>(std::min<int64_t>(3 + e % 13, t_low))});
+  }
+  const at::Tensor entries = at::arange(n, on(at::kInt));
+  const at::Tensor conservative_t = at::tensor(conservative, at::kInt).to(shape.device);
+  const at::Tensor keep_t = at::tensor(keep, at::kInt).to(shape.device);
+  const at::Tensor token_counts = at::tensor(counts_of, at::kInt).view({n, 2}).to(shape.device);
+  at::Tensor rows[2][4];  // per precision: key, value, acc, position
+  for (int p = 0; p < 2; ++p) {
+    const int64_t m = token_counts.select(1, p).sum().item<int64_t>();
+    rows[p][0] = randn({m, d}, shape, gen) * 2;
+    rows[p][1] = randn({m, d}, shape, gen);
+    rows[p][2] = randn({m}, shape, gen).to(at::kFloat).abs();
+    rows[p][3] = at::randint(0, 90, {m}, gen, at::TensorOptions().dtype(at::kInt)).to(shape.device);
+  }
+  const at::Tensor q = randn({seqs, shape.num_heads, d}, shape, gen);
+  const at::Tensor window = randn({seqs, 2, kv, capacity, d}, shape, gen);
+  const at::Tensor window_lens = at::tensor(std::vector<int32_t>{8, 5}, at::kInt).to(shape.device);
+  const at::Tensor window_acc0 = randn({seqs, kv, capacity}, shape, gen).to(at::kFloat).abs();
+  const at::Tensor lengths =
+      at::tensor(std::vector<int64_t>{120, 100}, at::kLong).repeat_interleave(kv).to(shape.device);
+  const at::Tensor candidate =
+      (randn({n}, shape, gen).to(at::kFloat).abs() / 60.0).to(shape.device);
+  const at::Tensor ckey = randn({n, d}, shape, gen), cvalue = randn({n, d}, shape, gen);
+  const at::Tensor cacc = randn({n}, shape, gen).to(at::kFloat).abs();
+  const at::Tensor cposition = (lengths - 9).to(at::kInt);
+  const kv::leankv::Thresholds thresholds{1.0, 0.1, static_cast<int32_t>(capacity)};
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  const int64_t max_tokens = f.tokens_per_page(Precision::kHigh) + t_low + capacity;
+
+  // The attention and the accumulators it adds to (state = false: within the tolerance, so the
+  // pool's accumulators it changes are not compared), or the state after the decode step's
+  // Algorithm 1 on the pages as written (exact).
+  const auto run = [&](const KernelOpTable& t, bool state) {
+    at::Tensor ring = at::arange(pages, on(at::kInt));
+    at::Tensor counters = at::tensor(std::vector<int64_t>{0, pages, 0}, at::kLong).to(shape.device);
+    at::Tensor tables = at::full({n, width}, -1, on(at::kInt)),
+               counts = at::zeros({n, 2}, on(at::kInt));
+    t.leankv_pages(LeanKvPageOp::kAllocate, ring, counters, tables, counts, entries,
+                   conservative_t);
+    t.leankv_pages(LeanKvPageOp::kSplit, ring, counters, tables, counts, entries, keep_t);
+    at::Tensor pool = at::zeros({pages, f.page_bytes()}, on(at::kByte));
+    for (const Precision p : {Precision::kHigh, Precision::kLow}) {
+      const auto [page, slot] = aten::leankv_token_slots(f, p, tables, token_counts, entries);
+      const at::Tensor* r = rows[static_cast<int>(p)];
+      t.leankv_write_tokens(pool, f, p, page, slot, r[0], r[1], r[2], r[3]);
+    }
+    if (!state) {
+      at::Tensor window_acc = window_acc0.clone();
+      const at::Tensor out =
+          t.leankv_decode_attention(q, pool, f, tables, token_counts, entries.view({seqs, kv}),
+                                    window, window_lens, window_acc, max_tokens, scale);
+      return at::cat({out.flatten().to(at::kFloat), window_acc.flatten()});
+    }
+    at::Tensor step_counts = token_counts.clone();
+    const auto [actions, amounts] =
+        t.leankv_settle_plan(pool, f, tables, step_counts, entries, lengths, candidate, thresholds);
+    t.leankv_pages(LeanKvPageOp::kAllocate, ring, counters, tables, counts, entries, amounts);
+    t.leankv_settle_apply(pool, f, tables, step_counts, entries, actions, ckey, cvalue, cacc,
+                          cposition);
+    return at::cat({pool.flatten().to(at::kLong), ring.to(at::kLong), counters,
+                    tables.flatten().to(at::kLong), counts.flatten().to(at::kLong),
+                    step_counts.flatten().to(at::kLong), actions.flatten().to(at::kLong)});
+  };
+  const OpCheck attention = check_op(KernelOp::kLeanKv, strata, reference, tol,
+                                     [&](const KernelOpTable& t) { return run(t, false); });
+  const OpCheck step = check_op(KernelOp::kLeanKv, strata, reference, 0.0,
+                                [&](const KernelOpTable& t) { return run(t, true); });
+  return attention.result == SelfCheckResult::kPassed ? step : attention;
 }
 
 }  // namespace
@@ -260,6 +360,8 @@ KernelReport run_kernel_self_check(const KernelOpTable& strata, const KernelOpTa
         };
         return at::cat({total(squared), total(edge)});
       }));
+
+  report.ops.push_back(check_leankv(strata, reference, shape, gen, tol));
 
   report.self_check_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

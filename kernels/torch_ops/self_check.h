@@ -9,8 +9,10 @@
 
 #include <cstdint>
 #include <functional>
+#include <utility>
 
 #include "strata/kernels/kernel_selection.h"
+#include "strata/kernels/torch_ops.h"
 #include "strata/kv/kv_format.h"
 
 namespace strata::kernels {
@@ -51,6 +53,31 @@ struct KernelOpTable {
   std::function<void(const at::Tensor& rows, const at::Tensor& lengths, at::Tensor& squared,
                      at::Tensor& edge_mass)>
       krul_accumulate_rows;
+  // LeanKV (torch_ops.h's leankv_* contracts).
+  std::function<void(LeanKvPageOp op, at::Tensor& ring, at::Tensor& counters, at::Tensor& tables,
+                     at::Tensor& counts, const at::Tensor& entries, const at::Tensor& amounts)>
+      leankv_pages;
+  std::function<void(at::Tensor& pool, const kv::leankv::PageFormat& format,
+                     kv::leankv::Precision precision, const at::Tensor& page,
+                     const at::Tensor& slot, const at::Tensor& key, const at::Tensor& value,
+                     const at::Tensor& acc, const at::Tensor& position)>
+      leankv_write_tokens;
+  std::function<at::Tensor(const at::Tensor& q, at::Tensor& pool,
+                           const kv::leankv::PageFormat& format, const at::Tensor& tables,
+                           const at::Tensor& token_counts, const at::Tensor& entries,
+                           const at::Tensor& window, const at::Tensor& window_lens,
+                           at::Tensor& window_acc, int64_t max_tokens, double scale)>
+      leankv_decode_attention;
+  std::function<std::pair<at::Tensor, at::Tensor>(
+      const at::Tensor& pool, const kv::leankv::PageFormat& format, const at::Tensor& tables,
+      const at::Tensor& token_counts, const at::Tensor& entries, const at::Tensor& lengths,
+      const at::Tensor& candidate, const kv::leankv::Thresholds& thresholds)>
+      leankv_settle_plan;
+  std::function<void(at::Tensor& pool, const kv::leankv::PageFormat& format,
+                     const at::Tensor& tables, at::Tensor& token_counts, const at::Tensor& entries,
+                     const at::Tensor& actions, const at::Tensor& key, const at::Tensor& value,
+                     const at::Tensor& acc, const at::Tensor& position)>
+      leankv_settle_apply;
 };
 
 // torch_ops.h's functions with every op on `backend` (defined with the adapters, in
@@ -71,8 +98,9 @@ struct SelfCheckShape {
 // Runs every op of `strata` and of `reference` on the same seeded inputs (a few hundred tokens:
 // decode, a prefill chunk over a cached prefix and a prefill in one attention batch; FreeKV's
 // selection over 40 pages, an offload and recall round trip, a decode step over resident tokens
-// and ragged recalled pages; Krul's decode-row statistics of two sequences) and compares them
-// within the dtype's tolerance (exactly for the KV-cache write, FreeKV's selected pages and its
+// and ragged recalled pages; Krul's decode-row statistics of two sequences; LeanKV's compression
+// of a prompt's tokens into pages and a decode step over them) and compares them within the
+// dtype's tolerance (exactly for the KV-cache write, FreeKV's selected pages and its
 // copies). Each op's report names the backend that serves it: Strata when it matched, libtorch when
 // it did not or threw.
 KernelReport run_kernel_self_check(const KernelOpTable& strata, const KernelOpTable& reference,

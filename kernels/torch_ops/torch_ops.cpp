@@ -537,6 +537,42 @@ KernelOpTable torch_ops_table(KernelBackend backend) {
                                      at::Tensor& squared, at::Tensor& edge_mass) {
     krul_accumulate_rows(rows, lengths, squared, edge_mass, backend);
   };
+  t.leankv_pages = [backend](LeanKvPageOp op, at::Tensor& ring, at::Tensor& counters,
+                             at::Tensor& tables, at::Tensor& counts, const at::Tensor& entries,
+                             const at::Tensor& amounts) {
+    leankv_pages(op, ring, counters, tables, counts, entries, amounts, backend);
+  };
+  t.leankv_write_tokens = [backend](at::Tensor& pool, const kv::leankv::PageFormat& format,
+                                    kv::leankv::Precision precision, const at::Tensor& page,
+                                    const at::Tensor& slot, const at::Tensor& key,
+                                    const at::Tensor& value, const at::Tensor& acc,
+                                    const at::Tensor& position) {
+    leankv_write_tokens(pool, format, precision, page, slot, key, value, acc, position, backend);
+  };
+  t.leankv_decode_attention =
+      [backend](const at::Tensor& q, at::Tensor& pool, const kv::leankv::PageFormat& format,
+                const at::Tensor& tables, const at::Tensor& token_counts, const at::Tensor& entries,
+                const at::Tensor& window, const at::Tensor& window_lens, at::Tensor& window_acc,
+                int64_t max_tokens, double scale) {
+        return leankv_decode_attention(q, pool, format, tables, token_counts, entries, window,
+                                       window_lens, window_acc, max_tokens, scale, backend);
+      };
+  t.leankv_settle_plan = [backend](const at::Tensor& pool, const kv::leankv::PageFormat& format,
+                                   const at::Tensor& tables, const at::Tensor& token_counts,
+                                   const at::Tensor& entries, const at::Tensor& lengths,
+                                   const at::Tensor& candidate,
+                                   const kv::leankv::Thresholds& thresholds) {
+    return leankv_settle_plan(pool, format, tables, token_counts, entries, lengths, candidate,
+                              thresholds, backend);
+  };
+  t.leankv_settle_apply = [backend](at::Tensor& pool, const kv::leankv::PageFormat& format,
+                                    const at::Tensor& tables, at::Tensor& token_counts,
+                                    const at::Tensor& entries, const at::Tensor& actions,
+                                    const at::Tensor& key, const at::Tensor& value,
+                                    const at::Tensor& acc, const at::Tensor& position) {
+    leankv_settle_apply(pool, format, tables, token_counts, entries, actions, key, value, acc,
+                        position, backend);
+  };
   return t;
 }
 

@@ -3,13 +3,13 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
-#include <new>
 #include <numeric>
 #include <string>
 
 #include "strata/common/check.h"
 #include "strata/kernels/aten_ops.h"
 #include "strata/kernels/leankv_ops.h"
+#include "strata/kernels/torch_ops.h"
 
 namespace strata::executor {
 namespace {
@@ -23,25 +23,11 @@ at::Tensor long_tensor(const std::vector<int64_t>& values) {
   return at::tensor(values, at::TensorOptions().dtype(at::kLong));
 }
 
-// One precision's token writes of a step, gathered for one leankv_write_tokens call: cells, and
-// rows in batches (keys and values [r, D], accumulators [r] float32, positions [r] int32).
-struct Writes {
-  std::vector<int64_t> page, slot;
-  std::vector<at::Tensor> key, value, acc, position;
-
-  void flush(at::Tensor& pages, const kv::leankv::PageFormat& format, Precision precision) const {
-    if (page.empty()) return;
-    kernels::aten::leankv_write_tokens(pages, format, precision, long_tensor(page),
-                                       long_tensor(slot), at::cat(key), at::cat(value),
-                                       at::cat(acc).to(at::kFloat), at::cat(position).to(at::kInt));
-  }
-};
-
 }  // namespace
 
 StatusOr<LeanKvRuntime> LeanKvRuntime::create(const LeanKvConfig& config,
-                                              const model::ModelConfig& model,
-                                              at::ScalarType dtype) {
+                                              const model::ModelConfig& model, at::ScalarType dtype,
+                                              at::Device device, kernels::KernelBackend backend) {
   STRATA_ASSIGN_OR_RETURN(
       kv::leankv::PageFormat format,
       kv::leankv::PageFormat::create(model.head_dim, {config.high_key_bits, config.high_value_bits},
@@ -60,49 +46,44 @@ StatusOr<LeanKvRuntime> LeanKvRuntime::create(const LeanKvConfig& config,
   r.head_dim_ = model.head_dim;
   r.capacity_ = config.window + 1;
   r.dtype_ = dtype;
+  r.backend_ = backend;
   // The prompt's conservative allocation takes one page more than its tokens divide into, and
   // two partly filled sections at most two more (docs/leankv.md, decision 8).
   r.width_ = ceil_div(model.max_context_tokens, format.tokens_per_page(Precision::kHigh)) + 2;
   const int64_t num_pages = std::max<int64_t>(1, config.pool_bytes / format.page_bytes());
   const int64_t entries = config.max_sequences * r.num_layers_ * r.num_kv_heads_;
   try {
-    const auto i32 = at::TensorOptions().dtype(at::kInt);
-    r.pages_ = at::zeros({num_pages, format.page_bytes()}, at::kByte);
-    r.ring_ = at::empty({num_pages}, i32);
-    r.counters_ = at::empty({kv::leankv::kNumCounters}, at::kLong);
-    r.tables_ = at::empty({entries, r.width_}, i32);
-    r.page_counts_ = at::empty({entries, 2}, i32);
-    r.token_counts_ = at::zeros({entries, 2}, i32);
+    const auto on = [&](at::ScalarType t) { return at::TensorOptions().dtype(t).device(device); };
+    // Every page free, every table empty (kv::leankv::init_pages' state).
+    r.pages_ = at::zeros({num_pages, format.page_bytes()}, on(at::kByte));
+    r.ring_ = at::arange(num_pages, on(at::kInt));
+    r.counters_ = at::tensor(std::vector<int64_t>{0, num_pages, 0}, at::kLong).to(device);
+    r.tables_ = at::full({entries, r.width_}, -1, on(at::kInt));
+    r.page_counts_ = at::zeros({entries, 2}, on(at::kInt));
+    r.token_counts_ = at::zeros({entries, 2}, on(at::kInt));
     r.window_ = at::zeros(
-        {r.num_layers_, config.max_sequences, 2, r.num_kv_heads_, r.capacity_, r.head_dim_}, dtype);
-    r.window_acc_ =
-        at::zeros({r.num_layers_, config.max_sequences, r.num_kv_heads_, r.capacity_}, at::kFloat);
-  } catch (const std::bad_alloc&) {
+        {r.num_layers_, config.max_sequences, 2, r.num_kv_heads_, r.capacity_, r.head_dim_},
+        on(dtype));
+    r.window_acc_ = at::zeros({r.num_layers_, config.max_sequences, r.num_kv_heads_, r.capacity_},
+                              on(at::kFloat));
+  } catch (const std::exception&) {
     return resource_exhausted_error("leankv: cannot allocate " + std::to_string(config.pool_bytes) +
                                     " bytes of pages");
   }
-  kv::leankv::init_pages(r.manager());
   for (int32_t s = config.max_sequences - 1; s >= 0; --s) r.free_slots_.push_back(s);
   return r;
 }
 
-kv::leankv::PageManagerState LeanKvRuntime::manager() {
-  return {ring_.data_ptr<int32_t>(),
-          counters_.data_ptr<int64_t>(),
-          tables_.data_ptr<int32_t>(),
-          page_counts_.data_ptr<int32_t>(),
-          ring_.size(0),
-          tables_.size(0),
-          width_};
+void LeanKvRuntime::pages(kernels::LeanKvPageOp op, const std::vector<int32_t>& entries,
+                          const at::Tensor& amounts) {
+  kernels::leankv_pages(op, ring_, counters_, tables_, page_counts_,
+                        at::tensor(entries, at::kInt).to(ring_.device()),
+                        amounts.to(ring_.device()).contiguous(), backend_);
 }
+
+int64_t LeanKvRuntime::counter(int index) const { return counters_[index].item<int64_t>(); }
 
 bool LeanKvRuntime::decoding(SeqId seq) const { return slots_.contains(seq); }
-
-std::pair<int64_t, int64_t> LeanKvRuntime::token_cell(int32_t entry, Precision p, int64_t i) const {
-  const int64_t per_page = format_.tokens_per_page(p);
-  const int64_t column = p == Precision::kHigh ? i / per_page : width_ - 1 - i / per_page;
-  return {tables_.data_ptr<int32_t>()[entry * width_ + column], i % per_page};
-}
 
 void LeanKvRuntime::observe_prompt(SeqId seq, int64_t layer, const at::Tensor& q,
                                    const at::Tensor& keys, int64_t start, double scale) {
@@ -142,7 +123,7 @@ Status LeanKvRuntime::compress(
   for (int64_t l = 0; l < num_layers_; ++l) {
     accs[l] = std::get<0>(sums->second[l].view({num_kv_heads_, group, n}).max(1)).contiguous();
     const at::Tensor later = (n - 1 - at::arange(n, at::kFloat)).clamp_min(1);
-    const at::Tensor scores = (accs[l] / later).contiguous();
+    const at::Tensor scores = (accs[l].cpu() / later).contiguous();
     for (int64_t h = 0; h < num_kv_heads_; ++h) {
       std::vector<Tier> tiers(n);
       kv::leankv::prompt_tiers({scores[h].data_ptr<float>(), static_cast<size_t>(n)}, thresholds_,
@@ -182,51 +163,56 @@ Status LeanKvRuntime::compress(
                                     " stay reserved for decode steps; " +
                                     std::to_string(free_pages()) + " are free");
   }
-  kv::leankv::allocate_pages(manager(), {entries.data(), conservative.data(), count});
-  if (const int64_t short_by = shortfall(); short_by > 0) {
+  pages(kernels::LeanKvPageOp::kAllocate, entries,
+        at::tensor(conservative, at::kInt).view({count, 2}));
+  if (const int64_t short_by = counter(kv::leankv::kShortfall); short_by > 0) {
     prompt_sums_.erase(sums);
     ++ended_.failed_prompts;
     return resource_exhausted_error("leankv: the page pool lacks " + std::to_string(short_by) +
                                     " pages for a prompt of " + std::to_string(n) + " tokens");
   }
-  kv::leankv::split_pages(manager(), {entries.data(), keep.data(), count});
+  pages(kernels::LeanKvPageOp::kSplit, entries, at::tensor(keep, at::kInt).view({count, 2}));
   free_slots_.pop_back();
   slots_[seq] = slot;
 
-  const at::Tensor window_positions = at::arange(stored, n, at::kLong);
+  // The entries' token counts, then each layer's tokens where those counts put them.
+  std::vector<int32_t> counts_of;
+  for (size_t i = 0; i < high.size(); ++i) {
+    counts_of.push_back(static_cast<int32_t>(high[i].size()));
+    counts_of.push_back(static_cast<int32_t>(low[i].size()));
+  }
+  const at::Device device = pages_.device();
+  token_counts_.narrow(0, entry(slot, 0, 0), std::ssize(high))
+      .copy_(at::tensor(counts_of, at::kInt).view({-1, 2}));
+  const at::Tensor window_cells = at::arange(stored, n, at::kLong).remainder(capacity_).to(device);
   for (int64_t l = 0; l < num_layers_; ++l) {
     const auto [keys, values] = kv_of(l);  // [n, Hkv, D]
-    Writes writes[2];
-    for (int64_t h = 0; h < num_kv_heads_; ++h) {
-      const int32_t e = entry(slot, l, h);
-      const size_t i = l * num_kv_heads_ + h;
-      for (const Precision p : {Precision::kHigh, Precision::kLow}) {
-        const std::vector<int64_t>& tokens = p == Precision::kHigh ? high[i] : low[i];
-        if (tokens.empty()) continue;
-        const at::Tensor rows = long_tensor(tokens);
-        Writes& w = writes[static_cast<int>(p)];
-        for (size_t t = 0; t < tokens.size(); ++t) {
-          const auto [page, cell] = token_cell(e, p, static_cast<int64_t>(t));
-          w.page.push_back(page);
-          w.slot.push_back(cell);
-        }
-        w.key.push_back(keys.select(1, h).index_select(0, rows));
-        w.value.push_back(values.select(1, h).index_select(0, rows));
-        w.acc.push_back(accs[l][h].index_select(0, rows));
-        w.position.push_back(rows);
+    const at::Tensor layer_entries =
+        at::arange(entry(slot, l, 0), entry(slot, l, 0) + num_kv_heads_, at::kInt).to(device);
+    for (const Precision p : {Precision::kHigh, Precision::kLow}) {
+      // Rows of [Hkv * n, D] (head-major), in the entries' token order.
+      std::vector<int64_t> index;
+      for (int64_t h = 0; h < num_kv_heads_; ++h) {
+        const size_t i = l * num_kv_heads_ + h;
+        for (const int64_t t : p == Precision::kHigh ? high[i] : low[i]) index.push_back(h * n + t);
       }
-      token_counts_.data_ptr<int32_t>()[2 * e] = static_cast<int32_t>(high[i].size());
-      token_counts_.data_ptr<int32_t>()[2 * e + 1] = static_cast<int32_t>(low[i].size());
+      if (index.empty()) continue;
+      const at::Tensor rows = long_tensor(index).to(device);
+      const auto [page, cell] =
+          kernels::aten::leankv_token_slots(format_, p, tables_, token_counts_, layer_entries);
+      kernels::leankv_write_tokens(
+          pages_, format_, p, page, cell,
+          keys.permute({1, 0, 2}).reshape({-1, head_dim_}).index_select(0, rows),
+          values.permute({1, 0, 2}).reshape({-1, head_dim_}).index_select(0, rows),
+          accs[l].reshape({-1}).index_select(0, rows).to(at::kFloat),
+          rows.remainder(n).to(at::kInt), backend_);
     }
-    writes[0].flush(pages_, format_, Precision::kHigh);
-    writes[1].flush(pages_, format_, Precision::kLow);
-    const at::Tensor cells = window_positions.remainder(capacity_);
     at::Tensor window = window_[l][slot];  // [2, Hkv, capacity, D]
-    window[0].index_copy_(1, cells,
+    window[0].index_copy_(1, window_cells,
                           keys.narrow(0, stored, kept_window).permute({1, 0, 2}).to(dtype_));
-    window[1].index_copy_(1, cells,
+    window[1].index_copy_(1, window_cells,
                           values.narrow(0, stored, kept_window).permute({1, 0, 2}).to(dtype_));
-    window_acc_[l][slot].index_copy_(1, cells, accs[l].narrow(1, stored, kept_window));
+    window_acc_[l][slot].index_copy_(1, window_cells, accs[l].narrow(1, stored, kept_window));
   }
   pruned_[seq] = pruned;
   lengths_[seq] = n;
@@ -252,13 +238,16 @@ at::Tensor LeanKvRuntime::attend(std::span<const SeqId> seqs, std::span<const in
     lens.push_back(static_cast<int32_t>(std::min(positions[i] + 1, capacity_)));
     for (int64_t h = 0; h < num_kv_heads_; ++h) entries.push_back(entry(slot, layer, h));
   }
-  const at::Tensor slot_index = long_tensor(slot_list);
+  const at::Device device = pages_.device();
+  const at::Tensor slot_index = long_tensor(slot_list).to(device);
   const at::Tensor window = window_[layer].index_select(0, slot_index);
   at::Tensor window_acc = window_acc_[layer].index_select(0, slot_index);
-  const at::Tensor out =
-      kernels::aten::leankv_decode_attention(q, pages_, format_, tables_, token_counts_,
-                                             at::tensor(entries, at::kInt).view({m, num_kv_heads_}),
-                                             window, at::tensor(lens, at::kInt), window_acc, scale);
+  // Stored plus window tokens of a (sequence, KV head) never exceed its length.
+  const int64_t max_tokens = *std::max_element(positions.begin(), positions.end()) + 1;
+  const at::Tensor out = kernels::leankv_decode_attention(
+      q.contiguous(), pages_, format_, tables_, token_counts_,
+      at::tensor(entries, at::kInt).view({m, num_kv_heads_}).to(device), window,
+      at::tensor(lens, at::kInt).to(device), window_acc, max_tokens, scale, backend_);
   window_acc_[layer].index_copy_(0, slot_index, window_acc);
   return out;
 }
@@ -285,8 +274,10 @@ Status LeanKvRuntime::settle(std::span<const SeqId> seqs, std::span<const int64_
   }
   if (entries.empty()) return Status();
   const int64_t m = std::ssize(entries);
-  const at::Tensor entry_ids = at::tensor(entries, at::kInt);
-  const at::Tensor acc = window_acc_[layer].view({-1}).index_select(0, long_tensor(acc_cells));
+  const at::Device device = pages_.device();
+  const at::Tensor entry_ids = at::tensor(entries, at::kInt).to(device);
+  const at::Tensor acc =
+      window_acc_[layer].view({-1}).index_select(0, long_tensor(acc_cells).to(device));
   const at::Tensor score = acc / at::full_like(acc, static_cast<float>(config_.window));
   const auto [actions, amounts] = kernels::aten::leankv_settle_plan(
       pages_, format_, tables_, token_counts_, entry_ids, long_tensor(lengths), score, thresholds_);
@@ -297,8 +288,8 @@ Status LeanKvRuntime::settle(std::span<const SeqId> seqs, std::span<const int64_
         action[3 * i + 1] >= 0 && action[3 * i + 2] == static_cast<int32_t>(Tier::kPruned);
     pruned_[seqs[seq_of[i]]] += candidate_pruned + victim_pruned;
   }
-  kv::leankv::allocate_pages(manager(), {entries.data(), amounts.data_ptr<int32_t>(), m});
-  if (const int64_t short_by = shortfall(); short_by > 0) {
+  pages(kernels::LeanKvPageOp::kAllocate, entries, amounts);
+  if (const int64_t short_by = counter(kv::leankv::kShortfall); short_by > 0) {
     return resource_exhausted_error("leankv: the page pool lacks " + std::to_string(short_by) +
                                     " pages for a decode step");
   }
@@ -317,23 +308,13 @@ void LeanKvRuntime::end(SeqId seq) {
     pruned_.erase(seq);
     return;
   }
-  std::vector<int32_t> entries, amounts;
-  const int32_t* page_counts = page_counts_.data_ptr<int32_t>();
-  int32_t* token_counts = token_counts_.data_ptr<int32_t>();
-  const int64_t heads = num_layers_ * num_kv_heads_;
+  // The slot's entries are contiguous: every layer and KV head of it.
+  const int64_t heads = num_layers_ * num_kv_heads_, first = entry(it->second, 0, 0);
+  std::vector<int32_t> entries(heads);
+  std::iota(entries.begin(), entries.end(), static_cast<int32_t>(first));
+  const at::Tensor tokens = token_counts_.narrow(0, first, heads).sum(0).cpu();
+  const int64_t high = tokens[0].item<int64_t>(), low = tokens[1].item<int64_t>();
   const int64_t window = std::min<int64_t>(lengths_[seq], config_.window) * heads;
-  int64_t high = 0, low = 0;
-  for (int64_t l = 0; l < num_layers_; ++l) {
-    for (int64_t h = 0; h < num_kv_heads_; ++h) {
-      const int32_t e = entry(it->second, l, h);
-      entries.push_back(e);
-      amounts.push_back(page_counts[2 * e]);
-      amounts.push_back(page_counts[2 * e + 1]);
-      high += token_counts[2 * e];
-      low += token_counts[2 * e + 1];
-      token_counts[2 * e] = token_counts[2 * e + 1] = 0;
-    }
-  }
   // Bytes of K and V: data, scales and zeros (the 8-byte accumulator and position aside).
   const int64_t bf16_token = 2 * head_dim_ * 2;
   ++ended_.ended_sequences;
@@ -347,7 +328,9 @@ void LeanKvRuntime::end(SeqId seq) {
   ended_.ended_bf16_bytes += (high + low + pruned_[seq] + window) * bf16_token;
   pruned_.erase(seq);
   lengths_.erase(seq);
-  kv::leankv::release_pages(manager(), {entries.data(), amounts.data(), std::ssize(entries)});
+  token_counts_.narrow(0, first, heads).zero_();
+  // Every page of each entry back to the ring.
+  pages(kernels::LeanKvPageOp::kRelease, entries, page_counts_.narrow(0, first, heads).clone());
   free_slots_.push_back(it->second);
   slots_.erase(it);
 }
@@ -355,35 +338,25 @@ void LeanKvRuntime::end(SeqId seq) {
 int64_t LeanKvRuntime::step_pages(SeqId seq) const {
   auto it = slots_.find(seq);
   if (it == slots_.end()) return 0;
-  const int32_t* page_counts = page_counts_.data_ptr<int32_t>();
-  const int32_t* token_counts = token_counts_.data_ptr<int32_t>();
-  const int64_t per_page[2] = {format_.tokens_per_page(Precision::kHigh),
-                               format_.tokens_per_page(Precision::kLow)};
-  int64_t pages = 0;
-  for (int64_t l = 0; l < num_layers_; ++l) {
-    for (int64_t h = 0; h < num_kv_heads_; ++h) {
-      const int32_t e = entry(it->second, l, h);
-      bool full = false;
-      for (int s = 0; s < 2; ++s) {
-        full |= token_counts[2 * e + s] >= page_counts[2 * e + s] * per_page[s];
-      }
-      pages += full ? 1 : 0;
-    }
-  }
-  return pages;
+  const int64_t heads = num_layers_ * num_kv_heads_, first = entry(it->second, 0, 0);
+  const at::Tensor per_page =
+      at::tensor(std::vector<int32_t>{format_.tokens_per_page(Precision::kHigh),
+                                      format_.tokens_per_page(Precision::kLow)},
+                 at::kInt)
+          .to(token_counts_.device());
+  // An entry whose high or low section has filled its last page.
+  const at::Tensor full =
+      token_counts_.narrow(0, first, heads) >= page_counts_.narrow(0, first, heads) * per_page;
+  return full.any(1).sum().item<int64_t>();
 }
 
 LeanKvCounts LeanKvRuntime::counts() const {
   LeanKvCounts c = ended_;
-  const int32_t* token_counts = token_counts_.data_ptr<int32_t>();
+  const int64_t heads = num_layers_ * num_kv_heads_;
   for (const auto& [seq, slot] : slots_) {
-    for (int64_t l = 0; l < num_layers_; ++l) {
-      for (int64_t h = 0; h < num_kv_heads_; ++h) {
-        const int32_t e = entry(slot, l, h);
-        c.high += token_counts[2 * e];
-        c.low += token_counts[2 * e + 1];
-      }
-    }
+    const at::Tensor tokens = token_counts_.narrow(0, entry(slot, 0, 0), heads).sum(0).cpu();
+    c.high += tokens[0].item<int64_t>();
+    c.low += tokens[1].item<int64_t>();
   }
   for (const auto& [seq, pruned] : pruned_) c.pruned += pruned;
   c.num_pages = ring_.size(0);

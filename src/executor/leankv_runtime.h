@@ -5,8 +5,8 @@
 // decodes from its pages and window, and after each layer's attention the token leaving the window
 // goes through Algorithm 1.
 //
-// State (host memory: the runtime serves CPU deployments; the CUDA kernels of the same
-// contracts are kernels/leankv/*):
+// State (on the executor's device; every step runs kernels::leankv_* ops: Strata's kernels on
+// CUDA, libtorch and the sequential page manager on the CPU):
 //   pages         uint8 [num_pages, page_bytes], kv/leankv_page_format.h
 //   ring, counters, tables [num_entries, width], counts [num_entries, 2]: the page manager's
 //   token_counts  int32 [num_entries, 2]: high and low tokens of each entry
@@ -20,6 +20,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include <cstdint>
 #include <functional>
@@ -31,6 +32,8 @@
 #include "strata/common/ids.h"
 #include "strata/common/status.h"
 #include "strata/executor/executor.h"
+#include "strata/kernels/kernel_selection.h"
+#include "strata/kernels/torch_ops.h"
 #include "strata/kv/leankv_page_format.h"
 #include "strata/kv/leankv_pages.h"
 #include "strata/kv/leankv_policy.h"
@@ -42,8 +45,10 @@ class LeanKvRuntime {
  public:
   // RESOURCE_EXHAUSTED if the pool cannot be had; INVALID_ARGUMENT for bits or a head dim the page
   // format refuses.
+  // State on `device`; the LeanKV kernels run on `backend` there (the self-check's choice).
   static StatusOr<LeanKvRuntime> create(const LeanKvConfig& config, const model::ModelConfig& model,
-                                        at::ScalarType dtype);
+                                        at::ScalarType dtype, at::Device device,
+                                        kernels::KernelBackend backend);
 
   // Whether the sequence's prompt was compressed (it decodes from LeanKV state), and whether its
   // prompt is being observed (computed from position 0 and not compressed yet).
@@ -82,19 +87,18 @@ class LeanKvRuntime {
   // token); 0 for a sequence that does not decode.
   int64_t step_pages(SeqId seq) const;
   int64_t free_pages() const {
-    const int64_t* counters = counters_.data_ptr<int64_t>();
-    return counters[kv::leankv::kRecycled] - counters[kv::leankv::kAllocated];
+    return counter(kv::leankv::kRecycled) - counter(kv::leankv::kAllocated);
   }
 
  private:
   LeanKvRuntime() = default;
-  kv::leankv::PageManagerState manager();
+  // The page manager's operation on the given entries (amounts [n, 2] int32), on the device.
+  void pages(kernels::LeanKvPageOp op, const std::vector<int32_t>& entries,
+             const at::Tensor& amounts);
+  int64_t counter(int index) const;  // counters_[index] (read on the host: a sync on CUDA)
   int32_t entry(int32_t slot, int64_t layer, int64_t head) const {
     return static_cast<int32_t>((slot * num_layers_ + layer) * num_kv_heads_ + head);
   }
-  // (page, slot) of token i of an entry's section.
-  std::pair<int64_t, int64_t> token_cell(int32_t entry, kv::leankv::Precision p, int64_t i) const;
-  int64_t shortfall() const { return counters_.data_ptr<int64_t>()[kv::leankv::kShortfall]; }
 
   LeanKvConfig config_;
   kv::leankv::Thresholds thresholds_;
@@ -102,6 +106,7 @@ class LeanKvRuntime {
   int64_t num_layers_ = 0, num_heads_ = 0, num_kv_heads_ = 0, head_dim_ = 0, width_ = 0;
   int64_t capacity_ = 0;  // window slots: window + 1
   at::ScalarType dtype_ = at::kFloat;
+  kernels::KernelBackend backend_ = kernels::KernelBackend::kStrata;
   at::Tensor pages_, ring_, counters_, tables_, page_counts_, token_counts_;
   at::Tensor window_, window_acc_;
   std::unordered_map<SeqId, int32_t> slots_;  // sequences holding state

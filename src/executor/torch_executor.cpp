@@ -185,16 +185,12 @@ Status TorchExecutor::load(const model::ModelSource& source) {
   STRATA_RETURN_IF_ERROR(allocate_kv_pool());
   kernel_report_ = choose_kernels(config_, options_, device_, dtype_);
   if (options_.leankv.enabled) {
-    if (device_.is_cuda()) {
-      return failed_precondition_error(
-          "leankv serves CPU deployments only for now: its decode policy runs on the host "
-          "(docs/leankv.md)");
-    }
     if (options_.page_format || !options_.kv_formats.empty() || !options_.kv_head_groups.empty()) {
       return invalid_argument_error("leankv keeps its own page formats: drop kv_cache.page_format");
     }
     STRATA_ASSIGN_OR_RETURN(LeanKvRuntime runtime,
-                            LeanKvRuntime::create(options_.leankv, config_, dtype_));
+                            LeanKvRuntime::create(options_.leankv, config_, dtype_, device_,
+                                                  kernel_report_.backend(KernelOp::kLeanKv)));
     leankv_.emplace(std::move(runtime));
   }
   if (options_.freekv.enabled) {

@@ -170,7 +170,7 @@ def main():
         assert [o["op"] for o in ops] == ["rms_norm", "rotary", "paged_attention",
                                           "reshape_and_cache", "unpack_kv_blocks", "pack_kv_blocks",
                                           "freekv_select", "freekv_pages",
-                                          "freekv_attention", "krul_accumulate_rows"], body
+                                          "freekv_attention", "krul_accumulate_rows", "leankv"], body
         assert all(o["backend"] == "strata" and o["self_check"] == "passed" for o in ops), body
         metrics = server.metrics()
         assert metrics['strata_kernel_backend{op="paged_attention",backend="strata"}'] == 1

@@ -6,8 +6,10 @@
 //   every token (LeanKV's window stays exact), and every token is accounted for; with the paper's
 //   thresholds tokens are demoted and pruned, each token of each (layer, head) is in exactly one
 //   tier, and pages come back when the sequence ends;
-// - a pool too small for a prompt leaves that sequence on the KV pool, losing nothing.
+// - a pool too small for a prompt leaves that sequence on the KV pool, losing nothing;
+// - on a GPU, LeanKV on Strata's kernels decodes like the CPU path.
 
+#include <c10/cuda/CUDAFunctions.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -153,6 +155,39 @@ TEST_F(LeanKvExecutorTest, ThresholdsDemoteAndPruneAndEveryTokenIsInOneTier) {
   EXPECT_GE(same_argmax(got, expected), kDecode / 2) << "LeanKV's tokens stray far from the pool's";
   leankv->end_sequence(SeqId{3});
   EXPECT_EQ(leankv->leankv_counts().pages_used, 0);
+}
+
+// On a GPU (skipped without one; scripts/gpu-check.sh runs it): LeanKV's state on the device and
+// every step on Strata's kernels (quantize-on-append, decode attention, Algorithm 1, the page
+// manager) decodes like the CPU path in bfloat16: every step's logits close, every token in one
+// tier, the pages back when the sequence ends.
+TEST_F(LeanKvExecutorTest, OnCudaDecodesLikeOnTheCpu) {
+  if (c10::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  auto make_on = [](DeviceKind kind) {
+    ExecutorOptions options;
+    options.leankv = lean(1.0, 0.05, 16);
+    options.device = {kind, 0};
+    options.dtype = DType::kBFloat16;
+    StatusOr<std::unique_ptr<Executor>> executor = Executor::create(*source_, options);
+    EXPECT_TRUE(executor.ok()) << executor.status().to_string();
+    return executor.ok() ? std::move(executor).value() : nullptr;
+  };
+  std::unique_ptr<Executor> cpu = make_on(DeviceKind::kCpu), cuda = make_on(DeviceKind::kCuda);
+  ASSERT_NE(cpu, nullptr);
+  ASSERT_NE(cuda, nullptr);
+  EXPECT_EQ(cuda->kernel_report().backend(kernels::KernelOp::kLeanKv),
+            kernels::KernelBackend::kStrata);
+  constexpr int kPrompt = 200, kDecode = 40;
+  const auto expected = run(*cpu, SeqId{6}, kPrompt, kDecode);
+  const auto got = run(*cuda, SeqId{6}, kPrompt, kDecode, /*end=*/false);
+  ASSERT_EQ(got.size(), expected.size());
+  EXPECT_GE(same_argmax(got, expected), kDecode * 3 / 4);
+  const LeanKvCounts counts = cuda->leankv_counts();
+  EXPECT_EQ(counts.high + counts.low + counts.pruned,
+            (kPrompt + kDecode - 16) * kLayers * kKvHeads);
+  EXPECT_GT(counts.pages_used, 0);
+  cuda->end_sequence(SeqId{6});
+  EXPECT_EQ(cuda->leankv_counts().pages_used, 0);
 }
 
 TEST_F(LeanKvExecutorTest, APromptThatFindsNoPagesStaysOnThePool) {

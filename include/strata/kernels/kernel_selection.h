@@ -17,7 +17,9 @@ enum class KernelBackend { kStrata, kTorch };
 // kPackKvBlocks: raw chunks encoded for the store (kernels::pack_kv_blocks).
 // kFreeKv*: FreeKV's page selection, page layout conversions (offload and recall) and decode
 // attention (docs/freekv.md). kKrulAccumulateRows: Krul's decode-row statistics
-// (kernels::krul_accumulate_rows, docs/krul.md).
+// (kernels::krul_accumulate_rows, docs/krul.md). kLeanKv: LeanKV's page manager,
+// quantize-on-append, decode attention and decode step (Algorithm 1), checked and chosen together
+// (docs/leankv.md).
 enum class KernelOp {
   kRmsNorm,
   kRotary,
@@ -28,14 +30,17 @@ enum class KernelOp {
   kFreeKvSelect,
   kFreeKvPages,
   kFreeKvAttention,
-  kKrulAccumulateRows
+  kKrulAccumulateRows,
+  kLeanKv
 };
-inline constexpr int kNumKernelOps = 10;
+inline constexpr int kNumKernelOps = 11;
 inline constexpr std::array<KernelOp, kNumKernelOps> kAllKernelOps = {
-    KernelOp::kRmsNorm,           KernelOp::kRotary,         KernelOp::kPagedAttention,
-    KernelOp::kReshapeAndCache,   KernelOp::kUnpackKvBlocks, KernelOp::kPackKvBlocks,
-    KernelOp::kFreeKvSelect,      KernelOp::kFreeKvPages,    KernelOp::kFreeKvAttention,
-    KernelOp::kKrulAccumulateRows};
+    KernelOp::kRmsNorm,         KernelOp::kRotary,
+    KernelOp::kPagedAttention,  KernelOp::kReshapeAndCache,
+    KernelOp::kUnpackKvBlocks,  KernelOp::kPackKvBlocks,
+    KernelOp::kFreeKvSelect,    KernelOp::kFreeKvPages,
+    KernelOp::kFreeKvAttention, KernelOp::kKrulAccumulateRows,
+    KernelOp::kLeanKv};
 
 inline const char* kernel_op_name(KernelOp op) {
   switch (op) {
@@ -59,6 +64,8 @@ inline const char* kernel_op_name(KernelOp op) {
       return "freekv_attention";
     case KernelOp::kKrulAccumulateRows:
       return "krul_accumulate_rows";
+    case KernelOp::kLeanKv:
+      return "leankv";
   }
   return "?";
 }

@@ -5,9 +5,12 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 
 #include "strata/kernels/kernel_selection.h"
 #include "strata/kv/kv_format.h"
+#include "strata/kv/leankv_decision.h"
+#include "strata/kv/leankv_page_format.h"
 
 namespace at {
 class Tensor;
@@ -108,5 +111,44 @@ at::Tensor freekv_attention(const at::Tensor& q, const at::Tensor& resident_k,
                             const at::Tensor& resident_v, const at::Tensor& cache_k,
                             const at::Tensor& cache_v, const at::Tensor& slots, double scale,
                             KernelBackend backend = KernelBackend::kStrata);
+
+// LeanKV (docs/leankv.md; kernels::aten's leankv_* contracts, leankv_ops.h; launchers in ops.h).
+// Every tensor on the pool's device, contiguous. On CUDA Strata's kernels run on the current
+// stream (the attention for float16/bfloat16 queries, head_dim 64 or 128 and groups of at most 8
+// query heads; the rest for head_dim 64 or 128); CPU tensors and kTorch run libtorch. Throws
+// c10::Error on a bad dtype or device.
+//
+// The page manager (kv/leankv_pages.h) over tensors: ring [P] int32, counters [3] int64, tables
+// [E, W] int32, counts [E, 2] int32; entries [n] int32, amounts [n, 2] int32. CPU tensors run the
+// sequential implementation; CUDA runs the kernels with no host round-trip (kTorch: the
+// sequential one over host copies).
+enum class LeanKvPageOp { kAllocate, kRelease, kSplit };
+void leankv_pages(LeanKvPageOp op, at::Tensor& ring, at::Tensor& counters, at::Tensor& tables,
+                  at::Tensor& counts, const at::Tensor& entries, const at::Tensor& amounts,
+                  KernelBackend backend = KernelBackend::kStrata);
+void leankv_write_tokens(at::Tensor& pool, const kv::leankv::PageFormat& format,
+                         kv::leankv::Precision precision, const at::Tensor& page,
+                         const at::Tensor& slot, const at::Tensor& key, const at::Tensor& value,
+                         const at::Tensor& acc, const at::Tensor& position,
+                         KernelBackend backend = KernelBackend::kStrata);
+// max_tokens: at least every (sequence, KV head)'s stored plus window tokens (the kernel's
+// workspace; libtorch does not read it).
+at::Tensor leankv_decode_attention(const at::Tensor& q, at::Tensor& pool,
+                                   const kv::leankv::PageFormat& format, const at::Tensor& tables,
+                                   const at::Tensor& token_counts, const at::Tensor& entries,
+                                   const at::Tensor& window, const at::Tensor& window_lens,
+                                   at::Tensor& window_acc, int64_t max_tokens, double scale,
+                                   KernelBackend backend = KernelBackend::kStrata);
+std::pair<at::Tensor, at::Tensor> leankv_settle_plan(
+    const at::Tensor& pool, const kv::leankv::PageFormat& format, const at::Tensor& tables,
+    const at::Tensor& token_counts, const at::Tensor& entries, const at::Tensor& lengths,
+    const at::Tensor& candidate, const kv::leankv::Thresholds& thresholds,
+    KernelBackend backend = KernelBackend::kStrata);
+void leankv_settle_apply(at::Tensor& pool, const kv::leankv::PageFormat& format,
+                         const at::Tensor& tables, at::Tensor& token_counts,
+                         const at::Tensor& entries, const at::Tensor& actions,
+                         const at::Tensor& key, const at::Tensor& value, const at::Tensor& acc,
+                         const at::Tensor& position,
+                         KernelBackend backend = KernelBackend::kStrata);
 
 }  // namespace strata::kernels

@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 
 #include "launch_params.h"
@@ -125,6 +126,76 @@ inline void emulated_krul_accumulate_rows(const at::Tensor& rows, const at::Tens
   launch_krul_accumulate_rows(krul_rows_params(rows, lengths, squared, edge_mass), nullptr);
 }
 
+// LeanKV: the page manager's kernels over the tensors' memory; the attention's workspace and
+// the plan's outputs start poisoned.
+inline void emulated_leankv_pages(LeanKvPageOp op, at::Tensor& ring, at::Tensor& counters,
+                                  at::Tensor& tables, at::Tensor& counts, const at::Tensor& entries,
+                                  const at::Tensor& amounts) {
+  const kv::leankv::PageManagerState state{ring.data_ptr<int32_t>(),
+                                           counters.data_ptr<int64_t>(),
+                                           tables.data_ptr<int32_t>(),
+                                           counts.data_ptr<int32_t>(),
+                                           ring.size(0),
+                                           tables.size(0),
+                                           tables.size(1)};
+  const kv::leankv::PageBatch batch{entries.data_ptr<int32_t>(), amounts.data_ptr<int32_t>(),
+                                    entries.numel()};
+  if (op == LeanKvPageOp::kAllocate) launch_leankv_allocate(state, batch, nullptr);
+  if (op == LeanKvPageOp::kRelease) launch_leankv_release(state, batch, nullptr);
+  if (op == LeanKvPageOp::kSplit) launch_leankv_split(state, batch, nullptr);
+}
+
+inline void emulated_leankv_write_tokens(at::Tensor& pool, const kv::leankv::PageFormat& format,
+                                         kv::leankv::Precision precision, const at::Tensor& page,
+                                         const at::Tensor& slot, const at::Tensor& key,
+                                         const at::Tensor& value, const at::Tensor& acc,
+                                         const at::Tensor& position) {
+  launch_leankv_write_tokens(
+      leankv_write_params(pool, format, precision, page, slot, key, value, acc, position), nullptr);
+}
+
+inline at::Tensor emulated_leankv_decode_attention(
+    const at::Tensor& q, at::Tensor& pool, const kv::leankv::PageFormat& format,
+    const at::Tensor& tables, const at::Tensor& token_counts, const at::Tensor& entries,
+    const at::Tensor& window, const at::Tensor& window_lens, at::Tensor& window_acc,
+    int64_t max_tokens, double scale) {
+  at::Tensor out = at::empty_like(q);
+  LeanKvDecodeParams params =
+      leankv_decode_params(out, q, pool, format, tables, token_counts, entries, window, window_lens,
+                           window_acc, max_tokens, scale);
+  at::Tensor workspace =
+      at::full({static_cast<int64_t>(leankv_decode_workspace_bytes(params) / sizeof(float))}, NAN);
+  params.workspace = workspace.data_ptr<float>();
+  launch_leankv_decode_attention(params, nullptr);
+  return out;
+}
+
+inline std::pair<at::Tensor, at::Tensor> emulated_leankv_settle_plan(
+    const at::Tensor& pool, const kv::leankv::PageFormat& format, const at::Tensor& tables,
+    const at::Tensor& token_counts, const at::Tensor& entries, const at::Tensor& lengths,
+    const at::Tensor& candidate, const kv::leankv::Thresholds& thresholds) {
+  const int64_t m = entries.size(0);
+  at::Tensor actions = at::full({m, 3}, -7, at::kInt), amounts = at::full({m, 2}, -7, at::kInt);
+  at::Tensor bytes = pool, counts = token_counts;
+  launch_leankv_settle_plan(
+      leankv_settle_params(bytes, format, tables, counts, entries, lengths, candidate, thresholds,
+                           actions, amounts, {}, {}, {}, {}),
+      nullptr);
+  return {actions, amounts};
+}
+
+inline void emulated_leankv_settle_apply(at::Tensor& pool, const kv::leankv::PageFormat& format,
+                                         const at::Tensor& tables, at::Tensor& token_counts,
+                                         const at::Tensor& entries, const at::Tensor& actions,
+                                         const at::Tensor& key, const at::Tensor& value,
+                                         const at::Tensor& acc, const at::Tensor& position) {
+  at::Tensor a = actions, none;
+  launch_leankv_settle_apply(
+      leankv_settle_params(pool, format, tables, token_counts, entries, {}, {},
+                           kv::leankv::Thresholds{}, a, none, key, value, acc, position),
+      nullptr);
+}
+
 inline KernelOpTable emulated_kernel_table() {
   return {emulated_rms_norm,
           emulated_rotary,
@@ -136,7 +207,12 @@ inline KernelOpTable emulated_kernel_table() {
           emulated_freekv_offload,
           emulated_freekv_recall,
           emulated_freekv_attention,
-          emulated_krul_accumulate_rows};
+          emulated_krul_accumulate_rows,
+          emulated_leankv_pages,
+          emulated_leankv_write_tokens,
+          emulated_leankv_decode_attention,
+          emulated_leankv_settle_plan,
+          emulated_leankv_settle_apply};
 }
 
 }  // namespace strata::kernels::testing

@@ -13,6 +13,8 @@
 #include "strata/kernels/freekv_ops.h"
 #include "strata/kernels/krul_ops.h"
 #include "strata/kernels/kv_format_ops.h"
+#include "strata/kernels/leankv_ops.h"
+#include "strata/kv/leankv_pages.h"
 
 namespace strata::kernels {
 namespace {
@@ -39,6 +41,32 @@ KernelOpTable libtorch_table() {
   t.freekv_recall = aten::freekv_recall;
   t.freekv_attention = aten::freekv_attention;
   t.krul_accumulate_rows = aten::krul_accumulate_rows;
+  t.leankv_pages = [](LeanKvPageOp op, at::Tensor& ring, at::Tensor& counters, at::Tensor& tables,
+                      at::Tensor& counts, const at::Tensor& entries, const at::Tensor& amounts) {
+    const kv::leankv::PageManagerState state{ring.data_ptr<int32_t>(),
+                                             counters.data_ptr<int64_t>(),
+                                             tables.data_ptr<int32_t>(),
+                                             counts.data_ptr<int32_t>(),
+                                             ring.size(0),
+                                             tables.size(0),
+                                             tables.size(1)};
+    const kv::leankv::PageBatch batch{entries.data_ptr<int32_t>(), amounts.data_ptr<int32_t>(),
+                                      entries.numel()};
+    if (op == LeanKvPageOp::kAllocate) kv::leankv::allocate_pages(state, batch);
+    if (op == LeanKvPageOp::kRelease) kv::leankv::release_pages(state, batch);
+    if (op == LeanKvPageOp::kSplit) kv::leankv::split_pages(state, batch);
+  };
+  t.leankv_write_tokens = aten::leankv_write_tokens;
+  t.leankv_decode_attention = [](const at::Tensor& q, at::Tensor& pool,
+                                 const kv::leankv::PageFormat& format, const at::Tensor& tables,
+                                 const at::Tensor& token_counts, const at::Tensor& entries,
+                                 const at::Tensor& window, const at::Tensor& window_lens,
+                                 at::Tensor& window_acc, int64_t /*max_tokens*/, double scale) {
+    return aten::leankv_decode_attention(q, pool, format, tables, token_counts, entries, window,
+                                         window_lens, window_acc, scale);
+  };
+  t.leankv_settle_plan = aten::leankv_settle_plan;
+  t.leankv_settle_apply = aten::leankv_settle_apply;
   return t;
 }
 
@@ -89,6 +117,11 @@ TEST(KernelSelfCheck, AWrongKernelFallsBackToLibtorch) {
     return testing::emulated_freekv_select(q, kmin, kmax, top_k + 1, scale)  // one page more
         .narrow(1, 1, top_k);
   };
+  // A decode step that forgets to write its tokens.
+  broken.leankv_settle_apply = [](at::Tensor&, const kv::leankv::PageFormat&, const at::Tensor&,
+                                  at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                  const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                  const at::Tensor&) {};
   const KernelReport r = run_kernel_self_check(broken, libtorch_table(), smollm2_shape());
   const OpCheck& norm = check_of(r, KernelOp::kRmsNorm);
   EXPECT_EQ(norm.result, SelfCheckResult::kMismatch);
@@ -107,6 +140,8 @@ TEST(KernelSelfCheck, AWrongKernelFallsBackToLibtorch) {
   EXPECT_EQ(r.backend(KernelOp::kReshapeAndCache), KernelBackend::kStrata);
   EXPECT_EQ(r.backend(KernelOp::kFreeKvSelect), KernelBackend::kTorch);
   EXPECT_EQ(r.backend(KernelOp::kFreeKvAttention), KernelBackend::kStrata);
+  EXPECT_EQ(check_of(r, KernelOp::kLeanKv).result, SelfCheckResult::kMismatch);
+  EXPECT_EQ(r.backend(KernelOp::kLeanKv), KernelBackend::kTorch);
 }
 
 }  // namespace
