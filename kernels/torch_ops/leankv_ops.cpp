@@ -149,16 +149,17 @@ std::pair<at::Tensor, at::Tensor> leankv_token_slots(const PageFormat& format, P
                                                      const at::Tensor& token_counts,
                                                      const at::Tensor& entries) {
   const at::Tensor e = entries.to(tables.device(), at::kLong).reshape({-1});
-  const at::Tensor n = token_counts.to(tables.device(), at::kLong)
+  const at::Tensor n = token_counts.to(tables.device())
                            .index_select(0, e)
-                           .select(1, static_cast<int64_t>(precision));
+                           .select(1, static_cast<int64_t>(precision))
+                           .to(at::kLong);
   const at::Tensor entry_of = at::repeat_interleave(e, n);
   const at::Tensor i = at::arange(entry_of.size(0), e.options()) -
                        at::repeat_interleave(at::cumsum(n, 0) - n, n);  // index in its entry
   const int64_t per_page = format.tokens_per_page(precision), w = tables.size(1);
   const at::Tensor column =
       precision == Precision::kHigh ? i.div(per_page, "floor") : (w - 1) - i.div(per_page, "floor");
-  return {tables.to(at::kLong).reshape({-1}).index_select(0, entry_of * w + column),
+  return {tables.reshape({-1}).index_select(0, entry_of * w + column).to(at::kLong),
           i.remainder(per_page)};
 }
 
@@ -269,7 +270,9 @@ std::pair<at::Tensor, at::Tensor> leankv_settle_plan(
   const int64_t m = entries.size(0), pb = format.page_bytes();
   const at::Tensor length = lengths.to(pool.device(), at::kLong);
   const at::Tensor counts =
-      token_counts.to(at::kCPU, at::kLong).index_select(0, entries.to(at::kCPU, at::kLong));
+      token_counts.index_select(0, entries.to(token_counts.device(), at::kLong))
+          .to(at::kCPU, at::kLong)
+          .contiguous();
   // Every stored token's score, per precision, entry after entry (leankv_token_slots' order).
   at::Tensor scores[2];
   for (const Precision p : {Precision::kHigh, Precision::kLow}) {
@@ -292,7 +295,7 @@ std::pair<at::Tensor, at::Tensor> leankv_settle_plan(
     std::span<const float> tier[2];
     int64_t n[2];
     for (int p = 0; p < 2; ++p) {
-      n[p] = counts[i][p].item<int64_t>();
+      n[p] = counts.data_ptr<int64_t>()[2 * i + p];
       tier[p] = {scores[p].data_ptr<float>() + offset[p], static_cast<size_t>(n[p])};
       offset[p] += n[p];
     }
