@@ -29,6 +29,16 @@ void check_on(const at::Tensor& t, const char* name, const at::Tensor& like, at:
   TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
 }
 
+// Rows written into the pool: key and value [n, d] of one float dtype, acc float32, position
+// int32, contiguous on the pool's device.
+void check_rows(const at::Tensor& pool, const at::Tensor& key, const at::Tensor& value,
+                const at::Tensor& acc, const at::Tensor& position) {
+  check_on(key, "key", pool, key.scalar_type());
+  check_on(value, "value", key, key.scalar_type());
+  check_on(acc, "acc", pool, at::kFloat);
+  check_on(position, "position", pool, at::kInt);
+}
+
 bool head_dim_served(int64_t d) { return d == 64 || d == 128; }
 
 cudaStream_t stream_of(const at::Tensor& t) {
@@ -102,11 +112,7 @@ void leankv_write_tokens(at::Tensor& pool, const PageFormat& format,
   }
   check_on(page, "page", pool, at::kLong);
   check_on(slot, "slot", pool, at::kLong);
-  check_on(value, "value", key, key.scalar_type());
-  check_on(acc, "acc", pool, at::kFloat);
-  check_on(position, "position", pool, at::kInt);
-  TORCH_CHECK(key.is_contiguous() && key.device() == pool.device(), "key must be contiguous on ",
-              pool.device());
+  check_rows(pool, key, value, acc, position);
   const c10::cuda::CUDAGuard guard(pool.device());
   launch_leankv_write_tokens(
       leankv_write_params(pool, format, precision, page, slot, key, value, acc, position),
@@ -185,11 +191,7 @@ void leankv_settle_apply(at::Tensor& pool, const PageFormat& format, const at::T
   check_on(token_counts, "token_counts", pool, at::kInt);
   check_on(entries, "entries", pool, at::kInt);
   check_on(actions, "actions", pool, at::kInt);
-  check_on(value, "value", key, key.scalar_type());
-  check_on(acc, "acc", pool, at::kFloat);
-  check_on(position, "position", pool, at::kInt);
-  TORCH_CHECK(key.is_contiguous() && key.device() == pool.device(), "key must be contiguous on ",
-              pool.device());
+  check_rows(pool, key, value, acc, position);
   const c10::cuda::CUDAGuard guard(pool.device());
   at::Tensor a = actions, none;
   launch_leankv_settle_apply(

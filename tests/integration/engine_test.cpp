@@ -307,8 +307,10 @@ TEST(EngineTest, ParallelSamplesForkAfterOnePrefill) {
   EXPECT_NE(draws[0].tokens, draws[1].tokens);
   EXPECT_NE(draws[1].tokens, draws[2].tokens);
 
-  // A fork cancelled before it started ends at once; the others run to their end.
-  sampled.sampling.max_tokens = 8;
+  // A fork cancelled right after submission ends with an abort; the others run to their end.
+  // Long enough (256 tokens) that the cancel always lands before the fork could finish, also
+  // when the suite's other tests hold the cores (8 tokens once finished first under load).
+  sampled.sampling.max_tokens = 256;
   streams = engine->submit_parallel(sampled, 2);
   ASSERT_TRUE(streams.ok());
   engine->cancel((*streams)[1]->id());

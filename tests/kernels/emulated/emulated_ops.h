@@ -128,18 +128,26 @@ inline void emulated_krul_accumulate_rows(const at::Tensor& rows, const at::Tens
 
 // LeanKV: the page manager's kernels over the tensors' memory; the attention's workspace and
 // the plan's outputs start poisoned.
+// The page manager's state and a step's batch over CPU tensors (torch_ops.h's leankv_pages shapes).
+inline kv::leankv::PageManagerState page_state(at::Tensor& ring, at::Tensor& counters,
+                                               at::Tensor& tables, at::Tensor& counts) {
+  return {ring.data_ptr<int32_t>(),
+          counters.data_ptr<int64_t>(),
+          tables.data_ptr<int32_t>(),
+          counts.data_ptr<int32_t>(),
+          ring.size(0),
+          tables.size(0),
+          tables.size(1)};
+}
+inline kv::leankv::PageBatch page_batch(const at::Tensor& entries, const at::Tensor& amounts) {
+  return {entries.data_ptr<int32_t>(), amounts.data_ptr<int32_t>(), entries.numel()};
+}
+
 inline void emulated_leankv_pages(LeanKvPageOp op, at::Tensor& ring, at::Tensor& counters,
                                   at::Tensor& tables, at::Tensor& counts, const at::Tensor& entries,
                                   const at::Tensor& amounts) {
-  const kv::leankv::PageManagerState state{ring.data_ptr<int32_t>(),
-                                           counters.data_ptr<int64_t>(),
-                                           tables.data_ptr<int32_t>(),
-                                           counts.data_ptr<int32_t>(),
-                                           ring.size(0),
-                                           tables.size(0),
-                                           tables.size(1)};
-  const kv::leankv::PageBatch batch{entries.data_ptr<int32_t>(), amounts.data_ptr<int32_t>(),
-                                    entries.numel()};
+  const kv::leankv::PageManagerState state = page_state(ring, counters, tables, counts);
+  const kv::leankv::PageBatch batch = page_batch(entries, amounts);
   if (op == LeanKvPageOp::kAllocate) launch_leankv_allocate(state, batch, nullptr);
   if (op == LeanKvPageOp::kRelease) launch_leankv_release(state, batch, nullptr);
   if (op == LeanKvPageOp::kSplit) launch_leankv_split(state, batch, nullptr);

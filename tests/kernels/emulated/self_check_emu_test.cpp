@@ -43,15 +43,8 @@ KernelOpTable libtorch_table() {
   t.krul_accumulate_rows = aten::krul_accumulate_rows;
   t.leankv_pages = [](LeanKvPageOp op, at::Tensor& ring, at::Tensor& counters, at::Tensor& tables,
                       at::Tensor& counts, const at::Tensor& entries, const at::Tensor& amounts) {
-    const kv::leankv::PageManagerState state{ring.data_ptr<int32_t>(),
-                                             counters.data_ptr<int64_t>(),
-                                             tables.data_ptr<int32_t>(),
-                                             counts.data_ptr<int32_t>(),
-                                             ring.size(0),
-                                             tables.size(0),
-                                             tables.size(1)};
-    const kv::leankv::PageBatch batch{entries.data_ptr<int32_t>(), amounts.data_ptr<int32_t>(),
-                                      entries.numel()};
+    const kv::leankv::PageManagerState state = testing::page_state(ring, counters, tables, counts);
+    const kv::leankv::PageBatch batch = testing::page_batch(entries, amounts);
     if (op == LeanKvPageOp::kAllocate) kv::leankv::allocate_pages(state, batch);
     if (op == LeanKvPageOp::kRelease) kv::leankv::release_pages(state, batch);
     if (op == LeanKvPageOp::kSplit) kv::leankv::split_pages(state, batch);
