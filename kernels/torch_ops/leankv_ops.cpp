@@ -129,10 +129,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> leankv_read_tokens(
             at::empty({0, d}, options.dtype(at::kFloat)), at::empty({0}, options.dtype(at::kFloat)),
             at::empty({0}, options.dtype(at::kInt))};
   }
-  const at::Tensor flat = pool.view({-1});
-  auto take = [&](const at::Tensor& idx) {
-    return flat.index_select(0, idx.reshape({-1})).view({n, -1});
-  };
+  auto take = [&](const at::Tensor& idx) { return take_rows(pool, idx); };
   at::Tensor key = dequantize(
       take(data_indices(page, slot, pb, s.key_data, s.tokens, s.key_chunk, d * bits.key / 8)),
       take(row_indices(page, slot, pb, s.key_params, 4)), bits.key, d);

@@ -61,6 +61,10 @@ StatusOr<LeanKvRuntime> LeanKvRuntime::create(const LeanKvConfig& config,
     r.tables_ = at::full({entries, r.width_}, -1, on(at::kInt));
     r.page_counts_ = at::zeros({entries, 2}, on(at::kInt));
     r.token_counts_ = at::zeros({entries, 2}, on(at::kInt));
+    r.tokens_per_page_ = at::tensor(std::vector<int32_t>{format.tokens_per_page(Precision::kHigh),
+                                                         format.tokens_per_page(Precision::kLow)},
+                                    at::kInt)
+                             .to(device);
     r.window_ = at::zeros(
         {r.num_layers_, config.max_sequences, 2, r.num_kv_heads_, r.capacity_, r.head_dim_},
         on(dtype));
@@ -339,14 +343,9 @@ int64_t LeanKvRuntime::step_pages(SeqId seq) const {
   auto it = slots_.find(seq);
   if (it == slots_.end()) return 0;
   const int64_t heads = num_layers_ * num_kv_heads_, first = entry(it->second, 0, 0);
-  const at::Tensor per_page =
-      at::tensor(std::vector<int32_t>{format_.tokens_per_page(Precision::kHigh),
-                                      format_.tokens_per_page(Precision::kLow)},
-                 at::kInt)
-          .to(token_counts_.device());
   // An entry whose high or low section has filled its last page.
-  const at::Tensor full =
-      token_counts_.narrow(0, first, heads) >= page_counts_.narrow(0, first, heads) * per_page;
+  const at::Tensor full = token_counts_.narrow(0, first, heads) >=
+                          page_counts_.narrow(0, first, heads) * tokens_per_page_;
   return full.any(1).sum().item<int64_t>();
 }
 

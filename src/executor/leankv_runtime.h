@@ -108,6 +108,7 @@ class LeanKvRuntime {
   at::ScalarType dtype_ = at::kFloat;
   kernels::KernelBackend backend_ = kernels::KernelBackend::kStrata;
   at::Tensor pages_, ring_, counters_, tables_, page_counts_, token_counts_;
+  at::Tensor tokens_per_page_;  // int32 [2]: a high and a low page's tokens (step_pages)
   at::Tensor window_, window_acc_;
   std::unordered_map<SeqId, int32_t> slots_;  // sequences holding state
   std::vector<int32_t> free_slots_;
