@@ -164,27 +164,28 @@ at::Tensor krul_unmerge(const at::Tensor& direction, const at::Tensor& magnitude
 
 namespace {
 
-// The shallow layer's slot among the stored layers (those that are no pair's deep layer).
-std::vector<int64_t> stored_layers(int64_t layers, const std::vector<kv::krul::LayerPair>& pairs) {
-  std::vector<bool> deep(static_cast<size_t>(layers), false);
-  for (const kv::krul::LayerPair& p : pairs) {
+// Each layer's role in `pairs`: deep_pair[l] is the pair whose deep layer l is (-1: none) and
+// shallow[l] whether l is a pair's shallow layer (its data is stored at its deep layer's place).
+struct PairRoles {
+  std::vector<int64_t> deep_pair;
+  std::vector<bool> shallow;
+};
+
+PairRoles pair_roles(int64_t layers, const std::vector<kv::krul::LayerPair>& pairs) {
+  PairRoles roles{std::vector<int64_t>(static_cast<size_t>(layers), -1),
+                  std::vector<bool>(static_cast<size_t>(layers), false)};
+  for (size_t i = 0; i < pairs.size(); ++i) {
+    const kv::krul::LayerPair& p = pairs[i];
     TORCH_CHECK(p.shallow >= 0 && p.shallow < p.deep && p.deep < layers, "layer pair (", p.shallow,
                 ", ", p.deep, ") of ", layers, " layers");
-    TORCH_CHECK(!deep[static_cast<size_t>(p.deep)], "layer ", p.deep, " in two pairs");
-    deep[static_cast<size_t>(p.deep)] = true;
+    const auto shallow = static_cast<size_t>(p.shallow), deep = static_cast<size_t>(p.deep);
+    TORCH_CHECK(roles.deep_pair[shallow] < 0 && !roles.shallow[shallow] &&
+                    roles.deep_pair[deep] < 0 && !roles.shallow[deep],
+                "layer pair (", p.shallow, ", ", p.deep, ") overlaps another");
+    roles.deep_pair[deep] = static_cast<int64_t>(i);
+    roles.shallow[shallow] = true;
   }
-  std::vector<int64_t> stored;
-  for (int64_t l = 0; l < layers; ++l) {
-    if (!deep[static_cast<size_t>(l)]) stored.push_back(l);
-  }
-  for (const kv::krul::LayerPair& p : pairs) {
-    TORCH_CHECK(!deep[static_cast<size_t>(p.shallow)], "layer ", p.shallow, " in two pairs");
-  }
-  return stored;
-}
-
-int64_t slot_of(const std::vector<int64_t>& stored, int64_t layer) {
-  return std::lower_bound(stored.begin(), stored.end(), layer) - stored.begin();
+  return roles;
 }
 
 // Bytes of one tensor per chunk: x [n, ...] -> uint8 [n, bytes].
@@ -211,11 +212,19 @@ at::Tensor krul_merge_chunks(const at::Tensor& chunks, const kv::krul::MergedFor
               " pairs for a form of ", form.pairs);
   const int64_t n = chunks.size(0), layers = chunks.size(1), heads = chunks.size(3);
   const int64_t block = chunks.size(4), d = chunks.size(5), r = form.retained;
-  const std::vector<int64_t> stored = stored_layers(layers, pairs);
+  const PairRoles roles = pair_roles(layers, pairs);
   const auto long_opts = chunks.options().dtype(at::kLong);
-  at::Tensor body = chunks.index_select(1, at::tensor(stored, at::kLong).to(chunks.device()));
   std::vector<at::Tensor> parts;
-  for (const kv::krul::LayerPair& p : pairs) {
+  for (int64_t l = 0; l < layers; ++l) {
+    if (roles.shallow[static_cast<size_t>(l)]) continue;
+    const int64_t pair = roles.deep_pair[static_cast<size_t>(l)];
+    if (pair < 0) {
+      parts.push_back(as_bytes(chunks.select(1, l)));
+      continue;
+    }
+    const kv::krul::LayerPair& p = pairs[static_cast<size_t>(pair)];
+    at::Tensor direction = at::empty_like(chunks.select(1, l));  // [n, 2, heads, block, d]
+    std::vector<at::Tensor> side;
     for (int64_t kv = 0; kv < 2; ++kv) {
       // [n, heads, block, d] -> tokens [n * block, heads, d], retention judged per chunk.
       const auto tokens = [&](int64_t layer) {
@@ -223,10 +232,8 @@ at::Tensor krul_merge_chunks(const at::Tensor& chunks, const kv::krul::MergedFor
       };
       auto [e, m, retained, originals] =
           krul_merge(tokens(p.shallow), tokens(p.deep), form.slerp_t, form.retain, r, block);
-      body.select(1, slot_of(stored, p.shallow))
-          .select(1, kv)
-          .copy_(e.view({n, block, heads, d}).permute({0, 2, 1, 3}));
-      parts.push_back(as_bytes(m.view({2, n, block, heads}).transpose(0, 1)));
+      direction.select(1, kv).copy_(e.view({n, block, heads, d}).permute({0, 2, 1, 3}));
+      side.push_back(as_bytes(m.view({2, n, block, heads}).transpose(0, 1)));
       // Chunk c's retained vectors, ascending, in slots [0, count) of its r.
       const int64_t per_chunk = block * heads;
       const at::Tensor chunk = at::floor_divide(retained, per_chunk);
@@ -240,11 +247,12 @@ at::Tensor krul_merge_chunks(const at::Tensor& chunks, const kv::krul::MergedFor
         index.index_put_({chunk, slot}, retained - chunk * per_chunk);
         kept.permute({0, 2, 1, 3}).index_put_({chunk, slot}, originals.transpose(0, 1));
       }
-      parts.push_back(as_bytes(index.to(at::kInt)));
-      parts.push_back(as_bytes(kept));
+      side.push_back(as_bytes(index.to(at::kInt)));
+      side.push_back(as_bytes(kept));
     }
+    parts.push_back(as_bytes(direction));
+    parts.insert(parts.end(), side.begin(), side.end());
   }
-  parts.insert(parts.begin(), as_bytes(body));
   return at::cat(parts, 1);
 }
 
@@ -260,7 +268,7 @@ at::Tensor krul_unmerge_chunks(const at::Tensor& merged, const kv::krul::MergedF
                   merged.size(1) == krul_merged_chunk_bytes(form, layers, heads, block, d, es),
               "krul_unmerge_chunks: ", merged.sizes(), " is not the merged form of ", layers,
               " layers");
-  const std::vector<int64_t> stored = stored_layers(layers, pairs);
+  const PairRoles roles = pair_roles(layers, pairs);
   int64_t offset = 0;
   // The next `bytes` of every chunk as `type` [n, ...].
   const auto field = [&](int64_t bytes, c10::ScalarType type) {
@@ -269,11 +277,16 @@ at::Tensor krul_unmerge_chunks(const at::Tensor& merged, const kv::krul::MergedF
     return f;
   };
   const int64_t layer_bytes = 2 * heads * block * d * es;
-  const at::Tensor body = field(std::ssize(stored) * layer_bytes, dtype)
-                              .view({n, std::ssize(stored), 2, heads, block, d});
   at::Tensor out = at::empty({n, layers, 2, heads, block, d}, merged.options().dtype(dtype));
-  out.index_copy_(1, at::tensor(stored, at::kLong).to(merged.device()), body);
-  for (const kv::krul::LayerPair& p : pairs) {
+  for (int64_t l = 0; l < layers; ++l) {
+    if (roles.shallow[static_cast<size_t>(l)]) continue;
+    const at::Tensor stored = field(layer_bytes, dtype).view({n, 2, heads, block, d});
+    const int64_t pair = roles.deep_pair[static_cast<size_t>(l)];
+    if (pair < 0) {
+      out.select(1, l).copy_(stored);
+      continue;
+    }
+    const kv::krul::LayerPair& p = pairs[static_cast<size_t>(pair)];
     for (int64_t kv = 0; kv < 2; ++kv) {
       const at::Tensor m = field(2 * block * heads * 4, at::kFloat).view({n, 2, block, heads});
       const at::Tensor index = field(r * 4, at::kInt).to(at::kLong);  // [n, r]
@@ -283,10 +296,8 @@ at::Tensor krul_unmerge_chunks(const at::Tensor& merged, const kv::krul::MergedF
       const at::Tensor chunk = valid.select(1, 0), slot = valid.select(1, 1);
       const at::Tensor retained = index.index({chunk, slot}) + chunk * block * heads;
       const at::Tensor originals = kept.permute({0, 2, 1, 3}).index({chunk, slot}).transpose(0, 1);
-      const at::Tensor direction = body.select(1, slot_of(stored, p.shallow))
-                                       .select(1, kv)
-                                       .permute({0, 2, 1, 3})
-                                       .reshape({n * block, heads, d});
+      const at::Tensor direction =
+          stored.select(1, kv).permute({0, 2, 1, 3}).reshape({n * block, heads, d});
       const at::Tensor both =
           krul_unmerge(direction, m.transpose(0, 1).reshape({2, n * block, heads}),
                        retained.view({-1}), originals.reshape({2, -1, d}));

@@ -512,13 +512,14 @@ Status KvStoreSection::validate() const {
     return invalid_argument_error(
         "kv_store.fixed_codec layer-merge needs kv_store.layer_pairing krul or minicache");
   }
-  if (stored_suffix && (restore_mode != store::RestoreMode::kKrul || adaptcache.enabled ||
-                        adaptcache.fixed_codec != "none" || layer_pairing != LayerPairing::kNone ||
-                        remote.enabled())) {
+  if (stored_suffix &&
+      (restore_mode != store::RestoreMode::kKrul || adaptcache.enabled ||
+       (adaptcache.fixed_codec != "none" && adaptcache.fixed_codec != "layer-merge") ||
+       remote.enabled())) {
     return invalid_argument_error(
         "kv_store.stored_suffix stores what Krul's restoration loads: it needs "
-        "kv_store.restore_mode krul, fixed_codec none, adaptcache false, layer_pairing none and "
-        "no remote_address (docs/krul.md decision 12)");
+        "kv_store.restore_mode krul, fixed_codec none or layer-merge, adaptcache false and no "
+        "remote_address (docs/krul.md decision 12)");
   }
   return Status();
 }

@@ -107,6 +107,16 @@ MergedForm merged_form(double share, double retain, int32_t num_layers, int64_t 
           .retain = retain};
 }
 
+int64_t merged_layer_offset(std::span<const LayerPair> pairs, int32_t layer, int64_t layer_bytes,
+                            int64_t pair_bytes) {
+  int64_t offset = static_cast<int64_t>(layer) * layer_bytes;
+  for (const LayerPair& p : pairs) {
+    if (p.shallow < layer) offset -= layer_bytes;
+    if (p.deep < layer) offset += pair_bytes;
+  }
+  return offset;
+}
+
 int32_t pair_count(double share, int32_t num_layers) {
   const auto layers = static_cast<int32_t>(std::ceil(share * num_layers - 1e-9));
   return std::min((std::max(layers, 0) + 1) / 2, num_layers / 2);

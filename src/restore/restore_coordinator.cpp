@@ -32,16 +32,15 @@ std::string store_session_key(const std::string& session) {
 }
 
 // Chunks are interchangeable only between engines of one model, pool format and geometry: a
-// stable digest (XXH3 over a versioned text) of those, persisted by the SSD tier.
+// stable digest (XXH3 over a versioned text) of those, persisted by the SSD tier. Version 2: the
+// layer merge's stored form in layer order (docs/krul.md decision 8).
 uint64_t layout_tag(uint64_t model_fingerprint, const kv::KvFormat& format,
                     int64_t block_size_tokens, int64_t chunk_bytes) {
   char text[256];
-  const int n = std::snprintf(text, sizeof(text),
-                              "strata-kv-layout/1 model=%016llx format=%s block=%lld chunk=%lld",
-                              static_cast<unsigned long long>(model_fingerprint),
-                              kv::format_name(format).c_str(),
-                              static_cast<long long>(block_size_tokens),
-                              static_cast<long long>(chunk_bytes));
+  const int n = std::snprintf(
+      text, sizeof(text), "strata-kv-layout/2 model=%016llx format=%s block=%lld chunk=%lld",
+      static_cast<unsigned long long>(model_fingerprint), kv::format_name(format).c_str(),
+      static_cast<long long>(block_size_tokens), static_cast<long long>(chunk_bytes));
   return XXH3_64bits(text, static_cast<size_t>(n));
 }
 

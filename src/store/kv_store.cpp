@@ -2,11 +2,13 @@
 // between tiers (demotion, prefetch, expiry, eviction) is in kv_store_io.cpp.
 #include "strata/store/kv_store.h"
 
-#include <algorithm>
-#include <utility>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <utility>
+
 #include "strata/common/check.h"
+#include "strata/kv/krul_policy.h"
 #include "strata/kv/prefix_hash.h"
 
 namespace strata::store {
@@ -21,6 +23,16 @@ const TierStats& StoreStats::tier(std::string_view name) const {
     return absent;
   }();
   return kAbsent;
+}
+
+int64_t KvStore::suffix_offset(const Item& item, const Chunk& chunk) const {
+  const int32_t pairs = options_.codecs[item.codec].merged_pairs;
+  if (chunk.first_layer == 0) return 0;
+  if (pairs == 0) return chunk.first_layer * layer_bytes();
+  const int64_t pair_bytes =
+      (value_bytes(item) - (options_.chunk_layers - pairs) * layer_bytes()) / pairs;
+  return kv::krul::merged_layer_offset(item.layer_pairs, chunk.first_layer, layer_bytes(),
+                                       pair_bytes);
 }
 
 bool KvStore::Item::only_in(TierIndex t) const {

@@ -159,7 +159,7 @@ bool KvStore::write_down(ItemId id, TierIndex t, std::unique_lock<std::mutex>& l
       item.suffix_chunks = item.suffix_chunks || c.first_layer > 0;
     }
     keys.push_back({id, static_cast<int32_t>(i), c.hash, c.first_layer});
-    const int64_t offset = suffix_offset(c);
+    const int64_t offset = suffix_offset(item, c);
     values.emplace_back(c.dram + offset, static_cast<size_t>(value_bytes(item) - offset));
     dram_bytes += value_bytes(item) - offset;
   }
@@ -221,7 +221,7 @@ Status KvStore::fetch(ItemId id, int64_t first, int64_t count, std::vector<Align
   Status status;
   for (int64_t i = first; i < first + count; ++i) {
     if (item.chunks[i].dram != nullptr) continue;
-    offsets[i - first] = suffix_offset(item.chunks[i]);
+    offsets[i - first] = suffix_offset(item, item.chunks[i]);
     const TierIndex t = source_of(item.chunks[i]);
     if (t < 0) {
       status = Status(StatusCode::kUnavailable, "KV store: chunk " + std::to_string(i) +
@@ -252,7 +252,7 @@ Status KvStore::fetch(ItemId id, int64_t first, int64_t count, std::vector<Align
     status = tiers_[t]->get(id, wanted[t], got);
     for (size_t j = 0; status.ok() && j < got.size(); ++j) {
       read_bytes[t] += got[j].size();
-      // A stored suffix fills the chunk's tail (its leading layers are left as they are).
+      // A stored suffix fills the chunk's tail; the bytes before it are zeros.
       const int64_t offset = offsets[wanted[t][j] - first];
       std::span<std::byte> raw;
       if (direct != nullptr) {
@@ -274,6 +274,7 @@ Status KvStore::fetch(ItemId id, int64_t first, int64_t count, std::vector<Align
         keys.push_back({id, wanted[t][j], {}, 0});
         values.emplace_back(raw.data(), raw.size());
       }
+      std::fill_n(raw.data(), offset, std::byte{0});  // what the stored suffix left out
       status = decode(tiers_[t]->codec(), got[j].bytes(), raw.subspan(static_cast<size_t>(offset)));
     }
     read_chunks[t] = std::ssize(wanted[t]);

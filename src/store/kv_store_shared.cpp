@@ -51,8 +51,12 @@ bool KvStore::adopt_item(TierIndex t, const RecoveredItem& r) {
   }
   // An item another tier recovered too keeps the chunks both agree on.
   for (const ChunkKey& key : r.chunks) {
-    // A stored suffix is a raw chunk's tail of whole layers.
-    if (key.first_layer > 0 && (item.codec != 0 || key.first_layer >= options_.chunk_layers)) break;
+    // A stored suffix is a raw or layer-merged chunk's tail from a layer on.
+    if (key.first_layer > 0 &&
+        ((item.codec != 0 && options_.codecs[item.codec].merged_pairs == 0) ||
+         key.first_layer >= options_.chunk_layers)) {
+      break;
+    }
     if (key.index < std::ssize(item.chunks)) {
       const Chunk& known = item.chunks[key.index];
       if (known.hash != key.hash || known.first_layer != key.first_layer) break;

@@ -1,7 +1,7 @@
 // The store's lossy codecs and stored forms with the engine on the real default model, float32 on
 // the CPU (label: model): KIVI (AdaptCache), the task families of AdaptCache's profile, Krul's
 // layer merge of a conversation's layer pairs, H2O's heavy hitters (Krul's H2O baseline), and
-// Krul's stored suffix.
+// Krul's stored suffix, alone and of merged layer pairs.
 #include "engine_store_fixture.h"
 
 namespace strata::engine {
@@ -314,6 +314,84 @@ TEST_F(EngineStoreTest, AStoredSuffixIsRestoredByRecomputingTheLayersItLeftOut) 
   EXPECT_EQ(again.usage.loaded_prompt_tokens, 0);
   const EngineStats stats = engine->stats();
   EXPECT_EQ(stats.suffix_recomputes, 1);
+  EXPECT_EQ(stats.store_load_failures, 0);
+}
+
+// The stored suffix of merged layer pairs (decisions 8 and 12 together): MiniCache's 3 deepest
+// pairs are merged in DRAM at the turn's end, and each chunk goes to the SSD from its first
+// layer's place in the merged form on (a pair's data sits at its deep layer's place), so the
+// shallow layers' empty places make a chunk smaller than dropping as many raw layers would leave
+// it at most by the pairs. After a restart the next turn loads the chunks merged (read whole:
+// exactly what the SSD holds), restores every one through its pairs, recomputes at least what
+// they left out, and answers as recomputing does from its first token.
+TEST_F(EngineStoreTest, AStoredSuffixOfMergedLayerPairsKeepsWhatItsLayersAreRestoredFrom) {
+  test_util::TempDir dir;
+  store::StoreConfig store = store_options(dir.file("kv"));
+  store.restore_mode = store::RestoreMode::kKrul;
+  store.stored_suffix = true;
+  store.ssd_bandwidth_limit = int64_t{1} << 20;
+  store.adaptcache.fixed_codec = "layer-merge";
+  store.layer_pairing = store::LayerPairing::kMiniCache;
+  store.layer_share = 0.15;
+  const EngineOptions options = options_with(store, false);
+  constexpr int64_t kLayers = 30, kLayerBytes = kChunkBytes / kLayers, kChunks = kStoredTokens / 16;
+  constexpr int64_t kPairs = 3, kPairBytes = 3864;  // docs/krul.md decision 8: SmolLM2, float32
+  constexpr int64_t kMerged = (kLayers - kPairs) * kLayerBytes + kPairs * kPairBytes;
+  const std::vector<TokenId> warm = wikitext(30000, 40);
+  std::vector<TokenId> warm_again = warm;
+  {
+    // Stored raw, "warm"'s next turn extends its item, which its session's end then drops.
+    store::StoreConfig plain = store;
+    plain.adaptcache.fixed_codec = "none";
+    plain.layer_pairing = store::LayerPairing::kNone;
+    std::unique_ptr<Engine> engine = make_engine(options_with(plain, false));
+    ASSERT_TRUE(engine);
+    const Turn first = run_turn(*engine, warm, "warm");
+    warm_again.insert(warm_again.end(), first.tokens.begin(), first.tokens.end());
+    warm_again.push_back(warm.front());
+    wait_for_saves(*engine, 1);
+  }  // a clean shutdown writes it whole to the SSD
+  int64_t dropped = 0;
+  {
+    std::unique_ptr<Engine> engine = make_engine(options);
+    ASSERT_TRUE(engine);
+    // Restoring "warm" from the SSD measures the reads the plans cost.
+    EXPECT_EQ(run_turn(*engine, warm_again, "warm").usage.cached_tier, "ssd");
+    wait_for_saves(*engine, 1);
+    EXPECT_TRUE(engine->end_session("warm"));
+    const EngineStats before = engine->stats();
+    run_first_turn(*engine, "conversation");
+    wait_for(
+        *engine,
+        [&](const EngineStats& s) {
+          return s.suffix_turns > before.suffix_turns &&
+                 s.store->transcodes > before.store->transcodes;
+        },
+        "the conversation's suffix and merge");
+    dropped = engine->stats().suffix_dropped_chunk_layers - before.suffix_dropped_chunk_layers;
+    EXPECT_GT(dropped, kChunks * kLayers / 2) << "reads are slow: most is recomputed";
+  }  // the shutdown writes each chunk's suffix of its merged form
+  std::unique_ptr<Engine> engine = make_engine(options);
+  ASSERT_TRUE(engine);
+  const store::TierStats ssd = engine->stats().store->tier("ssd");
+  EXPECT_EQ(ssd.chunks, kChunks);
+  const Turn second = run_turn(*engine, *second_prompt_, "conversation");
+  EXPECT_EQ(second.usage.loaded_prompt_tokens, kStoredTokens);
+  EXPECT_EQ(second.usage.cached_tier, "ssd");
+  const EngineStats stats = engine->stats();
+  // The load read each chunk's stored value once (the tier's footprint rounds each up to pages).
+  const int64_t read = stats.store->tier("ssd").bytes_out;
+  std::printf("merged suffix: %lld of %lld merged bytes read, mean |logprob - recompute| %.4f\n",
+              static_cast<long long>(read), static_cast<long long>(kChunks * kMerged),
+              mean_logprob_error(*recomputed_second_, second));
+  EXPECT_LE(read, kChunks * kMerged - (dropped - kChunks * kPairs) * kLayerBytes);
+  EXPECT_GT(read, 0);
+  EXPECT_GE(ssd.used_bytes, read);
+  EXPECT_LT(ssd.used_bytes, read + kChunks * 4096);
+  EXPECT_EQ(stats.partial_restores, 1);
+  EXPECT_EQ(stats.merged_chunks_loaded, kChunks);
+  EXPECT_GE(stats.restore_recomputed_token_layers, dropped * 16);
+  EXPECT_EQ(stats.store->corrupt_chunks, 0);
   EXPECT_EQ(stats.store_load_failures, 0);
 }
 

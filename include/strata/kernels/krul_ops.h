@@ -76,13 +76,14 @@ at::Tensor krul_unmerge(const at::Tensor& direction, const at::Tensor& magnitude
 // chunks [n, layers, 2 (K, V), num_kv_heads, block, d] (the store's chunk layout) in any float
 // dtype; `pairs`, form.pairs of them, disjoint with shallow < deep < layers. Each chunk becomes
 // krul_merged_chunk_bytes bytes:
-//   the layers that are no pair's deep layer, in order, each [2, num_kv_heads, block, d] in the
-//   chunks' dtype, a pair's shallow layer holding the pair's directions (krul_merge at
-//   form.slerp_t over the chunk's block tokens);
-//   then per pair (in the order given) and K, V: magnitudes float32 [2 (shallow, deep), block,
-//   num_kv_heads], retained indices int32 [form.retained] (token * num_kv_heads + head,
-//   ascending, -1 after the last), their original vectors [2, form.retained, d] in the dtype
-//   (zeros after the last).
+//   per layer, in order: nothing for a pair's shallow layer; [2, num_kv_heads, block, d] in the
+//   chunks' dtype for the others, a pair's deep layer holding the pair's directions (krul_merge
+//   at form.slerp_t over the chunk's block tokens) followed, for K then V, by its magnitudes
+//   float32 [2 (shallow, deep), block, num_kv_heads], retained indices int32 [form.retained]
+//   (token * num_kv_heads + head, ascending, -1 after the last) and their original vectors
+//   [2, form.retained, d] in the dtype (zeros after the last).
+// So the bytes from kv::krul::merged_layer_offset(layer) on restore every layer from `layer` on
+// whatever the bytes before it hold (a stored suffix of the chunk).
 // Returns uint8 [n, bytes] on the chunks' device.
 int64_t krul_merged_chunk_bytes(const kv::krul::MergedForm& form, int64_t layers,
                                 int64_t num_kv_heads, int64_t block, int64_t d,

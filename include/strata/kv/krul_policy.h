@@ -99,6 +99,14 @@ struct MergedForm {
 // ceil(retain x vectors_per_chunk) (a chunk's tokens x KV heads) per pair and K or V.
 MergedForm merged_form(double share, double retain, int32_t num_layers, int64_t vectors_per_chunk);
 
+// Where layer `layer`'s data begins in a chunk's merged form (docs/krul.md decision 8, laid out
+// in layer order): each layer before it takes layer_bytes unless it is a pair's shallow layer
+// (its data is its deep layer's), and a pair's deep layer also its pair's pair_bytes (magnitudes,
+// retained indices and vectors of K and V). So the bytes from there to the end hold everything
+// the layers from `layer` on are restored from: the stored suffix of a merged chunk.
+int64_t merged_layer_offset(std::span<const LayerPair> pairs, int32_t layer, int64_t layer_bytes,
+                            int64_t pair_bytes);
+
 // What a resumed turn costs per layer, in seconds, measured on this machine (RestoreCosts come
 // from a calibration run, docs/krul.md):
 //   recompute of t tokens in one layer   t * compute_per_token + t^2 * attention_per_token2

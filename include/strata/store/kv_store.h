@@ -18,8 +18,9 @@
 // findable by content: the prompt's chain matches its kept chunks at their links. H2O's codecs
 // drop chunks the same way but fill the kept ones with tokens chosen over the whole item, so its
 // leading whole_chunks are valid only together: a match must cover them all. Krul's stored
-// suffix: a raw chunk may keep only its layers [first_layer, chunk_layers) below DRAM (the layers
-// a restoration loads rather than recomputes; set_stored_layers); a load of it must leave its
+// suffix: a raw or layer-merged chunk may keep only what its layers [first_layer, chunk_layers)
+// are restored from below DRAM (the layers a restoration loads rather than recomputes;
+// set_stored_layers); read back, the bytes before it are zeros, and a load of it must leave its
 // other layers unread.
 //
 // Tiers (store/tier.h): host DRAM first (DramTier: loads are read and saves written there by the
@@ -335,13 +336,15 @@ class KvStore {
   // heavy-hitter codec keeps the tokens it chooses by it (once; a later turn sets it again).
   // Ignored for an item gone or already encoded.
   void set_token_mass(ItemId item, std::vector<float> mass);
-  // Krul's stored suffix (docs/krul.md decision 12): chunk i of the raw item keeps only its
-  // layers [first_layers[i], chunk_layers) once written below DRAM: the layers its conversation's
-  // turn-end restoration plan loads (the others it recomputes). Set at each turn's end (the last
-  // call wins); a chunk's first layer is fixed when it is first written below DRAM (its DRAM copy
-  // keeps every layer until then) and never changes after. Values are clamped to
-  // [0, chunk_layers - 1]; chunks past the vector keep every layer. Such an item takes no lossy
-  // codec and stays off the shared tier. Ignored for an item gone or encoded.
+  // Krul's stored suffix (docs/krul.md decision 12): chunk i of the item keeps only what its
+  // layers [first_layers[i], chunk_layers) need once written below DRAM: the layers its
+  // conversation's turn-end restoration plan loads (the others it recomputes). Set at each turn's
+  // end (the last call wins); a chunk's first layer is fixed when it is first written below DRAM
+  // (its DRAM copy keeps every layer until then) and never changes after. Values are clamped to [0,
+  // chunk_layers - 1]; chunks past the vector keep every layer. Such an item takes no lossy codec
+  // but the layer merge (whose form keeps its layers in order), and only while no chunk of it was
+  // written below; it stays off the shared tier. Ignored for an item gone or encoded otherwise than
+  // by a layer merge.
   void set_stored_layers(ItemId item, std::vector<int32_t> first_layers);
   // The items the waiting jobs will load, head first: drives prefetching and eviction.
   void set_queue(std::vector<ItemId> queue);
@@ -470,9 +473,10 @@ class KvStore {
   void record_use(Item& item);  // REQUIRES mutex_
   void evict(ItemId id);        // AdaptCache's evict option (REQUIRES mutex_): counted, dropped
   int64_t value_bytes(const Item& item) const { return options_.codecs[item.codec].chunk_bytes; }
-  // Bytes of one layer of a raw chunk, and where a chunk's stored bytes start in it.
+  // Bytes of one layer of a raw chunk, and where a chunk of `item` keeps its stored bytes from
+  // (its first layer's place in the item's codec: a raw chunk's or a layer merge's).
   int64_t layer_bytes() const { return options_.chunk_bytes / options_.chunk_layers; }
-  int64_t suffix_offset(const Chunk& chunk) const { return chunk.first_layer * layer_bytes(); }
+  int64_t suffix_offset(const Item& item, const Chunk& chunk) const;
   // Chunks [first, first + count)'s first layers (StoreLease::first_layers): empty when all are 0.
   static std::vector<int32_t> first_layers_of(const Item& item, int64_t first, int64_t count);
   // Reads chunks [first, first + count) of a busy item that DRAM lacks from the nearest lower

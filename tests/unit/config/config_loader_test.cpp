@@ -267,6 +267,14 @@ TEST(ConfigLoaderTest, ValidationErrorsNameTheKeyAndItsPosition) {
        "kv_store: {dram_bytes: 1GiB, restore_mode: krul, stored_suffix: true, fixed_codec: "
        "kivi-4}\n",
        kInvalid, "kv_store.stored_suffix stores what Krul's restoration loads"},
+      {"stored suffix of merged layer pairs",
+       "kv_store: {dram_bytes: 1GiB, restore_mode: krul, stored_suffix: true, fixed_codec: "
+       "layer-merge, layer_pairing: krul}\n",
+       kOk, ""},
+      {"stored suffix with adaptcache",
+       "kv_store: {dram_bytes: 1GiB, restore_mode: krul, stored_suffix: true, adaptcache: true, "
+       "adaptcache_profile: p.json}\n",
+       kInvalid, "fixed_codec none or layer-merge, adaptcache false"},
       {"minicache's layer merge",
        "kv_store: {dram_bytes: 1GiB, fixed_codec: layer-merge, layer_pairing: minicache}\n", kOk,
        ""},

@@ -249,6 +249,47 @@ TEST(KrulOpsTest, MergedChunksRestoreWhatEachPairsMergeRestores) {
                c10::Error);
 }
 
+// A stored suffix of merged chunks (docs/krul.md decision 12): with the bytes before
+// merged_layer_offset(f) zeroed, unmerging restores every layer from f on exactly as the whole
+// chunk does, also a pair whose shallow layer lies before f (its data is at its deep layer's
+// place), for every f, and the form lays its pieces out where the offsets say.
+TEST(KrulOpsTest, ASuffixOfMergedChunksRestoresTheLayersItKeeps) {
+  at::manual_seed(7);
+  const int64_t n = 2, layers = 7, heads = 2, block = 8, d = 16;
+  const std::vector<kv::krul::LayerPair> pairs = {{4, 6, 0.0}, {0, 3, 0.0}};
+  const kv::krul::MergedForm form{.pairs = 2, .retained = 3, .slerp_t = 0.6, .retain = 0.3};
+  for (const c10::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    const at::Tensor chunks = at::randn({n, layers, 2, heads, block, d}).to(dtype);
+    const at::Tensor merged = krul_merge_chunks(chunks, form, pairs);
+    const at::Tensor whole =
+        krul_unmerge_chunks(merged, form, pairs, layers, heads, block, d, dtype);
+    const int64_t es = static_cast<int64_t>(c10::elementSize(dtype));
+    const int64_t layer_bytes = 2 * heads * block * d * es;
+    const int64_t pair_bytes = (merged.size(1) - (layers - form.pairs) * layer_bytes) / form.pairs;
+    // Unpaired layer 1 sits after layer 0's nothing: at offset 0; layer 5 after 1, 2, 3 (with
+    // its pair's bytes) and 4's nothing.
+    EXPECT_EQ(kv::krul::merged_layer_offset(pairs, 1, layer_bytes, pair_bytes), 0);
+    EXPECT_EQ(kv::krul::merged_layer_offset(pairs, 5, layer_bytes, pair_bytes),
+              3 * layer_bytes + pair_bytes);
+    EXPECT_EQ(kv::krul::merged_layer_offset(pairs, layers, layer_bytes, pair_bytes),
+              merged.size(1));
+    EXPECT_TRUE(at::equal(merged.narrow(1, 0, layer_bytes),
+                          chunks.select(1, 1).contiguous().view({n, -1}).view(at::kByte)));
+    for (int32_t f = 1; f < layers; ++f) {
+      const int64_t offset = kv::krul::merged_layer_offset(pairs, f, layer_bytes, pair_bytes);
+      at::Tensor suffix = merged.clone();
+      suffix.narrow(1, 0, offset).zero_();
+      const at::Tensor back =
+          krul_unmerge_chunks(suffix, form, pairs, layers, heads, block, d, dtype);
+      EXPECT_TRUE(at::equal(back.narrow(1, f, layers - f), whole.narrow(1, f, layers - f)))
+          << "from layer " << f;
+      // Layer 0's pair (0, 3) is restored whole while layer 3 is kept.
+      if (f <= 3) EXPECT_TRUE(at::equal(back.select(1, 0), whole.select(1, 0))) << f;
+      EXPECT_FALSE(back.isnan().any().item<bool>()) << "zeros restore zeros, from layer " << f;
+    }
+  }
+}
+
 TEST(KrulOpsTest, H2oKeepsTheRecentHalfAndTheHeaviestOthersInOrder) {
   constexpr int64_t kChunks = 5, kLayers = 3, kHeads = 2, kBlock = 4, kDim = 3, kKept = 3;
   constexpr int64_t kTotal = kChunks * kBlock, kKeep = kKept * kBlock, kRecent = kKeep / 2;

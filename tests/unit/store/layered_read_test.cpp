@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "store_test_util.h"
+#include "strata/kv/krul_policy.h"
 #include "strata/store/ssd_tier.h"
 #include "support/fault_env.h"
 
@@ -297,6 +298,77 @@ TEST_P(StoredSuffixTest, AReadOfALayerTheChunkLeftOutIsRefused) {
             StatusCode::kDataLoss);
   store->release(lease->lease, 0);
   EXPECT_FALSE(store->find(a, root(), {})) << "dropped, as a corrupt chunk's item is";
+}
+
+// A layer-merged item keeps a stored suffix of its merged form (kv::krul::merged_layer_offset):
+// "merge" stands for the layer merge of pair (1, 3) with 200 bytes of magnitudes and retained
+// vectors, laid out as the real one is (layer 1's place empty, layer 3's followed by the pair's
+// bytes). Set before the merge, the first layers {4, 2} keep the merged bytes from layer 4's and
+// layer 2's place on; read back after a restart, the bytes before them are zeros.
+TEST_P(StoredSuffixTest, AMergedChunkKeepsTheSuffixOfItsMergedForm) {
+  constexpr int64_t kPairBytes = 200, kMerged = kChunkBytes - kLayerBytes + kPairBytes;
+  const std::vector<kv::krul::LayerPair> pairs = {{1, 3, 0.5}};
+  TempDir dir;
+  StoreOptions o = layered(dir, GetParam());
+  o.codecs = {{.name = "merge", .chunk_bytes = kMerged, .merged_pairs = 1, .task_quality = {}}};
+  o.fixed_codec = 1;
+  o.transcode = [](int32_t, int32_t, const std::vector<kv::krul::LayerPair>&,
+                   std::span<const std::byte* const> in, std::span<std::byte* const> out) {
+    for (size_t i = 0; i < in.size(); ++i) {
+      std::byte* to = out[i];
+      for (int64_t l : {0, 2, 3}) to = std::copy_n(in[i] + l * kLayerBytes, kLayerBytes, to);
+      to = std::copy_n(in[i] + kLayerBytes, kPairBytes, to);  // "the pair's bytes"
+      std::copy_n(in[i] + 4 * kLayerBytes, 2 * kLayerBytes, to);
+    }
+    return Status();
+  };
+  const std::vector<TokenId> a = tokens(1, 9);
+  const std::vector<kv::ChunkHash> hashes = chain(a);
+  std::vector<std::vector<std::byte>> merged(2, std::vector<std::byte>(kMerged));
+  for (size_t i = 0; i < merged.size(); ++i) {
+    std::vector<std::byte> raw(kChunkBytes);
+    fill(raw.data(), hashes[i]);
+    std::byte* out = merged[i].data();
+    ASSERT_TRUE(o.transcode(0, 1, pairs, std::vector<const std::byte*>{raw.data()},
+                            std::span<std::byte* const>(&out, 1))
+                    .ok());
+  }
+  const int64_t from4 = kv::krul::merged_layer_offset(pairs, 4, kLayerBytes, kPairBytes);
+  const int64_t from2 = kv::krul::merged_layer_offset(pairs, 2, kLayerBytes, kPairBytes);
+  EXPECT_EQ(from4, 3 * kLayerBytes + kPairBytes);
+  EXPECT_EQ(from2, kLayerBytes);
+  {
+    auto store = KvStore::open(o).value();
+    ASSERT_TRUE(save(*store, a).ok());
+    store->wait_idle();
+    const ItemId item = store->find(a, root(), {})->item;
+    store->set_stored_layers(item, {4, 2});
+    store->set_layer_pairs(item, pairs);
+    store->wait_idle();
+    EXPECT_EQ(store->stats().codec_items, (std::vector<int64_t>{0, 1})) << "merged all the same";
+    ASSERT_TRUE(save(*store, tokens(2, 9)).ok());
+    store->wait_idle();
+    ASSERT_EQ(store->find(a, root(), {})->tier, kSsd);
+    if (GetParam() == CodecKind::kIdentity) {
+      EXPECT_EQ(store->stats().tier("ssd").bytes_in, (kMerged - from4) + (kMerged - from2));
+    }
+  }
+  auto store = KvStore::open(o).value();
+  const std::optional<StoreMatch> m = store->find(a, root(), {});
+  ASSERT_TRUE(m && m->num_chunks == 2);
+  StatusOr<StoreLease> lease = store->acquire(m->item, 0, 2);
+  ASSERT_TRUE(lease.ok()) << lease.status().to_string();
+  EXPECT_EQ(lease->codec, 1);
+  EXPECT_EQ(lease->first_layers, (std::vector<int32_t>{4, 2}));
+  for (int64_t i = 0; i < 2; ++i) {
+    const int64_t from = i == 0 ? from4 : from2;
+    const std::byte* chunk = lease->chunks[i];
+    EXPECT_TRUE(std::all_of(chunk, chunk + from, [](std::byte b) { return b == std::byte{0}; }))
+        << "chunk " << i;
+    EXPECT_TRUE(std::equal(chunk + from, chunk + kMerged, merged[i].begin() + from))
+        << "chunk " << i;
+  }
+  store->release(*lease, 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Codecs, StoredSuffixTest,
