@@ -24,19 +24,23 @@ std::vector<TorchExecutor::PartialLayer> TorchExecutor::partial_layers(
       int64_t first, count, seq, seq_len;
     };
     std::vector<Run> runs;
+    std::vector<int64_t> chunk_rows;
     bool all_rows = true;
-    int64_t row = 0;
+    int64_t row = 0, layer_row = 0;
     for (int64_t s = 0; s < std::ssize(batch.chunks); ++s) {
       const SequenceChunk& c = batch.chunks[s];
       const int64_t n = std::ssize(c.tokens), start = c.start_position;
       const int64_t history = c.restored_tokens;
       const int64_t computed = history > 0 ? c.computed_rows[l] : history;
+      chunk_rows.push_back(layer_row);
       if (computed < history) {
         all_rows = false;
         if (computed > 0) runs.push_back({row, computed, s, start + computed});
         runs.push_back({row + history, n - history, s, start + n});
+        layer_row += computed + n - history;
       } else {
         runs.push_back({row, n, s, start + n});
+        layer_row += n;
       }
       row += n;
     }
@@ -44,6 +48,7 @@ std::vector<TorchExecutor::PartialLayer> TorchExecutor::partial_layers(
     std::vector<int64_t> rows, run_seqs;
     std::vector<int32_t> seq_lens, cu_q_lens = {0};
     PartialLayer& p = layers[l];
+    p.chunk_rows = std::move(chunk_rows);
     for (const Run& r : runs) {
       for (int64_t i = 0; i < r.count; ++i) rows.push_back(r.first + i);
       run_seqs.push_back(r.seq);

@@ -307,9 +307,11 @@ at::Tensor TorchExecutor::pool_part(const SequenceChunk& chunk, int64_t layer, i
 }
 
 void TorchExecutor::observe_prompts(const ForwardBatch& batch, int64_t layer, const at::Tensor& q,
-                                    double scale) {
+                                    double scale, const PartialLayer* part) {
   int64_t row = 0;
-  for (const SequenceChunk& chunk : batch.chunks) {
+  for (size_t s = 0; s < batch.chunks.size(); ++s) {
+    const SequenceChunk& chunk = batch.chunks[s];
+    if (part) row = part->chunk_rows[s];
     const int64_t n = static_cast<int64_t>(chunk.tokens.size());
     const int64_t end = chunk.start_position + n;
     if (leankv_ && chunk.compress_kv && !leankv_->decoding(chunk.seq) &&
@@ -327,9 +329,11 @@ void TorchExecutor::observe_prompts(const ForwardBatch& batch, int64_t layer, co
 }
 
 void TorchExecutor::observe_attention(const ForwardBatch& batch, int64_t layer, const at::Tensor& q,
-                                     double scale) {
+                                      double scale, const PartialLayer* part) {
   int64_t row = 0;
-  for (const SequenceChunk& chunk : batch.chunks) {
+  for (size_t s = 0; s < batch.chunks.size(); ++s) {
+    const SequenceChunk& chunk = batch.chunks[s];
+    if (part) row = part->chunk_rows[s];
     const int64_t n = static_cast<int64_t>(chunk.tokens.size());
     const int64_t stride = chunk.observe_row_stride;
     if (chunk.observe_attention &&
@@ -516,8 +520,8 @@ StatusOr<ForwardResult> TorchExecutor::run(const ForwardBatch& batch) {
       result.save_seconds +=
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     }
-    if (leankv_ || freekv_) observe_prompts(batch, l, q, scale);
-    if (observes) observe_attention(batch, l, q, scale);
+    if (leankv_ || freekv_) observe_prompts(batch, l, q, scale, part);
+    if (observes) observe_attention(batch, l, q, scale, part);
     at::Tensor attn;  // [tokens, H, D]
     if (!lean_seqs.empty()) {
       attn = at::empty({num_tokens, num_heads, head_dim}, q.options());

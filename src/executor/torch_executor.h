@@ -249,6 +249,9 @@ class TorchExecutor final : public Executor {
   // turn; each attends as its own query run over the chunk's page table.
   struct PartialLayer {
     at::Tensor rows;   // int64 [n]: the batch's rows this layer computes; undefined: all of them
+    // Per chunk, where its rows start among them (a chunk that restores nothing computes all of
+    // its rows, from there on).
+    std::vector<int64_t> chunk_rows;
     RotaryTables rope;                         // of those rows
     at::Tensor slots;                          // int64 [n]: their pool slots
     at::Tensor tables, seq_lens, cu_q_lens;    // per query run: [runs, blocks], [runs], [runs + 1]
@@ -262,13 +265,16 @@ class TorchExecutor final : public Executor {
   // LeanKV and FreeKV: the keys (part 0) or values (part 1) [end, Hkv, D] of a sequence's first
   // `end` positions in a layer, read from the pool's base view.
   at::Tensor pool_part(const SequenceChunk& chunk, int64_t layer, int64_t end, int64_t part);
-  // LeanKV and FreeKV's H2O: layer `layer`'s queries q [num_tokens, H, D] of the chunks the
-  // runtime observes (computing from position 0 in the pool) add to their keys' received
-  // attention.
-  void observe_prompts(const ForwardBatch& batch, int64_t layer, const at::Tensor& q, double scale);
-  // Krul: layer `layer`'s queries q [num_tokens, H, D] of the chunks that observe attention go to
-  // the attention observer with their keys so far.
-  void observe_attention(const ForwardBatch& batch, int64_t layer, const at::Tensor& q, double scale);
+  // LeanKV and FreeKV's H2O: layer `layer`'s queries q [rows, H, D] of the chunks the runtime
+  // observes (computing from position 0 in the pool) add to their keys' received attention. q
+  // holds the rows the layer computes: every row of the batch, or part->rows when a chunk
+  // restores (the observed chunks, which restore nothing, start at part->chunk_rows).
+  void observe_prompts(const ForwardBatch& batch, int64_t layer, const at::Tensor& q, double scale,
+                       const PartialLayer* part);
+  // Krul: layer `layer`'s queries q (as for observe_prompts) of the chunks that observe attention
+  // go to the attention observer with their keys so far.
+  void observe_attention(const ForwardBatch& batch, int64_t layer, const at::Tensor& q,
+                         double scale, const PartialLayer* part);
 
   // The embedding's rows of `ids` (int64 [n]) -> [n, hidden]; sharded, the rank's vocabulary
   // run looks up its ids and the ranks' rows are summed.

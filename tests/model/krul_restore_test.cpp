@@ -5,7 +5,8 @@
 // (they read the loaded KV). Plans from recompute-all to load-all, pyramids and random ones.
 // Invalid plans are refused before anything runs. Loads streamed beside the pass (KvLoad::arrivals:
 // chunks arriving layer by layer from another thread while the layers run) give the same logits,
-// and a layer that never arrives names its sequence in ForwardResult::failed_loads.
+// and a layer that never arrives names its sequence in ForwardResult::failed_loads. A chunk
+// observing attention beside a restoring one observes its own rows.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -242,6 +243,65 @@ TEST_F(KrulRestoreTest, EveryValidPlanRestoresTheLogitsOfRecomputing) {
         EXPECT_LT(max_diff, 1e-3) << "pass " << s;
       }
     }
+  }
+}
+
+// A chunk that observes attention (Krul's statistics) in a pass beside a restoring chunk
+// observes its own rows: the restoring chunk's layers compute fewer rows than it has tokens, so
+// the observed chunk's rows start earlier in those layers' queries than in the batch. Its
+// statistics equal those of the same chunk observed alone, in either order in the batch.
+TEST_F(KrulRestoreTest, AChunkObservedBesideARestorationObservesItsOwnRows) {
+  const int64_t layers = executor_->config().num_layers;
+  const std::vector<TokenId> other(prompt_.begin() + 3, prompt_.begin() + 43);
+  std::vector<int64_t> pyramid(layers);
+  for (int64_t l = 0; l < layers; ++l) pyramid[l] = std::max<int64_t>(0, 4 - l / 8) * block_;
+  const auto observed_chunk = [&](SeqId seq) {
+    SequenceChunk c{seq, other, 0, kv_->tables(seq), LogitsMode::kLast};
+    c.observe_attention = true;
+    c.observe_row_stride = 1;
+    return c;
+  };
+  ASSERT_TRUE(kv_->add_sequence(SeqId{30}, other, "").ok());
+  ForwardBatch alone = chunk_of(SeqId{30}, std::ssize(other), LogitsMode::kLast);
+  alone.chunks[0] = observed_chunk(SeqId{30});
+  ASSERT_TRUE(executor_->forward(alone).ok());
+  const std::optional<kv::krul::AttentionStats> want = executor_->take_attention_stats(SeqId{30});
+  ASSERT_TRUE(want.has_value());
+  kv_->free(SeqId{30});
+  uint64_t seq = 31;
+  for (const bool restoring_first : {true, false}) {
+    SCOPED_TRACE(restoring_first ? "restoring chunk first" : "observed chunk first");
+    const SeqId restoring{seq++}, observed{seq++};
+    ASSERT_TRUE(kv_->add_sequence(restoring, prompt_, "").ok());
+    ASSERT_TRUE(kv_->add_sequence(observed, other, "").ok());
+    StatusOr<kv::KvPlan> plan =
+        kv_->prepare({{restoring, std::ssize(prompt_)}, {observed, std::ssize(other)}});
+    ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+    ForwardBatch batch;
+    kv_->commit(std::move(plan).value(), &batch.copies);
+    SequenceChunk restore{restoring, prompt_, 0, kv_->tables(restoring), LogitsMode::kLast};
+    restore.restored_tokens = history_tokens();
+    restore.computed_rows = pyramid;
+    batch.chunks.push_back(restore);
+    batch.chunks.push_back(observed_chunk(observed));
+    if (!restoring_first) std::swap(batch.chunks[0], batch.chunks[1]);
+    batch.loads.push_back(load_from(restoring, 0));
+    StatusOr<ForwardResult> result = executor_->forward(batch);
+    ASSERT_TRUE(result.ok()) << result.status().to_string();
+    const std::optional<kv::krul::AttentionStats> got = executor_->take_attention_stats(observed);
+    ASSERT_TRUE(got.has_value());
+    EXPECT_EQ(got->observed, want->observed);
+    for (int32_t l = 0; l < layers; ++l) {
+      EXPECT_NEAR(got->edge_share(l), want->edge_share(l), 1e-5) << "layer " << l;
+    }
+    double worst = 0;
+    for (size_t i = 0; i < want->squared.size(); ++i) {
+      worst = std::max(worst, std::abs(got->squared[i] - want->squared[i]) /
+                                  std::max(std::abs(want->squared[i]), 1e-6));
+    }
+    EXPECT_LT(worst, 1e-3) << "the squared distances of another chunk's rows";
+    kv_->free(restoring);
+    kv_->free(observed);
   }
 }
 
