@@ -80,7 +80,7 @@ std::vector<int64_t> RestoreCoordinator::recompute_floor(
   return floor;
 }
 
-void RestoreCoordinator::store_suffix(store::ItemId item, int64_t chunks) {
+void RestoreCoordinator::store_suffix(store::ItemId item, int64_t chunks, bool turn_end) {
   const int64_t block = kv_.geometry().block_size_tokens;
   // Idle conversations move to the nearest tier below DRAM: the plan costs reads from there.
   const store::TierIndex tier = store_->num_tiers() > 1 ? 1 : store::kDramTier;
@@ -98,7 +98,7 @@ void RestoreCoordinator::store_suffix(store::ItemId item, int64_t chunks) {
     dropped += first_layers[k];
   }
   store_->set_stored_layers(item, std::move(first_layers));
-  if (dropped == 0) return;
+  if (dropped == 0 || !turn_end) return;
   ++stats_.suffix_turns;
   stats_.suffix_dropped_chunk_layers += dropped;
 }

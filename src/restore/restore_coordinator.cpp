@@ -670,6 +670,18 @@ void RestoreCoordinator::after_pass(const executor::ForwardBatch& forward,
     stats_.restore_pass_seconds += seconds;
     stats_.restore_wait_seconds += result->load_wait_seconds;
   }
+  // Moving averages that size the read buffer and Krul's plans (first: a save's piece below is
+  // planned with this pass's costs).
+  if (loaded_bytes > 0 && result->load_copy_seconds > 0) {
+    update_average(load_bytes_per_second_,
+                   static_cast<double>(loaded_bytes) / result->load_copy_seconds);
+  }
+  // Prefill-sized passes only: a few decode tokens measure the per-pass overhead instead.
+  constexpr int64_t kMinPrefillTokens = 64;
+  if (tokens >= kMinPrefillTokens) {
+    update_average(prefill_seconds_per_token_layer_,
+                   seconds / static_cast<double>(tokens * executor_.config().num_layers));
+  }
   const std::vector<SeqId>& failed = result->failed_loads;
   for (const executor::KvSave& save : forward.saves) {
     if (std::ranges::find(failed, save.seq) != failed.end()) continue;  // given back below
@@ -677,9 +689,16 @@ void RestoreCoordinator::after_pass(const executor::ForwardBatch& forward,
     if (result->saves_written) saving.copies.push_back(result->saves_written);
     saving.seconds += result->save_seconds * static_cast<double>(std::ssize(save.chunks)) /
                       static_cast<double>(saved);
-    // Short of DRAM: what is written is published now; the save goes on after it.
+    // Short of DRAM: what is written is published now; the save goes on after it. Published,
+    // it may go below DRAM before the turn ends: it keeps the layers a plan of it loads.
     if (saving.short_of_room && saving.written == std::ssize(saving.ticket.destinations)) {
-      commit_written(*sequences_.at(save.seq), /*last=*/false);
+      Sequence& sequence = *sequences_.at(save.seq);
+      if (options_.store.stored_suffix && sequence.dropped_tokens == 0) {
+        store_suffix(saving.ticket.item,
+                     saving.ticket.first_chunk + std::ssize(saving.ticket.destinations),
+                     /*turn_end=*/false);
+      }
+      commit_written(sequence, /*last=*/false);
     }
   }
   // A streamed load that failed left its sequence's KV incomplete: recomputed from scratch.
@@ -694,17 +713,6 @@ void RestoreCoordinator::after_pass(const executor::ForwardBatch& forward,
     sequence.load_failed = true;
     sequence.whole_chunks = 0;
     ++stats_.store_load_failures;
-  }
-  // Moving averages that size the read buffer.
-  if (loaded_bytes > 0 && result->load_copy_seconds > 0) {
-    update_average(load_bytes_per_second_,
-                   static_cast<double>(loaded_bytes) / result->load_copy_seconds);
-  }
-  // Prefill-sized passes only: a few decode tokens measure the per-pass overhead instead.
-  constexpr int64_t kMinPrefillTokens = 64;
-  if (tokens >= kMinPrefillTokens) {
-    update_average(prefill_seconds_per_token_layer_,
-                   seconds / static_cast<double>(tokens * executor_.config().num_layers));
   }
   if (loaded > 0) {
     stats_.pool_bytes_loaded += loaded_bytes;
@@ -775,7 +783,7 @@ void RestoreCoordinator::finish(SeqId seq, bool publish) {
       store_->set_token_mass(item, std::move(stats->token_mass));
     }
     if (options_.store.stored_suffix && it->second->dropped_tokens == 0) {
-      store_suffix(item, std::ssize(it->second->saving->chain));
+      store_suffix(item, std::ssize(it->second->saving->chain), /*turn_end=*/true);
     }
   }
   end_save(*it->second, publish);

@@ -317,6 +317,53 @@ TEST_F(EngineStoreTest, AStoredSuffixIsRestoredByRecomputingTheLayersItLeftOut) 
   EXPECT_EQ(stats.store_load_failures, 0);
 }
 
+// A turn longer than DRAM holds publishes its save in pieces, and the first pieces go down to
+// the SSD while the turn still runs (13 chunks through 6 of DRAM). Each piece keeps the layers a
+// plan of the history so far loads (a chunk's layers are fixed at its first write there), so
+// the SSD holds less than half of the conversation's full KV, not its first pieces whole; the
+// next turn, after a restart, recomputes what they left out and answers as recomputing does.
+TEST_F(EngineStoreTest, PiecesOfATurnLongerThanDramKeepOnlyTheirSuffixOnTheSsd) {
+  test_util::TempDir dir;
+  store::StoreConfig store = store_options(dir.file("kv"));
+  store.dram_bytes = 6 * kChunkBytes;
+  store.restore_mode = store::RestoreMode::kKrul;
+  store.stored_suffix = true;
+  store.ssd_bandwidth_limit = int64_t{1} << 20;
+  const EngineOptions options = options_with(store, false);
+  const std::vector<TokenId> warm = wikitext(30000, 40);
+  std::vector<TokenId> warm_again = warm;
+  {
+    std::unique_ptr<Engine> engine = make_engine(options);
+    ASSERT_TRUE(engine);
+    const Turn first = run_turn(*engine, warm, "warm");
+    warm_again.insert(warm_again.end(), first.tokens.begin(), first.tokens.end());
+    warm_again.push_back(warm.front());
+    wait_for_saves(*engine, 1);
+  }
+  {
+    std::unique_ptr<Engine> engine = make_engine(options);
+    ASSERT_TRUE(engine);
+    // Restoring "warm" from the SSD measures the reads the plans cost.
+    EXPECT_EQ(run_turn(*engine, warm_again, "warm").usage.cached_tier, "ssd");
+    wait_for_saves(*engine, 1);
+    EXPECT_TRUE(engine->end_session("warm"));
+    run_first_turn(*engine, "conversation");
+    EXPECT_GT(engine->stats().store->saves_partial + engine->stats().store->saves_skipped, 0)
+        << "the turn's save was short of DRAM";
+  }
+  std::unique_ptr<Engine> engine = make_engine(options);
+  ASSERT_TRUE(engine);
+  const store::TierStats ssd = engine->stats().store->tier("ssd");
+  std::printf("pieces: %lld of %lld bytes on the SSD\n", static_cast<long long>(ssd.used_bytes),
+              static_cast<long long>(ssd.raw_bytes));
+  EXPECT_GE(ssd.raw_bytes, 6 * kChunkBytes) << "the pieces that went below during the turn";
+  EXPECT_LT(ssd.used_bytes, ssd.raw_bytes / 2);
+  const Turn second = run_turn(*engine, *second_prompt_, "conversation");
+  expect_same_as_recompute(*recomputed_second_, second);
+  EXPECT_EQ(second.usage.loaded_prompt_tokens, ssd.raw_bytes / kChunkBytes * 16);
+  EXPECT_EQ(engine->stats().store_load_failures, 0);
+}
+
 // The stored suffix of merged layer pairs (decisions 8 and 12 together): MiniCache's 3 deepest
 // pairs are merged in DRAM at the turn's end, and each chunk goes to the SSD from its first
 // layer's place in the merged form on (a pair's data sits at its deep layer's place), so the

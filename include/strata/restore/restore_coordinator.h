@@ -228,10 +228,12 @@ class RestoreCoordinator {
   // `first_layers` on (store::StoreLease::first_layers): up to the end of the last chunk lacking
   // the layer. Empty for empty `first_layers`.
   std::vector<int64_t> recompute_floor(std::span<const int32_t> first_layers) const;
-  // Krul's stored suffix at a turn's end: the conversation's `chunks` chunks in `item` keep only
-  // the layers a restoration from the nearest tier below DRAM would load (its plan now, at most
-  // half the step's tokens recomputed).
-  void store_suffix(store::ItemId item, int64_t chunks);
+  // Krul's stored suffix: the conversation's `chunks` chunks in `item` keep only the layers a
+  // restoration of them from the nearest tier below DRAM would load (its plan now, at most half
+  // the step's tokens recomputed). At a turn's end (counted in the stats), and before a piece of
+  // a save short of DRAM is published (the chunks so far: they may go below before the turn
+  // ends, and a chunk's layers are fixed at its first write there).
+  void store_suffix(store::ItemId item, int64_t chunks, bool turn_end);
   // Rewrites the chunks of the sequences restore() planned a restoration for: their history
   // joins the pass (SequenceChunk::restored_tokens, computed_rows).
   void plan_restorations(executor::ForwardBatch& forward);
