@@ -244,6 +244,33 @@ TEST_F(EngineStoreTest, ResumedTurnsFromH2oHeavyHittersLoadTheKeptHalf) {
   EXPECT_GT(h2o_error, 1e-4) << "keeping half the tokens changed nothing";
 }
 
+// Krul's plans cost what this machine measured, and nothing is measured before a restoration
+// from the SSD: an engine with `first` stores a "warm" conversation (written whole to the SSD at
+// its shutdown); the engine returned, with `options` over the same SSD, has restored it from
+// there and ended its session.
+std::unique_ptr<Engine> engine_with_measured_costs(const EngineOptions& first,
+                                                   const EngineOptions& options) {
+  const std::vector<TokenId> warm = EngineStoreTest::wikitext(30000, 40);
+  std::vector<TokenId> warm_again = warm;
+  {
+    std::unique_ptr<Engine> engine = make_engine(first);
+    EXPECT_TRUE(engine);
+    if (!engine) return nullptr;
+    const Turn turn = run_turn(*engine, warm, "warm");
+    warm_again.insert(warm_again.end(), turn.tokens.begin(), turn.tokens.end());
+    warm_again.push_back(warm.front());
+    wait_for_saves(*engine, 1);
+    EXPECT_EQ(engine->stats().suffix_turns, 0) << "nothing was measured yet";
+  }
+  std::unique_ptr<Engine> engine = make_engine(options);
+  EXPECT_TRUE(engine);
+  if (!engine) return nullptr;
+  EXPECT_EQ(run_turn(*engine, warm_again, "warm").usage.cached_tier, "ssd");
+  wait_for_saves(*engine, 1);
+  EXPECT_TRUE(engine->end_session("warm"));
+  return engine;
+}
+
 // Krul's stored suffix: a conversation's chunks keep on the SSD only the layers its turn-end plan
 // loads. With the SSD paced to 1 MB/s reading costs far more than recomputing, so the plan
 // recomputes most of the history in every layer (a chunk keeps at least its last layer). The
@@ -257,25 +284,10 @@ TEST_F(EngineStoreTest, AStoredSuffixIsRestoredByRecomputingTheLayersItLeftOut) 
   options.kv_store.stored_suffix = true;
   options.kv_store.ssd_bandwidth_limit = int64_t{1} << 20;
   constexpr int64_t kLayers = 30, kLayerBytes = kChunkBytes / kLayers, kChunks = kStoredTokens / 16;
-  const std::vector<TokenId> warm = wikitext(30000, 40);
-  std::vector<TokenId> warm_again = warm;
-  {
-    std::unique_ptr<Engine> engine = make_engine(options);
-    ASSERT_TRUE(engine);
-    const Turn first = run_turn(*engine, warm, "warm");
-    warm_again.insert(warm_again.end(), first.tokens.begin(), first.tokens.end());
-    warm_again.push_back(warm.front());
-    wait_for_saves(*engine, 1);
-    EXPECT_EQ(engine->stats().suffix_turns, 0) << "nothing was measured yet";
-  }                     // a clean shutdown writes it whole to the SSD
   int64_t dropped = 0;  // chunk-layers the conversation's chunks leave out
   {
-    std::unique_ptr<Engine> engine = make_engine(options);
+    std::unique_ptr<Engine> engine = engine_with_measured_costs(options, options);
     ASSERT_TRUE(engine);
-    // Restoring "warm" from the SSD measures the reads the plans cost.
-    EXPECT_EQ(run_turn(*engine, warm_again, "warm").usage.cached_tier, "ssd");
-    wait_for_saves(*engine, 1);
-    EXPECT_TRUE(engine->end_session("warm"));
     const EngineStats before = engine->stats();
     run_first_turn(*engine, "conversation");
     wait_for(
@@ -330,23 +342,9 @@ TEST_F(EngineStoreTest, PiecesOfATurnLongerThanDramKeepOnlyTheirSuffixOnTheSsd) 
   store.stored_suffix = true;
   store.ssd_bandwidth_limit = int64_t{1} << 20;
   const EngineOptions options = options_with(store, false);
-  const std::vector<TokenId> warm = wikitext(30000, 40);
-  std::vector<TokenId> warm_again = warm;
   {
-    std::unique_ptr<Engine> engine = make_engine(options);
+    std::unique_ptr<Engine> engine = engine_with_measured_costs(options, options);
     ASSERT_TRUE(engine);
-    const Turn first = run_turn(*engine, warm, "warm");
-    warm_again.insert(warm_again.end(), first.tokens.begin(), first.tokens.end());
-    warm_again.push_back(warm.front());
-    wait_for_saves(*engine, 1);
-  }
-  {
-    std::unique_ptr<Engine> engine = make_engine(options);
-    ASSERT_TRUE(engine);
-    // Restoring "warm" from the SSD measures the reads the plans cost.
-    EXPECT_EQ(run_turn(*engine, warm_again, "warm").usage.cached_tier, "ssd");
-    wait_for_saves(*engine, 1);
-    EXPECT_TRUE(engine->end_session("warm"));
     run_first_turn(*engine, "conversation");
     EXPECT_GT(engine->stats().store->saves_partial + engine->stats().store->saves_skipped, 0)
         << "the turn's save was short of DRAM";
@@ -384,28 +382,15 @@ TEST_F(EngineStoreTest, AStoredSuffixOfMergedLayerPairsKeepsWhatItsLayersAreRest
   constexpr int64_t kLayers = 30, kLayerBytes = kChunkBytes / kLayers, kChunks = kStoredTokens / 16;
   constexpr int64_t kPairs = 3, kPairBytes = 3864;  // docs/krul.md decision 8: SmolLM2, float32
   constexpr int64_t kMerged = (kLayers - kPairs) * kLayerBytes + kPairs * kPairBytes;
-  const std::vector<TokenId> warm = wikitext(30000, 40);
-  std::vector<TokenId> warm_again = warm;
+  int64_t dropped = 0;
   {
-    // Stored raw, "warm"'s next turn extends its item, which its session's end then drops.
+    // "warm" stored raw: its next turn extends its item, which its session's end then drops.
     store::StoreConfig plain = store;
     plain.adaptcache.fixed_codec = "none";
     plain.layer_pairing = store::LayerPairing::kNone;
-    std::unique_ptr<Engine> engine = make_engine(options_with(plain, false));
+    std::unique_ptr<Engine> engine =
+        engine_with_measured_costs(options_with(plain, false), options);
     ASSERT_TRUE(engine);
-    const Turn first = run_turn(*engine, warm, "warm");
-    warm_again.insert(warm_again.end(), first.tokens.begin(), first.tokens.end());
-    warm_again.push_back(warm.front());
-    wait_for_saves(*engine, 1);
-  }  // a clean shutdown writes it whole to the SSD
-  int64_t dropped = 0;
-  {
-    std::unique_ptr<Engine> engine = make_engine(options);
-    ASSERT_TRUE(engine);
-    // Restoring "warm" from the SSD measures the reads the plans cost.
-    EXPECT_EQ(run_turn(*engine, warm_again, "warm").usage.cached_tier, "ssd");
-    wait_for_saves(*engine, 1);
-    EXPECT_TRUE(engine->end_session("warm"));
     const EngineStats before = engine->stats();
     run_first_turn(*engine, "conversation");
     wait_for(

@@ -173,6 +173,9 @@ class EngineStoreTest : public ::testing::Test {
     delete recomputed_second_;
   }
 
+ public:
+  static const std::vector<TokenId>& second_prompt() { return *second_prompt_; }
+  // n_tokens tokens of WikiText-2's test text from its character skip_chars on.
   static std::vector<TokenId> wikitext(size_t skip_chars, size_t n_tokens) {
     std::ifstream in(STRATA_SOURCE_DIR "/../shared/data/ppl/wikitext-2-raw-v1_test.raw");
     std::stringstream text;
@@ -183,10 +186,7 @@ class EngineStoreTest : public ::testing::Test {
     t.resize(std::min(t.size(), n_tokens));
     return t;
   }
-
   // Runs the first turn on `engine`; its reply must be the recomputing engine's.
- public:
-  static const std::vector<TokenId>& second_prompt() { return *second_prompt_; }
   static void run_first_turn(Engine& engine, const std::string& session) {
     const Turn first = run_turn(engine, *history_, session);
     ASSERT_EQ(first.tokens, *first_reply_);
