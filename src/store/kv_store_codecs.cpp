@@ -160,9 +160,9 @@ KvStore::Decision KvStore::codec_decision() {
 
 bool KvStore::mergeable(const Item& item, int32_t codec) const {
   const ItemCodec& c = options_.codecs[codec];
-  // A chunk written below as a suffix lacks its leading layers; only a layer merge keeps a
-  // suffix not yet written (its form keeps its layers in order: kv::krul::merged_layer_offset).
-  if (codec != 0 && (item.suffix_chunks || (item.suffix() && c.merged_pairs == 0))) return false;
+  // A chunk written below as a suffix lacks its leading layers; a suffix not yet written stays
+  // possible in a codec that keeps one.
+  if (codec != 0 && (item.suffix_chunks || (item.suffix() && !keeps_suffix(codec)))) return false;
   if (c.heavy_hitters) return !item.token_mass.empty();
   return c.merged_pairs == 0 || std::ssize(item.layer_pairs) == c.merged_pairs;
 }
@@ -187,10 +187,7 @@ void KvStore::set_token_mass(ItemId id, std::vector<float> mass) {
 void KvStore::set_stored_layers(ItemId id, std::vector<int32_t> first_layers) {
   std::scoped_lock lock(mutex_);
   auto it = items_.find(id);
-  if (it == items_.end() ||
-      (it->second.codec != 0 && options_.codecs[it->second.codec].merged_pairs == 0)) {
-    return;
-  }
+  if (it == items_.end() || !keeps_suffix(it->second.codec)) return;
   for (int32_t& layer : first_layers) layer = std::clamp(layer, 0, options_.chunk_layers - 1);
   if (std::ranges::all_of(first_layers, [](int32_t layer) { return layer == 0; })) {
     first_layers.clear();

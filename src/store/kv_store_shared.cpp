@@ -53,8 +53,7 @@ bool KvStore::adopt_item(TierIndex t, const RecoveredItem& r) {
   for (const ChunkKey& key : r.chunks) {
     // A stored suffix is a raw or layer-merged chunk's tail from a layer on.
     if (key.first_layer > 0 &&
-        ((item.codec != 0 && options_.codecs[item.codec].merged_pairs == 0) ||
-         key.first_layer >= options_.chunk_layers)) {
+        (!keeps_suffix(item.codec) || key.first_layer >= options_.chunk_layers)) {
       break;
     }
     if (key.index < std::ssize(item.chunks)) {

@@ -477,6 +477,11 @@ class KvStore {
   // (its first layer's place in the item's codec: a raw chunk's or a layer merge's).
   int64_t layer_bytes() const { return options_.chunk_bytes / options_.chunk_layers; }
   int64_t suffix_offset(const Item& item, const Chunk& chunk) const;
+  // Whether items in `codec` may keep a stored suffix: raw ones, and layer-merged ones (the
+  // merge's form keeps its layers in order: kv::krul::merged_layer_offset).
+  bool keeps_suffix(int32_t codec) const {
+    return codec == 0 || options_.codecs[codec].merged_pairs > 0;
+  }
   // Chunks [first, first + count)'s first layers (StoreLease::first_layers): empty when all are 0.
   static std::vector<int32_t> first_layers_of(const Item& item, int64_t first, int64_t count);
   // Reads chunks [first, first + count) of a busy item that DRAM lacks from the nearest lower
