@@ -23,18 +23,22 @@ constexpr size_t kFrame = 3 * sizeof(uint32_t), kSum = sizeof(uint64_t);
 constexpr uint32_t kMaxPayload = 1 << 20;
 constexpr uint32_t kMaxSegments = 4096;
 
-// A value's checksums: one per segment of segment_bytes when they divide it evenly (a part of it
-// can be read and checked alone), else one over the whole value.
+// A value's checksums: one per segment of segment_bytes, the last one shorter (a part of the
+// value can be read and checked alone), at most kMaxSegments of them, else one over the whole
+// value. Segments of a value of `bytes` with `count` checksums are segment_of(bytes, count) bytes
+// (for count = ceil(bytes / s) with s <= bytes that is at most s and gives count segments again).
+int64_t segment_of(int64_t bytes, int64_t count) { return (bytes + count - 1) / count; }
+
 std::vector<uint64_t> checksums_of(std::span<const std::byte> value, int64_t segment_bytes) {
   const auto bytes = static_cast<int64_t>(value.size());
   int64_t segments = 1;
-  if (segment_bytes > 0 && bytes % segment_bytes == 0 && bytes / segment_bytes <= kMaxSegments) {
-    segments = std::max<int64_t>(bytes / segment_bytes, 1);
+  if (segment_bytes > 0 && (bytes + segment_bytes - 1) / segment_bytes <= kMaxSegments) {
+    segments = std::max<int64_t>((bytes + segment_bytes - 1) / segment_bytes, 1);
   }
-  const int64_t each = bytes / segments;
+  const int64_t each = segment_of(bytes, segments);
   std::vector<uint64_t> sums;
-  for (int64_t s = 0; s < segments; ++s) {
-    sums.push_back(XXH3_64bits(value.data() + s * each, static_cast<size_t>(each)));
+  for (int64_t at = 0; at < bytes || sums.empty(); at += each) {
+    sums.push_back(XXH3_64bits(value.data() + at, static_cast<size_t>(std::min(each, bytes - at))));
   }
   return sums;
 }
@@ -43,11 +47,13 @@ std::vector<uint64_t> checksums_of(std::span<const std::byte> value, int64_t seg
 // checksums of the segments it covers; false also when it does not cover whole segments.
 bool part_matches(std::span<const std::byte> part, int64_t offset, int64_t bytes,
                   std::span<const uint64_t> checksums) {
-  const int64_t each = bytes / std::ssize(checksums);
+  const int64_t each = segment_of(bytes, std::ssize(checksums));
   const auto size = static_cast<int64_t>(part.size());
-  if (each == 0 || offset % each != 0 || size % each != 0) return false;
+  if (each == 0 || offset % each != 0 || (size % each != 0 && offset + size != bytes)) {
+    return false;
+  }
   for (int64_t done = 0; done < size; done += each) {
-    if (XXH3_64bits(part.data() + done, static_cast<size_t>(each)) !=
+    if (XXH3_64bits(part.data() + done, static_cast<size_t>(std::min(each, size - done))) !=
         checksums[(offset + done) / each]) {
       return false;
     }
@@ -165,7 +171,10 @@ bool decode_put(Reader& p, PutRecord* r) {
   if (!(p.get(&r->key.item) && p.get(&r->key.index) && p.get(&r->key.hash.low) &&
         p.get(&r->key.hash.high) && p.get(&r->placement.bytes) && r->placement.bytes > 0 &&
         p.get(&segments) && segments >= 1 && segments <= kMaxSegments &&
-        r->placement.bytes % segments == 0)) {
+        segments <= r->placement.bytes &&
+        (r->placement.bytes + segment_of(r->placement.bytes, segments) - 1) /
+                segment_of(r->placement.bytes, segments) ==
+            segments)) {
     return false;
   }
   r->checksums.resize(segments);
@@ -547,27 +556,28 @@ Status SsdTier::get_part(ItemId item, int32_t index, int64_t offset, int64_t byt
                          std::byte* out) const {
   STRATA_ASSIGN_OR_RETURN(Value v, find(item, index));
   const Placement& p = v.placement;
-  const int64_t each = p.bytes / std::ssize(v.checksums);
-  if (offset < 0 || bytes <= 0 || offset + bytes > p.bytes || offset % each != 0 ||
-      bytes % each != 0) {
+  if (offset < 0 || bytes <= 0 || offset + bytes > p.bytes) {
     return invalid_argument_error(options_.name + ": bytes [" + std::to_string(offset) + ", " +
                                   std::to_string(offset + bytes) + ") of chunk " +
-                                  std::to_string(index) + " are not whole checksummed segments");
+                                  std::to_string(index) + " of " + std::to_string(p.bytes));
   }
-  // The pages holding the part (direct I/O reads whole aligned pages).
-  const int64_t first = offset / kIoAlignment;
-  const int64_t count = round_up_to_page(offset + bytes) / kIoAlignment - first;
+  // The segments covering the part, and the pages holding them (direct I/O reads whole aligned
+  // pages).
+  const int64_t each = segment_of(p.bytes, std::ssize(v.checksums));
+  const int64_t begin = offset / each * each;
+  const int64_t end = std::min(p.bytes, (offset + bytes + each - 1) / each * each);
+  const int64_t first = begin / kIoAlignment;
+  const int64_t count = round_up_to_page(end) / kIoAlignment - first;
   AlignedBuffer pages(count * kIoAlignment);
   STRATA_RETURN_IF_ERROR(read_pages(p, first, count, pages.data()));
-  const std::span<const std::byte> part(pages.data() + (offset - first * kIoAlignment),
-                                        static_cast<size_t>(bytes));
-  if (!part_matches(part, offset, p.bytes, v.checksums)) {
+  const std::byte* segments = pages.data() + (begin - first * kIoAlignment);
+  if (!part_matches({segments, static_cast<size_t>(end - begin)}, begin, p.bytes, v.checksums)) {
     return data_loss_error("KV store: bytes [" + std::to_string(offset) + ", " +
                            std::to_string(offset + bytes) + ") of chunk " + std::to_string(index) +
                            " of item " + std::to_string(item) + " (" + options_.name +
                            ") fail their checksums");
   }
-  std::memcpy(out, part.data(), part.size());
+  std::memcpy(out, segments + (offset - begin), static_cast<size_t>(bytes));
   return Status();
 }
 

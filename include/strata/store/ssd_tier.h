@@ -37,9 +37,9 @@ struct SsdOptions {
   bool direct_io = true;
   CodecKind codec = CodecKind::kIdentity;
   Env* env = Env::posix();
-  // Values whose size is a multiple of it get a checksum per segment of this many bytes, so that
-  // get_part() reads and checks whole segments alone (the store sets it to a chunk layer's bytes
-  // for a raw codec); 0: one checksum per value.
+  // Values get a checksum per segment of at most this many bytes (equal segments, the last one
+  // shorter), so that get_part() reads and checks only the segments a part covers (the store sets
+  // it to a chunk layer's bytes); 0: one checksum per value.
   int64_t segment_bytes = 0;
   // Bytes per second the tier's files move at most, reads and writes together (throttled_env
   // over `env`; an emulated slower disk for measurements); 0: as fast as the disk.

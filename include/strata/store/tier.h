@@ -143,8 +143,8 @@ class Tier {
   // Whether get_part() reads parts of values (raw values checked by segment: the SSD tier).
   virtual bool reads_parts() const { return false; }
   // Reads bytes [offset, offset + bytes) of the value of chunk `index` of `item` into `out`,
-  // checked against the checksums of the segments they cover (they must be whole segments:
-  // INVALID_ARGUMENT otherwise). Errors as get(). Only where reads_parts().
+  // checked against the checksums of the segments they cover (read whole for that). Errors as
+  // get(), and INVALID_ARGUMENT for bytes outside the value. Only where reads_parts().
   virtual Status get_part(ItemId item, int32_t index, int64_t offset, int64_t bytes,
                           std::byte* out) const {
     (void)item, (void)index, (void)offset, (void)bytes, (void)out;
