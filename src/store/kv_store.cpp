@@ -25,14 +25,17 @@ const TierStats& StoreStats::tier(std::string_view name) const {
   return kAbsent;
 }
 
-int64_t KvStore::suffix_offset(const Item& item, const Chunk& chunk) const {
-  const int32_t pairs = options_.codecs[item.codec].merged_pairs;
-  if (chunk.first_layer == 0) return 0;
-  if (pairs == 0) return chunk.first_layer * layer_bytes();
+int64_t KvStore::layer_offset(int32_t codec, std::span<const kv::krul::LayerPair> pairs,
+                              int32_t layer) const {
+  const ItemCodec& c = options_.codecs[codec];
+  if (c.merged_pairs == 0) return layer * layer_bytes();
   const int64_t pair_bytes =
-      (value_bytes(item) - (options_.chunk_layers - pairs) * layer_bytes()) / pairs;
-  return kv::krul::merged_layer_offset(item.layer_pairs, chunk.first_layer, layer_bytes(),
-                                       pair_bytes);
+      (c.chunk_bytes - (options_.chunk_layers - c.merged_pairs) * layer_bytes()) / c.merged_pairs;
+  return kv::krul::merged_layer_offset(pairs, layer, layer_bytes(), pair_bytes);
+}
+
+int64_t KvStore::suffix_offset(const Item& item, const Chunk& chunk) const {
+  return chunk.first_layer == 0 ? 0 : layer_offset(item.codec, item.layer_pairs, chunk.first_layer);
 }
 
 bool KvStore::Item::only_in(TierIndex t) const {
@@ -321,13 +324,17 @@ std::optional<StoreLease> KvStore::try_acquire_in_dram(ItemId id, int64_t first,
 }
 
 std::optional<TierIndex> KvStore::locate(ItemId id, int64_t first, int64_t count,
-                                         int64_t skipped_chunks,
-                                         std::vector<int32_t>* first_layers) const {
+                                         int64_t skipped_chunks, std::vector<int32_t>* first_layers,
+                                         std::vector<kv::krul::LayerPair>* layer_pairs) const {
   std::scoped_lock lock(mutex_);
   auto it = items_.find(id);
   if (it == items_.end() || !it->second.serves(first + count, skipped_chunks)) return std::nullopt;
   const Item& item = it->second;
   if (first_layers != nullptr) *first_layers = first_layers_of(item, first, count);
+  if (layer_pairs != nullptr) {
+    layer_pairs->clear();
+    if (options_.codecs[item.codec].merged_pairs > 0) *layer_pairs = item.layer_pairs;
+  }
   TierIndex farthest = item.fetched_from;
   for (int64_t i = first; i < first + count; ++i) {
     if (item.chunks[i].dram == nullptr) farthest = std::max(farthest, source_of(item.chunks[i]));

@@ -317,11 +317,12 @@ StatusOr<LayeredLease> KvStore::pin_layers(ItemId id, int64_t first, int64_t cou
   std::unique_lock lock(mutex_);
   STRATA_ASSIGN_OR_RETURN(Item * found, leasable(id, first + count, skipped_chunks, lock));
   Item& item = *found;
-  if (item.codec != 0) {
+  if (!keeps_suffix(item.codec)) {
     return failed_precondition_error("KV store: conversation item " + std::to_string(id) +
                                      " is encoded; its chunks are read whole");
   }
-  LayeredLease layered{{id, {}, kDramTier, 0, {}, nullptr, {}}, first, {}};
+  LayeredLease layered{{id, {}, kDramTier, item.codec, {}, nullptr, {}}, first, {}};
+  if (item.codec != 0) layered.lease.layer_pairs = item.layer_pairs;
   StoreLease& lease = layered.lease;
   TierIndex farthest = kDramTier;
   std::array<bool, kMaxTiers> reading{};
@@ -341,7 +342,7 @@ StatusOr<LayeredLease> KvStore::pin_layers(ItemId id, int64_t first, int64_t cou
     }
     if (!lease.direct) lease.direct = std::make_shared<std::vector<AlignedBuffer>>(count);
     AlignedBuffer& buffer = (*lease.direct)[i - first];
-    buffer = AlignedBuffer(options_.chunk_bytes);
+    buffer = AlignedBuffer(value_bytes(item));
     lease.chunks.push_back(buffer.data());
     layered.from.push_back(t);
     farthest = std::max(farthest, t);
@@ -366,7 +367,10 @@ StatusOr<LayeredLease> KvStore::pin_layers(ItemId id, int64_t first, int64_t cou
 
 Status KvStore::read_layers(LayeredLease* layered, std::span<const LayerPart> parts) {
   const StoreLease& lease = layered->lease;
-  const int64_t layer_bytes = options_.chunk_bytes / options_.chunk_layers;
+  const auto offset_of = [&](int32_t layer) {
+    return layer_offset(lease.codec, lease.layer_pairs, layer);
+  };
+  const int64_t value_end = offset_of(options_.chunk_layers);
   std::array<int64_t, kMaxTiers> bytes{};
   std::array<double, kMaxTiers> seconds{};
   Status status;
@@ -379,7 +383,7 @@ Status KvStore::read_layers(LayeredLease* layered, std::span<const LayerPart> pa
     const Tier& tier = *tiers_[from];
     // A stored suffix's value starts at its first layer.
     const int32_t first_layer = lease.first_layers.empty() ? 0 : lease.first_layers[part.chunk];
-    const int64_t stored = first_layer * layer_bytes;
+    const int64_t stored = offset_of(first_layer);
     int64_t read = 0;
     if (part.layer_begin < first_layer) {
       status =
@@ -387,16 +391,17 @@ Status KvStore::read_layers(LayeredLease* layered, std::span<const LayerPart> pa
                          " of conversation item " + std::to_string(lease.item) +
                          ", whose chunk keeps layers from " + std::to_string(first_layer));
     } else if (tier.reads_parts()) {
-      const int64_t offset = part.layer_begin * layer_bytes;
-      read = (part.layer_end - part.layer_begin) * layer_bytes;
-      status = tier.get_part(lease.item, index, offset - stored, read, buffer.data() + offset);
+      const int64_t offset = offset_of(part.layer_begin);
+      read = offset_of(part.layer_end) - offset;  // none for a merged pair's shallow layers
+      if (read > 0) {
+        status = tier.get_part(lease.item, index, offset - stored, read, buffer.data() + offset);
+      }
     } else {
       std::vector<AlignedBuffer> got(1);
       status = tier.get(lease.item, std::span(&index, 1), got);
       if (status.ok()) {
-        status =
-            decode(tier.codec(), got[0].bytes(),
-                   {buffer.data() + stored, static_cast<size_t>(options_.chunk_bytes - stored)});
+        status = decode(tier.codec(), got[0].bytes(),
+                        {buffer.data() + stored, static_cast<size_t>(value_end - stored)});
       }
       read = got[0].size();
     }

@@ -188,8 +188,10 @@ struct StoreLease {
   std::vector<int32_t> first_layers;
 };
 
-// Raw chunks pinned to be read by layer ranges (KvStore::pin_layers): release `lease` with
-// KvStore::release() when done.
+// Raw or layer-merged chunks pinned to be read by layer ranges (KvStore::pin_layers): release
+// `lease` with KvStore::release() when done. A merged chunk (lease.layer_pairs not empty) stays
+// in its merged form: layers [b, e) are its bytes from KvStore::layer_offset(b) to
+// layer_offset(e), and a pair's data lies at its deep layer's place.
 struct LayeredLease {
   // chunks[i]: chunk first + i, in DRAM, or a buffer the lease owns that read_layers() fills.
   StoreLease lease;
@@ -284,22 +286,26 @@ class KvStore {
   // all in DRAM, or fetched from the shared tier for this load), without reading or counting
   // anything; nullopt if the item is gone, shorter or changed since it was matched with
   // `skipped_chunks`. A restoration plans by the cost of reading from there. With `first_layers`,
-  // also each chunk's first stored layer (ChunkKey::first_layer), which the plan must respect.
+  // also each chunk's first stored layer (ChunkKey::first_layer), which the plan must respect;
+  // with `layer_pairs`, the pairs its chunks are merged by (empty: raw or another codec).
   std::optional<TierIndex> locate(ItemId item, int64_t first, int64_t count,
                                   int64_t skipped_chunks = 0,
-                                  std::vector<int32_t>* first_layers = nullptr) const;
+                                  std::vector<int32_t>* first_layers = nullptr,
+                                  std::vector<kv::krul::LayerPair>* layer_pairs = nullptr) const;
   void release(const StoreLease& lease, double load_seconds);
-  // Pins raw chunks [first, first + count) of `item` to be read by layer ranges, without reading
+  // Pins raw or layer-merged chunks [first, first + count) of `item` to be read by layer ranges
+  // (LayeredLease), without reading
   // anything: chunks in DRAM are handed over whole, the others get buffers the lease owns that
   // read_layers() fills (Krul's reads beside the pass: each layer's part of the history just
   // before the layer that loads it). The read chunks are not copied into DRAM. Counted as
   // acquire() counts a hit. Errors as acquire(), and FAILED_PRECONDITION (nothing pinned or
-  // counted) for an encoded item: acquire() reads those whole.
+  // counted) for an item in another codec: acquire() reads those whole.
   StatusOr<LayeredLease> pin_layers(ItemId item, int64_t first, int64_t count,
                                     int64_t skipped_chunks = 0);
   // Reads `parts` of the lease's chunks from their tiers into its buffers: a tier that reads parts
-  // (Tier::reads_parts: the raw SSD tier) reads only those layers' bytes, checked by their
-  // checksums; another reads the whole chunk the first time (its `from` turns kDramTier).
+  // (Tier::reads_parts: the raw SSD tier) reads only those layers' bytes (of a merged chunk, its
+  // bytes between the layers' places), checked by their checksums; another reads the whole chunk
+  // the first time (its `from` turns kDramTier).
   // DATA_LOSS if a part is corrupt or unreadable: the item is dropped and counted, as acquire()
   // does. One thread at a time per lease.
   Status read_layers(LayeredLease* lease, std::span<const LayerPart> parts);
@@ -477,6 +483,10 @@ class KvStore {
   // (its first layer's place in the item's codec: a raw chunk's or a layer merge's).
   int64_t layer_bytes() const { return options_.chunk_bytes / options_.chunk_layers; }
   int64_t suffix_offset(const Item& item, const Chunk& chunk) const;
+  // Where layer `layer`'s bytes begin in a chunk stored in `codec` (raw, or a layer merge of
+  // `pairs`); layer chunk_layers: the value's end.
+  int64_t layer_offset(int32_t codec, std::span<const kv::krul::LayerPair> pairs,
+                       int32_t layer) const;
   // Whether items in `codec` may keep a stored suffix: raw ones, and layer-merged ones (the
   // merge's form keeps its layers in order: kv::krul::merged_layer_offset).
   bool keeps_suffix(int32_t codec) const {

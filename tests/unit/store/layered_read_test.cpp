@@ -192,17 +192,19 @@ TEST(LayeredReadTest, ATierThatCannotReadPartsReadsAChunkWholeOnce) {
   store->release(lease->lease, 0);
 }
 
-TEST(LayeredReadTest, PartsMustBeWholeChecksummedSegments) {
+// A part of a value is read with the checksummed segments around it: any byte range reads back
+// its bytes, and fails when a segment it touches is corrupt, not when another one is. A value
+// whose size is not a multiple of the segments' has a shorter last one, after a restart too.
+TEST(LayeredReadTest, APartIsCheckedByTheSegmentsAroundIt) {
   TempDir dir;
   std::vector<RecoveredItem> recovered;
-  auto tier = SsdTier::open({.name = "ssd",
-                             .dir = dir.file("ssd"),
-                             .capacity_bytes = 64 * 8192,
-                             .file_bytes = 16 * 8192,
-                             .segment_bytes = kLayerBytes},
-                            &recovered)
-                  .value();
-  // A value of 6 segments, and one of 5500 bytes (not a multiple: one checksum).
+  const SsdOptions ssd{.name = "ssd",
+                       .dir = dir.file("ssd"),
+                       .capacity_bytes = 64 * 8192,
+                       .file_bytes = 16 * 8192,
+                       .segment_bytes = kLayerBytes};
+  auto tier = SsdTier::open(ssd, &recovered).value();
+  // A value of 6 segments, and one of 5500 bytes (6 segments: 5 of 917 bytes, a last of 915).
   const std::vector<int64_t> sizes = {kChunkBytes, 5500};
   Reservation room = tier->reserve(sizes).value();
   std::vector<AlignedBuffer> values;
@@ -214,17 +216,46 @@ TEST(LayeredReadTest, PartsMustBeWholeChecksummedSegments) {
   }
   const std::vector<ChunkKey> keys = {{1, 0, {1, 7}}, {1, 1, {2, 7}}};
   ASSERT_TRUE(tier->put({}, room, keys, spans).ok());
+  tier.reset();  // both values and their checksums come back from the journal
+  tier = SsdTier::open(ssd, &recovered).value();
+  ASSERT_EQ(recovered.size(), 1u);
   std::vector<std::byte> out(kChunkBytes);
-  ASSERT_TRUE(tier->get_part(1, 0, 2 * kLayerBytes, 3 * kLayerBytes, out.data()).ok());
-  EXPECT_EQ(std::memcmp(out.data(), values[0].data() + 2 * kLayerBytes, 3 * kLayerBytes), 0);
-  EXPECT_EQ(tier->get_part(1, 0, kLayerBytes / 2, kLayerBytes, out.data()).code(),
-            StatusCode::kInvalidArgument);
+  const auto reads = [&](int32_t index, int64_t offset, int64_t bytes) {
+    std::ranges::fill(out, std::byte{0});
+    const Status read = tier->get_part(1, index, offset, bytes, out.data());
+    return read.ok() && std::memcmp(out.data(), values[index].data() + offset, bytes) == 0;
+  };
+  EXPECT_TRUE(reads(0, 2 * kLayerBytes, 3 * kLayerBytes));
+  EXPECT_TRUE(reads(0, kLayerBytes / 2, kLayerBytes));
+  EXPECT_TRUE(reads(0, 5 * kLayerBytes + 1, kLayerBytes - 1));
+  EXPECT_TRUE(reads(1, 0, 5500));
+  EXPECT_TRUE(reads(1, 4000, 1500));
+  EXPECT_TRUE(reads(1, 917 * 5, 915)) << "the last segment";
   EXPECT_EQ(tier->get_part(1, 0, 5 * kLayerBytes, 2 * kLayerBytes, out.data()).code(),
-            StatusCode::kInvalidArgument);
-  ASSERT_TRUE(tier->get_part(1, 1, 0, 5500, out.data()).ok());
-  EXPECT_EQ(std::memcmp(out.data(), values[1].data(), 5500), 0);
-  EXPECT_EQ(tier->get_part(1, 1, 0, kLayerBytes, out.data()).code(), StatusCode::kInvalidArgument);
+            StatusCode::kInvalidArgument)
+      << "past the value";
   EXPECT_EQ(tier->get_part(1, 2, 0, kLayerBytes, out.data()).code(), StatusCode::kNotFound);
+  // Corrupt byte 2000 of the second value (its third segment, [1834, 2751)) where the tier wrote
+  // it (found by its content).
+  const std::string path = dir.file("ssd") + "/data-000.bin";
+  std::vector<char> data;
+  {
+    std::ifstream in(path, std::ios::binary);
+    data.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  auto* pattern = reinterpret_cast<const char*>(values[1].data());
+  const auto at = std::search(data.begin(), data.end(), pattern, pattern + 1000);
+  ASSERT_NE(at, data.end());
+  {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(at - data.begin() + 2000);
+    const char c = static_cast<char>(data[at - data.begin() + 2000] ^ 0x5a);
+    f.write(&c, 1);
+  }
+  EXPECT_TRUE(reads(1, 0, 1834));
+  EXPECT_TRUE(reads(1, 2751, 100));
+  EXPECT_EQ(tier->get_part(1, 1, 2700, 10, out.data()).code(), StatusCode::kDataLoss);
+  EXPECT_EQ(tier->get_part(1, 1, 1800, 40, out.data()).code(), StatusCode::kDataLoss);
 }
 
 // Krul's stored suffix (KvStore::set_stored_layers): once written below DRAM, chunk i keeps only
@@ -300,16 +331,15 @@ TEST_P(StoredSuffixTest, AReadOfALayerTheChunkLeftOutIsRefused) {
   EXPECT_FALSE(store->find(a, root(), {})) << "dropped, as a corrupt chunk's item is";
 }
 
-// A layer-merged item keeps a stored suffix of its merged form (kv::krul::merged_layer_offset):
 // "merge" stands for the layer merge of pair (1, 3) with 200 bytes of magnitudes and retained
 // vectors, laid out as the real one is (layer 1's place empty, layer 3's followed by the pair's
-// bytes). Set before the merge, the first layers {4, 2} keep the merged bytes from layer 4's and
-// layer 2's place on; read back after a restart, the bytes before them are zeros.
-TEST_P(StoredSuffixTest, AMergedChunkKeepsTheSuffixOfItsMergedForm) {
-  constexpr int64_t kPairBytes = 200, kMerged = kChunkBytes - kLayerBytes + kPairBytes;
-  const std::vector<kv::krul::LayerPair> pairs = {{1, 3, 0.5}};
-  TempDir dir;
-  StoreOptions o = layered(dir, GetParam());
+// bytes).
+constexpr int64_t kPairBytes = 200, kMerged = kChunkBytes - kLayerBytes + kPairBytes;
+
+std::vector<kv::krul::LayerPair> merged_pairs() { return {{1, 3, 0.5}}; }
+
+StoreOptions merging(const TempDir& dir, CodecKind codec) {
+  StoreOptions o = layered(dir, codec);
   o.codecs = {{.name = "merge", .chunk_bytes = kMerged, .merged_pairs = 1, .task_quality = {}}};
   o.fixed_codec = 1;
   o.transcode = [](int32_t, int32_t, const std::vector<kv::krul::LayerPair>&,
@@ -322,17 +352,84 @@ TEST_P(StoredSuffixTest, AMergedChunkKeepsTheSuffixOfItsMergedForm) {
     }
     return Status();
   };
-  const std::vector<TokenId> a = tokens(1, 9);
-  const std::vector<kv::ChunkHash> hashes = chain(a);
-  std::vector<std::vector<std::byte>> merged(2, std::vector<std::byte>(kMerged));
-  for (size_t i = 0; i < merged.size(); ++i) {
+  return o;
+}
+
+// The merged form of the chunks of `a`.
+std::vector<std::vector<std::byte>> merged_chunks(const StoreOptions& o,
+                                                  std::span<const TokenId> a) {
+  std::vector<std::vector<std::byte>> merged;
+  for (const kv::ChunkHash& h : chain(a)) {
     std::vector<std::byte> raw(kChunkBytes);
-    fill(raw.data(), hashes[i]);
-    std::byte* out = merged[i].data();
-    ASSERT_TRUE(o.transcode(0, 1, pairs, std::vector<const std::byte*>{raw.data()},
+    fill(raw.data(), h);
+    std::byte* out = merged.emplace_back(kMerged).data();
+    EXPECT_TRUE(o.transcode(0, 1, merged_pairs(), std::vector<const std::byte*>{raw.data()},
                             std::span<std::byte* const>(&out, 1))
                     .ok());
   }
+  return merged;
+}
+
+// A layer-merged item is read by layer ranges in its merged form: layers [b, e) are its bytes
+// between their places (the shallow layer 1 has none: its data is at layer 3's place), and the
+// SSD tier reads just those (checked by the segments around them).
+TEST_P(StoredSuffixTest, AMergedChunkIsReadByTheLayersOfItsMergedForm) {
+  TempDir dir;
+  const StoreOptions o = merging(dir, GetParam());
+  const std::vector<TokenId> a = tokens(1, 9);
+  const std::vector<std::vector<std::byte>> merged = merged_chunks(o, a);
+  const std::vector<kv::krul::LayerPair> pairs = merged_pairs();
+  const auto place = [&](int32_t l) {
+    return kv::krul::merged_layer_offset(pairs, l, kLayerBytes, kPairBytes);
+  };
+  auto store = KvStore::open(o).value();
+  ASSERT_TRUE(save(*store, a).ok());
+  store->wait_idle();
+  const ItemId item = store->find(a, root(), {})->item;
+  store->set_layer_pairs(item, pairs);
+  store->wait_idle();
+  ASSERT_TRUE(save(*store, tokens(2, 9)).ok());
+  store->wait_idle();
+  ASSERT_EQ(store->find(a, root(), {})->tier, kSsd);
+  std::vector<kv::krul::LayerPair> located;
+  ASSERT_TRUE(store->locate(item, 0, 2, 0, nullptr, &located));
+  ASSERT_EQ(located.size(), 1u);
+  EXPECT_EQ(located[0].shallow, 1);
+  EXPECT_EQ(located[0].deep, 3);
+
+  StatusOr<LayeredLease> lease = store->pin_layers(item, 0, 2);
+  ASSERT_TRUE(lease.ok()) << lease.status().to_string();
+  EXPECT_EQ(lease->lease.codec, 1);
+  ASSERT_EQ(lease->lease.layer_pairs.size(), 1u);
+  const int64_t before = store->stats().tier("ssd").bytes_out;
+  ASSERT_TRUE(store->read_layers(&*lease, std::vector<LayerPart>{{0, 0, 1}}).ok());
+  EXPECT_TRUE(
+      std::equal(lease->lease.chunks[0], lease->lease.chunks[0] + place(1), merged[0].begin()));
+  ASSERT_TRUE(store->read_layers(&*lease, std::vector<LayerPart>{{0, 1, 2}}).ok());
+  if (GetParam() == CodecKind::kIdentity) {
+    EXPECT_EQ(store->stats().tier("ssd").bytes_out - before, place(1)) << "layer 1 holds nothing";
+  }
+  ASSERT_TRUE(store->read_layers(&*lease, std::vector<LayerPart>{{0, 1, 4}, {1, 1, 6}}).ok());
+  EXPECT_TRUE(std::equal(lease->lease.chunks[0] + place(1), lease->lease.chunks[0] + place(4),
+                         merged[0].begin() + place(1)));
+  EXPECT_TRUE(std::equal(lease->lease.chunks[1] + place(1), lease->lease.chunks[1] + kMerged,
+                         merged[1].begin() + place(1)));
+  if (GetParam() == CodecKind::kIdentity) {
+    EXPECT_EQ(store->stats().tier("ssd").bytes_out - before, place(4) + (kMerged - place(1)))
+        << "chunk 0's layers [0, 4), chunk 1's [1, 6)";
+  }
+  store->release(lease->lease, 0);
+}
+
+// A layer-merged item keeps a stored suffix of its merged form (kv::krul::merged_layer_offset).
+// Set before the merge, the first layers {4, 2} keep the merged bytes from layer 4's and layer
+// 2's place on; read back after a restart, the bytes before them are zeros.
+TEST_P(StoredSuffixTest, AMergedChunkKeepsTheSuffixOfItsMergedForm) {
+  const std::vector<kv::krul::LayerPair> pairs = merged_pairs();
+  TempDir dir;
+  const StoreOptions o = merging(dir, GetParam());
+  const std::vector<TokenId> a = tokens(1, 9);
+  const std::vector<std::vector<std::byte>> merged = merged_chunks(o, a);
   const int64_t from4 = kv::krul::merged_layer_offset(pairs, 4, kLayerBytes, kPairBytes);
   const int64_t from2 = kv::krul::merged_layer_offset(pairs, 2, kLayerBytes, kPairBytes);
   EXPECT_EQ(from4, 3 * kLayerBytes + kPairBytes);
