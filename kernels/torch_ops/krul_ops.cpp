@@ -259,7 +259,11 @@ at::Tensor krul_merge_chunks(const at::Tensor& chunks, const kv::krul::MergedFor
 at::Tensor krul_unmerge_chunks(const at::Tensor& merged, const kv::krul::MergedForm& form,
                                const std::vector<kv::krul::LayerPair>& pairs, int64_t layers,
                                int64_t num_kv_heads, int64_t block, int64_t d,
-                               c10::ScalarType dtype) {
+                               c10::ScalarType dtype, int64_t layer_begin, int64_t layer_end) {
+  if (layer_end < 0) layer_end = layers;
+  TORCH_CHECK(0 <= layer_begin && layer_begin <= layer_end && layer_end <= layers,
+              "krul_unmerge_chunks: layers [", layer_begin, ", ", layer_end, ") of ", layers);
+  const auto wanted = [&](int64_t l) { return layer_begin <= l && l < layer_end; };
   const int64_t n = merged.size(0), heads = num_kv_heads, r = form.retained;
   const int64_t es = static_cast<int64_t>(c10::elementSize(dtype));
   TORCH_CHECK(std::ssize(pairs) == form.pairs, "krul_unmerge_chunks: ", pairs.size(),
@@ -277,16 +281,21 @@ at::Tensor krul_unmerge_chunks(const at::Tensor& merged, const kv::krul::MergedF
     return f;
   };
   const int64_t layer_bytes = 2 * heads * block * d * es;
+  const int64_t side_bytes = 2 * block * heads * 4 + r * 4 + 2 * r * d * es;  // per K or V
   at::Tensor out = at::empty({n, layers, 2, heads, block, d}, merged.options().dtype(dtype));
   for (int64_t l = 0; l < layers; ++l) {
     if (roles.shallow[static_cast<size_t>(l)]) continue;
-    const at::Tensor stored = field(layer_bytes, dtype).view({n, 2, heads, block, d});
     const int64_t pair = roles.deep_pair[static_cast<size_t>(l)];
-    if (pair < 0) {
+    const kv::krul::LayerPair* p = pair < 0 ? nullptr : &pairs[static_cast<size_t>(pair)];
+    if (!wanted(l) && (p == nullptr || !wanted(p->shallow))) {  // the data of layers not asked for
+      offset += layer_bytes + (p == nullptr ? 0 : 2 * side_bytes);
+      continue;
+    }
+    const at::Tensor stored = field(layer_bytes, dtype).view({n, 2, heads, block, d});
+    if (p == nullptr) {
       out.select(1, l).copy_(stored);
       continue;
     }
-    const kv::krul::LayerPair& p = pairs[static_cast<size_t>(pair)];
     for (int64_t kv = 0; kv < 2; ++kv) {
       const at::Tensor m = field(2 * block * heads * 4, at::kFloat).view({n, 2, block, heads});
       const at::Tensor index = field(r * 4, at::kInt).to(at::kLong);  // [n, r]
@@ -302,8 +311,8 @@ at::Tensor krul_unmerge_chunks(const at::Tensor& merged, const kv::krul::MergedF
           krul_unmerge(direction, m.transpose(0, 1).reshape({2, n * block, heads}),
                        retained.view({-1}), originals.reshape({2, -1, d}));
       const at::Tensor layers_kv = both.view({2, n, block, heads, d}).permute({0, 1, 3, 2, 4});
-      out.select(1, p.shallow).select(1, kv).copy_(layers_kv[0]);
-      out.select(1, p.deep).select(1, kv).copy_(layers_kv[1]);
+      if (wanted(p->shallow)) out.select(1, p->shallow).select(1, kv).copy_(layers_kv[0]);
+      if (wanted(p->deep)) out.select(1, p->deep).select(1, kv).copy_(layers_kv[1]);
     }
   }
   return out;

@@ -105,7 +105,8 @@ StatusOr<CodecQualityResult> measure_codec_quality(executor::Executor& executor,
         out.push_back(r.chunks[static_cast<size_t>(i)].data());
       }
       STRATA_RETURN_IF_ERROR(executor.merge_kv_chunks(form, pairs, in, merged_out));
-      STRATA_RETURN_IF_ERROR(executor.unmerge_kv_chunks(form, pairs, merged_in, out));
+      STRATA_RETURN_IF_ERROR(executor.unmerge_kv_chunks(
+          form, pairs, merged_in, out, 0, static_cast<int32_t>(executor.config().num_layers)));
       r.stored_chunk_bytes = executor.kv_chunk_bytes(form);
       r.tokens = history_ids;
     } else {

@@ -363,7 +363,9 @@ Status profile(const std::vector<std::string>& args) {
         decode_seconds_per_byte(
             executor, executor.kv_chunk_bytes(form),
             [&](auto in, auto out) { return executor.merge_kv_chunks(form, pairs, in, out); },
-            [&](auto in, auto out) { return executor.unmerge_kv_chunks(form, pairs, in, out); }));
+            [&](auto in, auto out) {
+              return executor.unmerge_kv_chunks(form, pairs, in, out, 0, g.num_layers);
+            }));
     nlohmann::json codec = {{"name", "layer-merge"}, {"decode_seconds_per_byte", decode}};
     codec.update(qualities["layer-merge"]);
     std::fprintf(stderr, "layer-merge: decode %.3g ns per raw byte\n", decode * 1e9);

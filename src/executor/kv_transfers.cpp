@@ -432,20 +432,23 @@ Status TorchExecutor::merge_kv_chunks(const kv::krul::MergedForm& form,
                                       const std::vector<kv::krul::LayerPair>& pairs,
                                       std::span<const std::byte* const> in,
                                       std::span<std::byte* const> out) const {
-  return convert_merged(form, pairs, in, out, /*merge=*/true);
+  return convert_merged(form, pairs, in, out, /*merge=*/true, 0,
+                        static_cast<int32_t>(kv_geometry_.num_layers));
 }
 
 Status TorchExecutor::unmerge_kv_chunks(const kv::krul::MergedForm& form,
                                         const std::vector<kv::krul::LayerPair>& pairs,
                                         std::span<const std::byte* const> in,
-                                        std::span<std::byte* const> out) const {
-  return convert_merged(form, pairs, in, out, /*merge=*/false);
+                                        std::span<std::byte* const> out, int32_t layer_begin,
+                                        int32_t layer_end) const {
+  return convert_merged(form, pairs, in, out, /*merge=*/false, layer_begin, layer_end);
 }
 
 Status TorchExecutor::convert_merged(const kv::krul::MergedForm& form,
                                      const std::vector<kv::krul::LayerPair>& pairs,
                                      std::span<const std::byte* const> in,
-                                     std::span<std::byte* const> out, bool merge) const {
+                                     std::span<std::byte* const> out, bool merge,
+                                     int32_t layer_begin, int32_t layer_end) const {
   const int64_t layers = kv_geometry_.num_layers, heads = config_.num_kv_heads;
   const int64_t block = kv_geometry_.block_size_tokens, dim = config_.head_dim;
   STRATA_RETURN_IF_ERROR(kv::krul::validate_pairs(pairs, static_cast<int32_t>(layers)));
@@ -453,8 +456,15 @@ Status TorchExecutor::convert_merged(const kv::krul::MergedForm& form,
     return invalid_argument_error("merged KV chunks of " + std::to_string(form.pairs) +
                                   " layer pairs, given " + std::to_string(pairs.size()));
   }
+  if (layer_begin < 0 || layer_begin > layer_end || layer_end > layers) {
+    return invalid_argument_error("restoring layers [" + std::to_string(layer_begin) + ", " +
+                                  std::to_string(layer_end) + ") of " + std::to_string(layers));
+  }
   const int64_t from = merge ? kv_chunk_bytes() : kv_chunk_bytes(form);
   const int64_t to = merge ? kv_chunk_bytes(form) : kv_chunk_bytes();
+  // The bytes of out[i] written: all of a merged chunk, the asked layers of a restored one.
+  const int64_t written_from = merge ? 0 : layer_begin * (to / layers);
+  const int64_t written = merge ? to : (layer_end - layer_begin) * (to / layers);
   // A slice of chunks at a time bounds the host memory this takes beside the store's.
   constexpr int64_t kSliceChunks = 16;
   try {
@@ -469,11 +479,12 @@ Status TorchExecutor::convert_merged(const kv::krul::MergedForm& form,
           merge ? kernels::aten::krul_merge_chunks(
                       src.view(dtype_).view({m, layers, 2, heads, block, dim}), form, pairs)
                 : kernels::aten::krul_unmerge_chunks(src, form, pairs, layers, heads, block, dim,
-                                                     dtype_)
+                                                     dtype_, layer_begin, layer_end)
                       .contiguous();
       const auto* bytes = static_cast<const std::byte*>(result.data_ptr());
       for (int64_t i = 0; i < m; ++i) {
-        std::memcpy(out[first + i], bytes + i * to, static_cast<size_t>(to));
+        std::memcpy(out[first + i] + written_from, bytes + i * to + written_from,
+                    static_cast<size_t>(written));
       }
     }
   } catch (const std::exception& e) {

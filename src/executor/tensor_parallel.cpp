@@ -312,8 +312,8 @@ class TensorParallelExecutor final : public Executor {
   }
   Status unmerge_kv_chunks(const kv::krul::MergedForm& form,
                            const std::vector<kv::krul::LayerPair>& pairs,
-                           std::span<const std::byte* const> in,
-                           std::span<std::byte* const> out) const override {
+                           std::span<const std::byte* const> in, std::span<std::byte* const> out,
+                           int32_t, int32_t) const override {
     return merge_kv_chunks(form, pairs, in, out);
   }
   Status keep_heavy_hitters(std::span<const float>, std::span<const std::byte* const>,

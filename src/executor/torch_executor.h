@@ -87,8 +87,8 @@ class TorchExecutor final : public Executor {
                             std::span<std::byte* const> out) const override;
   Status unmerge_kv_chunks(const kv::krul::MergedForm& form,
                            const std::vector<kv::krul::LayerPair>& pairs,
-                           std::span<const std::byte* const> in,
-                           std::span<std::byte* const> out) const override;
+                           std::span<const std::byte* const> in, std::span<std::byte* const> out,
+                           int32_t layer_begin, int32_t layer_end) const override;
   void drop_preload(SeqId seq) override { read_buffers_.erase(seq); }
   void end_sequence(SeqId seq) override {
     if (leankv_) leankv_->end(seq);
@@ -113,11 +113,12 @@ class TorchExecutor final : public Executor {
   StatusOr<ForwardResult> forward(const ForwardBatch& batch) override;
 
  private:
-  // merge_kv_chunks (merge) or unmerge_kv_chunks (kv_transfers.cpp).
+  // merge_kv_chunks (merge: every layer) or unmerge_kv_chunks of layers [layer_begin,
+  // layer_end) (kv_transfers.cpp).
   Status convert_merged(const kv::krul::MergedForm& form,
                         const std::vector<kv::krul::LayerPair>& pairs,
                         std::span<const std::byte* const> in, std::span<std::byte* const> out,
-                        bool merge) const;
+                        bool merge, int32_t layer_begin, int32_t layer_end) const;
   // Pre-loaded first layers of a sequence's chunks (CachedAttention's read buffer).
   struct ReadBuffer {
     std::vector<const std::byte*> chunks;  // the host chunks, in block order

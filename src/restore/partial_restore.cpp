@@ -163,7 +163,9 @@ Status RestoreCoordinator::unmerge_load(const store::StoreLease& lease,
   for (size_t i = 0; i < chunks.size(); ++i) {
     out.push_back(unmerged_chunks_.emplace_back(raw).data());
   }
-  STRATA_RETURN_IF_ERROR(executor_.unmerge_kv_chunks(merged_form_, lease.layer_pairs, chunks, out));
+  STRATA_RETURN_IF_ERROR(
+      executor_.unmerge_kv_chunks(merged_form_, lease.layer_pairs, chunks, out, 0,
+                                  static_cast<int32_t>(executor_.config().num_layers)));
   std::copy(out.begin(), out.end(), chunks.begin());
   stats_.merged_chunks_loaded += std::ssize(chunks);
   return Status();

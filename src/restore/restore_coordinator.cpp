@@ -368,7 +368,7 @@ StatusOr<store::TierIndex> RestoreCoordinator::stream_load(SeqId seq, Sequence& 
   StatusOr<store::LayeredLease> lease =
       store_->pin_layers(stored.item, stored.chunks[first], load.num_blocks, stored.skipped_chunks);
   if (!lease.ok() && lease.status().code() == StatusCode::kFailedPrecondition) {
-    return pin_load(sequence, load, rows, kv_load);  // encoded or merged: decoded whole
+    return pin_load(sequence, load, rows, kv_load);  // encoded: decoded whole
   }
   sequence.stored.reset();
   if (!lease.ok()) return lease.status();
@@ -379,9 +379,11 @@ StatusOr<store::TierIndex> RestoreCoordinator::stream_load(SeqId seq, Sequence& 
         " keeps fewer layers than its restoration reads (changed since planned)");
   }
   const store::TierIndex tier = lease->lease.served_from;
+  // Merged chunks, whole in DRAM too, are restored beside the pass (StreamedRead).
+  const std::vector<kv::krul::LayerPair> pairs = lease->lease.layer_pairs;
   kv_load->chunks.clear();
   for (int64_t j = 0; j < load.num_blocks; ++j) {
-    const bool whole = lease->from[j] == store::kDramTier;
+    const bool whole = lease->from[j] == store::kDramTier && pairs.empty();
     kv_load->chunks.push_back(whole ? lease->lease.chunks[j] : nullptr);
   }
   if (std::ranges::find(kv_load->chunks, nullptr) == kv_load->chunks.end()) {  // nothing to read
@@ -393,7 +395,16 @@ StatusOr<store::TierIndex> RestoreCoordinator::stream_load(SeqId seq, Sequence& 
   for (const int64_t computed : rows) {
     layer_first.push_back(std::max(computed / block, first) - first);
   }
-  auto read = std::make_shared<StreamedRead>(*store_, *std::move(lease), std::move(layer_first));
+  StreamedRead::Unmerge unmerge;
+  if (!pairs.empty()) {
+    unmerge = [this, pairs](std::span<const std::byte* const> in, std::span<std::byte* const> out,
+                            int32_t begin, int32_t end) {
+      return executor_.unmerge_kv_chunks(merged_form_, pairs, in, out, begin, end);
+    };
+    stats_.merged_chunks_loaded += load.num_blocks;
+  }
+  auto read = std::make_shared<StreamedRead>(*store_, *std::move(lease), std::move(layer_first),
+                                             std::move(unmerge));
   kv_load->arrivals = read;
   // Counted as restore() counts a load: the whole history (it starts at block 0).
   streamed_.push_back({seq, std::move(read), (last + 1) * block, tier});

@@ -18,11 +18,15 @@ constexpr int64_t kPartBytes = 64 << 10;
 }  // namespace
 
 StreamedRead::StreamedRead(store::KvStore& store, store::LayeredLease lease,
-                           std::vector<int64_t> layer_first)
-    : store_(store), lease_(std::move(lease)), layer_first_(std::move(layer_first)) {
+                           std::vector<int64_t> layer_first, Unmerge unmerge)
+    : store_(store),
+      lease_(std::move(lease)),
+      layer_first_(std::move(layer_first)),
+      unmerge_(std::move(unmerge)) {
   STRATA_CHECK(std::ranges::is_sorted(layer_first_, std::greater<>()))
       << "a streamed read's layers load more blocks with depth";
   STRATA_CHECK_EQ(std::ssize(layer_first_), store_.options().chunk_layers);
+  STRATA_CHECK(!merged() || unmerge_) << "a streamed read of merged chunks without their restoring";
 }
 
 void StreamedRead::start() {
@@ -40,9 +44,23 @@ void StreamedRead::run() {
   const int64_t count = std::ssize(lease_.from);
   const int64_t layer_bytes = store_.options().chunk_bytes / layers;
   const int64_t most = std::max<int64_t>(1, kPartBytes / layer_bytes);
+  if (merged()) {
+    restored_.assign(static_cast<size_t>(count),
+                     std::vector<std::byte>(static_cast<size_t>(store_.options().chunk_bytes)));
+  }
   int64_t group = 1;
   for (int64_t begin = 0; begin < layers;) {
-    const int64_t end = std::min(layers, begin + group);
+    int64_t end = std::min(layers, begin + group);
+    // A merged pair's shallow layer is restored from its deep layer's place: both come together.
+    for (bool grew = true; grew;) {
+      grew = false;
+      for (const kv::krul::LayerPair& p : lease_.lease.layer_pairs) {
+        if (p.shallow >= begin && p.shallow < end && p.deep >= end) {
+          end = p.deep + 1;
+          grew = true;
+        }
+      }
+    }
     // Chunk j is loaded by layers [first layer loading it, layers): its part in [begin, end).
     std::vector<store::LayerPart> parts;
     int64_t part_layers = 0;
@@ -54,7 +72,8 @@ void StreamedRead::run() {
       part_layers += end - from;
     }
     const auto start = std::chrono::steady_clock::now();
-    const Status read = store_.read_layers(&lease_, parts);
+    Status read = store_.read_layers(&lease_, parts);
+    if (read.ok() && merged()) read = restore(begin, end);
     const double seconds = seconds_since(start);
     std::scoped_lock lock(mutex_);
     if (!read.ok()) {
@@ -74,10 +93,32 @@ void StreamedRead::run() {
   arrived_.notify_all();
 }
 
+Status StreamedRead::restore(int64_t begin, int64_t end) {
+  // Chunk j is restored from the first layer of [begin, end) that loads it: the layers before
+  // recompute it, and its bytes they are restored from may not have been read. Layer l loads
+  // chunks [layer_first_[l], count), so the chunks layer `from` is the first to load are those up
+  // to where the layer before it starts.
+  const int64_t count = std::ssize(lease_.from);
+  for (int64_t from = begin; from < end; ++from) {
+    const int64_t last = from == begin ? count : std::min(count, layer_first_[from - 1]);
+    std::vector<const std::byte*> in;
+    std::vector<std::byte*> out;
+    for (int64_t j = layer_first_[from]; j < last; ++j) {
+      in.push_back(lease_.lease.chunks[j]);
+      out.push_back(restored_[j].data());
+    }
+    if (in.empty()) continue;
+    STRATA_RETURN_IF_ERROR(
+        unmerge_(in, out, static_cast<int32_t>(from), static_cast<int32_t>(end)));
+  }
+  return Status();
+}
+
 const std::byte* StreamedRead::wait(int64_t j, int64_t layer) const {
   std::unique_lock lock(mutex_);
   arrived_.wait(lock, [&] { return layers_read_ > layer; });
-  return failed_ ? nullptr : lease_.lease.chunks[j];
+  if (failed_) return nullptr;
+  return merged() ? restored_[j].data() : lease_.lease.chunks[j];
 }
 
 StreamedRead::Outcome StreamedRead::finish() {

@@ -4,13 +4,18 @@
 // thread reads layer 0's part of the chunks it loads, then layer 1's part of those it loads, and
 // so on (KvStore::read_layers: an SSD tier reads just those bytes), a few layers at a time. The
 // executor's loader thread waits for a chunk's layer before copying it into that layer
-// (executor::ChunkArrivals). Private to the restore coordinator.
+// (executor::ChunkArrivals). Chunks of Krul's layer merge are read in their merged form, a pair's
+// layers together (its data lies at its deep layer's place), and restored to raw layers on the
+// same thread as they arrive, so their restoration also runs beside the pass. Private to the
+// restore coordinator.
 #pragma once
 
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <mutex>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -22,10 +27,18 @@ namespace strata::restore {
 
 class StreamedRead final : public executor::ChunkArrivals {
  public:
+  // Restores layers [begin, end) of raw chunks out[i] from merged chunks in[i]
+  // (Executor::unmerge_kv_chunks with the lease's pairs).
+  using Unmerge =
+      std::function<Status(std::span<const std::byte* const> in, std::span<std::byte* const> out,
+                           int32_t begin, int32_t end)>;
+
   // Will read the chunks of `lease` that are not whole (KvStore::pin_layers; chunk j of the
   // lease is the load's chunk j): layer l's part of chunks [layer_first[l], count), where
-  // layer_first (one per layer) does not increase with depth.
-  StreamedRead(store::KvStore& store, store::LayeredLease lease, std::vector<int64_t> layer_first);
+  // layer_first (one per layer) does not increase with depth. A merged lease (layer pairs) needs
+  // `unmerge`; its chunks are handed over restored, whole ones in DRAM too.
+  StreamedRead(store::KvStore& store, store::LayeredLease lease, std::vector<int64_t> layer_first,
+               Unmerge unmerge = nullptr);
   ~StreamedRead() override;  // joins the thread and releases the lease
   // Starts the reads on a thread of their own (once).
   void start();
@@ -47,10 +60,15 @@ class StreamedRead final : public executor::ChunkArrivals {
 
  private:
   void run();
+  // Layers [begin, end) of a merged lease read: restores them in every chunk loading any of them.
+  Status restore(int64_t begin, int64_t end);
+  bool merged() const { return !lease_.lease.layer_pairs.empty(); }
 
   store::KvStore& store_;
   store::LayeredLease lease_;
   const std::vector<int64_t> layer_first_;
+  const Unmerge unmerge_;
+  std::vector<std::vector<std::byte>> restored_;  // a merged lease's chunks, raw
   mutable std::mutex mutex_;
   mutable std::condition_variable arrived_;
   int64_t layers_read_ = 0;  // layers [0, layers_read_) of every chunk they load are read

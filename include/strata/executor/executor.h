@@ -172,7 +172,9 @@ class Executor {
                                      std::span<std::byte* const> out) const = 0;
   // Krul's stored form of chunks (the store's layer-merge codec, docs/krul.md decision 8): its
   // bytes per chunk, and raw chunks in[i] -> merged out[i] with each of `pairs` (form.pairs of
-  // them) merged (kernels::aten::krul_merge_chunks), or back. In libtorch on the calling thread,
+  // them) merged (kernels::aten::krul_merge_chunks), or back: layers [layer_begin, layer_end) of
+  // raw out[i] from the bytes of in[i] they are restored from (the other bytes of out[i] are left
+  // as they are, those of in[i] not read). In libtorch on the calling thread,
   // on the host whatever the device. INVALID_ARGUMENT for pairs that are not a matching of this
   // model's layers, INTERNAL if libtorch fails.
   virtual int64_t kv_chunk_bytes(const kv::krul::MergedForm& form) const = 0;
@@ -183,7 +185,8 @@ class Executor {
   virtual Status unmerge_kv_chunks(const kv::krul::MergedForm& form,
                                    const std::vector<kv::krul::LayerPair>& pairs,
                                    std::span<const std::byte* const> in,
-                                   std::span<std::byte* const> out) const = 0;
+                                   std::span<std::byte* const> out, int32_t layer_begin,
+                                   int32_t layer_end) const = 0;
   // H2O's stored form (the store's h2o codecs, Krul's H2O baseline): the n raw chunks in[i] of a
   // conversation -> the out.size() <= n chunks each (layer, KV head) keeps
   // (kernels::aten::h2o_keep_chunks over token_mass, kv::krul::AttentionStats::token_mass of this

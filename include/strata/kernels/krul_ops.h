@@ -91,11 +91,15 @@ int64_t krul_merged_chunk_bytes(const kv::krul::MergedForm& form, int64_t layers
 at::Tensor krul_merge_chunks(const at::Tensor& chunks, const kv::krul::MergedForm& form,
                              const std::vector<kv::krul::LayerPair>& pairs);
 // The chunks back from their merged form (uint8 [n, bytes]): [n, layers, 2, num_kv_heads, block,
-// d] in `dtype`, each pair's layers krul_unmerge'd, the others as stored.
+// d] in `dtype`, each pair's layers krul_unmerge'd, the others as stored. Only layers
+// [layer_begin, layer_end) (layer_end < 0: all) are restored, from only the bytes they are
+// restored from (each one's place, a pair's shallow layer its deep layer's); the others are
+// undefined.
 at::Tensor krul_unmerge_chunks(const at::Tensor& merged, const kv::krul::MergedForm& form,
                                const std::vector<kv::krul::LayerPair>& pairs, int64_t layers,
                                int64_t num_kv_heads, int64_t block, int64_t d,
-                               c10::ScalarType dtype);
+                               c10::ScalarType dtype, int64_t layer_begin = 0,
+                               int64_t layer_end = -1);
 
 // H2O's stored form (Krul's H2O baseline, the store's h2o codecs; docs/krul.md decision 11):
 // chunks [n, layers, 2 (K, V), num_kv_heads, block, d] (the store's chunk layout) in any dtype and

@@ -290,6 +290,49 @@ TEST(KrulOpsTest, ASuffixOfMergedChunksRestoresTheLayersItKeeps) {
   }
 }
 
+// Layers [b, e) of merged chunks restore as the whole chunks' restoring does, from only the bytes
+// they are restored from (KvStore::layer_offset's places; a pair's shallow layer its deep
+// layer's): every other byte is poisoned (0xff: NaN values and out-of-range retained indices,
+// which fail the restoring if read), for every range.
+TEST(KrulOpsTest, ARangeOfLayersRestoresFromItsOwnBytesOnly) {
+  at::manual_seed(9);
+  const int64_t n = 2, layers = 7, heads = 2, block = 8, d = 16;
+  const std::vector<kv::krul::LayerPair> pairs = {{4, 6, 0.0}, {0, 3, 0.0}};
+  const kv::krul::MergedForm form{.pairs = 2, .retained = 3, .slerp_t = 0.6, .retain = 0.3};
+  for (const c10::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    const at::Tensor chunks = at::randn({n, layers, 2, heads, block, d}).to(dtype);
+    const at::Tensor merged = krul_merge_chunks(chunks, form, pairs);
+    const at::Tensor whole =
+        krul_unmerge_chunks(merged, form, pairs, layers, heads, block, d, dtype);
+    const int64_t es = static_cast<int64_t>(c10::elementSize(dtype));
+    const int64_t layer_bytes = 2 * heads * block * d * es;
+    const int64_t pair_bytes = (merged.size(1) - (layers - form.pairs) * layer_bytes) / form.pairs;
+    const auto place = [&](int32_t l) {
+      return kv::krul::merged_layer_offset(pairs, l, layer_bytes, pair_bytes);
+    };
+    for (int32_t b = 0; b < layers; ++b) {
+      for (int32_t e = b + 1; e <= layers; ++e) {
+        // Kept: the places of layers [b, e) and of the deep layers of pairs starting in it.
+        at::Tensor poisoned = at::full_like(merged, 0xff);
+        const auto keep = [&](int32_t from, int32_t to) {
+          poisoned.narrow(1, place(from), place(to) - place(from))
+              .copy_(merged.narrow(1, place(from), place(to) - place(from)));
+        };
+        keep(b, e);
+        for (const kv::krul::LayerPair& p : pairs) {
+          if (p.shallow >= b && p.shallow < e && p.deep >= e) keep(p.deep, p.deep + 1);
+        }
+        const at::Tensor back =
+            krul_unmerge_chunks(poisoned, form, pairs, layers, heads, block, d, dtype, b, e);
+        EXPECT_TRUE(at::equal(back.narrow(1, b, e - b), whole.narrow(1, b, e - b)))
+            << "layers [" << b << ", " << e << ")";
+      }
+    }
+    EXPECT_THROW(krul_unmerge_chunks(merged, form, pairs, layers, heads, block, d, dtype, 3, 8),
+                 c10::Error);
+  }
+}
+
 TEST(KrulOpsTest, H2oKeepsTheRecentHalfAndTheHeaviestOthersInOrder) {
   constexpr int64_t kChunks = 5, kLayers = 3, kHeads = 2, kBlock = 4, kDim = 3, kKept = 3;
   constexpr int64_t kTotal = kChunks * kBlock, kKeep = kKept * kBlock, kRecent = kKeep / 2;
