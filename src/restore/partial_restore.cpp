@@ -15,10 +15,9 @@
 
 namespace strata::restore {
 
-std::vector<int64_t> RestoreCoordinator::restoration_plan(int64_t history, int64_t room,
-                                                          store::TierIndex from,
-                                                          int64_t other_tokens,
-                                                          std::span<const int64_t> floor) const {
+std::vector<int64_t> RestoreCoordinator::restoration_plan(
+    int64_t history, int64_t room, store::TierIndex from, int64_t other_tokens,
+    std::span<const int64_t> floor, const std::vector<kv::krul::LayerPair>& pairs) const {
   const int64_t block = kv_.geometry().block_size_tokens;
   const auto layers = static_cast<int32_t>(executor_.config().num_layers);
   kv::krul::RestorePlan plan;
@@ -46,8 +45,19 @@ std::vector<int64_t> RestoreCoordinator::restoration_plan(int64_t history, int64
           (pin / layers + chunk_layer_bytes / load_bytes_per_second_) / static_cast<double>(block);
       costs.other_compute =
           static_cast<double>(other_tokens * layers) * prefill_seconds_per_token_layer_;
+      // A merged pair reads one layer's place and its side data (magnitudes, retained vectors)
+      // in that share of a chunk's read time, and copies both layers into the pool.
       costs.merged_load_per_token = costs.load_per_token;
-      plan = kv::krul::plan_restore(history, layers, {}, costs, block, floor);
+      if (!pairs.empty()) {
+        const double side_bytes =
+            (static_cast<double>(executor_.kv_chunk_bytes(merged_form_)) -
+             static_cast<double>(layers - merged_form_.pairs) * chunk_layer_bytes) /
+            merged_form_.pairs;
+        costs.merged_load_per_token = (pin / layers * (1 + side_bytes / chunk_layer_bytes) +
+                                       2 * chunk_layer_bytes / load_bytes_per_second_) /
+                                      static_cast<double>(block);
+      }
+      plan = kv::krul::plan_restore(history, layers, pairs, costs, block, floor);
       break;
     }
   }
@@ -80,12 +90,13 @@ std::vector<int64_t> RestoreCoordinator::recompute_floor(
   return floor;
 }
 
-void RestoreCoordinator::store_suffix(store::ItemId item, int64_t chunks, bool turn_end) {
+void RestoreCoordinator::store_suffix(store::ItemId item, int64_t chunks, bool turn_end,
+                                      const std::vector<kv::krul::LayerPair>& pairs) {
   const int64_t block = kv_.geometry().block_size_tokens;
   // Idle conversations move to the nearest tier below DRAM: the plan costs reads from there.
   const store::TierIndex tier = store_->num_tiers() > 1 ? 1 : store::kDramTier;
   const std::vector<int64_t> rows =
-      restoration_plan(chunks * block, options_.max_batched_tokens / 2, tier, 0);
+      restoration_plan(chunks * block, options_.max_batched_tokens / 2, tier, 0, {}, pairs);
   // Chunk k is loaded by the layers whose boundary lies at or before it; one recomputed by every
   // layer still keeps its last (the store keeps at least one layer of a chunk).
   const auto last_layer = static_cast<int32_t>(executor_.config().num_layers - 1);

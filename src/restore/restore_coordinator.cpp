@@ -458,17 +458,18 @@ std::vector<LoadedPrefix> RestoreCoordinator::restore(scheduler::ScheduledBatch&
     // An untruncated prompt's blocks are consecutive chunks of its item (a truncated one's item,
     // made by truncation, never keeps a stored suffix).
     std::vector<int32_t> first_layers;
+    std::vector<kv::krul::LayerPair> pairs;
     std::optional<store::TierIndex> from;
     if (sequence.dropped_tokens == 0) {
       const Sequence::StoredPrefix& stored = *sequence.stored;
       from = store_->locate(stored.item, stored.chunks[load.first_block], load.num_blocks,
-                            stored.skipped_chunks, &first_layers);
+                            stored.skipped_chunks, &first_layers, &pairs);
     }
     if (load.first_block == 0 && sequence.dropped_tokens == 0) {
       // (An item gone since: pin_load reports it.)
       if (from) {
         rows = restoration_plan(load.num_blocks * block, room, *from, scheduled,
-                                recompute_floor(first_layers));
+                                recompute_floor(first_layers), pairs);
       }
     } else if (!first_layers.empty()) {
       // Its first blocks are in the pool (the prefix cache), so its history cannot be restored
@@ -707,7 +708,7 @@ void RestoreCoordinator::after_pass(const executor::ForwardBatch& forward,
       if (options_.store.stored_suffix && sequence.dropped_tokens == 0) {
         store_suffix(saving.ticket.item,
                      saving.ticket.first_chunk + std::ssize(saving.ticket.destinations),
-                     /*turn_end=*/false);
+                     /*turn_end=*/false, {});
       }
       commit_written(sequence, /*last=*/false);
     }
@@ -786,15 +787,17 @@ void RestoreCoordinator::finish(SeqId seq, bool publish) {
     const store::ItemId item = it->second->saving->ticket.item;
     std::optional<kv::krul::AttentionStats> stats;
     if (observes_attention()) stats = executor_.take_attention_stats(seq);
+    std::vector<kv::krul::LayerPair> pairs;
     if (options_.store.layer_pairing != store::LayerPairing::kNone) {
       // This turn's pairs replace the item's (none: it stays unmerged).
-      store_->set_layer_pairs(item, choose_layer_pairs(stats));
+      pairs = choose_layer_pairs(stats);
+      store_->set_layer_pairs(item, pairs);
     }
     if (stats && stats->num_kv_heads > 0 && heavy_hitters_) {
       store_->set_token_mass(item, std::move(stats->token_mass));
     }
     if (options_.store.stored_suffix && it->second->dropped_tokens == 0) {
-      store_suffix(item, std::ssize(it->second->saving->chain), /*turn_end=*/true);
+      store_suffix(item, std::ssize(it->second->saving->chain), /*turn_end=*/true, pairs);
     }
   }
   end_save(*it->second, publish);

@@ -220,20 +220,23 @@ class RestoreCoordinator {
   // most `room`), Krul's planner costing the loads as reads from tier `from` beside the compute
   // of the step's `other_tokens` scheduled tokens; empty: load them all before the pass. A
   // stored suffix's `floor` (recompute_floor; empty: none) is recomputed at least, even beyond
-  // `room`.
+  // `room`. Layer `pairs` (the history's merged form; empty: raw) load one merged suffix each
+  // (read at the merged form's bytes, restored into both layers), which the planner weighs.
   std::vector<int64_t> restoration_plan(int64_t history, int64_t room, store::TierIndex from,
-                                        int64_t other_tokens,
-                                        std::span<const int64_t> floor = {}) const;
+                                        int64_t other_tokens, std::span<const int64_t> floor,
+                                        const std::vector<kv::krul::LayerPair>& pairs) const;
   // The rows each layer must recompute of a history whose chunks from block 0 keep layers from
   // `first_layers` on (store::StoreLease::first_layers): up to the end of the last chunk lacking
   // the layer. Empty for empty `first_layers`.
   std::vector<int64_t> recompute_floor(std::span<const int32_t> first_layers) const;
   // Krul's stored suffix: the conversation's `chunks` chunks in `item` keep only the layers a
   // restoration of them from the nearest tier below DRAM would load (its plan now, at most half
-  // the step's tokens recomputed). At a turn's end (counted in the stats), and before a piece of
-  // a save short of DRAM is published (the chunks so far: they may go below before the turn
-  // ends, and a chunk's layers are fixed at its first write there).
-  void store_suffix(store::ItemId item, int64_t chunks, bool turn_end);
+  // the step's tokens recomputed, with the layer `pairs` the item is to be merged by). At a
+  // turn's end (counted in the stats), and before a piece of a save short of DRAM is published
+  // (the chunks so far, unpaired: they may go below before the turn ends, and a chunk's layers
+  // are fixed at its first write there).
+  void store_suffix(store::ItemId item, int64_t chunks, bool turn_end,
+                    const std::vector<kv::krul::LayerPair>& pairs);
   // Rewrites the chunks of the sequences restore() planned a restoration for: their history
   // joins the pass (SequenceChunk::restored_tokens, computed_rows).
   void plan_restorations(executor::ForwardBatch& forward);
