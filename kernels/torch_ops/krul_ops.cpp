@@ -282,7 +282,8 @@ at::Tensor krul_unmerge_chunks(const at::Tensor& merged, const kv::krul::MergedF
   };
   const int64_t layer_bytes = 2 * heads * block * d * es;
   const int64_t side_bytes = 2 * block * heads * 4 + r * 4 + 2 * r * d * es;  // per K or V
-  at::Tensor out = at::empty({n, layers, 2, heads, block, d}, merged.options().dtype(dtype));
+  at::Tensor out =
+      at::empty({n, layer_end - layer_begin, 2, heads, block, d}, merged.options().dtype(dtype));
   for (int64_t l = 0; l < layers; ++l) {
     if (roles.shallow[static_cast<size_t>(l)]) continue;
     const int64_t pair = roles.deep_pair[static_cast<size_t>(l)];
@@ -293,7 +294,7 @@ at::Tensor krul_unmerge_chunks(const at::Tensor& merged, const kv::krul::MergedF
     }
     const at::Tensor stored = field(layer_bytes, dtype).view({n, 2, heads, block, d});
     if (p == nullptr) {
-      out.select(1, l).copy_(stored);
+      out.select(1, l - layer_begin).copy_(stored);
       continue;
     }
     for (int64_t kv = 0; kv < 2; ++kv) {
@@ -311,8 +312,10 @@ at::Tensor krul_unmerge_chunks(const at::Tensor& merged, const kv::krul::MergedF
           krul_unmerge(direction, m.transpose(0, 1).reshape({2, n * block, heads}),
                        retained.view({-1}), originals.reshape({2, -1, d}));
       const at::Tensor layers_kv = both.view({2, n, block, heads, d}).permute({0, 1, 3, 2, 4});
-      if (wanted(p->shallow)) out.select(1, p->shallow).select(1, kv).copy_(layers_kv[0]);
-      if (wanted(p->deep)) out.select(1, p->deep).select(1, kv).copy_(layers_kv[1]);
+      if (wanted(p->shallow)) {
+        out.select(1, p->shallow - layer_begin).select(1, kv).copy_(layers_kv[0]);
+      }
+      if (wanted(p->deep)) out.select(1, p->deep - layer_begin).select(1, kv).copy_(layers_kv[1]);
     }
   }
   return out;

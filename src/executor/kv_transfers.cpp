@@ -465,6 +465,24 @@ Status TorchExecutor::convert_merged(const kv::krul::MergedForm& form,
   // The bytes of out[i] written: all of a merged chunk, the asked layers of a restored one.
   const int64_t written_from = merge ? 0 : layer_begin * (to / layers);
   const int64_t written = merge ? to : (layer_end - layer_begin) * (to / layers);
+  // The bytes of in[i] read: all of a raw chunk; of a merged one, from layer_begin's place to
+  // layer_end's, or further to the deep layer of a pair whose shallow layer is asked for.
+  int64_t read_from = 0, read_to = from;
+  if (!merge) {
+    const int64_t layer_bytes = to / layers;
+    const int64_t side_bytes =
+        form.pairs == 0 ? 0 : (from - (layers - form.pairs) * layer_bytes) / form.pairs;
+    const auto place = [&](int32_t l) {
+      return kv::krul::merged_layer_offset(pairs, l, layer_bytes, side_bytes);
+    };
+    read_from = place(layer_begin);
+    read_to = place(layer_end);
+    for (const kv::krul::LayerPair& p : pairs) {
+      if (p.shallow >= layer_begin && p.shallow < layer_end) {
+        read_to = std::max(read_to, place(p.deep + 1));
+      }
+    }
+  }
   // A slice of chunks at a time bounds the host memory this takes beside the store's.
   constexpr int64_t kSliceChunks = 16;
   try {
@@ -473,7 +491,8 @@ Status TorchExecutor::convert_merged(const kv::krul::MergedForm& form,
       at::Tensor src = at::empty({m, from}, at::kByte);
       auto* base = static_cast<std::byte*>(src.data_ptr());
       for (int64_t i = 0; i < m; ++i) {
-        std::memcpy(base + i * from, in[first + i], static_cast<size_t>(from));
+        std::memcpy(base + i * from + read_from, in[first + i] + read_from,
+                    static_cast<size_t>(read_to - read_from));
       }
       const at::Tensor result =
           merge ? kernels::aten::krul_merge_chunks(
@@ -483,7 +502,7 @@ Status TorchExecutor::convert_merged(const kv::krul::MergedForm& form,
                       .contiguous();
       const auto* bytes = static_cast<const std::byte*>(result.data_ptr());
       for (int64_t i = 0; i < m; ++i) {
-        std::memcpy(out[first + i] + written_from, bytes + i * to + written_from,
+        std::memcpy(out[first + i] + written_from, bytes + i * written,
                     static_cast<size_t>(written));
       }
     }

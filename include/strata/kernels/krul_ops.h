@@ -90,11 +90,11 @@ int64_t krul_merged_chunk_bytes(const kv::krul::MergedForm& form, int64_t layers
                                 int64_t element_bytes);
 at::Tensor krul_merge_chunks(const at::Tensor& chunks, const kv::krul::MergedForm& form,
                              const std::vector<kv::krul::LayerPair>& pairs);
-// The chunks back from their merged form (uint8 [n, bytes]): [n, layers, 2, num_kv_heads, block,
-// d] in `dtype`, each pair's layers krul_unmerge'd, the others as stored. Only layers
-// [layer_begin, layer_end) (layer_end < 0: all) are restored, from only the bytes they are
-// restored from (each one's place, a pair's shallow layer its deep layer's); the others are
-// undefined.
+// The chunks back from their merged form (uint8 [n, bytes]): layers [layer_begin, layer_end)
+// (layer_end < 0: to the last) of [n, layers, 2, num_kv_heads, block, d] in `dtype`, each pair's
+// layers krul_unmerge'd, the others as stored: [n, layer_end - layer_begin, 2, num_kv_heads,
+// block, d], read from only the bytes those layers are restored from (each one's place, a pair's
+// shallow layer its deep layer's).
 at::Tensor krul_unmerge_chunks(const at::Tensor& merged, const kv::krul::MergedForm& form,
                                const std::vector<kv::krul::LayerPair>& pairs, int64_t layers,
                                int64_t num_kv_heads, int64_t block, int64_t d,
