@@ -46,16 +46,20 @@ std::vector<int64_t> RestoreCoordinator::restoration_plan(
       costs.other_compute =
           static_cast<double>(other_tokens * layers) * prefill_seconds_per_token_layer_;
       // A merged pair reads one layer's place and its side data (magnitudes, retained vectors)
-      // in that share of a chunk's read time, and copies both layers into the pool.
+      // in that share of a chunk's read time, restores both layers (measured beside earlier
+      // passes; 0 before) and copies them into the pool; a merged history's other layers are
+      // restored (copied out of the merged form) too.
       costs.merged_load_per_token = costs.load_per_token;
       if (!pairs.empty()) {
         const double side_bytes =
             (static_cast<double>(executor_.kv_chunk_bytes(merged_form_)) -
              static_cast<double>(layers - merged_form_.pairs) * chunk_layer_bytes) /
             merged_form_.pairs;
+        const double restore = restore_seconds_per_layer_;
         costs.merged_load_per_token = (pin / layers * (1 + side_bytes / chunk_layer_bytes) +
-                                       2 * chunk_layer_bytes / load_bytes_per_second_) /
+                                       2 * (restore + chunk_layer_bytes / load_bytes_per_second_)) /
                                       static_cast<double>(block);
+        costs.load_per_token += restore / static_cast<double>(block);
       }
       plan = kv::krul::plan_restore(history, layers, pairs, costs, block, floor);
       break;

@@ -421,6 +421,10 @@ void RestoreCoordinator::finish_streamed_loads(const executor::ForwardResult* re
     if (outcome.chunks > 0) {
       update_average(pin_seconds_per_chunk_[tier], outcome.seconds / outcome.chunks);
     }
+    if (outcome.restored_layers > 0) {
+      update_average(restore_seconds_per_layer_,
+                     outcome.restore_seconds / static_cast<double>(outcome.restored_layers));
+    }
     if (!outcome.status.ok()) {
       spdlog::debug("KV store: sequence {}'s streamed load failed: {}", seq.value,
                     outcome.status.to_string());

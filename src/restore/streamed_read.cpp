@@ -42,8 +42,12 @@ StreamedRead::~StreamedRead() {
 void StreamedRead::run() {
   const int64_t layers = std::ssize(layer_first_);
   const int64_t count = std::ssize(lease_.from);
-  const int64_t layer_bytes = store_.options().chunk_bytes / layers;
-  const int64_t most = std::max<int64_t>(1, kPartBytes / layer_bytes);
+  const int64_t chunk_bytes = store_.options().chunk_bytes;
+  const int64_t most = std::max<int64_t>(1, kPartBytes / (chunk_bytes / layers));
+  const auto place = [&](int64_t layer) {
+    return store_.layer_offset(lease_.lease.codec, lease_.lease.layer_pairs,
+                               static_cast<int32_t>(layer));
+  };
   if (merged()) {
     restored_.assign(static_cast<size_t>(count),
                      std::vector<std::byte>(static_cast<size_t>(store_.options().chunk_bytes)));
@@ -63,18 +67,21 @@ void StreamedRead::run() {
     }
     // Chunk j is loaded by layers [first layer loading it, layers): its part in [begin, end).
     std::vector<store::LayerPart> parts;
-    int64_t part_layers = 0;
+    int64_t part_bytes = 0;
     for (int64_t j = layer_first_[end - 1]; j < count; ++j) {
       if (lease_.from[j] == store::kDramTier) continue;
       int64_t from = begin;
       while (from < end && layer_first_[from] > j) ++from;
       parts.push_back({j, static_cast<int32_t>(from), static_cast<int32_t>(end)});
-      part_layers += end - from;
+      part_bytes += place(end) - place(from);
     }
     const auto start = std::chrono::steady_clock::now();
     Status read = store_.read_layers(&lease_, parts);
-    if (read.ok() && merged()) read = restore(begin, end);
     const double seconds = seconds_since(start);
+    StatusOr<int64_t> restored = int64_t{0};
+    const auto restore_start = std::chrono::steady_clock::now();
+    if (read.ok() && merged()) restored = restore(begin, end);
+    if (!restored.ok()) read = restored.status();
     std::scoped_lock lock(mutex_);
     if (!read.ok()) {
       outcome_.status = read;
@@ -82,7 +89,11 @@ void StreamedRead::run() {
       break;
     }
     outcome_.seconds += seconds;
-    outcome_.chunks += static_cast<double>(part_layers) / static_cast<double>(layers);
+    outcome_.chunks += static_cast<double>(part_bytes) / static_cast<double>(chunk_bytes);
+    if (*restored > 0) {
+      outcome_.restore_seconds += seconds_since(restore_start);
+      outcome_.restored_layers += *restored;
+    }
     layers_read_ = end;
     arrived_.notify_all();
     begin = end;
@@ -93,12 +104,13 @@ void StreamedRead::run() {
   arrived_.notify_all();
 }
 
-Status StreamedRead::restore(int64_t begin, int64_t end) {
+StatusOr<int64_t> StreamedRead::restore(int64_t begin, int64_t end) {
   // Chunk j is restored from the first layer of [begin, end) that loads it: the layers before
   // recompute it, and its bytes they are restored from may not have been read. Layer l loads
   // chunks [layer_first_[l], count), so the chunks layer `from` is the first to load are those up
   // to where the layer before it starts.
   const int64_t count = std::ssize(lease_.from);
+  int64_t restored = 0;
   for (int64_t from = begin; from < end; ++from) {
     const int64_t last = from == begin ? count : std::min(count, layer_first_[from - 1]);
     std::vector<const std::byte*> in;
@@ -110,8 +122,9 @@ Status StreamedRead::restore(int64_t begin, int64_t end) {
     if (in.empty()) continue;
     STRATA_RETURN_IF_ERROR(
         unmerge_(in, out, static_cast<int32_t>(from), static_cast<int32_t>(end)));
+    restored += std::ssize(in) * (end - from);
   }
-  return Status();
+  return restored;
 }
 
 const std::byte* StreamedRead::wait(int64_t j, int64_t layer) const {

@@ -54,14 +54,18 @@ class StreamedRead final : public executor::ChunkArrivals {
     store::StoreLease lease;
     Status status;       // the first failure (the item was dropped), or OK
     double seconds = 0;  // spent reading the parts that succeeded
-    double chunks = 0;   // their bytes, in whole chunks (every layer of one block)
+    double chunks = 0;   // their bytes, in raw chunks (every layer of one block)
+    // A merged lease's restoring: seconds spent, and the (chunk, layer)s restored.
+    double restore_seconds = 0;
+    int64_t restored_layers = 0;
   };
   Outcome finish();
 
  private:
   void run();
-  // Layers [begin, end) of a merged lease read: restores them in every chunk loading any of them.
-  Status restore(int64_t begin, int64_t end);
+  // Layers [begin, end) of a merged lease read: restores them in every chunk loading any of them;
+  // the (chunk, layer)s restored.
+  StatusOr<int64_t> restore(int64_t begin, int64_t end);
   bool merged() const { return !lease_.lease.layer_pairs.empty(); }
 
   store::KvStore& store_;

@@ -128,15 +128,20 @@ TEST(StreamedMergedReadTest, EveryLoadingLayerArrivesAsTheWholeChunkRestoresIt) 
   }
   StreamedRead::Outcome outcome = read.finish();
   EXPECT_TRUE(outcome.status.ok()) << outcome.status.to_string();
-  // Chunk j's merged bytes from the place of the first layer that loads it.
+  // Chunk j's merged bytes from the place of the first layer that loads it; every (chunk, layer)
+  // that loads restored once.
   const int64_t side_bytes = (merged_bytes - (layers - form.pairs) * layer_bytes) / form.pairs;
-  int64_t expected = 0;
+  int64_t expected = 0, loading = 0;
   for (int64_t j = 0; j < kChunks; ++j) {
     int32_t from = 0;
     while (first[from] > j) ++from;
     expected += merged_bytes - kv::krul::merged_layer_offset(pairs, from, layer_bytes, side_bytes);
+    loading += layers - from;
   }
   EXPECT_EQ(store->stats().tier("ssd").bytes_out - before, expected);
+  EXPECT_DOUBLE_EQ(outcome.chunks, static_cast<double>(expected) / static_cast<double>(raw_bytes));
+  EXPECT_EQ(outcome.restored_layers, loading);
+  EXPECT_GT(outcome.restore_seconds, 0);
   store->release(outcome.lease, 0);
 }
 

@@ -291,6 +291,7 @@ class RestoreCoordinator {
   // tier a load read from (moving averages), and the rows each layer recomputes of the sequences
   // restore() planned this step.
   std::array<double, store::kMaxTiers> pin_seconds_per_chunk_{};
+  double restore_seconds_per_layer_ = 0;  // a merged chunk's layer restored beside the pass
   std::unordered_map<SeqId, std::vector<int64_t>> restorations_;
   kv::krul::MergedForm merged_form_;                     // the layer-merge codec's
   std::vector<std::vector<std::byte>> unmerged_chunks_;  // this step's (unmerge_load)

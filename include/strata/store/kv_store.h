@@ -244,6 +244,10 @@ class KvStore {
   KvStore& operator=(const KvStore&) = delete;
 
   const StoreOptions& options() const { return options_; }
+  // Where layer `layer`'s bytes begin in a chunk stored in `codec` (raw, or a layer merge of
+  // `pairs`: LayeredLease); layer chunk_layers: the value's end.
+  int64_t layer_offset(int32_t codec, std::span<const kv::krul::LayerPair> pairs,
+                       int32_t layer) const;
   int num_tiers() const { return static_cast<int>(tiers_.size()); }
   const std::string& tier_name(TierIndex tier) const { return tiers_[tier]->name(); }
 
@@ -483,10 +487,6 @@ class KvStore {
   // (its first layer's place in the item's codec: a raw chunk's or a layer merge's).
   int64_t layer_bytes() const { return options_.chunk_bytes / options_.chunk_layers; }
   int64_t suffix_offset(const Item& item, const Chunk& chunk) const;
-  // Where layer `layer`'s bytes begin in a chunk stored in `codec` (raw, or a layer merge of
-  // `pairs`); layer chunk_layers: the value's end.
-  int64_t layer_offset(int32_t codec, std::span<const kv::krul::LayerPair> pairs,
-                       int32_t layer) const;
   // Whether items in `codec` may keep a stored suffix: raw ones, and layer-merged ones (the
   // merge's form keeps its layers in order: kv::krul::merged_layer_offset).
   bool keeps_suffix(int32_t codec) const {
