@@ -401,22 +401,23 @@ StatusOr<store::TierIndex> RestoreCoordinator::stream_load(SeqId seq, Sequence& 
                             int32_t begin, int32_t end) {
       return executor_.unmerge_kv_chunks(merged_form_, pairs, in, out, begin, end);
     };
-    stats_.merged_chunks_loaded += load.num_blocks;
   }
   auto read = std::make_shared<StreamedRead>(*store_, *std::move(lease), std::move(layer_first),
                                              std::move(unmerge));
   kv_load->arrivals = read;
   // Counted as restore() counts a load: the whole history (it starts at block 0).
-  streamed_.push_back({seq, std::move(read), (last + 1) * block, tier});
+  streamed_.push_back(
+      {seq, std::move(read), (last + 1) * block, tier, pairs.empty() ? 0 : load.num_blocks});
   return tier;
 }
 
 void RestoreCoordinator::finish_streamed_loads(const executor::ForwardResult* result) {
-  for (const auto& [seq, read, tokens, tier] : streamed_) {
+  for (const auto& [seq, read, tokens, tier, merged_chunks] : streamed_) {
     StreamedRead::Outcome outcome = read->finish();
     if (result != nullptr &&
         std::ranges::find(result->failed_loads, seq) == result->failed_loads.end()) {
       stats_.store_loaded_tokens[store_->tier_name(tier)] += tokens;
+      stats_.merged_chunks_loaded += merged_chunks;
     }
     if (outcome.chunks > 0) {
       update_average(pin_seconds_per_chunk_[tier], outcome.seconds / outcome.chunks);

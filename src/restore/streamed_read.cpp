@@ -82,6 +82,7 @@ void StreamedRead::run() {
     const auto restore_start = std::chrono::steady_clock::now();
     if (read.ok() && merged()) restored = restore(begin, end);
     if (!restored.ok()) read = restored.status();
+    const double restore_seconds = seconds_since(restore_start);
     std::scoped_lock lock(mutex_);
     if (!read.ok()) {
       outcome_.status = read;
@@ -91,7 +92,7 @@ void StreamedRead::run() {
     outcome_.seconds += seconds;
     outcome_.chunks += static_cast<double>(part_bytes) / static_cast<double>(chunk_bytes);
     if (*restored > 0) {
-      outcome_.restore_seconds += seconds_since(restore_start);
+      outcome_.restore_seconds += restore_seconds;
       outcome_.restored_layers += *restored;
     }
     layers_read_ = end;

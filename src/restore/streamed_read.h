@@ -52,7 +52,7 @@ class StreamedRead final : public executor::ChunkArrivals {
   // Waits for the reads; hands over the lease (release it after the pass).
   struct Outcome {
     store::StoreLease lease;
-    Status status;       // the first failure (the item was dropped), or OK
+    Status status;  // the first failure (a read's: the item was dropped; or a restoring's), or OK
     double seconds = 0;  // spent reading the parts that succeeded
     double chunks = 0;   // their bytes, in raw chunks (every layer of one block)
     // A merged lease's restoring: seconds spent, and the (chunk, layer)s restored.

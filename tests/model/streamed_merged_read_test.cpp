@@ -1,10 +1,11 @@
 // Krul's reads beside the pass of layer-merged chunks (src/restore/streamed_read.h over
 // KvStore::pin_layers), on the default model's executor: a conversation merged as serving merges
 // it (the store's codecs and transcoder from restore::configure_item_codecs: the layer-merge
-// codec, Executor::merge_kv_chunks) and held only by the SSD tier after a restart is read for a
-// pyramid plan whose pairs straddle its boundaries, each range restored on the read thread by
-// Executor::unmerge_kv_chunks. Every (chunk, layer) that loads is handed over exactly as
-// restoring the whole chunk gives it, and only the merged bytes of the layers that load are read.
+// codec, Executor::merge_kv_chunks), held by the SSD tier only after a restart (raw or zstd) or
+// still in DRAM, is read for a pyramid plan whose pairs straddle its boundaries, each range
+// restored on the read thread by Executor::unmerge_kv_chunks. Every (chunk, layer) that loads is
+// handed over exactly as restoring the whole chunk gives it, and a raw SSD tier is asked for only
+// the merged bytes of the layers that load.
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
@@ -25,7 +26,12 @@ namespace {
 
 constexpr int64_t kChunks = 4;
 
-TEST(StreamedMergedReadTest, EveryLoadingLayerArrivesAsTheWholeChunkRestoresIt) {
+enum class Held { kSsd, kZstdSsd, kDram };
+
+class StreamedMergedReadTest : public testing::TestWithParam<Held> {};
+
+TEST_P(StreamedMergedReadTest, EveryLoadingLayerArrivesAsTheWholeChunkRestoresIt) {
+  const Held held = GetParam();
   auto source = model::open_model_source(STRATA_TEST_MODEL).value();
   executor::ExecutorOptions options;
   options.cache_bytes = int64_t{400} << 20;
@@ -51,6 +57,7 @@ TEST(StreamedMergedReadTest, EveryLoadingLayerArrivesAsTheWholeChunkRestoresIt) 
 
   test_util::TempDir dir;
   config.ssd_dir = dir.file("kv");
+  if (held == Held::kZstdSsd) config.ssd_codec = store::CodecKind::kZstd;
   store::StoreOptions store_options = store::StoreOptions::from_config(config);
   store_options.chunk_bytes = raw_bytes;
   store_options.block_size_tokens = g.block_size_tokens;
@@ -73,24 +80,25 @@ TEST(StreamedMergedReadTest, EveryLoadingLayerArrivesAsTheWholeChunkRestoresIt) 
                                    std::span(tokens).subspan(b * g.block_size_tokens,
                                                              g.block_size_tokens)));
   }
-  store::ItemId item = 0;
-  {
-    auto store = store::KvStore::open(store_options).value();
-    StatusOr<store::SaveTicket> ticket = store->begin_save({"", true, 0, chain, 0, 0});
-    ASSERT_TRUE(ticket.ok()) << ticket.status().to_string();
-    item = ticket->item;
-    for (int64_t b = 0; b < kChunks; ++b) {
-      std::memcpy(ticket->destinations[b], raw[b].data_ptr(), static_cast<size_t>(raw_bytes));
-    }
-    store->commit_save(*std::move(ticket), nullptr, 0);
-    store->set_layer_pairs(item, pairs);
-    store->wait_idle();
-    ASSERT_EQ(store->stats().codec_items[store_options.fixed_codec], 1) << "merged";
-  }  // the shutdown writes it to the SSD
   auto store = store::KvStore::open(store_options).value();
+  StatusOr<store::SaveTicket> ticket = store->begin_save({"", true, 0, chain, 0, 0});
+  ASSERT_TRUE(ticket.ok()) << ticket.status().to_string();
+  const store::ItemId item = ticket->item;
+  for (int64_t b = 0; b < kChunks; ++b) {
+    std::memcpy(ticket->destinations[b], raw[b].data_ptr(), static_cast<size_t>(raw_bytes));
+  }
+  store->commit_save(*std::move(ticket), nullptr, 0);
+  store->set_layer_pairs(item, pairs);
+  store->wait_idle();
+  ASSERT_EQ(store->stats().codec_items[store_options.fixed_codec], 1) << "merged";
+  const store::TierIndex tier = held == Held::kDram ? store::kDramTier : 1;
+  if (tier > store::kDramTier) {
+    store.reset();  // the shutdown writes it to the SSD
+    store = store::KvStore::open(store_options).value();
+  }
   tokens.push_back(7);  // a prompt leaves its last token to compute
   const std::optional<store::StoreMatch> match = store->find(tokens, root, {});
-  ASSERT_TRUE(match && match->num_chunks == kChunks && match->tier == 1);
+  ASSERT_TRUE(match && match->num_chunks == kChunks && match->tier == tier);
 
   // What restoring the whole merged chunks gives (merging is deterministic: the store's bytes).
   std::vector<std::vector<std::byte>> merged(kChunks, std::vector<std::byte>(merged_bytes));
@@ -108,7 +116,7 @@ TEST(StreamedMergedReadTest, EveryLoadingLayerArrivesAsTheWholeChunkRestoresIt) 
 
   StatusOr<store::LayeredLease> lease = store->pin_layers(match->item, 0, kChunks);
   ASSERT_TRUE(lease.ok()) << lease.status().to_string();
-  ASSERT_EQ(lease->from, std::vector<store::TierIndex>(kChunks, 1));
+  ASSERT_EQ(lease->from, std::vector<store::TierIndex>(kChunks, tier));
   const int64_t before = store->stats().tier("ssd").bytes_out;
   StreamedRead read(*store, *std::move(lease), first,
                     [&](std::span<const std::byte* const> in, std::span<std::byte* const> out,
@@ -138,12 +146,23 @@ TEST(StreamedMergedReadTest, EveryLoadingLayerArrivesAsTheWholeChunkRestoresIt) 
     expected += merged_bytes - kv::krul::merged_layer_offset(pairs, from, layer_bytes, side_bytes);
     loading += layers - from;
   }
-  EXPECT_EQ(store->stats().tier("ssd").bytes_out - before, expected);
-  EXPECT_DOUBLE_EQ(outcome.chunks, static_cast<double>(expected) / static_cast<double>(raw_bytes));
+  if (held == Held::kSsd) {
+    EXPECT_EQ(store->stats().tier("ssd").bytes_out - before, expected);
+    EXPECT_DOUBLE_EQ(outcome.chunks,
+                     static_cast<double>(expected) / static_cast<double>(raw_bytes));
+  }
   EXPECT_EQ(outcome.restored_layers, loading);
   EXPECT_GT(outcome.restore_seconds, 0);
   store->release(outcome.lease, 0);
 }
+
+INSTANTIATE_TEST_SUITE_P(Tiers, StreamedMergedReadTest,
+                         testing::Values(Held::kSsd, Held::kZstdSsd, Held::kDram),
+                         [](const testing::TestParamInfo<Held>& info) {
+                           return info.param == Held::kSsd       ? "Ssd"
+                                  : info.param == Held::kZstdSsd ? "ZstdSsd"
+                                                                 : "Dram";
+                         });
 
 }  // namespace
 }  // namespace strata::restore

@@ -207,8 +207,8 @@ class RestoreCoordinator {
   // A restoration's load on an executor that streams loads (Executor::streams_loads): pins the
   // history's chunks now (KvStore::pin_layers) and reads those DRAM lacks beside the pass, each
   // layer's part from that layer's recompute boundary in `rows` on (streamed_read.h, started by
-  // plan_copies); pin_load for an encoded or merged item. The farthest tier the chunks are read
-  // from, or the failure.
+  // plan_copies); a layer-merged item's chunks, in DRAM too, are restored there by layer ranges;
+  // pin_load for an encoded item. The farthest tier the chunks are read from, or the failure.
   StatusOr<store::TierIndex> stream_load(SeqId seq, Sequence& sequence, const kv::BlockLoad& load,
                                          std::span<const int64_t> rows, executor::KvLoad* kv_load);
   // After the pass (`result` null when it failed): waits for the streamed loads' reads (their
@@ -273,13 +273,16 @@ class RestoreCoordinator {
   std::vector<std::optional<kv::KvFormat>> codec_formats_;
   std::unordered_map<SeqId, std::unique_ptr<Sequence>> sequences_;
   std::vector<store::StoreLease> step_leases_;  // pinned by restore(), released by after_pass()
+  // The layer-merge codec's (before streamed_: their reads restore with it until joined).
+  kv::krul::MergedForm merged_form_;
   // This step's streamed loads, started by plan_copies(), finished by after_pass(): the reads,
-  // and the history tokens and tier counted once the pass kept them.
+  // and the history tokens, tier and merged chunks counted once the pass kept them.
   struct StreamedLoad {
     SeqId seq;
     std::shared_ptr<StreamedRead> read;
     int64_t tokens = 0;
     store::TierIndex tier = store::kDramTier;
+    int64_t merged_chunks = 0;
   };
   std::vector<StreamedLoad> streamed_;
   std::vector<store::ItemId> queue_;            // last queue given to the store
@@ -293,7 +296,6 @@ class RestoreCoordinator {
   std::array<double, store::kMaxTiers> pin_seconds_per_chunk_{};
   double restore_seconds_per_layer_ = 0;  // a merged chunk's layer restored beside the pass
   std::unordered_map<SeqId, std::vector<int64_t>> restorations_;
-  kv::krul::MergedForm merged_form_;                     // the layer-merge codec's
   std::vector<std::vector<std::byte>> unmerged_chunks_;  // this step's (unmerge_load)
   RestoreStats stats_;
 };

@@ -39,7 +39,7 @@ struct SsdOptions {
   Env* env = Env::posix();
   // Values get a checksum per segment of at most this many bytes (equal segments, the last one
   // shorter), so that get_part() reads and checks only the segments a part covers (the store sets
-  // it to a chunk layer's bytes); 0: one checksum per value.
+  // it to a chunk layer's bytes for a tier without a codec); 0: one checksum per value.
   int64_t segment_bytes = 0;
   // Bytes per second the tier's files move at most, reads and writes together (throttled_env
   // over `env`; an emulated slower disk for measurements); 0: as fast as the disk.

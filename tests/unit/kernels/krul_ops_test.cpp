@@ -292,8 +292,8 @@ TEST(KrulOpsTest, ASuffixOfMergedChunksRestoresTheLayersItKeeps) {
 
 // Layers [b, e) of merged chunks restore as the whole chunks' restoring does, from only the bytes
 // they are restored from (KvStore::layer_offset's places; a pair's shallow layer its deep
-// layer's): every other byte is poisoned (0xff: NaN values and out-of-range retained indices,
-// which fail the restoring if read), for every range.
+// layer's): every other byte is poisoned (0xff: NaN values, and retained indices of -1, the
+// empty slot, which drop the retained vectors if read), for every range.
 TEST(KrulOpsTest, ARangeOfLayersRestoresFromItsOwnBytesOnly) {
   at::manual_seed(9);
   const int64_t n = 2, layers = 7, heads = 2, block = 8, d = 16;
