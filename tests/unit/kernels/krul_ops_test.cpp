@@ -249,23 +249,37 @@ TEST(KrulOpsTest, MergedChunksRestoreWhatEachPairsMergeRestores) {
                c10::Error);
 }
 
+// Random chunks of seven layers with pairs (4, 6) and (0, 3) merged: their merged form, its
+// whole restoring, and the form's bytes of a layer and of a pair's side data.
+struct SevenMergedLayers {
+  static constexpr int64_t n = 2, layers = 7, heads = 2, block = 8, d = 16;
+  explicit SevenMergedLayers(c10::ScalarType dtype)
+      : chunks(at::randn({n, layers, 2, heads, block, d}).to(dtype)),
+        merged(krul_merge_chunks(chunks, form, pairs)),
+        whole(krul_unmerge_chunks(merged, form, pairs, layers, heads, block, d, dtype)),
+        layer_bytes(2 * heads * block * d * static_cast<int64_t>(c10::elementSize(dtype))),
+        pair_bytes((merged.size(1) - (layers - form.pairs) * layer_bytes) / form.pairs) {}
+
+  const at::Tensor chunks;
+  const std::vector<kv::krul::LayerPair> pairs = {{4, 6, 0.0}, {0, 3, 0.0}};
+  const kv::krul::MergedForm form{.pairs = 2, .retained = 3, .slerp_t = 0.6, .retain = 0.3};
+  const at::Tensor merged, whole;
+  const int64_t layer_bytes, pair_bytes;
+};
+
 // A stored suffix of merged chunks (docs/krul.md decision 12): with the bytes before
 // merged_layer_offset(f) zeroed, unmerging restores every layer from f on exactly as the whole
 // chunk does, also a pair whose shallow layer lies before f (its data is at its deep layer's
 // place), for every f, and the form lays its pieces out where the offsets say.
 TEST(KrulOpsTest, ASuffixOfMergedChunksRestoresTheLayersItKeeps) {
   at::manual_seed(7);
-  const int64_t n = 2, layers = 7, heads = 2, block = 8, d = 16;
-  const std::vector<kv::krul::LayerPair> pairs = {{4, 6, 0.0}, {0, 3, 0.0}};
-  const kv::krul::MergedForm form{.pairs = 2, .retained = 3, .slerp_t = 0.6, .retain = 0.3};
   for (const c10::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
-    const at::Tensor chunks = at::randn({n, layers, 2, heads, block, d}).to(dtype);
-    const at::Tensor merged = krul_merge_chunks(chunks, form, pairs);
-    const at::Tensor whole =
-        krul_unmerge_chunks(merged, form, pairs, layers, heads, block, d, dtype);
-    const int64_t es = static_cast<int64_t>(c10::elementSize(dtype));
-    const int64_t layer_bytes = 2 * heads * block * d * es;
-    const int64_t pair_bytes = (merged.size(1) - (layers - form.pairs) * layer_bytes) / form.pairs;
+    const SevenMergedLayers c(dtype);
+    const std::vector<kv::krul::LayerPair>& pairs = c.pairs;
+    const kv::krul::MergedForm& form = c.form;
+    const at::Tensor &chunks = c.chunks, &merged = c.merged, &whole = c.whole;
+    const int64_t n = c.n, layers = c.layers, heads = c.heads, block = c.block, d = c.d;
+    const int64_t layer_bytes = c.layer_bytes, pair_bytes = c.pair_bytes;
     // Unpaired layer 1 sits after layer 0's nothing: at offset 0; layer 5 after 1, 2, 3 (with
     // its pair's bytes) and 4's nothing.
     EXPECT_EQ(kv::krul::merged_layer_offset(pairs, 1, layer_bytes, pair_bytes), 0);
@@ -296,17 +310,13 @@ TEST(KrulOpsTest, ASuffixOfMergedChunksRestoresTheLayersItKeeps) {
 // empty slot, which drop the retained vectors if read), for every range.
 TEST(KrulOpsTest, ARangeOfLayersRestoresFromItsOwnBytesOnly) {
   at::manual_seed(9);
-  const int64_t n = 2, layers = 7, heads = 2, block = 8, d = 16;
-  const std::vector<kv::krul::LayerPair> pairs = {{4, 6, 0.0}, {0, 3, 0.0}};
-  const kv::krul::MergedForm form{.pairs = 2, .retained = 3, .slerp_t = 0.6, .retain = 0.3};
   for (const c10::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
-    const at::Tensor chunks = at::randn({n, layers, 2, heads, block, d}).to(dtype);
-    const at::Tensor merged = krul_merge_chunks(chunks, form, pairs);
-    const at::Tensor whole =
-        krul_unmerge_chunks(merged, form, pairs, layers, heads, block, d, dtype);
-    const int64_t es = static_cast<int64_t>(c10::elementSize(dtype));
-    const int64_t layer_bytes = 2 * heads * block * d * es;
-    const int64_t pair_bytes = (merged.size(1) - (layers - form.pairs) * layer_bytes) / form.pairs;
+    const SevenMergedLayers c(dtype);
+    const std::vector<kv::krul::LayerPair>& pairs = c.pairs;
+    const kv::krul::MergedForm& form = c.form;
+    const at::Tensor &merged = c.merged, &whole = c.whole;
+    const int64_t layers = c.layers, heads = c.heads, block = c.block, d = c.d;
+    const int64_t layer_bytes = c.layer_bytes, pair_bytes = c.pair_bytes;
     const auto place = [&](int32_t l) {
       return kv::krul::merged_layer_offset(pairs, l, layer_bytes, pair_bytes);
     };
