@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <functional>
+#include <numeric>
 #include <utility>
 
 #include "item_codecs.h"
@@ -674,13 +675,19 @@ void RestoreCoordinator::after_pass(const executor::ForwardBatch& forward,
   if (result == nullptr) return;
 
   const int64_t chunk_bytes = executor_.kv_chunk_bytes();
-  int64_t loaded = 0, saved = 0, tokens = 0;
+  int64_t loaded = 0, saved = 0;
   for (const executor::KvLoad& load : forward.loads) loaded += std::ssize(load.chunks);
   const int64_t loaded_bytes = result->load_copy_bytes;
   for (const executor::KvSave& save : forward.saves) saved += std::ssize(save.chunks);
+  // The token-layers the pass computed: a restoring chunk's layers compute only their rows of
+  // the history (computed_rows) besides the new tokens; the rest of it is loaded.
+  const int64_t layers = executor_.config().num_layers;
+  int64_t token_layers = 0;
   bool restoring = false;
   for (const executor::SequenceChunk& chunk : forward.chunks) {
-    tokens += std::ssize(chunk.tokens);
+    token_layers +=
+        (std::ssize(chunk.tokens) - chunk.restored_tokens) * layers +
+        std::accumulate(chunk.computed_rows.begin(), chunk.computed_rows.end(), int64_t{0});
     restoring = restoring || chunk.restored_tokens > 0;
   }
   if (restoring) {
@@ -693,11 +700,12 @@ void RestoreCoordinator::after_pass(const executor::ForwardBatch& forward,
     update_average(load_bytes_per_second_,
                    static_cast<double>(loaded_bytes) / result->load_copy_seconds);
   }
-  // Prefill-sized passes only: a few decode tokens measure the per-pass overhead instead.
+  // Prefill-sized passes only: a few decode tokens measure the per-pass overhead instead. A pass
+  // that waited for its loads computed for the rest of its time.
   constexpr int64_t kMinPrefillTokens = 64;
-  if (tokens >= kMinPrefillTokens) {
-    update_average(prefill_seconds_per_token_layer_,
-                   seconds / static_cast<double>(tokens * executor_.config().num_layers));
+  const double computing = seconds - result->load_wait_seconds;
+  if (token_layers >= kMinPrefillTokens * layers && computing > 0) {
+    update_average(prefill_seconds_per_token_layer_, computing / static_cast<double>(token_layers));
   }
   const std::vector<SeqId>& failed = result->failed_loads;
   for (const executor::KvSave& save : forward.saves) {
