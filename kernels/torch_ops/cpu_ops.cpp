@@ -124,7 +124,7 @@ const float* as_float(const T* src, int64_t n, float* buffer) {
 template <typename T>
 void decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& kv_cache,
                       const at::Tensor& block_tables, const at::Tensor& seq_lens,
-                      const at::Tensor& cu_q_lens, double scale) {
+                      const at::Tensor& cu_q_lens, double scale, at::Tensor* probs) {
   const int64_t num_seqs = seq_lens.size(0), num_heads = q.size(1), dim = q.size(2);
   const int64_t num_kv_heads = kv_cache.size(2), block_size = kv_cache.size(3);
   const int64_t group = num_heads / num_kv_heads;
@@ -134,6 +134,8 @@ void decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& kv
   const T* cache = kv_cache.data_ptr<T>();
   const T* q_data = q.data_ptr<T>();
   T* out_data = out.data_ptr<T>();
+  float* probs_data = probs != nullptr ? probs->data_ptr<float>() : nullptr;
+  const int64_t probs_row = probs != nullptr ? probs->size(2) : 0;
   const float scale_f = static_cast<float>(scale);
   at::parallel_for(0, num_seqs * num_kv_heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores, query(dim), buffer(block_size * dim), acc(dim);
@@ -164,6 +166,10 @@ void decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& kv
           sum += scores[t];
         }
         for (int64_t t = 0; t < ctx; ++t) scores[t] /= sum;
+        if (probs_data != nullptr) {
+          std::copy(scores.begin(), scores.begin() + ctx,
+                    probs_data + (s * num_heads + head) * probs_row);
+        }
         std::fill(acc.begin(), acc.end(), 0.0f);
         for (int64_t first = 0; first < ctx; first += block_size) {
           const int64_t rows = std::min(block_size, ctx - first);
@@ -225,11 +231,12 @@ void reshape_and_cache(at::Tensor& kv_cache, const at::Tensor& key, const at::Te
 
 void paged_decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& kv_cache,
                             const at::Tensor& block_tables, const at::Tensor& seq_lens,
-                            const at::Tensor& cu_q_lens, double scale) {
-  AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::kHalf, at::kBFloat16, q.scalar_type(), "cpu_decode_attention", [&] {
-        decode_attention<scalar_t>(out, q, kv_cache, block_tables, seq_lens, cu_q_lens, scale);
-      });
+                            const at::Tensor& cu_q_lens, double scale, at::Tensor* probs) {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "cpu_decode_attention",
+                                  [&] {
+                                    decode_attention<scalar_t>(out, q, kv_cache, block_tables,
+                                                               seq_lens, cu_q_lens, scale, probs);
+                                  });
 }
 
 void freekv_recall(const at::Tensor& chunks, const at::Tensor& items, at::Tensor& cache_k,

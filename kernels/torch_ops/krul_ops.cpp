@@ -16,10 +16,14 @@ at::Tensor krul_attention_rows(const at::Tensor& q, const at::Tensor& k, int64_t
               kv_heads);
   TORCH_CHECK(stride >= 1 && start >= 0 && start + (r - 1) * stride < end, "rows from ", start,
               " every ", stride, " (", r, " of them) beyond ", end, " keys");
-  // [kv_heads, group * r, d] x [kv_heads, d, end] -> [heads, r, end]
-  const at::Tensor qh = q.to(at::kFloat).permute({1, 0, 2}).reshape({kv_heads, group * r, -1});
+  // [kv_heads, group * r, d] x [kv_heads, d, end] -> [heads, r, end], the scale on the queries
+  // (r x d values rather than r x end).
+  const at::Tensor qh =
+      q.to(at::kFloat).mul(scale).permute({1, 0, 2}).reshape({kv_heads, group * r, -1});
   const at::Tensor kt = k.to(at::kFloat).permute({1, 2, 0});
-  const at::Tensor logits = at::bmm(qh, kt).mul(scale).reshape({heads, r, end});
+  const at::Tensor logits = at::bmm(qh, kt).reshape({heads, r, end});
+  // A decode row (the one row at the last key) sees every key: no mask to build.
+  if (start == end - 1) return at::softmax(logits, -1);
   const at::Tensor positions =
       at::arange(start, start + r * stride, stride, q.options().dtype(at::kLong)).unsqueeze(1);
   const at::Tensor keys = at::arange(end, q.options().dtype(at::kLong));

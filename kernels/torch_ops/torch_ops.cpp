@@ -218,9 +218,10 @@ void paged_attention_cuda(at::Tensor& out, const at::Tensor& q, const at::Tensor
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& kv_cache,
                            const at::Tensor& block_tables, const at::Tensor& seq_lens,
                            const at::Tensor& cu_q_lens, int64_t max_q_len, double scale,
-                           KernelBackend backend) {
+                           KernelBackend backend, at::Tensor* probs) {
   check_paged_attention_args(q, kv_cache, block_tables, seq_lens, cu_q_lens, max_q_len);
   at::Tensor out = at::empty(q.sizes(), q.options().memory_format(at::MemoryFormat::Contiguous));
+  if (probs != nullptr) *probs = at::Tensor();
   if (q.size(0) == 0) return out;
   if (q.is_cpu()) {
     TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kHalf ||
@@ -231,7 +232,12 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& kv_cache,
     // The CPU kernel reads a block's rows of one head as one [B, D] array.
     if (max_q_len == 1 && use_cpu_kernel(backend, {&q, &kv_cache}) &&
         kv_cache.stride(3) == kv_cache.size(4)) {
-      cpu::paged_decode_attention(out, q, kv_cache, block_tables, seq_lens, cu_q_lens, scale);
+      if (probs != nullptr) {
+        *probs = at::empty({seq_lens.size(0), q.size(1), seq_lens.max().item<int32_t>()},
+                           q.options().dtype(at::kFloat));
+      }
+      cpu::paged_decode_attention(out, q, kv_cache, block_tables, seq_lens, cu_q_lens, scale,
+                                  probs);
     } else {
       aten::paged_attention(out, q, kv_cache, block_tables, seq_lens, cu_q_lens, scale);
     }

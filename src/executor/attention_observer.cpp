@@ -18,9 +18,7 @@ AttentionObserver::AttentionObserver(int32_t num_layers, int32_t num_heads, int3
       num_kv_heads_(num_kv_heads),
       device_accumulators_(device_accumulators) {}
 
-void AttentionObserver::observe(SeqId seq, int64_t layer, const at::Tensor& q, at::Tensor keys,
-                                int64_t start, double scale, int64_t stride) {
-  STRATA_CHECK(observes_rows(start, q.size(0), stride)) << "no row of the chunk is observed";
+AttentionObserver::State& AttentionObserver::state_of(SeqId seq, int64_t layer, int64_t start) {
   if (start == 0 && layer == 0) forget(seq);
   auto [it, added] = states_.try_emplace(seq);
   State& state = it->second;
@@ -28,14 +26,32 @@ void AttentionObserver::observe(SeqId seq, int64_t layer, const at::Tensor& q, a
     state.turn = next_turn_++;
     state.stats = kv::krul::AttentionStats(num_layers_, num_heads_, num_kv_heads_);
   }
+  return state;
+}
+
+void AttentionObserver::add_decode_row(State& state, int64_t layer, at::Tensor row) {
+  if (layer == 0) state.decode_rows.clear();
+  STRATA_CHECK(std::ssize(state.decode_rows) == layer)
+      << "decode attention of layer " << layer << " observed out of order";
+  state.decode_rows.push_back(std::move(row));
+}
+
+void AttentionObserver::observe_row(SeqId seq, int64_t layer, const at::Tensor& probs,
+                                    int64_t start) {
+  STRATA_CHECK(probs.dim() == 2 && probs.size(0) == num_heads_ && probs.size(1) == start + 1)
+      << "a decode row must be [" << num_heads_ << ", " << start + 1 << "], got " << probs.sizes();
+  add_decode_row(state_of(seq, layer, start), layer, probs.unsqueeze(1));
+}
+
+void AttentionObserver::observe(SeqId seq, int64_t layer, const at::Tensor& q, at::Tensor keys,
+                                int64_t start, double scale, int64_t stride) {
+  STRATA_CHECK(observes_rows(start, q.size(0), stride)) << "no row of the chunk is observed";
+  State& state = state_of(seq, layer, start);
   const int64_t n = q.size(0);
   if (n == 1) {
-    if (layer == 0) state.decode_rows.clear();
-    STRATA_CHECK(std::ssize(state.decode_rows) == layer)
-        << "decode attention of layer " << layer << " observed out of order";
     // The layer's row now, from the keys it is handed (which are not kept: copying every
     // layer's keys again for one batched product cost more than the products).
-    state.decode_rows.push_back(kernels::aten::krul_attention_rows(q, keys, start, scale));
+    add_decode_row(state, layer, kernels::aten::krul_attention_rows(q, keys, start, scale));
     return;
   }
   PromptRows& chunk = state.prompt;

@@ -12,13 +12,14 @@
 //                 attention rows of every layer and reduces them while the step thread goes on
 //                 (prompt_reducer.h: the paper's CPU threads beside decoding).
 //   decode rows   a chunk of one query turns into each layer's attention row [H, 1, t] as the
-//                 layer runs (its keys are not kept); once the pass has run every layer, the
-//                 rows of all layers are reduced together, then dropped. On the CPU into the
-//                 float64 statistics (krul_accumulate); on CUDA (device_accumulators) into
-//                 compensated float32 accumulators on the device (kernels::krul_accumulate_rows:
-//                 Strata's kernel where the start-up self-check passed it), and the tokens'
-//                 received attention into a float32 tensor there, folded into the statistics at
-//                 take(), so a decode step's rows stay on the device.
+//                 layer runs (its keys are not kept; on the CPU the decode kernel hands the row
+//                 over, computed with the layer's attention: observe_row); once the pass has run
+//                 every layer, the rows of all layers are reduced together, then dropped. On the
+//                 CPU into the float64 statistics (krul_accumulate); on CUDA (device_accumulators)
+//                 into compensated float32 accumulators on the device
+//                 (kernels::krul_accumulate_rows: Strata's kernel where the start-up self-check
+//                 passed it), and the tokens' received attention into a float32 tensor there,
+//                 folded into the statistics at take(), so a decode step's rows stay on the device.
 // Only the rows at positions that are multiples of a chunk's stride are observed
 // (SequenceChunk::observe_row_stride, kv_store.krul_row_stride: docs/krul.md decision 9): a
 // prompt chunk keeps copies of those queries only, and a decode step at another position is not
@@ -58,6 +59,10 @@ class AttentionObserver {
   // statistics over.
   void observe(SeqId seq, int64_t layer, const at::Tensor& q, at::Tensor keys, int64_t start,
                double scale, int64_t stride);
+  // A decode step's row of layer `layer` as the attention computed it: probabilities [H, t] of
+  // the query at position start = t - 1 (which observes_rows), instead of observe()'s query and
+  // keys.
+  void observe_row(SeqId seq, int64_t layer, const at::Tensor& probs, int64_t start);
   // After a pass: the decode rows it observed are reduced (on CUDA by `backend`), its prompt
   // chunks handed to the reducer's thread.
   void after_pass(kernels::KernelBackend backend);
@@ -73,6 +78,13 @@ class AttentionObserver {
   static int64_t first_row(int64_t start, int64_t stride) {
     return (start + stride - 1) / stride * stride;
   }
+
+  struct State;
+  // The sequence's state for layer `layer` of a chunk at `start` (a chunk at position 0 starts
+  // the sequence over).
+  State& state_of(SeqId seq, int64_t layer, int64_t start);
+  // Adds layer `layer`'s decode row [H, 1, t] (layers in order, from 0 each pass).
+  static void add_decode_row(State& state, int64_t layer, at::Tensor row);
 
   struct State {
     uint64_t turn = 0;               // the reducer's key for this turn's prompt rows

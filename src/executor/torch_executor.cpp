@@ -329,7 +329,8 @@ void TorchExecutor::observe_prompts(const ForwardBatch& batch, int64_t layer, co
 }
 
 void TorchExecutor::observe_attention(const ForwardBatch& batch, int64_t layer, const at::Tensor& q,
-                                      double scale, const PartialLayer* part) {
+                                      double scale, const PartialLayer* part,
+                                      const at::Tensor& decode_probs) {
   int64_t row = 0;
   for (size_t s = 0; s < batch.chunks.size(); ++s) {
     const SequenceChunk& chunk = batch.chunks[s];
@@ -339,6 +340,13 @@ void TorchExecutor::observe_attention(const ForwardBatch& batch, int64_t layer, 
     if (chunk.observe_attention &&
         AttentionObserver::observes_rows(chunk.start_position, n, stride)) {
       const int64_t end = chunk.start_position + n;
+      if (n == 1 && decode_probs.defined()) {
+        attention_observer_.observe_row(
+            chunk.seq, layer, decode_probs.select(0, static_cast<int64_t>(s)).narrow(1, 0, end),
+            chunk.start_position);
+        row += n;
+        continue;
+      }
       attention_observer_.observe(chunk.seq, layer, q.narrow(0, row, n),
                                   pool_part(chunk, layer, end, 0), chunk.start_position, scale,
                                   stride);
@@ -489,6 +497,12 @@ StatusOr<ForwardResult> TorchExecutor::run(const ForwardBatch& batch) {
 
   const bool observes = std::any_of(batch.chunks.begin(), batch.chunks.end(),
                                     [](const SequenceChunk& c) { return c.observe_attention; });
+  // Krul's decode rows this step, if any: the CPU decode kernel hands them over (its probs).
+  const bool observes_decode =
+      std::any_of(batch.chunks.begin(), batch.chunks.end(), [](const SequenceChunk& c) {
+        return c.observe_attention && c.tokens.size() == 1 &&
+               AttentionObserver::observes_rows(c.start_position, 1, c.observe_row_stride);
+      });
   STRATA_ASSIGN_OR_RETURN(at::Tensor x, embed(ids));  // [num_tokens, hidden]
   for (int64_t l = 0; l < num_layers; ++l) {
     const LayerWeights& w = layers_[l];
@@ -521,8 +535,8 @@ StatusOr<ForwardResult> TorchExecutor::run(const ForwardBatch& batch) {
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     }
     if (leankv_ || freekv_) observe_prompts(batch, l, q, scale, part);
-    if (observes) observe_attention(batch, l, q, scale, part);
-    at::Tensor attn;  // [tokens, H, D]
+    at::Tensor attn;          // [tokens, H, D]
+    at::Tensor decode_probs;  // [chunks, H, t] when the decode kernel wrote them
     if (!lean_seqs.empty()) {
       attn = at::empty({num_tokens, num_heads, head_dim}, q.options());
       if (!dense_seqs.empty()) {
@@ -549,8 +563,10 @@ StatusOr<ForwardResult> TorchExecutor::run(const ForwardBatch& batch) {
       attn = other_format[l] ? attend_dequantized(batch, l, q, seq_lens_t, cu_q_lens_t, max_q_len,
                                                   scale, attention)
                              : kernels::paged_attention(q, pool_.base_view(), tables[l], seq_lens_t,
-                                                        cu_q_lens_t, max_q_len, scale, attention);
+                                                        cu_q_lens_t, max_q_len, scale, attention,
+                                                        observes_decode ? &decode_probs : nullptr);
     }
+    if (observes) observe_attention(batch, l, q, scale, part, decode_probs);
     at::Tensor attn_out = w.wo.apply(attn.view({rows, num_heads * head_dim}));
     STRATA_RETURN_IF_ERROR(reduce_partial(attn_out));
     xl = xl + attn_out;

@@ -273,9 +273,11 @@ class TorchExecutor final : public Executor {
   void observe_prompts(const ForwardBatch& batch, int64_t layer, const at::Tensor& q, double scale,
                        const PartialLayer* part);
   // Krul: layer `layer`'s queries q (as for observe_prompts) of the chunks that observe attention
-  // go to the attention observer with their keys so far.
+  // go to the attention observer with their keys so far, after the layer's attention. A decode
+  // chunk's row comes from `decode_probs` when the attention kernel wrote it (paged_attention's
+  // probs, [batch chunks, H, t]; undefined: computed again from the keys).
   void observe_attention(const ForwardBatch& batch, int64_t layer, const at::Tensor& q,
-                         double scale, const PartialLayer* part);
+                         double scale, const PartialLayer* part, const at::Tensor& decode_probs);
 
   // The embedding's rows of `ids` (int64 [n]) -> [n, hidden]; sharded, the rank's vocabulary
   // run looks up its ids and the ranks' rows are summed.

@@ -21,10 +21,12 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 // Attention of a decode step: every sequence has at most one query (cu_q_lens steps by 0 or 1),
 // at its last position, over the seq_lens[s] tokens its block table lists; writes its rows of
-// out. Float32 scores, softmax and value sums; indices already checked (torch_ops.cpp).
+// out. Float32 scores, softmax and value sums; indices already checked (torch_ops.cpp). With
+// `probs` (float32 [num_seqs, num_heads, >= max seq_lens], contiguous), also each query's
+// post-softmax probabilities: probs[s, h, :seq_lens[s]] for every sequence with a query.
 void paged_decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& kv_cache,
                             const at::Tensor& block_tables, const at::Tensor& seq_lens,
-                            const at::Tensor& cu_q_lens, double scale);
+                            const at::Tensor& cu_q_lens, double scale, at::Tensor* probs = nullptr);
 // Throws c10::Error when a slot lies outside the pool.
 void reshape_and_cache(at::Tensor& kv_cache, const at::Tensor& key, const at::Tensor& value,
                        const at::Tensor& slot_mapping);

@@ -51,10 +51,15 @@ at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Te
 // On CPU: float32/float16/bfloat16, any head_dim; index values are validated; per sequence
 // gather + at::scaled_dot_product_attention (enable_gqa).
 // Throws c10::Error on a bad shape, dtype, device or layout (and, on CPU, bad index values).
+// probs (Krul's decode rows, docs/krul.md): when given and the call runs Strata's CPU decode
+// kernel (CPU tensors, max_q_len 1), set to float32 [num_seqs, num_heads, max seq_lens] holding
+// each query's post-softmax probabilities over its sequence's keys, probs[s, h, :seq_lens[s]]
+// (the rest, and the rows of sequences without a query, unset); otherwise set undefined.
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& kv_cache,
                            const at::Tensor& block_tables, const at::Tensor& seq_lens,
                            const at::Tensor& cu_q_lens, int64_t max_q_len, double scale,
-                           KernelBackend backend = KernelBackend::kStrata);
+                           KernelBackend backend = KernelBackend::kStrata,
+                           at::Tensor* probs = nullptr);
 
 // Writes key/value [num_tokens, num_kv_heads, head_dim] into kv_cache (same dtype and device) at
 // slot_mapping [num_tokens] int64 (slot = block_id * block_size + offset; slot < 0 skips the

@@ -112,6 +112,56 @@ TEST(PagedAttentionCpu, EmptyBatch) {
   EXPECT_EQ(out.size(1), 4);
 }
 
+// Krul's decode rows (paged_attention's probs): each query's softmax over its sequence's keys,
+// against plain libtorch over the keys gathered by the block table; the attention itself
+// unchanged. Only the CPU decode kernel writes them.
+TEST(PagedAttentionCpu, DecodeProbabilitiesAreEachQuerysAttentionRow) {
+  for (const auto& [dtype, group, block_size] :
+       {std::tuple{at::kFloat, int64_t{1}, int64_t{16}},
+        std::tuple{at::kFloat, int64_t{4}, int64_t{8}},
+        std::tuple{at::kBFloat16, int64_t{3}, int64_t{32}}}) {
+    SCOPED_TRACE(dtype_label(dtype) + " group " + std::to_string(group));
+    std::vector<SeqShape> shapes = batch_shapes("decode", block_size);
+    shapes.insert(shapes.begin() + 2, SeqShape{0, 9});  // no query this step
+    const PagedBatch b =
+        make_paged_batch(shapes, kNumKvHeads * group, kNumKvHeads, 64, block_size, dtype, 17);
+    at::Tensor probs;
+    const at::Tensor out = paged_attention(b.q, b.kv_cache, b.block_tables, b.seq_lens, b.cu_q_lens,
+                                           b.max_q_len, b.scale, KernelBackend::kStrata, &probs);
+    expect_matches_reference(b, out);
+    ASSERT_TRUE(probs.defined());
+    const int64_t num_heads = b.q.size(1);
+    ASSERT_EQ(probs.sizes(), (std::vector<int64_t>{std::ssize(shapes), num_heads,
+                                                   b.seq_lens.max().item<int64_t>()}));
+    for (size_t s = 0; s < shapes.size(); ++s) {
+      if (shapes[s].q_len == 0) continue;
+      const int64_t len = shapes[s].seq_len, token = b.cu_q_lens[s].item<int64_t>();
+      std::vector<at::Tensor> keys;  // [len, Hkv, D]
+      for (int64_t t = 0; t < len; ++t) {
+        const int64_t block = b.block_tables[s][t / block_size].item<int64_t>();
+        keys.push_back(b.kv_cache[block][0].select(1, t % block_size));
+      }
+      const at::Tensor k = at::stack(keys).to(at::kFloat).repeat_interleave(group, 1);
+      const at::Tensor q = b.q[token].to(at::kFloat);  // [H, D]
+      const at::Tensor expected = at::softmax(at::einsum("hd,thd->ht", {q, k}) * b.scale, -1);
+      const at::Tensor got = probs[s].narrow(1, 0, len);
+      EXPECT_TRUE(at::allclose(got, expected, 1e-5, 1e-6))
+          << "sequence " << s << ": max diff " << (got - expected).abs().max().item<double>();
+    }
+    at::Tensor none;
+    (void)paged_attention(b.q, b.kv_cache, b.block_tables, b.seq_lens, b.cu_q_lens, b.max_q_len,
+                          b.scale, KernelBackend::kTorch, &none);
+    EXPECT_FALSE(none.defined()) << "libtorch's path writes no probabilities";
+  }
+  const PagedBatch prefill =
+      make_paged_batch(batch_shapes("chunked", 16), 4, 2, 64, 16, at::kFloat, 3);
+  at::Tensor probs = at::zeros({1});
+  (void)paged_attention(prefill.q, prefill.kv_cache, prefill.block_tables, prefill.seq_lens,
+                        prefill.cu_q_lens, prefill.max_q_len, prefill.scale, KernelBackend::kStrata,
+                        &probs);
+  EXPECT_FALSE(probs.defined()) << "a batch with several queries per sequence has no decode rows";
+}
+
 // ---- reshape_and_cache --------------------------------------------------------------------------
 
 TEST(ReshapeAndCacheCpu, MatchesReference) {
