@@ -1,11 +1,13 @@
-// LeanKV's at::Tensor adapters (torch_ops.h): Strata's kernels on CUDA tensors, libtorch
-// (leankv_ops.h) and the sequential page manager (kv/leankv_pages.h) otherwise.
+// LeanKV's at::Tensor adapters (torch_ops.h): Strata's kernels on CUDA tensors, its CPU loop for
+// the decode attention on CPU tensors (cpu_ops.h), libtorch (leankv_ops.h) and the sequential
+// page manager (kv/leankv_pages.h) otherwise.
 
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
 #include "launch_params.h"
+#include "strata/kernels/cpu_ops.h"
 #include "strata/kernels/leankv_ops.h"
 #include "strata/kernels/ops.h"
 #include "strata/kernels/torch_ops.h"
@@ -129,6 +131,17 @@ at::Tensor leankv_decode_attention(const at::Tensor& q, at::Tensor& pool, const 
                       (q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16) &&
                       head_dim_served(q.size(2)) && heads % kv_heads == 0 && heads / kv_heads <= 8;
   if (!served) {
+    // Strata's CPU loop reads the pages in place (the libtorch reference gathers every token).
+    const bool cpu_loop = backend == KernelBackend::kStrata && q.is_cpu() && pool.is_contiguous() &&
+                          window_acc.is_contiguous() &&
+                          (q.scalar_type() == at::kFloat || q.scalar_type() == at::kHalf ||
+                           q.scalar_type() == at::kBFloat16) &&
+                          window.scalar_type() == q.scalar_type() && heads % kv_heads == 0;
+    if (cpu_loop) {
+      return cpu::leankv_decode_attention(
+          q.contiguous(), pool, format, tables.contiguous(), token_counts.contiguous(),
+          entries.contiguous(), window.contiguous(), window_lens.contiguous(), window_acc, scale);
+    }
     return aten::leankv_decode_attention(q, pool, format, tables, token_counts, entries, window,
                                          window_lens, window_acc, scale);
   }

@@ -14,6 +14,9 @@
 namespace at {
 class Tensor;
 }
+namespace strata::kv::leankv {
+class PageFormat;
+}
 
 namespace strata::kernels::cpu {
 
@@ -27,6 +30,16 @@ at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Te
 void paged_decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& kv_cache,
                             const at::Tensor& block_tables, const at::Tensor& seq_lens,
                             const at::Tensor& cu_q_lens, double scale, at::Tensor* probs = nullptr);
+// LeanKV's decode attention (kernels::aten::leankv_decode_attention's contract, leankv_ops.h):
+// each (sequence, KV head) reads its stored tokens' quantized keys and values in place in their
+// pages, then its window, float32 throughout; the accumulators grow as there. q and window
+// float32, float16 or bfloat16; every tensor contiguous; indices not checked (the page
+// manager's).
+at::Tensor leankv_decode_attention(const at::Tensor& q, at::Tensor& pool,
+                                   const kv::leankv::PageFormat& format, const at::Tensor& tables,
+                                   const at::Tensor& token_counts, const at::Tensor& entries,
+                                   const at::Tensor& window, const at::Tensor& window_lens,
+                                   at::Tensor& window_acc, double scale);
 // Throws c10::Error when a slot lies outside the pool.
 void reshape_and_cache(at::Tensor& kv_cache, const at::Tensor& key, const at::Tensor& value,
                        const at::Tensor& slot_mapping);

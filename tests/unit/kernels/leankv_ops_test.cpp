@@ -3,15 +3,19 @@
 // dequantize-on-read (bytes where the format says, error within half a quantization step, nothing
 // else in the pool touched), prompt significance against a loop over the full attention matrix,
 // and decode attention over high pages, low pages and the window against plain softmax attention
-// over the dequantized tokens, with the accumulators each token's attention adds.
+// over the dequantized tokens, with the accumulators each token's attention adds (libtorch's and
+// Strata's CPU loop, which is also compared with libtorch's over a grid of formats and dtypes).
 
 #include "strata/kernels/leankv_ops.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <string>
 #include <tuple>
 #include <vector>
+
+#include "strata/kernels/cpu_ops.h"
 
 namespace strata::kernels::aten {
 namespace {
@@ -154,7 +158,16 @@ TEST(LeanKvOps, PromptScoresAreColumnSumsOfLaterQueriesMaxOverTheGroup) {
 
 // Two sequences, 2 KV heads each with 2 query heads: entry 2s+h. Entry 0 holds 40 high tokens
 // (two pages) and 70 low ones (two pages); the others fewer, one none at all.
-TEST(LeanKvOps, DecodeAttentionMatchesSoftmaxOverDequantizedTokensAndTheWindow) {
+// A decode attention with leankv_decode_attention's contract: libtorch's (leankv_ops.h) or
+// Strata's CPU loop (cpu_ops.h).
+using DecodeAttention = at::Tensor (*)(const at::Tensor&, at::Tensor&, const PageFormat&,
+                                       const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                       const at::Tensor&, const at::Tensor&, at::Tensor&, double);
+
+class LeanKvDecodeTest : public ::testing::TestWithParam<DecodeAttention> {};
+
+TEST_P(LeanKvDecodeTest, MatchesSoftmaxOverDequantizedTokensAndTheWindow) {
+  const DecodeAttention leankv_decode_attention = GetParam();
   const PageFormat f = format_of(64);
   const int64_t d = 64, width = 6, window_capacity = 8;
   at::manual_seed(9);
@@ -248,6 +261,83 @@ TEST(LeanKvOps, DecodeAttentionMatchesSoftmaxOverDequantizedTokensAndTheWindow) 
   const kv::leankv::PageSegments& hs = f.segments(Precision::kHigh);
   EXPECT_TRUE(at::equal(pool.slice(1, 0, hs.scores).slice(0, 0, 2),
                         pool_before.slice(1, 0, hs.scores).slice(0, 0, 2)));
+}
+
+INSTANTIATE_TEST_SUITE_P(Implementations, LeanKvDecodeTest,
+                         ::testing::Values(&aten::leankv_decode_attention,
+                                           &cpu::leankv_decode_attention),
+                         [](const auto& info) { return info.index == 0 ? "aten" : "cpu_loop"; });
+
+// The CPU loop against libtorch's over page formats, head dims, groups and dtypes: the output,
+// the window's accumulators and every byte of the pool (the pages' accumulators within float
+// rounding, the rest exactly).
+TEST(LeanKvOps, CpuLoopDecodesLikeLibtorch) {
+  for (const auto& [high, low, d, group, dtype] :
+       {std::tuple{PrecisionBits{8, 4}, PrecisionBits{4, 2}, int64_t{64}, int64_t{3}, at::kFloat},
+        std::tuple{PrecisionBits{8, 8}, PrecisionBits{2, 2}, int64_t{128}, int64_t{1},
+                   at::kBFloat16},
+        std::tuple{PrecisionBits{4, 4}, PrecisionBits{2, 4}, int64_t{64}, int64_t{4}, at::kHalf}}) {
+    SCOPED_TRACE("d " + std::to_string(d) + " group " + std::to_string(group));
+    const PageFormat f = PageFormat::create(d, high, low, 16).value();
+    const int64_t width = 8, capacity = 6, kv_heads = 2, seqs = 3, entries_n = seqs * kv_heads;
+    at::manual_seed(d + group);
+    at::Tensor pool = at::zeros({40, f.page_bytes()}, at::kByte);
+    at::Tensor tables = at::full({entries_n, width}, -1, at::kInt);
+    at::Tensor token_counts = at::zeros({entries_n, 2}, at::kInt);
+    const int32_t th = f.tokens_per_page(Precision::kHigh), tl = f.tokens_per_page(Precision::kLow);
+    int32_t next_page = 0;
+    for (int64_t e = 0; e < entries_n; ++e) {
+      const int64_t counts[2] = {(e * 7) % 40, (e * 13) % (2 * tl + 3)};
+      for (int64_t i = 0; i < (counts[0] + th - 1) / th; ++i) tables[e][i] = next_page++;
+      for (int64_t j = 0; j < (counts[1] + tl - 1) / tl; ++j)
+        tables[e][width - 1 - j] = next_page++;
+      token_counts[e][0] = counts[0];
+      token_counts[e][1] = counts[1];
+      for (Precision p : {Precision::kHigh, Precision::kLow}) {
+        const auto [page, slot] =
+            leankv_token_slots(f, p, tables, token_counts, at::full({1}, e, at::kLong));
+        const int64_t m = page.size(0);
+        leankv_write_tokens(pool, f, p, page, slot, at::randn({m, d}) * 2, at::randn({m, d}),
+                            at::rand({m}), at::arange(m, at::kInt));
+      }
+    }
+    const at::Tensor q = at::randn({seqs, kv_heads * group, d}).to(dtype);
+    const at::Tensor window = at::randn({seqs, 2, kv_heads, capacity, d}).to(dtype);
+    const at::Tensor window_lens = at::tensor(std::vector<int32_t>{6, 1, 4});
+    const at::Tensor entries = at::tensor(std::vector<int32_t>{5, 0, 2, 3, 1, 4}).view({3, 2});
+    const at::Tensor window_acc0 = at::rand({seqs, kv_heads, capacity});
+    at::Tensor ref_pool = pool.clone(), ref_acc = window_acc0.clone();
+    at::Tensor cpu_pool = pool.clone(), cpu_acc = window_acc0.clone();
+    const at::Tensor ref = aten::leankv_decode_attention(
+        q, ref_pool, f, tables, token_counts, entries, window, window_lens, ref_acc, 0.1);
+    const at::Tensor ours = cpu::leankv_decode_attention(
+        q, cpu_pool, f, tables, token_counts, entries, window, window_lens, cpu_acc, 0.1);
+    ASSERT_EQ(ours.scalar_type(), dtype);
+    const double tol = dtype == at::kFloat ? 1e-5 : 1e-2;
+    EXPECT_TRUE(at::allclose(ours.to(at::kFloat), ref.to(at::kFloat), tol, tol))
+        << "max diff " << (ours.to(at::kFloat) - ref.to(at::kFloat)).abs().max().item<double>();
+    EXPECT_TRUE(at::allclose(cpu_acc, ref_acc, 1e-5, 1e-6));
+    for (Precision p : {Precision::kHigh, Precision::kLow}) {
+      const auto [page, slot] =
+          leankv_token_slots(f, p, tables, token_counts, at::arange(entries_n, at::kLong));
+      const at::Tensor got = std::get<2>(leankv_read_tokens(cpu_pool, f, p, page, slot));
+      const at::Tensor want = std::get<2>(leankv_read_tokens(ref_pool, f, p, page, slot));
+      EXPECT_TRUE(at::allclose(got, want, 1e-5, 1e-6)) << "accumulators of the pages";
+      EXPECT_GT((got - std::get<2>(leankv_read_tokens(pool, f, p, page, slot)))
+                    .abs()
+                    .sum()
+                    .item<double>(),
+                0.0)
+          << "the accumulators grew";
+    }
+    for (Precision p : {Precision::kHigh, Precision::kLow}) {  // the scores aside, bytes equal
+      const kv::leankv::PageSegments& seg = f.segments(p);
+      for (at::Tensor* x : {&cpu_pool, &ref_pool}) {
+        x->narrow(1, seg.scores, 4 * seg.tokens).zero_();
+      }
+    }
+    EXPECT_TRUE(at::equal(cpu_pool, ref_pool));
+  }
 }
 
 }  // namespace
