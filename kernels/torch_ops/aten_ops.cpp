@@ -91,22 +91,25 @@ at::Tensor attention_received(const at::Tensor& q, const at::Tensor& keys, int64
   TORCH_CHECK(keys.size(0) >= end, "keys of ", keys.size(0), " tokens for queries up to ", end);
   const auto options = q.options().dtype(at::kFloat);
   const at::Tensor k = keys.narrow(0, 0, end).to(at::kFloat).permute({1, 2, 0});  // [Hkv, D, end]
-  const at::Tensor key_positions = at::arange(end, options.dtype(at::kLong));
+  // A block of rows sees the keys up to its last row: only its last `rows` columns need the
+  // causal mask (future[i, j]: key first + j after query first + i).
+  const at::Tensor future = at::ones({kRows, kRows}, options.dtype(at::kBool)).triu(1);
   at::Tensor received = at::zeros({num_heads, end}, options);
   for (int64_t row = 0; row < m; row += kRows) {
-    const int64_t rows = std::min(kRows, m - row);
-    const at::Tensor query_positions =
-        at::arange(start + row, start + row + rows, options.dtype(at::kLong)).unsqueeze(1);
-    // [Hkv, group * rows, D]: query head h = kv * group + g, each against its KV head's keys.
+    const int64_t rows = std::min(kRows, m - row), first = start + row, seen = first + rows;
+    // [Hkv, group * rows, D]: query head h = kv * group + g, each against its KV head's keys,
+    // the scale on the queries (rows x D values rather than rows x keys).
     const at::Tensor qh = q.narrow(0, row, rows)
                               .to(at::kFloat)
+                              .mul(scale)
                               .permute({1, 0, 2})
                               .reshape({kv_heads, group * rows, d});
-    const at::Tensor logits = at::bmm(qh, k)
-                                  .view({num_heads, rows, end})
-                                  .mul(scale)
-                                  .masked_fill(key_positions > query_positions, -INFINITY);
-    received += at::softmax(logits, -1).masked_fill(key_positions >= query_positions, 0.0).sum(1);
+    at::Tensor logits = at::bmm(qh, k.narrow(2, 0, seen)).view({num_heads, rows, seen});
+    logits.narrow(2, first, rows)
+        .masked_fill_(future.narrow(0, 0, rows).narrow(1, 0, rows), -INFINITY);
+    at::Tensor probs = at::softmax(logits, -1);
+    probs.narrow(2, first, rows).diagonal(0, 1, 2).zero_();  // a token's own query excluded
+    received.narrow(1, 0, seen) += probs.sum(1);
   }
   return received;
 }
