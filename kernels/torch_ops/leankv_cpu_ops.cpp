@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "strata/kernels/cpu_ops.h"
+#include "strata/kernels/leankv_ops.h"
 #include "strata/kv/leankv_page_format.h"
 
 namespace strata::kernels::cpu {
@@ -190,6 +191,49 @@ at::Tensor leankv_decode_attention(const at::Tensor& q, at::Tensor& pool, const 
                                 window_lens, window_acc, scale);
   }
   return out;
+}
+
+std::pair<at::Tensor, at::Tensor> leankv_settle_plan(
+    const at::Tensor& pool, const PageFormat& format, const at::Tensor& tables,
+    const at::Tensor& token_counts, const at::Tensor& entries, const at::Tensor& lengths,
+    const at::Tensor& candidate, const kv::leankv::Thresholds& thresholds) {
+  const int64_t m = entries.size(0), width = tables.size(1), page_bytes = format.page_bytes();
+  const int32_t* table = tables.data_ptr<int32_t>();
+  const int32_t* stored = token_counts.data_ptr<int32_t>();
+  const int32_t* entry_of = entries.data_ptr<int32_t>();
+  const int64_t* length = lengths.data_ptr<int64_t>();
+  const uint8_t* pages = pool.data_ptr<uint8_t>();
+  at::Tensor counts = at::empty({m, 2}, lengths.options());
+  int64_t* count = counts.data_ptr<int64_t>();
+  int64_t total[2] = {0, 0};
+  for (int64_t i = 0; i < m; ++i) {
+    for (int p = 0; p < 2; ++p) {
+      count[2 * i + p] = stored[2 * entry_of[i] + p];
+      total[p] += count[2 * i + p];
+    }
+  }
+  // Each stored token's score, acc / (length - 1 - position) in float32, read in place.
+  at::Tensor scores[2];
+  for (const Precision p : {Precision::kHigh, Precision::kLow}) {
+    const int t = static_cast<int>(p);
+    const PageSegments& seg = format.segments(p);
+    scores[t] = at::empty({total[t]}, lengths.options().dtype(at::kFloat));
+    float* score = scores[t].data_ptr<float>();
+    for (int64_t i = 0; i < m; ++i) {
+      const int64_t e = entry_of[i];
+      for (int64_t j = 0; j < count[2 * i + t]; ++j) {
+        const int64_t column = p == Precision::kHigh ? j / seg.tokens : width - 1 - j / seg.tokens;
+        const uint8_t* page = pages + table[e * width + column] * page_bytes;
+        const int64_t slot = j % seg.tokens;
+        float acc;
+        int32_t position;
+        std::memcpy(&acc, page + seg.scores + slot * 4, sizeof(acc));
+        std::memcpy(&position, page + seg.positions + slot * 4, sizeof(position));
+        *score++ = acc / static_cast<float>(length[i] - 1 - position);
+      }
+    }
+  }
+  return aten::leankv_settle_actions(format, counts, scores, lengths, candidate, thresholds);
 }
 
 }  // namespace strata::kernels::cpu

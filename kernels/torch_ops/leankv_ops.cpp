@@ -264,7 +264,7 @@ std::pair<at::Tensor, at::Tensor> leankv_settle_plan(
     const at::Tensor& pool, const PageFormat& format, const at::Tensor& tables,
     const at::Tensor& token_counts, const at::Tensor& entries, const at::Tensor& lengths,
     const at::Tensor& candidate, const kv::leankv::Thresholds& thresholds) {
-  const int64_t m = entries.size(0), pb = format.page_bytes();
+  const int64_t pb = format.page_bytes();
   const at::Tensor length = lengths.to(pool.device(), at::kLong);
   const at::Tensor counts =
       token_counts.index_select(0, entries.to(token_counts.device(), at::kLong))
@@ -284,7 +284,19 @@ std::pair<at::Tensor, at::Tensor> leankv_settle_plan(
     const at::Tensor later = (length_of - 1 - position.view({-1}).to(at::kLong)).to(at::kFloat);
     scores[static_cast<int>(p)] = (acc.view({-1}) / later).to(at::kCPU).contiguous();
   }
-  const at::Tensor length_host = length.to(at::kCPU);
+  const auto [actions, amounts] =
+      leankv_settle_actions(format, counts, scores, length.to(at::kCPU), candidate, thresholds);
+  return {actions.to(entries.device()), amounts.to(entries.device())};
+}
+
+std::pair<at::Tensor, at::Tensor> leankv_settle_actions(const PageFormat& format,
+                                                        const at::Tensor& counts,
+                                                        const at::Tensor (&scores)[2],
+                                                        const at::Tensor& lengths,
+                                                        const at::Tensor& candidate,
+                                                        const kv::leankv::Thresholds& thresholds) {
+  const int64_t m = counts.size(0);
+  const at::Tensor length_host = lengths.to(at::kCPU, at::kLong).contiguous();
   const at::Tensor candidate_host = candidate.to(at::kCPU, at::kFloat).contiguous();
   at::Tensor actions = at::empty({m, 3}, at::kInt), amounts = at::zeros({m, 2}, at::kInt);
   int64_t offset[2] = {0, 0};
@@ -313,7 +325,7 @@ std::pair<at::Tensor, at::Tensor> leankv_settle_plan(
       amounts.data_ptr<int32_t>()[2 * i + grows] = 1;
     }
   }
-  return {actions.to(entries.device()), amounts.to(entries.device())};
+  return {actions, amounts};
 }
 
 void leankv_settle_apply(at::Tensor& pool, const PageFormat& format, const at::Tensor& tables,

@@ -171,6 +171,15 @@ std::pair<at::Tensor, at::Tensor> leankv_settle_plan(
     const at::Tensor& token_counts, const at::Tensor& entries, const at::Tensor& lengths,
     const at::Tensor& candidate, const kv::leankv::Thresholds& thresholds, KernelBackend backend) {
   if (!on_strata(pool, backend)) {
+    // Strata's CPU loop reads each token's score in place (libtorch's gathers them).
+    if (backend == KernelBackend::kStrata && pool.is_cpu() && pool.is_contiguous() &&
+        tables.scalar_type() == at::kInt && token_counts.scalar_type() == at::kInt &&
+        entries.scalar_type() == at::kInt && lengths.scalar_type() == at::kLong &&
+        candidate.scalar_type() == at::kFloat) {
+      return cpu::leankv_settle_plan(pool, format, tables.contiguous(), token_counts.contiguous(),
+                                     entries.contiguous(), lengths.contiguous(),
+                                     candidate.contiguous(), thresholds);
+    }
     return aten::leankv_settle_plan(pool, format, tables, token_counts, entries, lengths, candidate,
                                     thresholds);
   }

@@ -11,11 +11,14 @@
 // so results agree with aten_ops.h within float rounding of the reduction order.
 #pragma once
 
+#include <utility>
+
 namespace at {
 class Tensor;
 }
 namespace strata::kv::leankv {
 class PageFormat;
+struct Thresholds;
 }
 
 namespace strata::kernels::cpu {
@@ -40,6 +43,13 @@ at::Tensor leankv_decode_attention(const at::Tensor& q, at::Tensor& pool,
                                    const at::Tensor& token_counts, const at::Tensor& entries,
                                    const at::Tensor& window, const at::Tensor& window_lens,
                                    at::Tensor& window_acc, double scale);
+// LeanKV's decode-step plan (kernels::aten::leankv_settle_plan's contract): each stored token's
+// score read in place in its page, then aten::leankv_settle_actions' decisions. CPU tensors,
+// contiguous, of the contract's dtypes (lengths int64, candidate float32); indices not checked.
+std::pair<at::Tensor, at::Tensor> leankv_settle_plan(
+    const at::Tensor& pool, const kv::leankv::PageFormat& format, const at::Tensor& tables,
+    const at::Tensor& token_counts, const at::Tensor& entries, const at::Tensor& lengths,
+    const at::Tensor& candidate, const kv::leankv::Thresholds& thresholds);
 // Throws c10::Error when a slot lies outside the pool.
 void reshape_and_cache(at::Tensor& kv_cache, const at::Tensor& key, const at::Tensor& value,
                        const at::Tensor& slot_mapping);

@@ -85,6 +85,17 @@ std::pair<at::Tensor, at::Tensor> leankv_settle_plan(
     const at::Tensor& token_counts, const at::Tensor& entries, const at::Tensor& lengths,
     const at::Tensor& candidate, const kv::leankv::Thresholds& thresholds);
 
+// leankv_settle_plan's decisions from the scores it reads: counts [m, 2] int64 (each entry's
+// high and low tokens), scores[p] float32 (tier p's tokens' scores, entry after entry in
+// leankv_token_slots' order), lengths [m] int64 and candidate [m] float32, all on the host.
+// Returns actions and amounts as leankv_settle_plan does, on the host.
+std::pair<at::Tensor, at::Tensor> leankv_settle_actions(const kv::leankv::PageFormat& format,
+                                                        const at::Tensor& counts,
+                                                        const at::Tensor (&scores)[2],
+                                                        const at::Tensor& lengths,
+                                                        const at::Tensor& candidate,
+                                                        const kv::leankv::Thresholds& thresholds);
+
 // leankv_settle_apply carries the actions out once the pages are there: a demoted victim is
 // dequantized from its high cell and requantized at the end of the low section; the candidate
 // (key, value [m, d] any float dtype; acc [m] float32; position [m] int32) is quantized into its

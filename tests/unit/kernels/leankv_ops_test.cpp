@@ -268,9 +268,9 @@ INSTANTIATE_TEST_SUITE_P(Implementations, LeanKvDecodeTest,
                                            &cpu::leankv_decode_attention),
                          [](const auto& info) { return info.index == 0 ? "aten" : "cpu_loop"; });
 
-// The CPU loop against libtorch's over page formats, head dims, groups and dtypes: the output,
-// the window's accumulators and every byte of the pool (the pages' accumulators within float
-// rounding, the rest exactly).
+// The CPU loops against libtorch's over page formats, head dims, groups and dtypes: the decode
+// attention's output, the window's accumulators and every byte of the pool (the pages'
+// accumulators within float rounding, the rest exactly), then the decode step's plan (exactly).
 TEST(LeanKvOps, CpuLoopDecodesLikeLibtorch) {
   for (const auto& [high, low, d, group, dtype] :
        {std::tuple{PrecisionBits{8, 4}, PrecisionBits{4, 2}, int64_t{64}, int64_t{3}, at::kFloat},
@@ -337,6 +337,26 @@ TEST(LeanKvOps, CpuLoopDecodesLikeLibtorch) {
       }
     }
     EXPECT_TRUE(at::equal(cpu_pool, ref_pool));
+
+    // The decode step's plan from the pages' accumulators (as written): the same actions and
+    // amounts at thresholds swept finely across the scores (1% apart), so a score off by more than
+    // that changes some decision.
+    const at::Tensor all = at::arange(entries_n, at::kInt);
+    const at::Tensor lengths = token_counts.sum(1).to(at::kLong) + 40;
+    const at::Tensor candidate = at::rand({entries_n}) / 30;
+    int64_t victims = 0;
+    for (double alpha_low = 1e-3; alpha_low < 30; alpha_low *= 1.01) {
+      const kv::leankv::Thresholds thresholds{4 * alpha_low, alpha_low,
+                                              static_cast<int32_t>(capacity)};
+      const auto [want_actions, want_amounts] = aten::leankv_settle_plan(
+          pool, f, tables, token_counts, all, lengths, candidate, thresholds);
+      const auto [actions, amounts] = cpu::leankv_settle_plan(pool, f, tables, token_counts, all,
+                                                              lengths, candidate, thresholds);
+      ASSERT_TRUE(at::equal(actions, want_actions)) << "alpha_low " << alpha_low;
+      ASSERT_TRUE(at::equal(amounts, want_amounts)) << "alpha_low " << alpha_low;
+      victims += want_actions.select(1, 1).ge(0).sum().item<int64_t>();
+    }
+    EXPECT_GT(victims, 0) << "no victim chosen";
   }
 }
 
