@@ -283,9 +283,11 @@ Status LeanKvRuntime::settle(std::span<const SeqId> seqs, std::span<const int64_
   const at::Tensor acc =
       window_acc_[layer].view({-1}).index_select(0, long_tensor(acc_cells).to(device));
   const at::Tensor score = acc / at::full_like(acc, static_cast<float>(config_.window));
-  const auto [actions, amounts] = kernels::aten::leankv_settle_plan(
-      pages_, format_, tables_, token_counts_, entry_ids, long_tensor(lengths), score, thresholds_);
-  const int32_t* action = actions.data_ptr<int32_t>();
+  const auto [actions, amounts] =
+      kernels::leankv_settle_plan(pages_, format_, tables_, token_counts_, entry_ids,
+                                  long_tensor(lengths).to(device), score, thresholds_, backend_);
+  const at::Tensor action_host = actions.cpu();  // the pruned counts (on CUDA: a sync)
+  const int32_t* action = action_host.data_ptr<int32_t>();
   for (int64_t i = 0; i < m; ++i) {
     const bool candidate_pruned = action[3 * i] == static_cast<int32_t>(Tier::kPruned);
     const bool victim_pruned =
@@ -298,10 +300,10 @@ Status LeanKvRuntime::settle(std::span<const SeqId> seqs, std::span<const int64_
                                     " pages for a decode step");
   }
   const at::Tensor rows = window_[layer].view({-1, head_dim_});
-  kernels::aten::leankv_settle_apply(pages_, format_, tables_, token_counts_, entry_ids, actions,
-                                     rows.index_select(0, long_tensor(key_rows)),
-                                     rows.index_select(0, long_tensor(value_rows)), acc,
-                                     at::tensor(candidates, at::kInt));
+  kernels::leankv_settle_apply(pages_, format_, tables_, token_counts_, entry_ids, actions,
+                               rows.index_select(0, long_tensor(key_rows).to(device)),
+                               rows.index_select(0, long_tensor(value_rows).to(device)), acc,
+                               at::tensor(candidates, at::kInt).to(device), backend_);
   return Status();
 }
 

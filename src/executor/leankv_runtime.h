@@ -74,8 +74,9 @@ class LeanKvRuntime {
   at::Tensor attend(std::span<const SeqId> seqs, std::span<const int64_t> positions, int64_t layer,
                     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale);
   // After attend() of the layer: the token leaving each window goes through Algorithm 1, per KV
-  // head (kernels::aten::leankv_settle_plan, the step's pages, leankv_settle_apply: the contract
-  // of the CUDA kernels). RESOURCE_EXHAUSTED when the page pool runs out.
+  // head (kernels::leankv_settle_plan, the step's pages, leankv_settle_apply: Strata's kernels
+  // where the self-check passed them, CUDA's or the CPU loop, else libtorch's). RESOURCE_EXHAUSTED
+  // when the page pool runs out.
   Status settle(std::span<const SeqId> seqs, std::span<const int64_t> positions, int64_t layer);
 
   // Forgets a sequence (finished, aborted or restarted): its pages return to the ring.
