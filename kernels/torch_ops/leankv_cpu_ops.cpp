@@ -1,7 +1,7 @@
-// LeanKV's decode attention on the CPU (cpu_ops.h): the contract of kernels::aten::
-// leankv_decode_attention (leankv_ops.h), reading each token's quantized key and value in place
-// in its page (kv/leankv_page_format.h) instead of gathering every stored token into padded
-// float copies first.
+// LeanKV's decode step on the CPU (cpu_ops.h), with the contracts of kernels::aten's
+// leankv_decode_attention and leankv_settle_plan (leankv_ops.h): each token's quantized key and
+// value, accumulator and position are read in place in its page (kv/leankv_page_format.h)
+// instead of gathered through index tensors into copies first.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
