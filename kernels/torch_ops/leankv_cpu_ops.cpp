@@ -70,15 +70,25 @@ void dequantize_token(const uint8_t* page, int64_t data, int64_t chunk, int64_t 
   }
 }
 
+// The page holding token i of an entry's tier p: high tokens fill the entry's table from the
+// left, low ones from the right (leankv_token_slots' rule); its slot is i % tokens_per_page(p).
+template <typename Byte>
+Byte* page_of(Byte* pages, const PageFormat& format, const int32_t* entry_table, int64_t width,
+              Precision p, int64_t i) {
+  const int64_t per_page = format.tokens_per_page(p);
+  const int64_t column = p == Precision::kHigh ? i / per_page : width - 1 - i / per_page;
+  return pages + entry_table[column] * format.page_bytes();
+}
+
 template <typename T>
-void decode_attention(at::Tensor& out, const at::Tensor& q, at::Tensor& pool,
+void leankv_attention(at::Tensor& out, const at::Tensor& q, at::Tensor& pool,
                       const PageFormat& format, const at::Tensor& tables,
                       const at::Tensor& token_counts, const at::Tensor& entries,
                       const at::Tensor& window, const at::Tensor& window_lens,
                       at::Tensor& window_acc, double scale) {
   const int64_t num_seqs = q.size(0), heads = q.size(1), d = q.size(2);
   const int64_t kv_heads = entries.size(1), group = heads / kv_heads, capacity = window.size(3);
-  const int64_t width = tables.size(1), page_bytes = format.page_bytes();
+  const int64_t width = tables.size(1);
   const int32_t* table = tables.data_ptr<int32_t>();
   const int32_t* counts = token_counts.data_ptr<int32_t>();
   const int32_t* entry_of = entries.data_ptr<int32_t>();
@@ -100,17 +110,13 @@ void decode_attention(at::Tensor& out, const at::Tensor& q, at::Tensor& pool,
       scores.resize(n);
       received.assign(n, 0.0f);
       // The row's tokens in the reference's order: high, low (dequantized), then the window.
-      auto page_of = [&](Precision p, int64_t i) {
-        const int32_t per_page = format.tokens_per_page(p);
-        const int64_t column = p == Precision::kHigh ? i / per_page : width - 1 - i / per_page;
-        return pages + table[e * width + column] * page_bytes;
-      };
+      const int32_t* entry_table = table + e * width;
       int64_t t = 0;
       for (const Precision p : {Precision::kHigh, Precision::kLow}) {
         const PageSegments& seg = format.segments(p);
         const kv::leankv::PrecisionBits& bits = format.bits(p);
         for (int64_t i = 0; i < stored[static_cast<int>(p)]; ++i, ++t) {
-          const uint8_t* page = page_of(p, i);
+          const uint8_t* page = page_of(pages, format, entry_table, width, p, i);
           const int64_t slot = i % seg.tokens;
           dequantize_token(page, seg.key_data, seg.key_chunk, seg.key_params, seg.tokens, bits.key,
                            slot, d, keys.data() + t * d);
@@ -158,7 +164,8 @@ void decode_attention(at::Tensor& out, const at::Tensor& q, at::Tensor& pool,
       for (const Precision p : {Precision::kHigh, Precision::kLow}) {
         const PageSegments& seg = format.segments(p);
         for (int64_t i = 0; i < stored[static_cast<int>(p)]; ++i, ++t) {
-          uint8_t* score = page_of(p, i) + seg.scores + (i % seg.tokens) * 4;
+          uint8_t* score =
+              page_of(pages, format, entry_table, width, p, i) + seg.scores + (i % seg.tokens) * 4;
           float value;
           std::memcpy(&value, score, sizeof(value));
           value += received[t];
@@ -181,13 +188,13 @@ at::Tensor leankv_decode_attention(const at::Tensor& q, at::Tensor& pool, const 
   at::Tensor out = at::empty(q.sizes(), q.options());
   const at::ScalarType dtype = q.scalar_type();
   if (dtype == at::kFloat) {
-    decode_attention<float>(out, q, pool, format, tables, token_counts, entries, window,
+    leankv_attention<float>(out, q, pool, format, tables, token_counts, entries, window,
                             window_lens, window_acc, scale);
   } else if (dtype == at::kBFloat16) {
-    decode_attention<c10::BFloat16>(out, q, pool, format, tables, token_counts, entries, window,
+    leankv_attention<c10::BFloat16>(out, q, pool, format, tables, token_counts, entries, window,
                                     window_lens, window_acc, scale);
   } else {
-    decode_attention<c10::Half>(out, q, pool, format, tables, token_counts, entries, window,
+    leankv_attention<c10::Half>(out, q, pool, format, tables, token_counts, entries, window,
                                 window_lens, window_acc, scale);
   }
   return out;
@@ -197,7 +204,7 @@ std::pair<at::Tensor, at::Tensor> leankv_settle_plan(
     const at::Tensor& pool, const PageFormat& format, const at::Tensor& tables,
     const at::Tensor& token_counts, const at::Tensor& entries, const at::Tensor& lengths,
     const at::Tensor& candidate, const kv::leankv::Thresholds& thresholds) {
-  const int64_t m = entries.size(0), width = tables.size(1), page_bytes = format.page_bytes();
+  const int64_t m = entries.size(0), width = tables.size(1);
   const int32_t* table = tables.data_ptr<int32_t>();
   const int32_t* stored = token_counts.data_ptr<int32_t>();
   const int32_t* entry_of = entries.data_ptr<int32_t>();
@@ -222,8 +229,7 @@ std::pair<at::Tensor, at::Tensor> leankv_settle_plan(
     for (int64_t i = 0; i < m; ++i) {
       const int64_t e = entry_of[i];
       for (int64_t j = 0; j < count[2 * i + t]; ++j) {
-        const int64_t column = p == Precision::kHigh ? j / seg.tokens : width - 1 - j / seg.tokens;
-        const uint8_t* page = pages + table[e * width + column] * page_bytes;
+        const uint8_t* page = page_of(pages, format, table + e * width, width, p, j);
         const int64_t slot = j % seg.tokens;
         float acc;
         int32_t position;

@@ -344,12 +344,11 @@ void TorchExecutor::observe_attention(const ForwardBatch& batch, int64_t layer, 
         attention_observer_.observe_row(
             chunk.seq, layer, decode_probs.select(0, static_cast<int64_t>(s)).narrow(1, 0, end),
             chunk.start_position);
-        row += n;
-        continue;
+      } else {
+        attention_observer_.observe(chunk.seq, layer, q.narrow(0, row, n),
+                                    pool_part(chunk, layer, end, 0), chunk.start_position, scale,
+                                    stride);
       }
-      attention_observer_.observe(chunk.seq, layer, q.narrow(0, row, n),
-                                  pool_part(chunk, layer, end, 0), chunk.start_position, scale,
-                                  stride);
     }
     row += n;
   }
