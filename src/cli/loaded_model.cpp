@@ -203,7 +203,7 @@ Status serve_rank(const config::DeploymentConfig& deployment, dist::Communicator
                           model::open_model_source(deployment.model.path));
   executor::ExecutorOptions options = engine_options(deployment).executor;
   options.group = &group;
-  return executor::serve_tensor_parallel_rank(*source, options);
+  return executor::serve_tensor_parallel_rank(*source, options, deployment.kv_store);
 }
 
 }  // namespace strata::cli

@@ -13,9 +13,8 @@
 #include <vector>
 
 #include "strata/dist/communicator.h"
-#include "strata/kernels/krul_ops.h"
-#include "strata/kernels/kv_format_ops.h"
 #include "strata/model/model_source.h"
+#include "tensor_parallel_store.h"
 #include "torch_executor.h"
 
 namespace strata::executor {
@@ -26,53 +25,13 @@ enum class Message : uint8_t { kPass = 1, kPing = 2, kStop = 3 };
 // How long rank 0 stays silent before it pings the others: well inside any collective timeout.
 constexpr auto kPingInterval = std::chrono::seconds(1);
 
-class Writer {
- public:
-  template <typename T>
-  void put(T value) {
-    out_.append(reinterpret_cast<const char*>(&value), sizeof(T));
-  }
-  void bytes(const void* data, size_t n) { out_.append(static_cast<const char*>(data), n); }
-  std::string take() { return std::move(out_); }
-
- private:
-  std::string out_;
-};
-
-class Reader {
- public:
-  explicit Reader(std::string_view in) : in_(in) {}
-  template <typename T>
-  T get() {
-    T value{};
-    if (const char* p = take(sizeof(T))) std::memcpy(&value, p, sizeof(T));
-    return value;
-  }
-  // n bytes, or null past the end (then ok() is false).
-  const char* take(size_t n) {
-    if (!ok_ || in_.size() - pos_ < n) {
-      ok_ = false;
-      return nullptr;
-    }
-    const char* p = in_.data() + pos_;
-    pos_ += n;
-    return p;
-  }
-  bool good() const { return ok_; }                         // nothing read past the end
-  bool ok() const { return ok_ && pos_ == in_.size(); }     // and everything read
-
- private:
-  std::string_view in_;
-  size_t pos_ = 0;
-  bool ok_ = true;
-};
-
-// The batch's plan (its loads' bytes, chunk_bytes each, included); INVALID_ARGUMENT for what
-// tensor parallelism does not serve.
-StatusOr<std::string> encode_pass(const ForwardBatch& batch, int64_t chunk_bytes,
-                                  const kv::KvFormat& base) {
+// The batch's plan, after `events` (the store events since the last message); INVALID_ARGUMENT
+// for what tensor parallelism does not serve.
+StatusOr<std::string> encode_pass(const ForwardBatch& batch, const kv::KvFormat& base,
+                                  std::string_view events, FollowerFeed& feed) {
   Writer w;
   w.put(Message::kPass);
+  w.string(events);
   for (const auto* copies : {&batch.copies.swap_out, &batch.copies.swap_in, &batch.copies.device}) {
     w.put(static_cast<uint32_t>(copies->size()));
     for (const kv::BlockCopy& c : *copies) {
@@ -95,29 +54,28 @@ StatusOr<std::string> encode_pass(const ForwardBatch& batch, int64_t chunk_bytes
     w.put(static_cast<uint8_t>(c.logits));
     w.put(static_cast<uint8_t>(c.samples));
     w.put(static_cast<uint8_t>(c.compress_kv));
-    w.put(static_cast<uint32_t>(c.tokens.size()));
-    w.bytes(c.tokens.data(), c.tokens.size() * sizeof(TokenId));
+    w.span(std::span<const TokenId>(c.tokens));
     w.put(c.restored_tokens);
-    w.put(static_cast<uint32_t>(c.computed_rows.size()));
-    w.bytes(c.computed_rows.data(), c.computed_rows.size() * sizeof(int64_t));
+    w.span(std::span<const int64_t>(c.computed_rows));
     w.put(static_cast<uint32_t>(c.tables.size()));
     for (const std::vector<kv::BlockId>& table : c.tables) {
-      w.put(static_cast<uint32_t>(table.size()));
-      w.bytes(table.data(), table.size() * sizeof(kv::BlockId));
+      w.span(std::span<const kv::BlockId>(table));
     }
   }
   w.put(static_cast<uint32_t>(batch.loads.size()));
   for (const KvLoad& load : batch.loads) {
-    if (load.encoding) {
-      return invalid_argument_error("tensor parallelism loads raw chunks only (no store codec)");
+    const std::vector<store::StoredRun> runs = feed.take_runs(load.seq);
+    int64_t named = 0;
+    for (const store::StoredRun& run : runs) named += run.count;
+    if (load.encoding || load.arrivals || named != std::ssize(load.chunks)) {
+      return invalid_argument_error("sequence " + std::to_string(load.seq.value) +
+                                    ": tensor parallelism loads raw stored chunks, named for every "
+                                    "rank's store (no codec, pre-load or streamed read)");
     }
     w.put(load.seq.value);
     w.put(load.first_block);
-    w.put(static_cast<uint32_t>(load.chunks.size()));
-    for (const std::byte* chunk : load.chunks) {
-      if (chunk == nullptr) return invalid_argument_error("null load source");
-      w.bytes(chunk, static_cast<size_t>(chunk_bytes));
-    }
+    w.put(static_cast<uint32_t>(runs.size()));
+    for (const store::StoredRun& run : runs) write_run(w, run);
   }
   w.put(static_cast<uint32_t>(batch.saves.size()));
   for (const KvSave& save : batch.saves) {
@@ -128,40 +86,27 @@ StatusOr<std::string> encode_pass(const ForwardBatch& batch, int64_t chunk_bytes
   return w.take();
 }
 
-// A pass as this rank's executor takes it, with the memory its pointers and spans refer to.
+// A pass as this rank's executor takes it, with the memory its spans refer to; its loads' and
+// saves' chunks are this rank's to fill.
 struct RankPass {
   ForwardBatch batch;
   std::vector<std::vector<std::vector<kv::BlockId>>> tables;  // per chunk
-  std::vector<at::Tensor> loaded;  // per loaded chunk: this rank's heads, [L, 2, Hkv_r, B, D]
-  at::Tensor saved;                // [saved chunks, L, 2, Hkv_r, B, D]: filled by the pass
+  std::vector<std::vector<store::StoredRun>> runs;            // per load
 };
 
-// Chunk layout of the whole model: [L, 2, Hkv, B, D] in the pool's dtype.
-std::vector<int64_t> chunk_shape(const model::ModelConfig& model, const kv::KvGeometry& local,
-                                 int64_t kv_heads) {
-  return {model.num_layers, 2, kv_heads, local.block_size_tokens, model.head_dim};
-}
-
-StatusOr<RankPass> decode_pass(std::string_view plan, const TorchExecutor& local,
-                               const TensorShard& shard) {
-  const model::ModelConfig& model = local.config();
-  const kv::KvGeometry& geometry = local.kv_geometry();
-  const at::ScalarType dtype = kernels::aten::scalar_type(local.dtype());
-  const std::vector<int64_t> whole = chunk_shape(model, geometry, model.num_kv_heads);
-  const int64_t chunk_bytes = at::elementSize(dtype) *
-                              whole[0] * whole[1] * whole[2] * whole[3] * whole[4];
-  Reader r(plan.substr(1));
+// The pass after a message's kind and events.
+StatusOr<RankPass> decode_pass(Reader& r, const kv::KvFormat& format) {
   RankPass pass;
   ForwardBatch& batch = pass.batch;
   for (auto* copies : {&batch.copies.swap_out, &batch.copies.swap_in, &batch.copies.device}) {
-    copies->resize(r.get<uint32_t>());
+    copies->resize(std::min<size_t>(r.get<uint32_t>(), 1 << 24));
     for (kv::BlockCopy& c : *copies) {
       c.source.value = r.get<int32_t>();
       c.destination.value = r.get<int32_t>();
-      c.format = local.kv_format();
+      c.format = format;
     }
   }
-  batch.chunks.resize(r.get<uint32_t>());
+  batch.chunks.resize(std::min<size_t>(r.get<uint32_t>(), 1 << 16));
   pass.tables.resize(batch.chunks.size());
   for (size_t i = 0; i < batch.chunks.size() && r.good(); ++i) {
     SequenceChunk& c = batch.chunks[i];
@@ -170,112 +115,121 @@ StatusOr<RankPass> decode_pass(std::string_view plan, const TorchExecutor& local
     c.logits = static_cast<LogitsMode>(r.get<uint8_t>());
     c.samples = r.get<uint8_t>() != 0;
     c.compress_kv = r.get<uint8_t>() != 0;
-    c.tokens.resize(r.get<uint32_t>());
-    if (const char* p = r.take(c.tokens.size() * sizeof(TokenId))) {
-      std::memcpy(c.tokens.data(), p, c.tokens.size() * sizeof(TokenId));
-    }
+    c.tokens = r.vector<TokenId>();
     c.restored_tokens = r.get<int64_t>();
-    c.computed_rows.resize(r.get<uint32_t>());
-    if (const char* p = r.take(c.computed_rows.size() * sizeof(int64_t))) {
-      std::memcpy(c.computed_rows.data(), p, c.computed_rows.size() * sizeof(int64_t));
-    }
-    pass.tables[i].resize(r.get<uint32_t>());
-    for (std::vector<kv::BlockId>& table : pass.tables[i]) {
-      table.resize(r.get<uint32_t>());
-      if (const char* p = r.take(table.size() * sizeof(kv::BlockId))) {
-        std::memcpy(table.data(), p, table.size() * sizeof(kv::BlockId));
-      }
-    }
+    c.computed_rows = r.vector<int64_t>();
+    pass.tables[i].resize(std::min<size_t>(r.get<uint32_t>(), 1 << 16));
+    for (std::vector<kv::BlockId>& table : pass.tables[i]) table = r.vector<kv::BlockId>();
     c.tables = pass.tables[i];
   }
-  batch.loads.resize(r.get<uint32_t>());
-  for (KvLoad& load : batch.loads) {
-    load.seq.value = r.get<uint64_t>();
-    load.first_block = r.get<int64_t>();
-    load.chunks.resize(r.get<uint32_t>());
-    for (const std::byte*& chunk : load.chunks) {
-      const char* p = r.take(static_cast<size_t>(chunk_bytes));
-      if (p == nullptr) break;
-      // The rank's heads of the whole chunk.
-      at::Tensor mine = at::from_blob(const_cast<char*>(p), whole, dtype)
-                            .narrow(2, shard.kv_heads.begin, shard.kv_heads.size())
-                            .contiguous();
-      chunk = static_cast<const std::byte*>(mine.data_ptr());
-      pass.loaded.push_back(std::move(mine));
-    }
+  batch.loads.resize(std::min<size_t>(r.get<uint32_t>(), 1 << 16));
+  pass.runs.resize(batch.loads.size());
+  for (size_t i = 0; i < batch.loads.size() && r.good(); ++i) {
+    batch.loads[i].seq.value = r.get<uint64_t>();
+    batch.loads[i].first_block = r.get<int64_t>();
+    pass.runs[i].resize(std::min<size_t>(r.get<uint32_t>(), 1 << 16));
+    for (store::StoredRun& run : pass.runs[i]) run = read_run(r);
   }
-  batch.saves.resize(r.get<uint32_t>());
-  int64_t saved = 0;
+  batch.saves.resize(std::min<size_t>(r.get<uint32_t>(), 1 << 16));
   for (KvSave& save : batch.saves) {
     save.seq.value = r.get<uint64_t>();
     save.first_block = r.get<int64_t>();
-    save.chunks.resize(r.get<uint32_t>());
-    saved += static_cast<int64_t>(save.chunks.size());
+    save.chunks.resize(std::min<size_t>(r.get<uint32_t>(), 1 << 20));
   }
   if (!r.ok()) return internal_error("tensor parallelism: a malformed pass plan");
-  if (saved > 0) {
-    std::vector<int64_t> shape = chunk_shape(model, geometry, shard.kv_heads.size());
-    shape.insert(shape.begin(), saved);
-    pass.saved = at::empty(shape, dtype);
-    int64_t j = 0;
-    for (KvSave& save : batch.saves) {
-      for (std::byte*& chunk : save.chunks) {
-        chunk = static_cast<std::byte*>(pass.saved[j++].data_ptr());
-      }
-    }
-  }
   return pass;
 }
 
-// Runs a pass on this rank, then gathers the saved chunks' heads from their owners: on rank 0,
-// every saved chunk whole, [saved chunks, L, 2, Hkv, B, D] on the host (undefined without saves).
-StatusOr<std::pair<ForwardResult, at::Tensor>> run_pass(TorchExecutor& local,
-                                                        const TensorShard& shard,
-                                                        std::string_view plan) {
-  STRATA_ASSIGN_OR_RETURN(RankPass pass, decode_pass(plan, local, shard));
-  STRATA_ASSIGN_OR_RETURN(ForwardResult result, local.forward(pass.batch));
-  if (result.saves_written) result.saves_written();
-  result.saves_written = nullptr;
-  if (!pass.saved.defined()) return std::pair{std::move(result), at::Tensor()};
-  // Every rank's heads padded to the most any rank holds, gathered on the collectives' device.
+// Runs a pass on this rank. Its loads read and saves write the chunks of `own` (rank 0's batch:
+// its store's leases and tickets) or of this rank's `store`. A load some rank could not pin
+// fails on every rank: the result lists its sequence in failed_loads.
+StatusOr<ForwardResult> run_pass(TorchExecutor& local, const TensorShard& shard, Reader& plan,
+                                 const ForwardBatch* own, RankStore* store) {
+  STRATA_ASSIGN_OR_RETURN(RankPass pass, decode_pass(plan, local.kv_format()));
+  ForwardBatch& batch = pass.batch;
+  if (own == nullptr && store == nullptr && (!batch.loads.empty() || !batch.saves.empty())) {
+    return internal_error("tensor parallelism: loads or saves for a rank without a KV store");
+  }
+  std::vector<float> failed(batch.loads.size(), 0.0f);
+  for (size_t i = 0; i < batch.loads.size(); ++i) {
+    if (own != nullptr) {
+      batch.loads[i].chunks = own->loads[i].chunks;
+    } else if (!store->load(pass.runs[i], &batch.loads[i].chunks)) {
+      failed[i] = 1;
+    }
+  }
+  for (size_t i = 0; i < batch.saves.size(); ++i) {
+    KvSave& save = batch.saves[i];
+    if (own != nullptr) {
+      save.chunks = own->saves[i].chunks;
+    } else {
+      store->save(save.seq, save.first_block, &save.chunks);
+    }
+  }
+  StatusOr<ForwardResult> ran = local.forward(batch);
+  if (ran.ok() && ran->saves_written) {
+    ran->saves_written();
+    ran->saves_written = nullptr;
+  }
+  if (store != nullptr) store->after_pass();
+  if (!ran.ok()) return ran.status();
+  if (batch.loads.empty()) return ran;
+  // Every rank's loads agreed: one that failed anywhere failed everywhere.
   const at::Device device = local.device().kind == DeviceKind::kCuda
                                 ? at::Device(at::kCUDA, static_cast<int8_t>(local.device().index))
                                 : at::Device(at::kCPU);
-  std::vector<int64_t> shape = pass.saved.sizes().vec();
-  const int64_t n = shape[0];
-  shape[3] = shard.max_kv_heads;
-  at::Tensor padded = at::zeros(shape, pass.saved.options().device(device));
-  padded.narrow(3, 0, shard.kv_heads.size()).copy_(pass.saved);
-  shape[0] = n * shard.world_size;
-  at::Tensor all = at::empty(shape, padded.options());
-  STRATA_RETURN_IF_ERROR(shard.group->all_gather(padded, all));
-  if (shard.rank != 0) return std::pair{std::move(result), at::Tensor()};
-  const int64_t kv_heads = local.config().num_kv_heads;
-  shape[0] = n;
-  shape[3] = kv_heads;
-  at::Tensor whole = at::empty(shape, padded.options());
-  for (int64_t h = 0; h < kv_heads; ++h) {
-    const int32_t owner = shard.owner_of_kv_head(h);
-    whole.select(3, h).copy_(
-        all.narrow(0, owner * n, n).select(3, h - shard.kv_heads_of_rank[owner].begin));
+  at::Tensor flags = at::tensor(failed).to(device);
+  STRATA_RETURN_IF_ERROR(shard.group->all_reduce_sum(flags));
+  flags = flags.to(at::kCPU);
+  for (size_t i = 0; i < batch.loads.size(); ++i) {
+    const SeqId seq = batch.loads[i].seq;
+    if (flags[static_cast<int64_t>(i)].item<float>() > 0 &&
+        std::ranges::find(ran->failed_loads, seq) == ran->failed_loads.end()) {
+      ran->failed_loads.push_back(seq);
+    }
   }
-  return std::pair{std::move(result), whole.to(at::kCPU)};
+  return ran;
+}
+
+// Past a message's kind and events (rank 0 applied its events already).
+void skip_kind_and_events(Reader& r) {
+  r.get<Message>();
+  r.string();
+}
+
+// This rank's store (rank > 0): the deployment's, over its heads (as rank 0's coordinator opens
+// its own: restore::RestoreCoordinator::open, FollowerFeed::rank_options).
+StatusOr<std::unique_ptr<RankStore>> open_rank_store(const store::StoreConfig& config,
+                                                     const TorchExecutor& local,
+                                                     const TensorShard& shard,
+                                                     uint64_t model_fingerprint) {
+  store::StoreOptions options = store::StoreOptions::from_config(config);
+  options.chunk_bytes = local.kv_chunk_bytes();
+  options.block_size_tokens = local.kv_geometry().block_size_tokens;
+  options.chunk_layers = local.config().num_layers;
+  options.layout_tag = store::layout_tag(model_fingerprint, local.kv_format(),
+                                         options.block_size_tokens, options.chunk_bytes);
+  store::make_rank_options(&options, shard.rank, shard.world_size, shard.kv_heads.size(),
+                           shard.max_kv_heads);
+  options.register_host_memory = [&local](void* data, size_t bytes) {
+    local.register_host_memory(data, bytes);
+  };
+  options.unregister_host_memory = [&local](void* data) { local.unregister_host_memory(data); };
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<store::KvStore> opened, store::KvStore::open(options));
+  return std::make_unique<RankStore>(std::move(opened));
 }
 
 class TensorParallelExecutor final : public Executor {
  public:
   TensorParallelExecutor(std::unique_ptr<TorchExecutor> local, TensorShard shard,
                          std::function<void(const Status&)> on_failure)
-      : local_(std::move(local)), shard_(std::move(shard)), on_failure_(std::move(on_failure)) {
-    geometry_ = local_->kv_geometry();
-    geometry_.num_kv_heads = static_cast<int32_t>(local_->config().num_kv_heads);
-    chunk_bytes_ = geometry_.num_layers *
-                   kv::block_bytes(local_->kv_format(), geometry_.num_kv_heads,
-                                   geometry_.block_size_tokens, geometry_.head_dim);
-  }
+      : local_(std::move(local)),
+        shard_(std::move(shard)),
+        feed_(shard_),
+        on_failure_(std::move(on_failure)) {}
   ~TensorParallelExecutor() override {
     if (!failed_.ok()) return;
-    std::string stop(1, static_cast<char>(Message::kStop));
+    std::string stop = message(Message::kStop);
     (void)shard_.group->broadcast_bytes(stop, 0);  // the others stop; nothing to do if they can't
   }
 
@@ -284,15 +238,15 @@ class TensorParallelExecutor final : public Executor {
   Device device() const override { return local_->device(); }
   DType dtype() const override { return local_->dtype(); }
   void init_calling_thread() const override { local_->init_calling_thread(); }
-  bool streams_loads() const override { return false; }  // the plan carries the loads' bytes
-  const kv::KvGeometry& kv_geometry() const override { return geometry_; }
+  bool streams_loads() const override { return false; }  // every rank pins its loads first
+  // This rank's pool: its KV heads (so are its store's chunks).
+  const kv::KvGeometry& kv_geometry() const override { return local_->kv_geometry(); }
   kv::KvFormat kv_format() const override { return local_->kv_format(); }
   const kernels::KernelReport& kernel_report() const override { return local_->kernel_report(); }
   const WeightReport& weight_report() const override { return local_->weight_report(); }
-  int64_t kv_chunk_bytes() const override { return chunk_bytes_; }
+  int64_t kv_chunk_bytes() const override { return local_->kv_chunk_bytes(); }
   int64_t kv_chunk_bytes(const kv::KvFormat& format) const override {
-    return geometry_.num_layers * kv::block_bytes(format, geometry_.num_kv_heads,
-                                                  geometry_.block_size_tokens, geometry_.head_dim);
+    return local_->kv_chunk_bytes(format);
   }
   Status transcode_kv_chunks(const std::optional<kv::KvFormat>&, const std::optional<kv::KvFormat>&,
                              std::span<const std::byte* const>,
@@ -300,10 +254,7 @@ class TensorParallelExecutor final : public Executor {
     return unimplemented_error("the store's lossy codecs are not served with tensor parallelism");
   }
   int64_t kv_chunk_bytes(const kv::krul::MergedForm& form) const override {
-    const kv::KvGeometry& g = geometry_;
-    const int64_t values = g.num_layers * 2 * g.num_kv_heads * g.block_size_tokens * g.head_dim;
-    return kernels::aten::krul_merged_chunk_bytes(
-        form, g.num_layers, g.num_kv_heads, g.block_size_tokens, g.head_dim, chunk_bytes_ / values);
+    return local_->kv_chunk_bytes(form);
   }
   Status merge_kv_chunks(const kv::krul::MergedForm&, const std::vector<kv::krul::LayerPair>&,
                          std::span<const std::byte* const>,
@@ -333,33 +284,39 @@ class TensorParallelExecutor final : public Executor {
     local_->register_host_memory(data, bytes);
   }
   void unregister_host_memory(void* data) const override { local_->unregister_host_memory(data); }
+  store::StoreFollowers* store_followers() override { return &feed_; }
 
   StatusOr<ForwardResult> forward(const ForwardBatch& batch) override {
     if (!failed_.ok()) return failed_;
     const double collective_start = shard_.group->collective_seconds();
-    STRATA_ASSIGN_OR_RETURN(std::string plan,
-                            encode_pass(batch, chunk_bytes_, local_->kv_format()));
-    STRATA_RETURN_IF_ERROR(checked(shard_.group->broadcast_bytes(plan, 0)));
-    StatusOr<std::pair<ForwardResult, at::Tensor>> ran = run_pass(*local_, shard_, plan);
+    StatusOr<std::string> plan =
+        encode_pass(batch, local_->kv_format(), feed_.take_events(), feed_);
+    feed_.clear_runs();
+    if (!plan.ok()) return plan.status();
+    STRATA_RETURN_IF_ERROR(checked(shard_.group->broadcast_bytes(*plan, 0)));
+    Reader r(*plan);
+    skip_kind_and_events(r);
+    StatusOr<ForwardResult> ran = run_pass(*local_, shard_, r, &batch, nullptr);
     if (!ran.ok()) return checked(ran.status());
-    auto& [result, saved] = *ran;
-    int64_t j = 0;
-    for (const KvSave& save : batch.saves) {
-      for (std::byte* chunk : save.chunks) {
-        std::memcpy(chunk, saved[j++].data_ptr(), static_cast<size_t>(chunk_bytes_));
-      }
-    }
-    result.collective_seconds = shard_.group->collective_seconds() - collective_start;
-    return std::move(result);
+    ran->collective_seconds = shard_.group->collective_seconds() - collective_start;
+    return ran;
   }
 
   void keep_alive() override {
     if (!failed_.ok() || std::chrono::steady_clock::now() - last_message_ < kPingInterval) return;
-    std::string ping(1, static_cast<char>(Message::kPing));
+    std::string ping = message(Message::kPing);
     (void)checked(shard_.group->broadcast_bytes(ping, 0));
   }
 
  private:
+  // A message without a pass: its kind and the store events since the last one.
+  std::string message(Message kind) {
+    Writer w;
+    w.put(kind);
+    w.string(feed_.take_events());
+    return w.take();
+  }
+
   // A collective's failure breaks the group for good: every later pass fails with it.
   Status checked(Status status) {
     last_message_ = std::chrono::steady_clock::now();
@@ -372,9 +329,8 @@ class TensorParallelExecutor final : public Executor {
 
   std::unique_ptr<TorchExecutor> local_;
   TensorShard shard_;
+  FollowerFeed feed_;  // over shard_
   std::function<void(const Status&)> on_failure_;
-  kv::KvGeometry geometry_;  // the local pool's, with every KV head (the chunks the store holds)
-  int64_t chunk_bytes_ = 0;  // a whole chunk: every layer and KV head
   Status failed_;
   std::chrono::steady_clock::time_point last_message_ = std::chrono::steady_clock::now();
 };
@@ -400,30 +356,37 @@ StatusOr<std::unique_ptr<Executor>> create_tensor_parallel(const model::ModelSou
       new TensorParallelExecutor(std::move(local), std::move(shard), options.on_group_failure));
 }
 
-Status serve_tensor_parallel_rank(const model::ModelSource& source, const ExecutorOptions& options) {
+Status serve_tensor_parallel_rank(const model::ModelSource& source, const ExecutorOptions& options,
+                                  const store::StoreConfig& store) {
   if (options.group == nullptr || options.group->rank() == 0) {
     return invalid_argument_error("serve_tensor_parallel_rank: not a rank > 0 of a group");
   }
   TensorShard shard;
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<TorchExecutor> local, load_rank(source, options, shard));
   local->init_calling_thread();
+  std::unique_ptr<RankStore> rank_store;
+  if (store.enabled()) {
+    STRATA_ASSIGN_OR_RETURN(rank_store,
+                            open_rank_store(store, *local, shard, source.content_fingerprint()));
+  }
   while (true) {
-    std::string plan;
-    STRATA_RETURN_IF_ERROR(options.group->broadcast_bytes(plan, 0));
-    if (plan.empty()) return internal_error("tensor parallelism: an empty message");
-    switch (static_cast<Message>(plan[0])) {
-      case Message::kStop:
-        return Status();
-      case Message::kPing:
-        continue;
-      case Message::kPass: {
-        // Rank 0 runs the same plan and reports what fails there; only a broken group ends this.
-        StatusOr<std::pair<ForwardResult, at::Tensor>> ran = run_pass(*local, shard, plan);
-        if (!ran.ok() && ran.status().code() == StatusCode::kUnavailable) return ran.status();
-        continue;
-      }
+    std::string message;
+    STRATA_RETURN_IF_ERROR(options.group->broadcast_bytes(message, 0));
+    if (message.empty()) return internal_error("tensor parallelism: an empty message");
+    const auto kind = static_cast<Message>(message[0]);
+    if (kind != Message::kPing && kind != Message::kPass && kind != Message::kStop) {
+      return internal_error("tensor parallelism: an unknown message");
     }
-    return internal_error("tensor parallelism: an unknown message");
+    Reader r(message);
+    r.get<Message>();
+    const std::string events = r.string();
+    // (The last turn's saves end with the stop: the store then writes them to its lower tiers.)
+    if (rank_store != nullptr) STRATA_RETURN_IF_ERROR(rank_store->apply(events));
+    if (kind == Message::kStop) return Status();
+    if (kind == Message::kPing) continue;
+    // Rank 0 runs the same plan and reports what fails there; only a broken group ends this.
+    StatusOr<ForwardResult> ran = run_pass(*local, shard, r, nullptr, rank_store.get());
+    if (!ran.ok() && ran.status().code() == StatusCode::kUnavailable) return ran.status();
   }
 }
 

@@ -1,19 +1,21 @@
 // Tensor parallelism (private to the executor; docs/tensor-parallelism.md). Rank 0's executor is
-// what the engine drives: each pass's plan (block moves, chunks with their page tables, the loaded
-// chunks' bytes, the saves) is broadcast, every rank runs it on its part of the model (a
-// TorchExecutor over a TensorShard), and rank 0 returns the logits and writes the saved chunks,
-// whose heads it gathers from their owners. The scheduler and the KV store therefore run once, on
-// rank 0, and hold whole chunks (every KV head): a conversation saved at one
-// tensor_parallel_size resumes at any other, and replicas of any size share a remote tier.
+// what the engine drives: each pass's plan (block moves, chunks with their page tables, the loads
+// and saves) is broadcast, every rank runs it on its part of the model (a TorchExecutor over a
+// TensorShard), and rank 0 returns the logits. The scheduler runs once, on rank 0; every rank's
+// KV store holds its own heads (tensor_parallel_store.h): a load names its chunks by content and
+// each rank pins its own copy, a save names its sequence and each rank writes its own ticket.
 //
-// The plan on the wire (native byte order: the ranks run one binary on one kind of machine):
-//   u8 message (kPass, kPing, kStop); for kPass:
+// A message on the wire (plan_wire.h: native byte order, the ranks run one binary on one kind of
+// machine; string and vectors: u32 n, then n values):
+//   u8 message (kPass, kPing, kStop), string store events (the tensor_parallel_store.h events
+//   since the last message); for kPass:
 //   copies  swap_out, swap_in, device: each u32 n, n x (i32 source, i32 destination)
 //   chunks  u32 n, n x {u64 seq, i64 start_position, u8 logits, u8 samples, u8 compress_kv,
-//                       u32 tokens, tokens x i32, i64 restored_tokens, u32 rows, rows x i64
-//                       (computed_rows), u32 tables, tables x (u32 n, n x i32)}
-//   loads   u32 n, n x {u64 seq, i64 first_block, u32 chunks, chunks x kv_chunk_bytes() bytes}
+//                       tokens, i64 restored_tokens, computed_rows, u32 tables, tables x blocks}
+//   loads   u32 n, n x {u64 seq, i64 first_block, u32 runs, runs x store::StoredRun}
 //   saves   u32 n, n x {u64 seq, i64 first_block, u32 chunks}
+// After a pass with loads, the ranks sum a flag per load (all-reduce): one some rank could not
+// pin fails on all (ForwardResult::failed_loads).
 #pragma once
 
 #include <memory>
@@ -23,9 +25,9 @@
 namespace strata::executor {
 
 // Rank 0 of options.group: loads its part of the model and returns the executor that runs every
-// pass on all ranks. Pre-loads (CachedAttention's read buffer), encoded loads, KV layouts other
-// than the default and attention observation are not served with tensor parallelism (a plan
-// carrying one is refused with INVALID_ARGUMENT before any rank sees it).
+// pass on all ranks. Pre-loads (CachedAttention's read buffer), encoded or streamed loads, KV
+// layouts other than the default and attention observation are not served with tensor
+// parallelism (a plan carrying one is refused with INVALID_ARGUMENT before any rank sees it).
 StatusOr<std::unique_ptr<Executor>> create_tensor_parallel(const model::ModelSource& source,
                                                            const ExecutorOptions& options);
 

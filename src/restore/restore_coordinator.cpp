@@ -33,19 +33,6 @@ std::string store_session_key(const std::string& session) {
   return hex;
 }
 
-// Chunks are interchangeable only between engines of one model, pool format and geometry: a
-// stable digest (XXH3 over a versioned text) of those, persisted by the SSD tier. Version 2: the
-// layer merge's stored form in layer order (docs/krul.md decision 8).
-uint64_t layout_tag(uint64_t model_fingerprint, const kv::KvFormat& format,
-                    int64_t block_size_tokens, int64_t chunk_bytes) {
-  char text[256];
-  const int n = std::snprintf(
-      text, sizeof(text), "strata-kv-layout/2 model=%016llx format=%s block=%lld chunk=%lld",
-      static_cast<unsigned long long>(model_fingerprint), kv::format_name(format).c_str(),
-      static_cast<long long>(block_size_tokens), static_cast<long long>(chunk_bytes));
-  return XXH3_64bits(text, static_cast<size_t>(n));
-}
-
 // Whether chunks of a load from block `first_block` on, keeping layers from first_layers[i] on
 // (store::StoreLease::first_layers; empty: all), hold every layer that loads them: block b is
 // loaded by the layers whose recompute boundary in `rows` lies at or before it (all when `rows`
@@ -78,8 +65,9 @@ StatusOr<std::unique_ptr<RestoreCoordinator>> RestoreCoordinator::open(
   store.chunk_bytes = executor.kv_chunk_bytes();
   store.block_size_tokens = executor.kv_geometry().block_size_tokens;
   store.chunk_layers = executor.config().num_layers;
-  store.layout_tag =
-      layout_tag(model_fingerprint, executor.kv_format(), store.block_size_tokens, store.chunk_bytes);
+  store.layout_tag = store::layout_tag(model_fingerprint, executor.kv_format(),
+                                       store.block_size_tokens, store.chunk_bytes);
+  if (c->followers_ != nullptr) c->followers_->rank_options(&store);
   const executor::Executor* e = &executor;
   store.register_host_memory = [e](void* data, size_t bytes) { e->register_host_memory(data, bytes); };
   store.unregister_host_memory = [e](void* data) { e->unregister_host_memory(data); };
@@ -99,12 +87,15 @@ RestoreCoordinator::RestoreCoordinator(const RestoreOptions& options, executor::
       executor_(executor),
       kv_(kv),
       scheduler_(scheduler),
-      model_fingerprint_(model_fingerprint) {}
+      model_fingerprint_(model_fingerprint),
+      followers_(executor.store_followers()) {}
 
 RestoreCoordinator::~RestoreCoordinator() {
-  // Sequences still open give their reservations back (the engine finishes them first).
+  // Sequences still open give their reservations back (the engine finishes them first); the
+  // other ranks' stores, stopping with the executor, give theirs back themselves.
+  followers_ = nullptr;
   for (auto& [seq, sequence] : sequences_) {
-    end_save(*sequence, /*publish=*/false);
+    end_save(seq, *sequence, /*publish=*/false);
     if (sequence->preloaded) store_->release(*sequence->preloaded, 0);
   }
 }
@@ -117,7 +108,9 @@ kv::ChunkHash RestoreCoordinator::root(const std::string& tenant) const {
 void RestoreCoordinator::look_up_shared(std::span<const TokenId> prompt,
                                         const SequenceInfo& info) const {
   if (info.scores_prompt) return;
-  store_->look_up_shared(prompt, root(info.tenant), store_session_key(info.session));
+  const std::string session = store_session_key(info.session);
+  store_->look_up_shared(prompt, root(info.tenant), session);
+  if (followers_ != nullptr) followers_->look_up_shared(prompt, root(info.tenant), session);
 }
 
 LoadedPrefix RestoreCoordinator::stored_prefix(std::span<const TokenId> prompt,
@@ -145,7 +138,9 @@ StatusOr<int32_t> RestoreCoordinator::task_index(std::string_view family) const 
 }
 
 bool RestoreCoordinator::end_session(const std::string& session) {
-  return !session.empty() && store_->erase_session(store_session_key(session));
+  if (session.empty()) return false;
+  if (followers_ != nullptr) followers_->erase_session(store_session_key(session));
+  return store_->erase_session(store_session_key(session));
 }
 
 RestoreStats RestoreCoordinator::stats() const {
@@ -257,6 +252,7 @@ StatusOr<store::TierIndex> RestoreCoordinator::pin_load(Sequence& sequence,
   const Sequence::StoredPrefix stored = *std::move(sequence.stored);
   sequence.stored.reset();
   std::vector<store::StoreLease> pinned;
+  std::vector<store::StoredRun> runs;  // for the other ranks' stores
   store::TierIndex tier = store::kDramTier;
   if (sequence.preloaded) {
     // Pinned since its pre-load: chunk i of the lease holds block i.
@@ -289,6 +285,12 @@ StatusOr<store::TierIndex> RestoreCoordinator::pin_load(Sequence& sequence,
                              " keeps fewer layers than its load reads (changed since planned)");
     }
     kv_load->chunks.insert(kv_load->chunks.end(), lease->chunks.begin(), lease->chunks.end());
+    if (followers_ != nullptr) {
+      std::optional<store::StoredRun> named =
+          store_->describe_run(stored.item, stored.chunks[j], run);
+      STRATA_CHECK(named.has_value()) << "a pinned run of chunks is not stored";
+      runs.push_back(*std::move(named));
+    }
     pinned.push_back(*std::move(lease));
     if (!pinned.back().layer_pairs.empty()) {
       const Status restored = unmerge_load(pinned.back(), std::span(kv_load->chunks).subspan(at));
@@ -301,6 +303,7 @@ StatusOr<store::TierIndex> RestoreCoordinator::pin_load(Sequence& sequence,
   }
   step_leases_.insert(step_leases_.end(), std::make_move_iterator(pinned.begin()),
                       std::make_move_iterator(pinned.end()));
+  for (store::StoredRun& run : runs) followers_->load(kv_load->seq, std::move(run));
   return tier;
 }
 
@@ -533,11 +536,16 @@ void RestoreCoordinator::plan_saves(executor::ForwardBatch& forward) {
       if (end_block == 0) continue;
       Sequence::Saving& saving = sequence.saving ? *sequence.saving : sequence.saving.emplace();
       hash_up_to(saving.chain, std::ssize(tokens) / block);
-      StatusOr<store::SaveTicket> ticket = store_->begin_save(
-          {sequence.info.session, sequence.dropped_tokens == 0, sequence.dropped_tokens,
-           saving.chain, sequence.links ? sequence.links->skipped_chunks : 0, sequence.info.task,
-           sequence.whole_chunks});
+      const store::SaveRequest request{sequence.info.session,
+                                       sequence.dropped_tokens == 0,
+                                       sequence.dropped_tokens,
+                                       saving.chain,
+                                       sequence.links ? sequence.links->skipped_chunks : 0,
+                                       sequence.info.task,
+                                       sequence.whole_chunks};
+      StatusOr<store::SaveTicket> ticket = store_->begin_save(request);
       if (!ticket.ok()) continue;
+      if (followers_ != nullptr) followers_->begin_save(chunk.seq, request);
       saving.ticket = *std::move(ticket);
       saving.short_of_room = std::ssize(saving.ticket.destinations) <
                              std::ssize(saving.chain) - saving.ticket.first_chunk;
@@ -551,6 +559,11 @@ void RestoreCoordinator::plan_saves(executor::ForwardBatch& forward) {
       const int64_t wanted = end_block - reserved_end;
       const int64_t got = store_->extend_save(
           &ticket, std::span<const kv::ChunkHash>(saving.chain).subspan(reserved_end, wanted));
+      if (followers_ != nullptr && got > 0) {
+        followers_->extend_save(
+            chunk.seq, reserved_end,
+            std::span<const kv::ChunkHash>(saving.chain).subspan(reserved_end, got));
+      }
       saving.short_of_room = saving.short_of_room || got < wanted;
       reserved_end += got;
     }
@@ -567,7 +580,8 @@ void RestoreCoordinator::plan_saves(executor::ForwardBatch& forward) {
 }
 
 void RestoreCoordinator::plan_preload(executor::ForwardBatch& forward) {
-  if (options_.store.read_buffer_layers == 0) return;
+  // (Pre-loads are not sent to the other ranks: their loads read with their pass.)
+  if (options_.store.read_buffer_layers == 0 || followers_ != nullptr) return;
   for (SeqId seq : scheduler_.waiting()) {
     Sequence& sequence = *sequences_.at(seq);
     if (!sequence.stored) continue;
@@ -670,7 +684,7 @@ void RestoreCoordinator::after_pass(const executor::ForwardBatch& forward,
                      saving.ticket.first_chunk + std::ssize(saving.ticket.destinations),
                      /*turn_end=*/false, {});
       }
-      commit_written(sequence, /*last=*/false);
+      commit_written(save.seq, sequence, /*last=*/false);
     }
   }
   // A streamed load that failed left its sequence's KV incomplete: recomputed from scratch.
@@ -680,7 +694,7 @@ void RestoreCoordinator::after_pass(const executor::ForwardBatch& forward,
     const executor::SequenceChunk& chunk =
         *std::ranges::find(forward.chunks, seq, &executor::SequenceChunk::seq);
     if (chunk.restored_tokens > 0) count_restoration(chunk, -1);  // it restored nothing
-    end_save(sequence, /*publish=*/false);
+    end_save(seq, sequence, /*publish=*/false);
     scheduler_.restart(seq);
     sequence.load_failed = true;
     sequence.whole_chunks = 0;
@@ -705,7 +719,7 @@ void RestoreCoordinator::release_preload(SeqId seq, Sequence& sequence) {
   executor_.drop_preload(seq);
 }
 
-void RestoreCoordinator::end_save(Sequence& sequence, bool publish) {
+void RestoreCoordinator::end_save(SeqId seq, Sequence& sequence, bool publish) {
   if (!sequence.saving) return;
   Sequence::Saving& saving = *sequence.saving;
   // A finished turn has computed every block it reserved; anything else gives the chunks back,
@@ -713,13 +727,14 @@ void RestoreCoordinator::end_save(Sequence& sequence, bool publish) {
   if (!publish || saving.written != std::ssize(saving.ticket.destinations)) {
     for (const auto& wait : saving.copies) wait();
     store_->abort_save(saving.ticket);
+    if (followers_ != nullptr) followers_->end_save(seq, store::SaveEnd::kAbort);
   } else {
-    commit_written(sequence, /*last=*/true);
+    commit_written(seq, sequence, /*last=*/true);
   }
   sequence.saving.reset();
 }
 
-void RestoreCoordinator::commit_written(Sequence& sequence, bool last) {
+void RestoreCoordinator::commit_written(SeqId seq, Sequence& sequence, bool last) {
   Sequence::Saving& saving = *sequence.saving;
   store::SaveTicket& ticket = saving.ticket;
   if (!last && ticket.destinations.empty()) return;
@@ -734,6 +749,9 @@ void RestoreCoordinator::commit_written(Sequence& sequence, bool last) {
     store_->commit_save(std::move(ticket), std::move(wait), saving.seconds);
   } else {
     ticket = store_->continue_save(std::move(ticket), std::move(wait), saving.seconds);
+  }
+  if (followers_ != nullptr) {
+    followers_->end_save(seq, last ? store::SaveEnd::kCommit : store::SaveEnd::kContinue);
   }
   saving.written = 0;
   saving.copies.clear();
@@ -760,7 +778,7 @@ void RestoreCoordinator::finish(SeqId seq, bool publish) {
       store_suffix(item, std::ssize(it->second->saving->chain), /*turn_end=*/true, pairs);
     }
   }
-  end_save(*it->second, publish);
+  end_save(seq, *it->second, publish);
   release_preload(seq, *it->second);
   sequences_.erase(it);
 }

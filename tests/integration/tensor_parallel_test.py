@@ -7,8 +7,13 @@
     TP=2 the ranks hold 1 and 2 KV heads, at TP=4 KV heads are replicated; the vocabulary and the
     MLP split unevenly too);
   - with the KV store on (prefix caching off, so the second turn's history is loaded from the
-    store's DRAM tier), a resumed conversation at TP=2 and TP=4 loads its history and answers as
-    TP=1;
+    store's DRAM tier), a resumed conversation at TP=2 and TP=4 loads its history (no rank failed
+    to load it) and answers as TP=1, rank 0's store holding its own KV heads only (a third of a
+    TP=1 chunk: it holds 1 of SmolLM2's 3 KV heads) and every rank writing an SSD directory of
+    its own;
+  - after a restart from the SSD tier with one rank's directory emptied, rank 0 still finds the
+    conversation but that rank cannot pin it: the load fails on every rank, the turn recomputes
+    and answers as TP=1;
   - two "machines" (nodes: 2 on loopback, a TCP store at master_address:master_port): the
     node-1 process joins node 0's front door and the output equals TP=1;
   - a rank killed: the server exits non-zero within a bounded time;
@@ -23,6 +28,7 @@ Prints "N passed, N failed" and exits non-zero on any failure.
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -32,7 +38,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from harness import check, free_port, summary
+from harness import check, free_port, scratch_dir, summary
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reference"))
 from model_reference import write_tiny_qwen2_gguf  # noqa: E402
@@ -67,6 +73,16 @@ class Server:
                                          headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=timeout) as response:
             return json.loads(response.read())
+
+    def metric(self, name, labels=""):
+        """The value of one sample of /metrics (labels as written there, e.g. 'tier="dram"')."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=30) as r:
+            text = r.read().decode()
+        key = f"{name}{{{labels}}}" if labels else name
+        for line in text.splitlines():
+            if line.startswith(key + " "):
+                return float(line.split()[-1])
+        raise AssertionError(f"no {key} in /metrics")
 
     def complete(self, prompt, max_tokens=24):
         reply = self.post("/v1/completions", {"prompt": prompt, "max_tokens": max_tokens,
@@ -114,23 +130,70 @@ def check_equal_to_tp1(binary, model, prompts):
         assert outputs == reference, (tp, outputs, reference)
 
 
+FIRST_TURN = [{"role": "user", "content": "Name three rivers of Europe."}]
+
+
+def second_turn(reply):
+    return FIRST_TURN + [{"role": "assistant", "content": reply},
+                         {"role": "user", "content": "Which one is the longest?"}]
+
+
 def check_resumed_conversation(binary, model):
-    store = ["kv_store.dram_bytes=256MiB", "kv_cache.enable_prefix_caching=false"]
-    first = [{"role": "user", "content": "Name three rivers of Europe."}]
-    answers = {}
+    answers, chunk_bytes = {}, {}
     for tp in (1, 2, 4):
+        ssd = scratch_dir(f"strata-tp{tp}-")
+        store = ["kv_store.dram_bytes=256MiB", "kv_cache.enable_prefix_caching=false",
+                 f"kv_store.ssd_dir={ssd}", "kv_store.ssd_bytes=256MiB"]
         server = Server(binary, model, tp, *store)
         try:
-            reply, _ = server.chat(first)
-            second = first + [{"role": "assistant", "content": reply},
-                              {"role": "user", "content": "Which one is the longest?"}]
-            resumed, usage = server.chat(second)
+            reply, _ = server.chat(FIRST_TURN)
+            resumed, usage = server.chat(second_turn(reply))
             cached = usage.get("prompt_tokens_details", {}).get("cached_tokens", 0)
             assert cached >= 16, ("the history was not loaded from the store", tp, usage)
+            failures = server.metric("strata_kv_store_load_failures_total")
+            assert failures == 0, ("a rank could not load the history", tp, failures)
+            chunks = server.metric("strata_kv_store_chunks", 'tier="dram"')
+            chunk_bytes[tp] = server.metric("strata_kv_store_raw_bytes", 'tier="dram"') / chunks
             answers[tp] = (reply, resumed)
         finally:
             server.stop()
+        if tp > 1:
+            for rank in range(tp):
+                files = list((Path(ssd) / f"tp{tp}-rank{rank}").iterdir())
+                assert files, ("rank", rank, "wrote no SSD directory of its own", tp)
     assert answers[2] == answers[1] and answers[4] == answers[1], answers
+    # SmolLM2 has 3 KV heads: rank 0 holds one of them at TP=2 and at TP=4.
+    assert chunk_bytes[2] * 3 == chunk_bytes[1] and chunk_bytes[4] * 3 == chunk_bytes[1], chunk_bytes
+
+
+def check_rank_missing_item(binary, model):
+    """One rank lost its copy: the load fails on every rank and the turn is recomputed."""
+    server = Server(binary, model, 1)
+    try:
+        reply, _ = server.chat(FIRST_TURN)
+        reference, _ = server.chat(second_turn(reply))
+    finally:
+        server.stop()
+    ssd = scratch_dir("strata-tp2-lost-")
+    # Restarted, the stores hold the first turn on their SSD tiers only.
+    store = ["kv_store.dram_bytes=256MiB", "kv_cache.enable_prefix_caching=false",
+             f"kv_store.ssd_dir={ssd}", "kv_store.ssd_bytes=256MiB"]
+    server = Server(binary, model, 2, *store)
+    try:
+        assert server.chat(FIRST_TURN)[0] == reply
+    finally:
+        server.stop()  # a clean stop writes the DRAM items to the SSD tier
+    lost = Path(ssd) / "tp2-rank1"
+    shutil.rmtree(lost)
+    lost.mkdir()
+    server = Server(binary, model, 2, *store)
+    try:
+        resumed, usage = server.chat(second_turn(reply))
+        failures = server.metric("strata_kv_store_load_failures_total")
+        assert failures == 1, ("rank 1 had no copy, yet the load did not fail", failures, usage)
+        assert resumed == reference, (resumed, reference)
+    finally:
+        server.stop()
 
 
 def check_two_nodes(binary, model, prompts):
@@ -226,6 +289,8 @@ def main():
               lambda: check_equal_to_tp1(args.binary, uneven, uneven_prompts))
         check("KV store on: a resumed conversation at TP=2/4 loads its history and equals TP=1",
               lambda: check_resumed_conversation(args.binary, args.model))
+        check("a rank without the stored conversation: the load fails on every rank, equal to TP=1",
+              lambda: check_rank_missing_item(args.binary, args.model))
         check("two nodes over a TCP rendezvous: equal to TP=1",
               lambda: check_two_nodes(args.binary, uneven, uneven_prompts))
         check("a killed rank: the server exits non-zero",

@@ -30,6 +30,10 @@ class ModelSource;
 namespace strata::dist {
 class Communicator;
 }
+namespace strata::store {
+struct StoreConfig;
+class StoreFollowers;
+}  // namespace strata::store
 
 namespace strata::executor {
 
@@ -158,7 +162,8 @@ class Executor {
 
   // Bytes of one KV chunk, the KV store's unit (ForwardBatch::loads and saves): one token block of
   // every layer, [num_layers][2 (K, V)][num_kv_heads][block_size_tokens][head_dim] in the pool's
-  // dtype, keys before RoPE (so they can be re-rotated to other positions).
+  // dtype, keys before RoPE (so they can be re-rotated to other positions). num_kv_heads: the
+  // pool's (with tensor parallelism, this rank's).
   virtual int64_t kv_chunk_bytes() const = 0;
   // Bytes of one chunk encoded in `format` (the store's lossy codecs: KvLoad::encoding).
   virtual int64_t kv_chunk_bytes(const kv::KvFormat& format) const = 0;
@@ -227,11 +232,17 @@ class Executor {
   // Called by the step thread when it has run no pass for a while (about a second): a
   // tensor-parallel group checks that its ranks still answer.
   virtual void keep_alive() {}
+  // Tensor parallelism: the other ranks' KV stores, which do what rank 0's restore coordinator
+  // reports of its store (store/store_followers.h); null with one rank. Owned by the executor.
+  virtual store::StoreFollowers* store_followers() { return nullptr; }
 };
 
 // Rank > 0 of a tensor-parallel group (ExecutorOptions::group): loads this rank's part of the
 // model and runs the passes rank 0's executor sends, until that executor is destroyed (OK) or the
-// group fails (UNAVAILABLE: a rank died, or nothing came within the collective timeout).
-Status serve_tensor_parallel_rank(const model::ModelSource& source, const ExecutorOptions& options);
+// group fails (UNAVAILABLE: a rank died, or nothing came within the collective timeout). With
+// `store` enabled (the deployment's kv_store), keeps a KV store of this rank's heads that does
+// what rank 0's does (store/store_followers.h).
+Status serve_tensor_parallel_rank(const model::ModelSource& source, const ExecutorOptions& options,
+                                  const store::StoreConfig& store);
 
 }  // namespace strata::executor

@@ -256,10 +256,10 @@ class RestoreCoordinator {
   // Read-buffer layers for a request loading `chunks` chunks and computing `new_tokens`.
   int64_t preload_layers(int64_t chunks, int64_t new_tokens) const;
   void release_preload(SeqId seq, Sequence& sequence);
-  void end_save(Sequence& sequence, bool publish);
+  void end_save(SeqId seq, Sequence& sequence, bool publish);
   // Publishes the chunks the sequence's save has written (all it reserved) and, unless `last`,
   // goes on with a ticket for the chunks after them (KvStore::continue_save).
-  void commit_written(Sequence& sequence, bool last);
+  void commit_written(SeqId seq, Sequence& sequence, bool last);
   void publish_queue();
 
   RestoreOptions options_;
@@ -269,6 +269,8 @@ class RestoreCoordinator {
   scheduler::Scheduler& scheduler_;
   uint64_t model_fingerprint_ = 0;
   std::unique_ptr<store::KvStore> store_;
+  // Tensor parallelism: the other ranks' stores, told what store_ does (null with one rank).
+  store::StoreFollowers* followers_ = nullptr;
   // The format of each of the store's item codecs (nullopt: raw chunks), for KvLoad::encoding.
   std::vector<std::optional<kv::KvFormat>> codec_formats_;
   std::unordered_map<SeqId, std::unique_ptr<Sequence>> sequences_;

@@ -59,6 +59,7 @@
 
 #include "strata/common/ids.h"
 #include "strata/common/status.h"
+#include "strata/kv/kv_format.h"
 #include "strata/kv/kv_types.h"
 #include "strata/store/adaptcache_policy.h"
 #include "strata/store/dram_tier.h"
@@ -67,6 +68,7 @@
 #include "strata/store/redis_tier.h"
 #include "strata/store/ssd_tier.h"
 #include "strata/store/store_config.h"
+#include "strata/store/store_followers.h"
 
 namespace strata::store {
 
@@ -231,6 +233,11 @@ struct SaveRequest {
   int64_t whole_chunks = 0;
 };
 
+// Names the layout of stored chunks (StoreOptions::layout_tag): chunks are interchangeable only
+// between engines of one model (`model_fingerprint`: its content), pool format and geometry.
+uint64_t layout_tag(uint64_t model_fingerprint, const kv::KvFormat& format,
+                    int64_t block_size_tokens, int64_t chunk_bytes);
+
 class KvStore {
  public:
   // Opens the tiers and recovers the persistent ones' items. A tier that cannot open (a missing
@@ -297,6 +304,13 @@ class KvStore {
                                   std::vector<int32_t>* first_layers = nullptr,
                                   std::vector<kv::krul::LayerPair>* layer_pairs = nullptr) const;
   void release(const StoreLease& lease, double load_seconds);
+  // Tensor parallelism (store_followers.h): chunks [first, first + count) of `item`, named for the
+  // other ranks' stores; nullopt if the item is gone or shorter. Call while they are pinned.
+  std::optional<StoredRun> describe_run(ItemId item, int64_t first, int64_t count) const;
+  // Pins this store's copy of `run` (acquire()): the item of the run's session, else the one
+  // whose chunk carries its last hash, when it has the run's shape and that hash at the run's
+  // last chunk. NOT_FOUND (counted as a miss) when there is none; acquire()'s errors.
+  StatusOr<StoreLease> acquire_run(const StoredRun& run);
   // Pins raw or layer-merged chunks [first, first + count) of `item` to be read by layer ranges
   // (LayeredLease), without reading
   // anything: chunks in DRAM are handed over whole, the others get buffers the lease owns that

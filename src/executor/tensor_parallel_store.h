@@ -1,0 +1,100 @@
+// The KV store under tensor parallelism (private to the executor; store/store_followers.h,
+// docs/tensor-parallelism.md): rank 0's feed, which writes what its restore coordinator reports
+// into the next message to the other ranks, and a rank > 0's store, which does the same on its
+// own store and resolves each pass's loads and saves to its chunks.
+//
+// Events on the wire (plan_wire.h; string, hashes and tokens: u32 n, then n values), in the order
+// rank 0's store saw them:
+//   u8 kind, then
+//   kBeginSave     u64 seq, string session, u8 exact, i64 token_offset, hashes chain,
+//                  i64 skipped_chunks, i32 task, i64 whole_chunks
+//   kExtendSave    u64 seq, i64 first_chunk, hashes
+//   kEndSave       u64 seq, u8 store::SaveEnd
+//   kEraseSession  string session
+//   kLookUpShared  tokens prompt, hash root, string session
+// A run of a load (store::StoredRun): string session, hash last_hash, i64 first_chunk, i64 count,
+// i64 token_offset, i64 skipped_chunks, u8 exact.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "plan_wire.h"
+#include "strata/store/kv_store.h"
+#include "tensor_shard.h"
+
+namespace strata::executor {
+
+void write_run(Writer& w, const store::StoredRun& run);
+store::StoredRun read_run(Reader& r);
+
+// Rank 0's side: what its restore coordinator reports, kept for the next message.
+class FollowerFeed final : public store::StoreFollowers {
+ public:
+  explicit FollowerFeed(const TensorShard& shard) : shard_(shard) {}
+
+  void rank_options(store::StoreOptions* options) const override;
+  void begin_save(SeqId seq, const store::SaveRequest& request) override;
+  void extend_save(SeqId seq, int64_t first_chunk, std::span<const kv::ChunkHash> hashes) override;
+  void end_save(SeqId seq, store::SaveEnd end) override;
+  void load(SeqId seq, store::StoredRun run) override;
+  void erase_session(const std::string& session) override;
+  void look_up_shared(std::span<const TokenId> prompt, const kv::ChunkHash& root,
+                      const std::string& session) override;
+
+  // The events reported since the last call.
+  std::string take_events();
+  // The runs reported for `seq`'s load in the coming pass (empty if none).
+  std::vector<store::StoredRun> take_runs(SeqId seq);
+  void clear_runs() { runs_.clear(); }  // after the pass: none outlive it
+
+ private:
+  const TensorShard& shard_;
+  std::mutex mutex_;  // events_ (erase_session and look_up_shared come from other threads)
+  Writer events_;
+  std::unordered_map<SeqId, std::vector<store::StoredRun>> runs_;  // step thread
+};
+
+// A rank > 0's store: rank 0's store's events done on its own, and the chunks of each pass.
+// A save this store has less room for than rank 0's (or that began after a gap) is given back at
+// its end rather than published with chunks never written.
+class RankStore {
+ public:
+  explicit RankStore(std::unique_ptr<store::KvStore> store);
+  ~RankStore();  // gives open saves back
+  RankStore(const RankStore&) = delete;
+  RankStore& operator=(const RankStore&) = delete;
+
+  // INTERNAL for malformed events.
+  Status apply(std::string_view events);
+  // A pass's load of `runs` (in block order): this store's chunks into `chunks`, pinned until
+  // after_pass(); false (the chunks are zeros) when a run cannot be pinned here.
+  bool load(std::span<const store::StoredRun> runs, std::vector<const std::byte*>* chunks);
+  // Where a pass's save of blocks [first_block, first_block + chunks->size()) of `seq` goes:
+  // its ticket's destinations, a scratch chunk for blocks it has none for.
+  void save(SeqId seq, int64_t first_block, std::vector<std::byte*>* chunks);
+  void after_pass();  // releases the pass's loads
+
+ private:
+  struct Saving {
+    std::optional<store::SaveTicket> ticket;  // none: no room, or given back after a gap
+    std::vector<bool> written;                // per destination
+  };
+  void begin(SeqId seq, const store::SaveRequest& request);
+  void extend(SeqId seq, int64_t first_chunk, std::span<const kv::ChunkHash> hashes);
+  void end(SeqId seq, store::SaveEnd how);
+
+  std::unique_ptr<store::KvStore> store_;
+  std::unordered_map<SeqId, Saving> saves_;
+  std::vector<store::StoreLease> leases_;  // this pass's
+  std::vector<std::byte> zeros_;           // a chunk: what a load that failed reads
+  std::vector<std::byte> scratch_;         // a chunk: where saves without room write
+};
+
+}  // namespace strata::executor
