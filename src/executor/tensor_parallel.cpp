@@ -329,7 +329,7 @@ class TensorParallelExecutor final : public Executor {
 
   std::unique_ptr<TorchExecutor> local_;
   TensorShard shard_;
-  FollowerFeed feed_;  // over shard_
+  FollowerFeed feed_;
   std::function<void(const Status&)> on_failure_;
   Status failed_;
   std::chrono::steady_clock::time_point last_message_ = std::chrono::steady_clock::now();

@@ -42,8 +42,7 @@ store::StoredRun read_run(Reader& r) {
 }
 
 void FollowerFeed::rank_options(store::StoreOptions* options) const {
-  store::make_rank_options(options, shard_.rank, shard_.world_size, shard_.kv_heads.size(),
-                           shard_.max_kv_heads);
+  store::make_rank_options(options, rank_, world_size_, kv_heads_, max_kv_heads_);
 }
 
 void FollowerFeed::begin_save(SeqId seq, const store::SaveRequest& request) {

@@ -37,7 +37,11 @@ store::StoredRun read_run(Reader& r);
 // Rank 0's side: what its restore coordinator reports, kept for the next message.
 class FollowerFeed final : public store::StoreFollowers {
  public:
-  explicit FollowerFeed(const TensorShard& shard) : shard_(shard) {}
+  explicit FollowerFeed(const TensorShard& shard)
+      : rank_(shard.rank),
+        world_size_(shard.world_size),
+        kv_heads_(shard.kv_heads.size()),
+        max_kv_heads_(shard.max_kv_heads) {}
 
   void rank_options(store::StoreOptions* options) const override;
   void begin_save(SeqId seq, const store::SaveRequest& request) override;
@@ -55,7 +59,8 @@ class FollowerFeed final : public store::StoreFollowers {
   void clear_runs() { runs_.clear(); }  // after the pass: none outlive it
 
  private:
-  const TensorShard& shard_;
+  int32_t rank_, world_size_;
+  int64_t kv_heads_, max_kv_heads_;  // this rank's, and the most any rank holds
   std::mutex mutex_;  // events_ (erase_session and look_up_shared come from other threads)
   Writer events_;
   std::unordered_map<SeqId, std::vector<store::StoredRun>> runs_;  // step thread
