@@ -15,6 +15,7 @@ enum class Event : uint8_t {
   kEndSave = 3,
   kEraseSession = 4,
   kLookUpShared = 5,
+  kSetQueue = 6,
 };
 
 }  // namespace
@@ -75,6 +76,13 @@ void FollowerFeed::end_save(SeqId seq, store::SaveEnd end) {
 }
 
 void FollowerFeed::load(SeqId seq, store::StoredRun run) { runs_[seq].push_back(std::move(run)); }
+
+void FollowerFeed::set_queue(std::vector<store::StoredRun> queue) {
+  std::scoped_lock lock(mutex_);
+  events_.put(Event::kSetQueue);
+  events_.put(static_cast<uint32_t>(queue.size()));
+  for (const store::StoredRun& run : queue) write_run(events_, run);
+}
 
 void FollowerFeed::erase_session(const std::string& session) {
   std::scoped_lock lock(mutex_);
@@ -157,6 +165,17 @@ Status RankStore::apply(std::string_view events) {
         const auto root = r.get<kv::ChunkHash>();
         const std::string session = r.string();
         if (r.good()) store_->look_up_shared(prompt, root, session);
+        break;
+      }
+      case Event::kSetQueue: {
+        std::vector<store::ItemId> queue;
+        for (uint32_t n = r.get<uint32_t>(); n > 0 && r.good(); --n) {
+          // (A waiting request whose prefix this store lacks: its load will fail on every rank.)
+          if (std::optional<store::ItemId> item = store_->find_run(read_run(r))) {
+            queue.push_back(*item);
+          }
+        }
+        if (r.good()) store_->set_queue(std::move(queue));
         break;
       }
       default:

@@ -12,6 +12,7 @@
 //   kEndSave       u64 seq, u8 store::SaveEnd
 //   kEraseSession  string session
 //   kLookUpShared  tokens prompt, hash root, string session
+//   kSetQueue      u32 n, n x run
 // A run of a load (store::StoredRun): string session, hash last_hash, i64 first_chunk, i64 count,
 // i64 token_offset, i64 skipped_chunks, u8 exact.
 #pragma once
@@ -48,6 +49,7 @@ class FollowerFeed final : public store::StoreFollowers {
   void extend_save(SeqId seq, int64_t first_chunk, std::span<const kv::ChunkHash> hashes) override;
   void end_save(SeqId seq, store::SaveEnd end) override;
   void load(SeqId seq, store::StoredRun run) override;
+  void set_queue(std::vector<store::StoredRun> queue) override;
   void erase_session(const std::string& session) override;
   void look_up_shared(std::span<const TokenId> prompt, const kv::ChunkHash& root,
                       const std::string& session) override;

@@ -485,6 +485,17 @@ void RestoreCoordinator::publish_queue() {
   }
   if (queue == queue_) return;
   queue_ = queue;
+  if (followers_ != nullptr) {
+    std::vector<store::StoredRun> named;
+    for (SeqId seq : scheduler_.waiting()) {
+      const Sequence& sequence = *sequences_.at(seq);
+      if (!sequence.stored) continue;
+      const int64_t end = sequence.stored->chunks.back() + 1;
+      std::optional<store::StoredRun> run = store_->describe_run(sequence.stored->item, 0, end);
+      if (run) named.push_back(*std::move(run));
+    }
+    followers_->set_queue(std::move(named));
+  }
   store_->set_queue(std::move(queue));
 }
 

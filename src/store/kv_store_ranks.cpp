@@ -54,7 +54,7 @@ std::optional<StoredRun> KvStore::describe_run(ItemId id, int64_t first, int64_t
                    item.exact};
 }
 
-StatusOr<StoreLease> KvStore::acquire_run(const StoredRun& run) {
+std::optional<ItemId> KvStore::find_run(const StoredRun& run) const {
   const int64_t last = run.first_chunk + run.count - 1;
   auto copy_of_run = [&](ItemId id) {
     auto it = items_.find(id);
@@ -63,23 +63,29 @@ StatusOr<StoreLease> KvStore::acquire_run(const StoredRun& run) {
     return item.chunks[last].hash == run.last_hash && item.token_offset == run.token_offset &&
            item.skipped_chunks == run.skipped_chunks && item.exact == run.exact;
   };
-  ItemId found = 0;
-  {
+  std::scoped_lock lock(mutex_);
+  if (auto s = by_session_.find(run.session);
+      !run.session.empty() && s != by_session_.end() && copy_of_run(s->second)) {
+    return s->second;
+  }
+  if (auto h = by_hash_.find(run.last_hash);
+      h != by_hash_.end() && h->second.second == last && copy_of_run(h->second.first)) {
+    return h->second.first;
+  }
+  return std::nullopt;
+}
+
+StatusOr<StoreLease> KvStore::acquire_run(const StoredRun& run) {
+  const std::optional<ItemId> found = find_run(run);
+  if (!found) {
     std::scoped_lock lock(mutex_);
-    if (auto s = by_session_.find(run.session);
-        !run.session.empty() && s != by_session_.end() && copy_of_run(s->second)) {
-      found = s->second;
-    } else if (auto h = by_hash_.find(run.last_hash);
-               h != by_hash_.end() && h->second.second == last && copy_of_run(h->second.first)) {
-      found = h->second.first;
-    } else {
-      for (TierCounters& c : counters_) ++c.misses;
-      return not_found_error("KV store: no copy of chunks " + std::to_string(run.first_chunk) +
-                             ".." + std::to_string(last) + " of the item rank 0 loads");
-    }
+    for (TierCounters& c : counters_) ++c.misses;
+    return not_found_error("KV store: no copy of chunks " + std::to_string(run.first_chunk) + ".." +
+                           std::to_string(run.first_chunk + run.count - 1) +
+                           " of the item rank 0 loads");
   }
   // Moved or dropped meanwhile: acquire() says so.
-  return acquire(found, run.first_chunk, run.count, run.skipped_chunks);
+  return acquire(*found, run.first_chunk, run.count, run.skipped_chunks);
 }
 
 }  // namespace strata::store

@@ -307,9 +307,11 @@ class KvStore {
   // Tensor parallelism (store_followers.h): chunks [first, first + count) of `item`, named for the
   // other ranks' stores; nullopt if the item is gone or shorter. Call while they are pinned.
   std::optional<StoredRun> describe_run(ItemId item, int64_t first, int64_t count) const;
-  // Pins this store's copy of `run` (acquire()): the item of the run's session, else the one
-  // whose chunk carries its last hash, when it has the run's shape and that hash at the run's
-  // last chunk. NOT_FOUND (counted as a miss) when there is none; acquire()'s errors.
+  // This store's copy of `run`: the item of the run's session, else the one whose chunk carries
+  // its last hash, when it has the run's shape and that hash at the run's last chunk.
+  std::optional<ItemId> find_run(const StoredRun& run) const;
+  // Pins find_run()'s item (acquire()): NOT_FOUND (counted as a miss) when there is none;
+  // acquire()'s errors.
   StatusOr<StoreLease> acquire_run(const StoredRun& run);
   // Pins raw or layer-merged chunks [first, first + count) of `item` to be read by layer ranges
   // (LayeredLease), without reading

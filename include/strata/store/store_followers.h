@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "strata/common/ids.h"
 #include "strata/kv/kv_types.h"
@@ -55,6 +56,8 @@ class StoreFollowers {
   // The next pass's load of `seq` reads `run` (one call per run of consecutive chunks, in block
   // order; the runs of a load rank 0 could not pin are not reported).
   virtual void load(SeqId seq, StoredRun run) = 0;
+  // KvStore::set_queue: the stored prefixes the waiting requests will load, head first.
+  virtual void set_queue(std::vector<StoredRun> queue) = 0;
 
   // Any thread: KvStore::erase_session and look_up_shared on every rank.
   virtual void erase_session(const std::string& session) = 0;
