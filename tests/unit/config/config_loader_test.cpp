@@ -92,9 +92,9 @@ TEST(ConfigLoaderTest, MultiA100Yaml) {
   EXPECT_TRUE(loaded->server.api_keys.empty());
   EXPECT_EQ(loaded->server.api_keys_env, "STRATA_API_KEYS");
   EXPECT_EQ(loaded->logging.format, LogFormat::kJson);
-  EXPECT_EQ(loaded->kv_store.dram_bytes, int64_t{512} << 30);
+  EXPECT_EQ(loaded->kv_store.dram_bytes, int64_t{64} << 30);  // per rank
   EXPECT_EQ(loaded->kv_store.ssd_dir, "/raid/strata/kv-store");
-  EXPECT_EQ(loaded->kv_store.ssd_bytes, int64_t{4} << 40);
+  EXPECT_EQ(loaded->kv_store.ssd_bytes, int64_t{512} << 30);
   EXPECT_EQ(loaded->kv_store.ssd_file_bytes, int64_t{16} << 30);
 
   const EnvLookup env = [](const std::string& name) -> std::optional<std::string> {
