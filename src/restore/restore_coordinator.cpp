@@ -556,7 +556,11 @@ void RestoreCoordinator::plan_saves(executor::ForwardBatch& forward) {
                                        sequence.whole_chunks};
       StatusOr<store::SaveTicket> ticket = store_->begin_save(request);
       if (!ticket.ok()) continue;
-      if (followers_ != nullptr) followers_->begin_save(chunk.seq, request);
+      if (followers_ != nullptr) {  // as many chunks as rank 0 got room for
+        store::SaveRequest reserved = request;
+        reserved.chain.resize(ticket->first_chunk + ticket->destinations.size());
+        followers_->begin_save(chunk.seq, reserved);
+      }
       saving.ticket = *std::move(ticket);
       saving.short_of_room = std::ssize(saving.ticket.destinations) <
                              std::ssize(saving.chain) - saving.ticket.first_chunk;
