@@ -14,6 +14,9 @@
   - after a restart from the SSD tier with one rank's directory emptied, rank 0 still finds the
     conversation but that rank cannot pin it: the load fails on every rank, the turn recomputes
     and answers as TP=1;
+  - two TP=2 replicas sharing a real redis-server as their remote tier: a conversation started
+    on one resumes on the other, every rank loading its own heads' KV from its keys in Redis,
+    and answers as TP=1;
   - two "machines" (nodes: 2 on loopback, a TCP store at master_address:master_port): the
     node-1 process joins node 0's front door and the output equals TP=1;
   - a rank killed: the server exits non-zero within a bounded time;
@@ -196,6 +199,74 @@ def check_rank_missing_item(binary, model):
         server.stop()
 
 
+class Redis:
+    """A redis-server (Debian's) on a free loopback port."""
+
+    def __init__(self):
+        self.port = free_port()
+        self.process = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--loglevel", "warning"], stdout=subprocess.DEVNULL)
+        for _ in range(200):
+            if self.cli("PING") == "PONG":
+                return
+            time.sleep(0.025)
+        raise AssertionError("redis-server did not start")
+
+    def cli(self, *words):
+        return subprocess.run(["redis-cli", "--raw", "-p", str(self.port), *words],
+                              capture_output=True, text=True).stdout.strip()
+
+    def chunks_per_layout(self):
+        """Stored chunk keys per layout tag (one tag per rank: strata:1:<tag>:<codec>:k:...)."""
+        counts = {}
+        for key in self.cli("KEYS", "strata:1:*:k:*").split():
+            tag = key.split(":")[2]
+            counts[tag] = counts.get(tag, 0) + 1
+        return counts
+
+    def stop(self):
+        self.process.kill()
+        self.process.wait()
+
+
+def check_replicas_share_redis(binary, model):
+    server = Server(binary, model, 1)
+    try:
+        reply, _ = server.chat(FIRST_TURN)
+        reference, _ = server.chat(second_turn(reply))
+    finally:
+        server.stop()
+    redis = Redis()
+    replica = ["kv_store.dram_bytes=256MiB", "kv_cache.enable_prefix_caching=false",
+               f"kv_store.remote_address=127.0.0.1:{redis.port}"]
+    a, b = Server(binary, model, 2, *replica), None
+    try:
+        assert a.chat(FIRST_TURN)[0] == reply
+        # Write-through is asynchronous on every rank: wait until both ranks' keys are there
+        # and have stopped growing.
+        deadline, last = time.time() + 30, None
+        while time.time() < deadline:
+            counts = redis.chunks_per_layout()
+            if len(counts) == 2 and len(set(counts.values())) == 1 and counts == last:
+                break
+            last = counts
+            time.sleep(1)
+        assert len(last) == 2 and len(set(last.values())) == 1, ("each rank's keys", last)
+        b = Server(binary, model, 2, *replica)
+        resumed, usage = b.chat(second_turn(reply))
+        cached = usage.get("prompt_tokens_details", {}).get("cached_tokens", 0)
+        assert cached >= 16, ("the history was not loaded from Redis", usage)
+        assert b.metric("strata_kv_store_hits_total", 'tier="remote"') >= 1
+        assert b.metric("strata_kv_store_load_failures_total") == 0, "a rank lacked its keys"
+        assert resumed == reference, (resumed, reference)
+    finally:
+        a.stop()
+        if b is not None:
+            b.stop()
+        redis.stop()
+
+
 def check_two_nodes(binary, model, prompts):
     reference = greedy_outputs(binary, model, 1, prompts)
     port = free_port()
@@ -291,6 +362,8 @@ def main():
               lambda: check_resumed_conversation(args.binary, args.model))
         check("a rank without the stored conversation: the load fails on every rank, equal to TP=1",
               lambda: check_rank_missing_item(args.binary, args.model))
+        check("two TP=2 replicas sharing Redis: a conversation resumes on the other, equal to TP=1",
+              lambda: check_replicas_share_redis(args.binary, args.model))
         check("two nodes over a TCP rendezvous: equal to TP=1",
               lambda: check_two_nodes(args.binary, uneven, uneven_prompts))
         check("a killed rank: the server exits non-zero",
