@@ -10,7 +10,10 @@ device pool never serves a later turn):
 For each ShareGPT conversation (the first user message, the model's greedy reply, the next user
 message), runs turn 1 on `dram` and `ssd`, waits until both stored it, then sends turn 2 to each
 server and measures the time to its first streamed token at the client (gRPC), with the prompt
-tokens the server reports as not computed and the tier they came from.
+tokens the server reports as not computed and the tier they came from. With --tensor-parallel N
+every server runs N CPU ranks, each rank's KV store holding its own heads
+(docs/tensor-parallelism.md); a load some rank cannot serve fails on all and recomputes (counted
+as load failures in the summary).
 
 usage: .venv/bin/python bench/remote_tier_ttft.py --binary build/bin/strata \
            --model .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf \
@@ -42,6 +45,8 @@ def main():
     parser.add_argument("--conversations", type=int, default=20)
     parser.add_argument("--min-chars", type=int, default=1500, help="of the first user message")
     parser.add_argument("--reply-tokens", type=int, default=64)
+    parser.add_argument("--tensor-parallel", type=int, default=1,
+                        help="ranks per server (CPU processes over Gloo)")
     parser.add_argument("--output", required=True)
     args = parser.parse_args()
     work = scratch_dir("strata-remote-ttft-")
@@ -65,6 +70,9 @@ def main():
                     f"  http_port: {http_port}\n")
         command = [args.binary, "serve", "--config", config,
                    "--set", "kv_cache.enable_prefix_caching=false"]
+        if args.tensor_parallel > 1:
+            command += ["--set", f"devices.tensor_parallel_size={args.tensor_parallel}",
+                        "--set", "devices.device=cpu"]
         for o in overrides:
             command += ["--set", o]
         p = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -94,6 +102,21 @@ def main():
             if line.startswith(key + " "):
                 return float(line.rsplit(" ", 1)[1])
         return 0.0
+
+    last_counts = [None]
+
+    def written_by_every_rank():
+        """Each rank's chunk keys (one layout tag per rank) are there in equal numbers, as they
+        were at the last call."""
+        keys = subprocess.run(["redis-cli", "--raw", "-p", str(redis_port), "KEYS",
+                               "strata:1:*:k:*"], capture_output=True, text=True).stdout.split()
+        counts = {}
+        for key in keys:
+            counts[key.split(":")[2]] = counts.get(key.split(":")[2], 0) + 1
+        settled = (len(counts) == args.tensor_parallel and len(set(counts.values())) == 1 and
+                   counts == last_counts[0])
+        last_counts[0] = counts
+        return settled
 
     def chat(server, messages, max_tokens):
         request = pb.ChatRequest(sampling=pb.SamplingParams(temperature=0, max_tokens=max_tokens))
@@ -127,8 +150,16 @@ def main():
             deadline = time.time() + 60
             while (metric(servers["dram"], 'strata_kv_store_chunks{tier="remote"}') <= written or
                    metric(servers["ssd"], 'strata_kv_store_chunks{tier="ssd"}') <= on_ssd):
-                assert time.time() < deadline, "turn 1 was not stored"
+                assert time.time() < deadline, (
+                    "turn 1 was not stored",
+                    metric(servers["dram"], 'strata_kv_store_chunks{tier="remote"}'), written,
+                    metric(servers["ssd"], 'strata_kv_store_chunks{tier="ssd"}'), on_ssd)
                 time.sleep(0.05)
+            # The metrics are rank 0's: every rank writes its keys on its own time. Until all
+            # have, a replica reading the conversation would fail its load on every rank.
+            while args.tensor_parallel > 1 and not written_by_every_rank():
+                assert time.time() < deadline, "turn 1 was not written through by every rank"
+                time.sleep(0.2)
             messages = [("user", first), ("assistant", reply), ("user", second)]
             row = {"conversation": i}
             for name in ("recompute", "dram", "ssd", "remote"):
@@ -138,6 +169,8 @@ def main():
                              "tier": usage.cached_tier}
             rows.append(row)
             print(json.dumps(row), flush=True)
+        failures = {name: metric(server, "strata_kv_store_load_failures_total")
+                    for name, server in servers.items()}
     finally:
         for p in processes:
             p.kill()
@@ -156,8 +189,10 @@ def main():
             "ttft_vs_dram": statistics.mean(ttfts) / dram,
             "cached_share": sum(r[name]["cached_tokens"] for r in rows) /
                             sum(r[name]["prompt_tokens"] for r in rows),
-            "tiers": sorted({r[name]["tier"] for r in rows})}
+            "tiers": sorted({r[name]["tier"] for r in rows}),
+            "load_failures": failures[name]}
     result = {"command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%d"),
+              "tensor_parallel": args.tensor_parallel,
               "mean_prompt_tokens": statistics.mean(r["recompute"]["prompt_tokens"] for r in rows),
               "summary": summary, "rows": rows}
     os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)

@@ -20,7 +20,7 @@
 namespace strata::executor {
 namespace {
 
-enum class Message : uint8_t { kPass = 1, kPing = 2, kStop = 3 };
+enum class Message : uint8_t { kPass = 1, kPing = 2, kStop = 3, kHeld = 4 };
 
 // How long rank 0 stays silent before it pings the others: well inside any collective timeout.
 constexpr auto kPingInterval = std::chrono::seconds(1);
@@ -140,6 +140,22 @@ StatusOr<RankPass> decode_pass(Reader& r, const kv::KvFormat& format) {
   return pass;
 }
 
+// Where this rank's collectives take tensors (NCCL: its GPU).
+at::Device collective_device(const TorchExecutor& local) {
+  return local.device().kind == DeviceKind::kCuda
+             ? at::Device(at::kCUDA, static_cast<int8_t>(local.device().index))
+             : at::Device(at::kCPU);
+}
+
+// Every rank's answer to a held_by_all query, `own` being this rank's: the least of them.
+StatusOr<int64_t> least_held(const TorchExecutor& local, const TensorShard& shard, int64_t own) {
+  const at::Device device = collective_device(local);
+  at::Tensor mine = at::full({1}, own, at::TensorOptions(at::kLong).device(device));
+  at::Tensor all = at::empty({shard.world_size}, mine.options());
+  STRATA_RETURN_IF_ERROR(shard.group->all_gather(mine, all));
+  return all.min().cpu().item<int64_t>();
+}
+
 // Runs a pass on this rank. Its loads read and saves write the chunks of `own` (rank 0's batch:
 // its store's leases and tickets) or of this rank's `store`. A load some rank could not pin
 // fails on every rank: the result lists its sequence in failed_loads.
@@ -175,10 +191,7 @@ StatusOr<ForwardResult> run_pass(TorchExecutor& local, const TensorShard& shard,
   if (!ran.ok()) return ran.status();
   if (batch.loads.empty()) return ran;
   // Every rank's loads agreed: one that failed anywhere failed everywhere.
-  const at::Device device = local.device().kind == DeviceKind::kCuda
-                                ? at::Device(at::kCUDA, static_cast<int8_t>(local.device().index))
-                                : at::Device(at::kCPU);
-  at::Tensor flags = at::tensor(failed).to(device);
+  at::Tensor flags = at::tensor(failed).to(collective_device(local));
   STRATA_RETURN_IF_ERROR(shard.group->all_reduce_sum(flags));
   flags = flags.to(at::kCPU);
   for (size_t i = 0; i < batch.loads.size(); ++i) {
@@ -225,7 +238,7 @@ class TensorParallelExecutor final : public Executor {
                          std::function<void(const Status&)> on_failure)
       : local_(std::move(local)),
         shard_(std::move(shard)),
-        feed_(shard_),
+        feed_(shard_, [this](std::string query, int64_t own) { return held(query, own); }),
         on_failure_(std::move(on_failure)) {}
   ~TensorParallelExecutor() override {
     if (!failed_.ok()) return;
@@ -309,6 +322,19 @@ class TensorParallelExecutor final : public Executor {
   }
 
  private:
+  // FollowerFeed::held_by_all's question to the other ranks (kHeld: the events, the query).
+  int64_t held(const std::string& query, int64_t own) {
+    if (!failed_.ok()) return 0;
+    std::string ask = message(Message::kHeld) + query;
+    if (!checked(shard_.group->broadcast_bytes(ask, 0)).ok()) return 0;
+    StatusOr<int64_t> least = least_held(*local_, shard_, own);
+    if (!least.ok()) {
+      (void)checked(least.status());
+      return 0;
+    }
+    return *least;
+  }
+
   // A message without a pass: its kind and the store events since the last one.
   std::string message(Message kind) {
     Writer w;
@@ -374,7 +400,8 @@ Status serve_tensor_parallel_rank(const model::ModelSource& source, const Execut
     STRATA_RETURN_IF_ERROR(options.group->broadcast_bytes(message, 0));
     if (message.empty()) return internal_error("tensor parallelism: an empty message");
     const auto kind = static_cast<Message>(message[0]);
-    if (kind != Message::kPing && kind != Message::kPass && kind != Message::kStop) {
+    if (kind != Message::kPing && kind != Message::kPass && kind != Message::kStop &&
+        kind != Message::kHeld) {
       return internal_error("tensor parallelism: an unknown message");
     }
     Reader r(message);
@@ -384,6 +411,11 @@ Status serve_tensor_parallel_rank(const model::ModelSource& source, const Execut
     if (rank_store != nullptr) STRATA_RETURN_IF_ERROR(rank_store->apply(events));
     if (kind == Message::kStop) return Status();
     if (kind == Message::kPing) continue;
+    if (kind == Message::kHeld) {
+      const int64_t own = rank_store != nullptr ? rank_store->held(r) : 0;
+      STRATA_RETURN_IF_ERROR(least_held(*local, shard, own).status());
+      continue;
+    }
     // Rank 0 runs the same plan and reports what fails there; only a broken group ends this.
     StatusOr<ForwardResult> ran = run_pass(*local, shard, r, nullptr, rank_store.get());
     if (!ran.ok() && ran.status().code() == StatusCode::kUnavailable) return ran.status();

@@ -42,6 +42,19 @@ store::StoredRun read_run(Reader& r) {
   return run;
 }
 
+void write_held_query(Writer& w, const store::StoredRun& run,
+                      std::span<const kv::ChunkHash> hashes) {
+  write_run(w, run);
+  w.span(hashes);
+}
+
+int64_t FollowerFeed::held_by_all(const store::StoredRun& run,
+                                  std::span<const kv::ChunkHash> hashes) {
+  Writer query;
+  write_held_query(query, run, hashes);
+  return ask_(query.take(), std::ssize(hashes));
+}
+
 void FollowerFeed::rank_options(store::StoreOptions* options) const {
   store::make_rank_options(options, rank_, world_size_, kv_heads_, max_kv_heads_);
 }
@@ -184,6 +197,12 @@ Status RankStore::apply(std::string_view events) {
   }
   if (!r.ok()) return internal_error("tensor parallelism: malformed KV store events");
   return Status();
+}
+
+int64_t RankStore::held(Reader& query) const {
+  const store::StoredRun run = read_run(query);
+  const std::vector<kv::ChunkHash> hashes = query.vector<kv::ChunkHash>();
+  return query.ok() ? store_->held_prefix(run, hashes) : 0;
 }
 
 void RankStore::begin(SeqId seq, const store::SaveRequest& request) {

@@ -14,10 +14,11 @@
 //   kLookUpShared  tokens prompt, hash root, string session
 //   kSetQueue      u32 n, n x run
 // A run of a load (store::StoredRun): string session, hash last_hash, i64 first_chunk, i64 count,
-// i64 token_offset, i64 skipped_chunks, u8 exact.
+// i64 token_offset, i64 skipped_chunks, u8 exact. A held_by_all query: a run, hashes.
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -34,15 +35,22 @@ namespace strata::executor {
 
 void write_run(Writer& w, const store::StoredRun& run);
 store::StoredRun read_run(Reader& r);
+// A held_by_all query: the run, then its chunks' hashes.
+void write_held_query(Writer& w, const store::StoredRun& run,
+                      std::span<const kv::ChunkHash> hashes);
 
 // Rank 0's side: what its restore coordinator reports, kept for the next message.
 class FollowerFeed final : public store::StoreFollowers {
  public:
-  explicit FollowerFeed(const TensorShard& shard)
+  // `ask` sends a held_by_all query (write_held_query's bytes) to the other ranks with the
+  // events so far and returns the least any rank holds, `own` included (0 if the group fails).
+  using Ask = std::function<int64_t(std::string query, int64_t own)>;
+  FollowerFeed(const TensorShard& shard, Ask ask)
       : rank_(shard.rank),
         world_size_(shard.world_size),
         kv_heads_(shard.kv_heads.size()),
-        max_kv_heads_(shard.max_kv_heads) {}
+        max_kv_heads_(shard.max_kv_heads),
+        ask_(std::move(ask)) {}
 
   void rank_options(store::StoreOptions* options) const override;
   void begin_save(SeqId seq, const store::SaveRequest& request) override;
@@ -50,6 +58,7 @@ class FollowerFeed final : public store::StoreFollowers {
   void end_save(SeqId seq, store::SaveEnd end) override;
   void load(SeqId seq, store::StoredRun run) override;
   void set_queue(std::vector<store::StoredRun> queue) override;
+  int64_t held_by_all(const store::StoredRun& run, std::span<const kv::ChunkHash> hashes) override;
   void erase_session(const std::string& session) override;
   void look_up_shared(std::span<const TokenId> prompt, const kv::ChunkHash& root,
                       const std::string& session) override;
@@ -63,6 +72,7 @@ class FollowerFeed final : public store::StoreFollowers {
  private:
   int32_t rank_, world_size_;
   int64_t kv_heads_, max_kv_heads_;  // this rank's, and the most any rank holds
+  Ask ask_;
   std::mutex mutex_;  // events_ (erase_session and look_up_shared come from other threads)
   Writer events_;
   std::unordered_map<SeqId, std::vector<store::StoredRun>> runs_;  // step thread
@@ -80,6 +90,8 @@ class RankStore {
 
   // INTERNAL for malformed events.
   Status apply(std::string_view events);
+  // A held_by_all query's answer for this store (KvStore::held_prefix).
+  int64_t held(Reader& query) const;
   // A pass's load of `runs` (in block order): this store's chunks into `chunks`, pinned until
   // after_pass(); false (the chunks are zeros) when a run cannot be pinned here.
   bool load(std::span<const store::StoredRun> runs, std::vector<const std::byte*>* chunks);

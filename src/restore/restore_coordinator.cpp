@@ -159,6 +159,7 @@ std::optional<store::StoreMatch> RestoreCoordinator::look_up(SeqId seq,
   std::optional<store::StoreMatch> match;
   if (!sequence->info.scores_prompt) {
     match = store_->find(prompt, root(sequence->info.tenant), sequence->info.session);
+    held_by_all_ranks(match);
   }
   const int64_t block = kv_.geometry().block_size_tokens;
   // (More than chunk 0 matched: the prompt holds the links up to the seed's.)
@@ -212,13 +213,25 @@ void RestoreCoordinator::attach(SeqId seq, Sequence& sequence, const store::Stor
   sequence.stored = std::move(stored);
 }
 
+void RestoreCoordinator::held_by_all_ranks(std::optional<store::StoreMatch>& match) const {
+  if (followers_ == nullptr || !match) return;
+  const std::optional<store::StoredRun> run =
+      store_->describe_run(match->item, 0, match->num_chunks);
+  const int64_t held =
+      run ? followers_->held_by_all(*run, store_->chunk_hashes(match->item, match->num_chunks)) : 0;
+  if (held == 0 || held < match->whole_chunks) {
+    match.reset();
+  } else {
+    match->num_chunks = std::min(match->num_chunks, held);
+  }
+}
+
 void RestoreCoordinator::look_up_again(SeqId seq, Sequence& sequence) {
   sequence.lookup_at = store_->num_publications();
-  if (std::optional<store::StoreMatch> match =
-          store_->find(kv_.tokens(seq), root(sequence.info.tenant), sequence.info.session);
-      match && match->exact) {
-    attach(seq, sequence, *match);
-  }
+  std::optional<store::StoreMatch> match =
+      store_->find(kv_.tokens(seq), root(sequence.info.tenant), sequence.info.session);
+  held_by_all_ranks(match);
+  if (match && match->exact) attach(seq, sequence, *match);
 }
 
 void RestoreCoordinator::before_schedule() {

@@ -1,5 +1,6 @@
 // The store under tensor parallelism (store_followers.h): chunk layouts named per rank, each
 // rank's options, and runs of chunks named by content so that every rank pins its own copy.
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -52,6 +53,40 @@ std::optional<StoredRun> KvStore::describe_run(ItemId id, int64_t first, int64_t
                    item.token_offset,
                    item.skipped_chunks,
                    item.exact};
+}
+
+std::vector<kv::ChunkHash> KvStore::chunk_hashes(ItemId id, int64_t count) const {
+  std::scoped_lock lock(mutex_);
+  std::vector<kv::ChunkHash> hashes;
+  auto it = items_.find(id);
+  if (it == items_.end()) return hashes;
+  for (int64_t i = 0; i < std::min(count, std::ssize(it->second.chunks)); ++i) {
+    hashes.push_back(it->second.chunks[i].hash);
+  }
+  return hashes;
+}
+
+int64_t KvStore::held_prefix(const StoredRun& run, std::span<const kv::ChunkHash> hashes) const {
+  // Chained hashes: the item holding chunk k - 1's hash at k - 1 holds the k chunks before it.
+  for (int64_t k = std::ssize(hashes); k > 0; --k) {
+    StoredRun prefix = run;
+    prefix.first_chunk = 0;
+    prefix.count = k;
+    prefix.last_hash = hashes[k - 1];
+    const std::optional<ItemId> found = find_run(prefix);
+    if (!found) continue;
+    std::scoped_lock lock(mutex_);
+    auto it = items_.find(*found);
+    if (it == items_.end()) continue;
+    // Only chunks some usable tier holds can be loaded.
+    int64_t readable = 0;
+    while (readable < k && (it->second.chunks[readable].dram != nullptr ||
+                            source_of(it->second.chunks[readable]) >= 0)) {
+      ++readable;
+    }
+    return readable;
+  }
+  return 0;
 }
 
 std::optional<ItemId> KvStore::find_run(const StoredRun& run) const {

@@ -11,9 +11,9 @@
     to load it) and answers as TP=1, rank 0's store holding its own KV heads only (a third of a
     TP=1 chunk: it holds 1 of SmolLM2's 3 KV heads) and every rank writing an SSD directory of
     its own;
-  - after a restart from the SSD tier with one rank's directory emptied, rank 0 still finds the
-    conversation but that rank cannot pin it: the load fails on every rank, the turn recomputes
-    and answers as TP=1;
+  - after a restart from the SSD tier with one rank's directory emptied, the lookup is cut to what
+    every rank holds (nothing is loaded); with that rank's data corrupt (its journal intact) the
+    load fails on every rank; either way the turn recomputes and answers as TP=1;
   - two TP=2 replicas sharing a real redis-server as their remote tier: a conversation started
     on one resumes on the other, every rank loading its own heads' KV from its keys in Redis,
     and answers as TP=1;
@@ -169,34 +169,51 @@ def check_resumed_conversation(binary, model):
     assert chunk_bytes[2] * 3 == chunk_bytes[1] and chunk_bytes[4] * 3 == chunk_bytes[1], chunk_bytes
 
 
-def check_rank_missing_item(binary, model):
-    """One rank lost its copy: the load fails on every rank and the turn is recomputed."""
+def check_rank_lost_item(binary, model):
+    """After a restart from the SSD tiers, rank 1 lost the conversation (its directory emptied):
+    every rank's lookup is cut to what all hold, nothing is loaded, the turn recomputes. Or rank
+    1's copy is corrupt (its journal still lists it): the load fails on every rank, counted once,
+    and the turn recomputes. Either way the answer is TP=1's."""
     server = Server(binary, model, 1)
     try:
         reply, _ = server.chat(FIRST_TURN)
         reference, _ = server.chat(second_turn(reply))
     finally:
         server.stop()
-    ssd = scratch_dir("strata-tp2-lost-")
-    # Restarted, the stores hold the first turn on their SSD tiers only.
+    ssd = Path(scratch_dir("strata-tp2-lost-"))
+    saved = ssd / "saved"
     store = ["kv_store.dram_bytes=256MiB", "kv_cache.enable_prefix_caching=false",
-             f"kv_store.ssd_dir={ssd}", "kv_store.ssd_bytes=256MiB"]
+             f"kv_store.ssd_dir={saved}", "kv_store.ssd_bytes=256MiB"]
     server = Server(binary, model, 2, *store)
     try:
         assert server.chat(FIRST_TURN)[0] == reply
     finally:
-        server.stop()  # a clean stop writes the DRAM items to the SSD tier
-    lost = Path(ssd) / "tp2-rank1"
-    shutil.rmtree(lost)
-    lost.mkdir()
-    server = Server(binary, model, 2, *store)
-    try:
-        resumed, usage = server.chat(second_turn(reply))
-        failures = server.metric("strata_kv_store_load_failures_total")
-        assert failures == 1, ("rank 1 had no copy, yet the load did not fail", failures, usage)
-        assert resumed == reference, (resumed, reference)
-    finally:
-        server.stop()
+        server.stop()  # a clean stop writes the DRAM items to the SSD tiers
+
+    def lose(directory):
+        shutil.rmtree(directory)
+        directory.mkdir()
+
+    def corrupt(directory):
+        for data in directory.glob("data-*.bin"):
+            with open(data, "r+b") as f:
+                f.write(os.urandom(data.stat().st_size))
+
+    for name, damage, failures, cached in (("lost", lose, 0, 0), ("corrupt", corrupt, 1, None)):
+        copy = ssd / name
+        shutil.copytree(saved, copy)
+        damage(copy / "tp2-rank1")
+        store[2] = f"kv_store.ssd_dir={copy}"
+        server = Server(binary, model, 2, *store)
+        try:
+            resumed, usage = server.chat(second_turn(reply))
+            got = usage.get("prompt_tokens_details", {}).get("cached_tokens", 0)
+            assert cached is None or got == cached, (name, "loaded", usage)
+            failed = server.metric("strata_kv_store_load_failures_total")
+            assert failed == failures, (name, "load failures", failed)
+            assert resumed == reference, (name, resumed, reference)
+        finally:
+            server.stop()
 
 
 class Redis:
@@ -360,8 +377,8 @@ def main():
               lambda: check_equal_to_tp1(args.binary, uneven, uneven_prompts))
         check("KV store on: a resumed conversation at TP=2/4 loads its history and equals TP=1",
               lambda: check_resumed_conversation(args.binary, args.model))
-        check("a rank without the stored conversation: the load fails on every rank, equal to TP=1",
-              lambda: check_rank_missing_item(args.binary, args.model))
+        check("a rank that lost or corrupted the stored conversation: recomputed, equal to TP=1",
+              lambda: check_rank_lost_item(args.binary, args.model))
         check("two TP=2 replicas sharing Redis: a conversation resumes on the other, equal to TP=1",
               lambda: check_replicas_share_redis(args.binary, args.model))
         check("two nodes over a TCP rendezvous: equal to TP=1",

@@ -193,6 +193,8 @@ class RestoreCoordinator {
                      uint64_t model_fingerprint);
   // The root of a tenant's chained content hashes (the prefix cache's too).
   kv::ChunkHash root(const std::string& tenant) const;
+  // Tensor parallelism: cuts a lookup's match to the leading chunks every rank's store holds.
+  void held_by_all_ranks(std::optional<store::StoreMatch>& match) const;
   // Looks a sequence's current tokens up again, attaching an exact match.
   void look_up_again(SeqId seq, Sequence& sequence);
   void attach(SeqId seq, Sequence& sequence, const store::StoreMatch& match);

@@ -307,6 +307,11 @@ class KvStore {
   // Tensor parallelism (store_followers.h): chunks [first, first + count) of `item`, named for the
   // other ranks' stores; nullopt if the item is gone or shorter. Call while they are pinned.
   std::optional<StoredRun> describe_run(ItemId item, int64_t first, int64_t count) const;
+  // The hashes of the item's chunks [0, count) (fewer if it has fewer; none if it is gone).
+  std::vector<kv::ChunkHash> chunk_hashes(ItemId item, int64_t count) const;
+  // How many leading chunks of the item `run` names (from chunk 0; `hashes`: its chunks') this
+  // store holds where a load can read them: the longest prefix find_run() finds.
+  int64_t held_prefix(const StoredRun& run, std::span<const kv::ChunkHash> hashes) const;
   // This store's copy of `run`: the item of the run's session, else the one whose chunk carries
   // its last hash, when it has the run's shape and that hash at the run's last chunk.
   std::optional<ItemId> find_run(const StoredRun& run) const;

@@ -5,9 +5,10 @@
 // way, so saves are named by sequence and loads by content (StoredRun).
 //
 // A rank's store may hold less than rank 0's (its I/O threads move items on their own timing, its
-// disk may have lost a file): a save that rank has no room for leaves its item shorter, and a load
-// it cannot pin fails on every rank (executor::ForwardResult::failed_loads), so its sequence
-// recomputes and no pass mixes KV of different conversations.
+// disk may have lost a file): a save that rank has no room for leaves its item shorter. So a
+// lookup's match is cut to what every rank holds (held_by_all), and a load some rank still cannot
+// pin fails on every rank (executor::ForwardResult::failed_loads): its sequence recomputes and no
+// pass mixes KV of different conversations.
 #pragma once
 
 #include <cstdint>
@@ -58,6 +59,11 @@ class StoreFollowers {
   virtual void load(SeqId seq, StoredRun run) = 0;
   // KvStore::set_queue: the stored prefixes the waiting requests will load, head first.
   virtual void set_queue(std::vector<StoredRun> queue) = 0;
+  // Of the leading chunks of a stored item (`run` from chunk 0, `hashes` its chunks' hashes),
+  // how many every other rank's store holds now (asked of them and waited for: a lookup's match
+  // is cut to it, so a rank that has not finished writing or reading a conversation loads less
+  // instead of failing the load on every rank). 0 when the group fails.
+  virtual int64_t held_by_all(const StoredRun& run, std::span<const kv::ChunkHash> hashes) = 0;
 
   // Any thread: KvStore::erase_session and look_up_shared on every rank.
   virtual void erase_session(const std::string& session) = 0;

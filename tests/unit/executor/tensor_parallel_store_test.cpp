@@ -41,7 +41,14 @@ class RankStoreTest : public ::testing::Test {
  protected:
   RankStoreTest()
       : shard_(shard_of(0, 2, 1, 1)),
-        feed_(shard_),
+        // The other rank answers a held_by_all query after the events before it, as it does
+        // through the executor's messages.
+        feed_(shard_,
+              [this](std::string query, int64_t own) {
+                EXPECT_TRUE(follower_->apply(feed_.take_events()).ok());
+                Reader r(query);
+                return std::min(own, follower_->held(r));
+              }),
         leader_(open_store(16)),
         follower_(std::make_unique<RankStore>(open_store(16))) {}
 
@@ -172,6 +179,27 @@ TEST_F(RankStoreTest, AFollowerLackingTheEarlierTurnGivesItsSaveBack) {
   EXPECT_FALSE(follower_->load(runs, &chunks));
 }
 
+TEST_F(RankStoreTest, ALookupIsCutToWhatEveryRankHolds) {
+  // Both ranks hold the conversation's first 3 chunks; rank 0 alone saved 2 more (the other
+  // rank had not written them yet).
+  const std::vector<TokenId> t = tokens(8, 5 * store::kBlock + 1);
+  save_turn(std::vector<TokenId>(t.begin(), t.begin() + 3 * store::kBlock + 1), "", 3);
+  ASSERT_TRUE(store::save(*leader_, t).ok());
+  std::optional<store::StoreMatch> m = leader_->find(t, store::root(), "");
+  ASSERT_TRUE(m.has_value());
+  ASSERT_EQ(m->num_chunks, 5);
+  std::optional<store::StoredRun> run = leader_->describe_run(m->item, 0, 5);
+  ASSERT_TRUE(run.has_value());
+  EXPECT_EQ(feed_.held_by_all(*run, leader_->chunk_hashes(m->item, 5)), 3);
+  // A conversation the other rank never saw: nothing.
+  const std::vector<TokenId> u = tokens(9, 2 * store::kBlock + 1);
+  ASSERT_TRUE(store::save(*leader_, u).ok());
+  m = leader_->find(u, store::root(), "");
+  ASSERT_TRUE(m.has_value());
+  run = leader_->describe_run(m->item, 0, m->num_chunks);
+  EXPECT_EQ(feed_.held_by_all(*run, leader_->chunk_hashes(m->item, m->num_chunks)), 0);
+}
+
 TEST_F(RankStoreTest, AnAbortedSaveAndAnErasedSessionLeaveNothing) {
   const std::vector<TokenId> t = tokens(5, 3 * store::kBlock + 1);
   save_turn(t, "kept", 3);
@@ -215,7 +243,8 @@ TEST(RankOptionsTest, EachRankHasItsDirectoriesTagAndAsManyChunks) {
   for (int32_t rank = 0; rank < 2; ++rank) {
     const int64_t heads = rank == 0 ? 1 : 2;  // 3 KV heads over 2 ranks
     store::StoreOptions o = base;
-    FollowerFeed feed(shard_of(rank, 2, heads, 2));  // rank 0's side computes the same
+    // (rank 0's side computes the same)
+    FollowerFeed feed(shard_of(rank, 2, heads, 2), [](std::string, int64_t) { return 0; });
     feed.rank_options(&o);
     EXPECT_EQ(o.tiers[0].dir, base.tiers[0].dir + "/tp2-rank" + std::to_string(rank));
     EXPECT_EQ(o.dram_bytes, base.dram_bytes / 2 * heads);
