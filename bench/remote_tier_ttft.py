@@ -5,7 +5,7 @@ device pool never serves a later turn):
   recompute  no KV store
   dram       its own DRAM tier (the turn before ran on it)
   ssd        a DRAM tier that keeps 90% free (room for one turn's save), so stored turns move to
-             its SSD tier at once
+             its SSD tier at once (128 MiB, over the ranks)
   remote     Redis only; the turn before ran on the `dram` server, which wrote it through to Redis
 For each ShareGPT conversation (the first user message, the model's greedy reply, the next user
 message), runs turn 1 on `dram` and `ssd`, waits until both stored it, then sends turn 2 to each
@@ -90,7 +90,10 @@ def main():
     servers = {
         "recompute": serve("recompute"),
         "dram": serve("dram", "kv_store.dram_bytes=512MiB", remote),
-        "ssd": serve("ssd", "kv_store.dram_bytes=128MiB", "kv_store.dram_reserve_fraction=0.9",
+        # (A rank's chunk holds its KV heads: with more ranks, less DRAM keeps a turn from
+        # fitting in the 10% it leaves for saves.)
+        "ssd": serve("ssd", f"kv_store.dram_bytes={128 // args.tensor_parallel}MiB",
+                     "kv_store.dram_reserve_fraction=0.9",
                      f"kv_store.ssd_dir={ssd_dir}", "kv_store.ssd_bytes=2GiB"),
         "remote": serve("remote", "kv_store.dram_bytes=512MiB", remote),
     }
