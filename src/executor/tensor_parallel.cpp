@@ -20,10 +20,12 @@
 namespace strata::executor {
 namespace {
 
-enum class Message : uint8_t { kPass = 1, kPing = 2, kStop = 3, kHeld = 4 };
+enum class Message : uint8_t { kPass = 1, kPing = 2, kStop = 3, kHeld = 4, kStats = 5 };
 
 // How long rank 0 stays silent before it pings the others: well inside any collective timeout.
 constexpr auto kPingInterval = std::chrono::seconds(1);
+// How often rank 0 asks the other ranks for their stores' numbers (StoreFollowers::rank_stats).
+constexpr auto kStatsInterval = std::chrono::seconds(5);
 
 // The batch's plan, after `events` (the store events since the last message); INVALID_ARGUMENT
 // for what tensor parallelism does not serve.
@@ -154,6 +156,16 @@ StatusOr<int64_t> least_held(const TorchExecutor& local, const TensorShard& shar
   at::Tensor all = at::empty({shard.world_size}, mine.options());
   STRATA_RETURN_IF_ERROR(shard.group->all_gather(mine, all));
   return all.min().cpu().item<int64_t>();
+}
+
+// Every rank's store numbers (stats_row; `own` is this rank's), [world_size * kStatsRow] int64
+// on the host.
+StatusOr<at::Tensor> gather_stats(const TorchExecutor& local, const TensorShard& shard,
+                                  const std::vector<int64_t>& own) {
+  const at::Tensor mine = at::tensor(own, at::kLong).to(collective_device(local));
+  at::Tensor all = at::empty({shard.world_size * kStatsRow}, mine.options());
+  STRATA_RETURN_IF_ERROR(shard.group->all_gather(mine, all));
+  return all.cpu();
 }
 
 // Runs a pass on this rank. Its loads read and saves write the chunks of `own` (rank 0's batch:
@@ -312,10 +324,12 @@ class TensorParallelExecutor final : public Executor {
     StatusOr<ForwardResult> ran = run_pass(*local_, shard_, r, &batch, nullptr);
     if (!ran.ok()) return checked(ran.status());
     ran->collective_seconds = shard_.group->collective_seconds() - collective_start;
+    gather_rank_stats();
     return ran;
   }
 
   void keep_alive() override {
+    gather_rank_stats();
     if (!failed_.ok() || std::chrono::steady_clock::now() - last_message_ < kPingInterval) return;
     std::string ping = message(Message::kPing);
     (void)checked(shard_.group->broadcast_bytes(ping, 0));
@@ -333,6 +347,23 @@ class TensorParallelExecutor final : public Executor {
       return 0;
     }
     return *least;
+  }
+
+  // Every kStatsInterval: the other ranks' store numbers, for rank_stats() (kStats: the events,
+  // then an all-gather of each rank's stats_row; rank 0 sends zeros, its store reports itself).
+  void gather_rank_stats() {
+    const auto now = std::chrono::steady_clock::now();
+    if (!failed_.ok() || now - last_stats_ < kStatsInterval) return;
+    last_stats_ = now;
+    std::string ask = message(Message::kStats);
+    if (!checked(shard_.group->broadcast_bytes(ask, 0)).ok()) return;
+    StatusOr<at::Tensor> rows = gather_stats(*local_, shard_, std::vector<int64_t>(kStatsRow, 0));
+    if (!rows.ok()) {
+      (void)checked(rows.status());
+      return;
+    }
+    feed_.set_rank_rows(
+        std::span<const int64_t>(rows->data_ptr<int64_t>(), rows->numel()).subspan(kStatsRow));
   }
 
   // A message without a pass: its kind and the store events since the last one.
@@ -359,6 +390,7 @@ class TensorParallelExecutor final : public Executor {
   std::function<void(const Status&)> on_failure_;
   Status failed_;
   std::chrono::steady_clock::time_point last_message_ = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point last_stats_ = std::chrono::steady_clock::now();
 };
 
 StatusOr<std::unique_ptr<TorchExecutor>> load_rank(const model::ModelSource& source,
@@ -401,7 +433,7 @@ Status serve_tensor_parallel_rank(const model::ModelSource& source, const Execut
     if (message.empty()) return internal_error("tensor parallelism: an empty message");
     const auto kind = static_cast<Message>(message[0]);
     if (kind != Message::kPing && kind != Message::kPass && kind != Message::kStop &&
-        kind != Message::kHeld) {
+        kind != Message::kHeld && kind != Message::kStats) {
       return internal_error("tensor parallelism: an unknown message");
     }
     Reader r(message);
@@ -411,6 +443,12 @@ Status serve_tensor_parallel_rank(const model::ModelSource& source, const Execut
     if (rank_store != nullptr) STRATA_RETURN_IF_ERROR(rank_store->apply(events));
     if (kind == Message::kStop) return Status();
     if (kind == Message::kPing) continue;
+    if (kind == Message::kStats) {
+      const std::vector<int64_t> own = rank_store != nullptr ? stats_row(rank_store->stats())
+                                                             : std::vector<int64_t>(kStatsRow, 0);
+      STRATA_RETURN_IF_ERROR(gather_stats(*local, shard, own).status());
+      continue;
+    }
     if (kind == Message::kHeld) {
       const int64_t own = rank_store != nullptr ? rank_store->held(r) : 0;
       STRATA_RETURN_IF_ERROR(least_held(*local, shard, own).status());

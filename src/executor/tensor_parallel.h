@@ -7,9 +7,10 @@
 //
 // A message on the wire (plan_wire.h: native byte order, the ranks run one binary on one kind of
 // machine; string and vectors: u32 n, then n values):
-//   u8 message (kPass, kPing, kStop, kHeld), string store events (the tensor_parallel_store.h
-//   events since the last message); for kHeld a held_by_all query (tensor_parallel_store.h),
-//   answered by an all-gather of each rank's count; for kPass:
+//   u8 message (kPass, kPing, kStop, kHeld, kStats), string store events (the
+//   tensor_parallel_store.h events since the last message); for kHeld a held_by_all query
+//   (tensor_parallel_store.h), answered by an all-gather of each rank's count; kStats (every 5 s)
+//   by an all-gather of each rank's stats_row; for kPass:
 //   copies  swap_out, swap_in, device: each u32 n, n x (i32 source, i32 destination)
 //   chunks  u32 n, n x {u64 seq, i64 start_position, u8 logits, u8 samples, u8 compress_kv,
 //                       tokens, i64 restored_tokens, computed_rows, u32 tables, tables x blocks}

@@ -55,6 +55,54 @@ int64_t FollowerFeed::held_by_all(const store::StoredRun& run,
   return ask_(query.take(), std::ssize(hashes));
 }
 
+std::vector<int64_t> stats_row(const store::StoreStats& stats) {
+  std::vector<int64_t> row(kStatsRow, 0);
+  for (size_t t = 0; t < std::min<size_t>(stats.tiers.size(), store::kMaxTiers); ++t) {
+    const store::TierStats& tier = stats.tiers[t];
+    int64_t* out = row.data() + t * kStatsPerTier;
+    out[0] = tier.available ? 2 : 1;  // 0: no such tier
+    out[1] = tier.chunks;
+    out[2] = tier.used_bytes;
+    out[3] = tier.capacity_bytes;
+    out[4] = tier.hits;
+    out[5] = tier.misses;
+  }
+  row[kStatsRow - 2] = stats.items;
+  row[kStatsRow - 1] = stats.corrupt_chunks;
+  return row;
+}
+
+store::StoreStats stats_of_row(std::span<const int64_t> row) {
+  store::StoreStats stats;
+  for (int64_t t = 0; t < store::kMaxTiers && row[t * kStatsPerTier] > 0; ++t) {
+    const int64_t* in = row.data() + t * kStatsPerTier;
+    store::TierStats& tier = stats.tiers.emplace_back();
+    tier.available = in[0] == 2;
+    tier.chunks = in[1];
+    tier.used_bytes = in[2];
+    tier.capacity_bytes = in[3];
+    tier.hits = in[4];
+    tier.misses = in[5];
+  }
+  stats.items = row[kStatsRow - 2];
+  stats.corrupt_chunks = row[kStatsRow - 1];
+  return stats;
+}
+
+std::vector<store::StoreStats> FollowerFeed::rank_stats() const {
+  std::scoped_lock lock(mutex_);
+  return ranks_;
+}
+
+void FollowerFeed::set_rank_rows(std::span<const int64_t> rows) {
+  std::vector<store::StoreStats> ranks;
+  for (size_t at = 0; at + kStatsRow <= rows.size(); at += kStatsRow) {
+    ranks.push_back(stats_of_row(rows.subspan(at, kStatsRow)));
+  }
+  std::scoped_lock lock(mutex_);
+  ranks_ = std::move(ranks);
+}
+
 void FollowerFeed::rank_options(store::StoreOptions* options) const {
   store::make_rank_options(options, rank_, world_size_, kv_heads_, max_kv_heads_);
 }

@@ -38,6 +38,12 @@ store::StoredRun read_run(Reader& r);
 // A held_by_all query: the run, then its chunks' hashes.
 void write_held_query(Writer& w, const store::StoredRun& run,
                       std::span<const kv::ChunkHash> hashes);
+// What a rank reports of its store (StoreFollowers::rank_stats), as a row of kStatsRow values
+// gathered from every rank, and back.
+inline constexpr int64_t kStatsPerTier = 6;
+inline constexpr int64_t kStatsRow = store::kMaxTiers * kStatsPerTier + 2;
+std::vector<int64_t> stats_row(const store::StoreStats& stats);
+store::StoreStats stats_of_row(std::span<const int64_t> row);
 
 // Rank 0's side: what its restore coordinator reports, kept for the next message.
 class FollowerFeed final : public store::StoreFollowers {
@@ -59,6 +65,9 @@ class FollowerFeed final : public store::StoreFollowers {
   void load(SeqId seq, store::StoredRun run) override;
   void set_queue(std::vector<store::StoredRun> queue) override;
   int64_t held_by_all(const store::StoredRun& run, std::span<const kv::ChunkHash> hashes) override;
+  std::vector<store::StoreStats> rank_stats() const override;
+  // The rows ranks 1.. reported (stats_row), replacing the last ones.
+  void set_rank_rows(std::span<const int64_t> rows);
   void erase_session(const std::string& session) override;
   void look_up_shared(std::span<const TokenId> prompt, const kv::ChunkHash& root,
                       const std::string& session) override;
@@ -73,8 +82,9 @@ class FollowerFeed final : public store::StoreFollowers {
   int32_t rank_, world_size_;
   int64_t kv_heads_, max_kv_heads_;  // this rank's, and the most any rank holds
   Ask ask_;
-  std::mutex mutex_;  // events_ (erase_session and look_up_shared come from other threads)
+  mutable std::mutex mutex_;  // events_ (erase_session, look_up_shared: other threads), ranks_
   Writer events_;
+  std::vector<store::StoreStats> ranks_;
   std::unordered_map<SeqId, std::vector<store::StoredRun>> runs_;  // step thread
 };
 
@@ -92,6 +102,7 @@ class RankStore {
   Status apply(std::string_view events);
   // A held_by_all query's answer for this store (KvStore::held_prefix).
   int64_t held(Reader& query) const;
+  store::StoreStats stats() const { return store_->stats(); }
   // A pass's load of `runs` (in block order): this store's chunks into `chunks`, pinned until
   // after_pass(); false (the chunks are zeros) when a run cannot be pinned here.
   bool load(std::span<const store::StoredRun> runs, std::vector<const std::byte*>* chunks);

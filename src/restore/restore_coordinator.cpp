@@ -146,6 +146,14 @@ bool RestoreCoordinator::end_session(const std::string& session) {
 RestoreStats RestoreCoordinator::stats() const {
   RestoreStats stats = stats_;
   stats.store = store_->stats();
+  if (followers_ != nullptr) {
+    stats.rank_stores = followers_->rank_stats();
+    for (store::StoreStats& rank : stats.rank_stores) {  // every rank has rank 0's tier stack
+      for (size_t t = 0; t < rank.tiers.size() && t < stats.store->tiers.size(); ++t) {
+        rank.tiers[t].name = stats.store->tiers[t].name;
+      }
+    }
+  }
   return stats;
 }
 

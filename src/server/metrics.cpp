@@ -101,6 +101,51 @@ void render_tier_hits(const engine::EngineStats& engine, std::string* out) {
          "Prompt tokens whose KV came from each tier instead of being computed.", samples);
 }
 
+// Tensor parallelism: every rank's store, each holding its own KV heads (rank 0's is the store
+// above; the others' as they last reported, every few seconds).
+void render_rank_stores(const engine::EngineStats& engine, std::string* out) {
+  std::vector<const store::StoreStats*> ranks = {&*engine.store};
+  for (const store::StoreStats& r : engine.rank_stores) ranks.push_back(&r);
+  auto per_tier = [&](std::string_view name, std::string_view type, std::string_view help,
+                      auto value) {
+    header(out, name, type, help);
+    for (size_t r = 0; r < ranks.size(); ++r) {
+      for (const store::TierStats& t : ranks[r]->tiers) {
+        out->append(name).append("{rank=\"").append(std::to_string(r)).append("\",tier=\"");
+        out->append(t.name).append("\"} ").append(format_number(value(t))).append("\n");
+      }
+    }
+  };
+  auto per_rank = [&](std::string_view name, std::string_view type, std::string_view help,
+                      auto value) {
+    header(out, name, type, help);
+    for (size_t r = 0; r < ranks.size(); ++r) {
+      out->append(name).append("{rank=\"").append(std::to_string(r)).append("\"} ");
+      out->append(format_number(value(*ranks[r]))).append("\n");
+    }
+  };
+  using T = store::TierStats;
+  per_tier("strata_kv_store_rank_chunks", "gauge", "Chunks each rank's store holds per tier.",
+           [](const T& t) { return d(t.chunks); });
+  per_tier("strata_kv_store_rank_used_bytes", "gauge",
+           "Bytes each rank's store holds or reserves per tier, as stored.",
+           [](const T& t) { return d(t.used_bytes); });
+  per_tier("strata_kv_store_rank_capacity_bytes", "gauge", "Capacity of each rank's tiers.",
+           [](const T& t) { return d(t.capacity_bytes); });
+  per_tier("strata_kv_store_rank_hits_total", "counter", "Loads each rank's tiers served.",
+           [](const T& t) { return d(t.hits); });
+  per_tier("strata_kv_store_rank_misses_total", "counter",
+           "Lookups each rank's tiers could not serve.", [](const T& t) { return d(t.misses); });
+  per_tier("strata_kv_store_rank_tier_available", "gauge",
+           "1 while the rank's tier is in use; 0 after it failed.",
+           [](const T& t) { return t.available ? 1.0 : 0.0; });
+  per_rank("strata_kv_store_rank_items", "gauge", "Conversations each rank's store holds.",
+           [](const store::StoreStats& s) { return d(s.items); });
+  per_rank("strata_kv_store_rank_corrupt_chunks_total", "counter",
+           "Chunks each rank's store found corrupt or unreadable.",
+           [](const store::StoreStats& s) { return d(s.corrupt_chunks); });
+}
+
 // The KV store's tiers (CachedAttention): the device pool ("gpu": its prefix cache, and the
 // store's loads into it and saves out of it), then the store's tiers by name (dram, ssd, ...).
 void render_store(const engine::EngineStats& engine, std::string* out) {
@@ -446,6 +491,7 @@ std::string Metrics::render(const engine::EngineStats& engine) const {
           engine.collective_seconds);
   render_tier_hits(engine, &out);
   if (engine.store) render_store(engine, &out);
+  if (engine.store && !engine.rank_stores.empty()) render_rank_stores(engine, &out);
   return out;
 }
 

@@ -9,8 +9,9 @@
   - with the KV store on (prefix caching off, so the second turn's history is loaded from the
     store's DRAM tier), a resumed conversation at TP=2 and TP=4 loads its history (no rank failed
     to load it) and answers as TP=1, rank 0's store holding its own KV heads only (a third of a
-    TP=1 chunk: it holds 1 of SmolLM2's 3 KV heads) and every rank writing an SSD directory of
-    its own;
+    TP=1 chunk: it holds 1 of SmolLM2's 3 KV heads), every rank's store reporting the same
+    chunks in /metrics with bytes in proportion to its KV heads, and every rank writing an SSD
+    directory of its own;
   - after a restart from the SSD tier with one rank's directory emptied, the lookup is cut to what
     every rank holds (nothing is loaded); with that rank's data corrupt (its journal intact) the
     load fails on every rank; either way the turn recomputes and answers as TP=1;
@@ -158,6 +159,8 @@ def check_resumed_conversation(binary, model):
             chunks = server.metric("strata_kv_store_chunks", 'tier="dram"')
             chunk_bytes[tp] = server.metric("strata_kv_store_raw_bytes", 'tier="dram"') / chunks
             answers[tp] = (reply, resumed)
+            if tp > 1:
+                check_rank_stores(server, tp, chunks)
         finally:
             server.stop()
         if tp > 1:
@@ -167,6 +170,27 @@ def check_resumed_conversation(binary, model):
     assert answers[2] == answers[1] and answers[4] == answers[1], answers
     # SmolLM2 has 3 KV heads: rank 0 holds one of them at TP=2 and at TP=4.
     assert chunk_bytes[2] * 3 == chunk_bytes[1] and chunk_bytes[4] * 3 == chunk_bytes[1], chunk_bytes
+
+
+def check_rank_stores(server, tp, chunks):
+    """Every rank's store, as /metrics reports it (the other ranks every few seconds), holds the
+    conversation's chunks, each of its own KV heads: SmolLM2's 3 KV heads are 1 and 2 per rank at
+    TP=2, one per rank at TP=4."""
+    heads = {2: [1, 2], 4: [1, 1, 1, 1]}[tp]
+    deadline = time.time() + 15
+    while True:
+        try:
+            held = [server.metric("strata_kv_store_rank_chunks", f'rank="{r}",tier="dram"')
+                    for r in range(tp)]
+            if held == [chunks] * tp:
+                break
+        except AssertionError:  # not reported yet
+            held = None
+        assert time.time() < deadline, ("every rank's store", tp, held, chunks)
+        time.sleep(0.5)
+    used = [server.metric("strata_kv_store_rank_used_bytes", f'rank="{r}",tier="dram"')
+            for r in range(tp)]
+    assert [u / heads[r] for r, u in enumerate(used)] == [used[0]] * tp, (tp, used)
 
 
 def check_rank_lost_item(binary, model):

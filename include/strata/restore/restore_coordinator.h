@@ -63,6 +63,9 @@ struct RestoreOptions {
 // What the coordinator did, cumulative. The engine reports these (EngineStats).
 struct RestoreStats {
   std::optional<store::StoreStats> store;  // absent without a store
+  // Tensor parallelism: ranks 1.. N-1's stores as they last reported them (empty otherwise; tiers
+  // named as rank 0's: store::StoreFollowers::rank_stats).
+  std::vector<store::StoreStats> rank_stores;
   // Prompt tokens loaded from the store, by the farthest tier their load had to read from.
   std::map<std::string, int64_t, std::less<>> store_loaded_tokens;
   int64_t store_load_failures = 0;  // loads of corrupt or vanished chunks: the prompt recomputed

@@ -23,6 +23,7 @@ namespace strata::store {
 
 struct SaveRequest;
 struct StoreOptions;
+struct StoreStats;
 
 // Chunks [first_chunk, first_chunk + count) of a stored item, named so that another rank's store
 // finds its own copy: the item's session key (empty: found by content), the hash of its last
@@ -64,6 +65,10 @@ class StoreFollowers {
   // is cut to it, so a rank that has not finished writing or reading a conversation loads less
   // instead of failing the load on every rank). 0 when the group fails.
   virtual int64_t held_by_all(const StoredRun& run, std::span<const kv::ChunkHash> hashes) = 0;
+  // Any thread: ranks 1.. N-1's stores as they last reported them (every few seconds): per tier
+  // (unnamed, in the order of rank 0's) its chunks, used and capacity bytes, hits, misses and
+  // whether it is available; the items and corrupt chunks. Empty before the first report.
+  virtual std::vector<StoreStats> rank_stats() const = 0;
 
   // Any thread: KvStore::erase_session and look_up_shared on every rank.
   virtual void erase_session(const std::string& session) = 0;

@@ -230,6 +230,27 @@ TEST_F(RankStoreTest, MalformedEventsAreRefused) {
   EXPECT_TRUE(follower_->apply(events).ok());  // a save it never began: nothing to end
 }
 
+TEST_F(RankStoreTest, AFollowersStoreNumbersReachRankZero) {
+  const std::vector<TokenId> t = tokens(10, 3 * store::kBlock + 1);
+  save_turn(t, "", 3);
+  const store::StoreStats mine = follower_->stats();
+  ASSERT_EQ(mine.tiers.size(), 1u);  // DRAM
+  ASSERT_EQ(mine.tiers[0].chunks, 3);
+  // Two other ranks report: this follower, and one without a store (zeros).
+  std::vector<int64_t> rows = stats_row(mine);
+  rows.resize(2 * kStatsRow, 0);
+  feed_.set_rank_rows(rows);
+  const std::vector<store::StoreStats> ranks = feed_.rank_stats();
+  ASSERT_EQ(ranks.size(), 2u);
+  ASSERT_EQ(ranks[0].tiers.size(), 1u);
+  EXPECT_EQ(ranks[0].tiers[0].chunks, 3);
+  EXPECT_EQ(ranks[0].tiers[0].used_bytes, mine.tiers[0].used_bytes);
+  EXPECT_EQ(ranks[0].tiers[0].capacity_bytes, mine.tiers[0].capacity_bytes);
+  EXPECT_TRUE(ranks[0].tiers[0].available);
+  EXPECT_EQ(ranks[0].items, 1);
+  EXPECT_TRUE(ranks[1].tiers.empty());
+}
+
 TEST(RankOptionsTest, EachRankHasItsDirectoriesTagAndAsManyChunks) {
   test_util::TempDir dir;
   store::StoreOptions base = store::options(&dir, 10, 20);
