@@ -30,6 +30,7 @@ usage: tensor_parallel_test.py --binary build/bin/strata --model MODEL.gguf
 Prints "N passed, N failed" and exits non-zero on any failure.
 """
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -142,6 +143,18 @@ def second_turn(reply):
                          {"role": "user", "content": "Which one is the longest?"}]
 
 
+@functools.cache
+def tp1_conversation(binary, model):
+    """The conversation's first reply and its second turn's answer at TP=1, recomputed (no store)."""
+    server = Server(binary, model, 1)
+    try:
+        reply, _ = server.chat(FIRST_TURN)
+        resumed, _ = server.chat(second_turn(reply))
+    finally:
+        server.stop()
+    return reply, resumed
+
+
 def check_resumed_conversation(binary, model):
     answers, chunk_bytes = {}, {}
     for tp in (1, 2, 4):
@@ -198,12 +211,7 @@ def check_rank_lost_item(binary, model):
     every rank's lookup is cut to what all hold, nothing is loaded, the turn recomputes. Or rank
     1's copy is corrupt (its journal still lists it): the load fails on every rank, counted once,
     and the turn recomputes. Either way the answer is TP=1's."""
-    server = Server(binary, model, 1)
-    try:
-        reply, _ = server.chat(FIRST_TURN)
-        reference, _ = server.chat(second_turn(reply))
-    finally:
-        server.stop()
+    reply, reference = tp1_conversation(binary, model)
     ssd = Path(scratch_dir("strata-tp2-lost-"))
     saved = ssd / "saved"
     store = ["kv_store.dram_bytes=256MiB", "kv_cache.enable_prefix_caching=false",
@@ -272,12 +280,7 @@ class Redis:
 
 
 def check_replicas_share_redis(binary, model):
-    server = Server(binary, model, 1)
-    try:
-        reply, _ = server.chat(FIRST_TURN)
-        reference, _ = server.chat(second_turn(reply))
-    finally:
-        server.stop()
+    reply, reference = tp1_conversation(binary, model)
     redis = Redis()
     replica = ["kv_store.dram_bytes=256MiB", "kv_cache.enable_prefix_caching=false",
                f"kv_store.remote_address=127.0.0.1:{redis.port}"]
