@@ -26,12 +26,15 @@ void reduce_prompt_rows(const PromptRows& rows, const std::vector<at::Tensor>& k
   for (int64_t done = 0; done < n; done += kRowBlock) {
     const int64_t take = std::min(kRowBlock, n - done);
     const int64_t first = rows.first + done * rows.stride;
+    // The block's rows see keys [0, seen) only (causal): the keys after its last row would add
+    // zero columns to every product below.
+    const int64_t seen = first + (take - 1) * rows.stride + 1;
     std::vector<at::Tensor> layer_rows;
     layer_rows.reserve(rows.q.size());
     for (size_t l = 0; l < rows.q.size(); ++l) {
-      // rows first, first + stride, ... over the chunk's keys, zero beyond each row's position
+      // rows first, first + stride, ... over the keys they see, zero beyond each row's position
       layer_rows.push_back(kernels::aten::krul_attention_rows(rows.q[l].narrow(0, done, take),
-                                                              keys[l].narrow(0, 0, rows.end), first,
+                                                              keys[l].narrow(0, 0, seen), first,
                                                               rows.scale, rows.stride));
     }
     const at::Tensor lengths =
