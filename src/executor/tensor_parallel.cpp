@@ -5,8 +5,9 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <chrono>
-#include <cstring>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
