@@ -34,7 +34,7 @@ import grpc
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests",
                                 "integration"))
-from harness import free_port, scratch_dir  # noqa: E402
+from harness import Redis, free_port, scratch_dir  # noqa: E402
 
 
 def main():
@@ -57,10 +57,7 @@ def main():
     from strata.v1 import generation_pb2 as pb  # noqa: E402
 
     processes = []
-    redis_port = free_port()
-    processes.append(subprocess.Popen(
-        ["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
-         "--appendonly", "no", "--loglevel", "warning"], stdout=subprocess.DEVNULL))
+    redis = Redis()
 
     def serve(name, *overrides):
         grpc_port, http_port = free_port(), free_port()
@@ -85,7 +82,7 @@ def main():
                                     response_deserializer=pb.GenerateResponse.FromString)
         return {"name": name, "call": call, "http": http_port}
 
-    remote = f"kv_store.remote_address=127.0.0.1:{redis_port}"
+    remote = f"kv_store.remote_address=127.0.0.1:{redis.port}"
     ssd_dir = os.path.join(work, "ssd")
     servers = {
         "recompute": serve("recompute"),
@@ -111,11 +108,7 @@ def main():
     def written_by_every_rank():
         """Each rank's chunk keys (one layout tag per rank) are there in equal numbers, as they
         were at the last call."""
-        keys = subprocess.run(["redis-cli", "--raw", "-p", str(redis_port), "KEYS",
-                               "strata:1:*:k:*"], capture_output=True, text=True).stdout.split()
-        counts = {}
-        for key in keys:
-            counts[key.split(":")[2]] = counts.get(key.split(":")[2], 0) + 1
+        counts = redis.chunks_per_layout()
         settled = (len(counts) == args.tensor_parallel and len(set(counts.values())) == 1 and
                    counts == last_counts[0])
         last_counts[0] = counts
@@ -178,6 +171,7 @@ def main():
         for p in processes:
             p.kill()
             p.wait()
+        redis.stop()
 
     summary = {}
     recompute = statistics.mean(r["recompute"]["ttft_ms"] for r in rows)

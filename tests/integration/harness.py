@@ -1,10 +1,12 @@
 """Shared by the integration tests (run by the project's .venv or by Debian's python3): named
-checks that report every failure and go on, the closing tally and exit code, free TCP ports, and
-scratch folders removed when the script exits."""
+checks that report every failure and go on, the closing tally and exit code, free TCP ports,
+scratch folders removed when the script exits, and a redis-server."""
 import atexit
 import shutil
 import socket
+import subprocess
 import tempfile
+import time
 import traceback
 
 _RESULTS = {"passed": 0, "failed": 0, "skipped": 0}
@@ -47,3 +49,42 @@ def scratch_dir(prefix):
     path = tempfile.mkdtemp(prefix=prefix)
     atexit.register(shutil.rmtree, path, ignore_errors=True)
     return path
+
+
+class Redis:
+    """A redis-server (Debian's) on a free loopback port, without persistence; killed when the
+    script exits if it still runs. stop() and start() again: an empty one, as after a crash."""
+
+    def __init__(self):
+        self.port = free_port()
+        self.process = None
+        self.start()
+
+    def start(self):
+        self.process = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--loglevel", "warning"], stdout=subprocess.DEVNULL)
+        atexit.register(self.process.kill)
+        for _ in range(200):
+            if self.cli("PING") == "PONG":
+                return
+            time.sleep(0.025)
+        raise AssertionError("redis-server did not start")
+
+    def stop(self):
+        self.process.kill()
+        self.process.wait()
+
+    def cli(self, *words):
+        result = subprocess.run(["redis-cli", "--raw", "-p", str(self.port), *words],
+                                capture_output=True, text=True)
+        return result.stdout.strip()
+
+    def chunks_per_layout(self):
+        """Stored chunk keys per layout tag (strata:1:<tag>:<codec>:k:...; one tag per
+        tensor-parallel rank)."""
+        counts = {}
+        for key in self.cli("KEYS", "strata:1:*:k:*").split():
+            tag = key.split(":")[2]
+            counts[tag] = counts.get(tag, 0) + 1
+        return counts

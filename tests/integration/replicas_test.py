@@ -25,7 +25,7 @@ import urllib.request
 
 import grpc
 
-from harness import check, free_port, skip, summary
+from harness import Redis, check, free_port, skip, summary
 
 GREEDY_TOKENS = 24
 HISTORY = "You are a helpful assistant. Answer in one short sentence. " * 6
@@ -44,32 +44,6 @@ def main():
     from strata.v1 import generation_pb2 as pb  # noqa: E402
 
     processes = []
-
-    class Redis:
-        def __init__(self):
-            self.port = free_port()
-            self.process = None
-            self.start()
-
-        def start(self):
-            self.process = subprocess.Popen(
-                ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                 "--appendonly", "no", "--loglevel", "warning"], stdout=subprocess.DEVNULL)
-            processes.append(self.process)
-            for _ in range(200):
-                if self.cli("PING") == "PONG":
-                    return
-                time.sleep(0.025)
-            raise AssertionError("redis-server did not start")
-
-        def stop(self):
-            self.process.kill()
-            self.process.wait()
-
-        def cli(self, *words):
-            result = subprocess.run(["redis-cli", "--raw", "-p", str(self.port), *words],
-                                    capture_output=True, text=True)
-            return result.stdout.strip()
 
     class Server:
         """A `strata serve` process: its gRPC channel, HTTP port and metrics."""

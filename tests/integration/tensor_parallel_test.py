@@ -43,7 +43,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from harness import check, free_port, scratch_dir, summary
+from harness import Redis, check, free_port, scratch_dir, summary
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reference"))
 from model_reference import write_tiny_qwen2_gguf  # noqa: E402
@@ -246,37 +246,6 @@ def check_rank_lost_item(binary, model):
             assert resumed == reference, (name, resumed, reference)
         finally:
             server.stop()
-
-
-class Redis:
-    """A redis-server (Debian's) on a free loopback port."""
-
-    def __init__(self):
-        self.port = free_port()
-        self.process = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--loglevel", "warning"], stdout=subprocess.DEVNULL)
-        for _ in range(200):
-            if self.cli("PING") == "PONG":
-                return
-            time.sleep(0.025)
-        raise AssertionError("redis-server did not start")
-
-    def cli(self, *words):
-        return subprocess.run(["redis-cli", "--raw", "-p", str(self.port), *words],
-                              capture_output=True, text=True).stdout.strip()
-
-    def chunks_per_layout(self):
-        """Stored chunk keys per layout tag (one tag per rank: strata:1:<tag>:<codec>:k:...)."""
-        counts = {}
-        for key in self.cli("KEYS", "strata:1:*:k:*").split():
-            tag = key.split(":")[2]
-            counts[tag] = counts.get(tag, 0) + 1
-        return counts
-
-    def stop(self):
-        self.process.kill()
-        self.process.wait()
 
 
 def check_replicas_share_redis(binary, model):
